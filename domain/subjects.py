@@ -1,0 +1,61 @@
+"""Every NATS subject and stream name Hoist uses: the one place agent, manager and clients agree on.
+
+Events live in one JetStream stream, one subject per aggregate:
+``hoist.events.<kind>.<id>`` (``kind`` is ``session`` or ``agent``).  An agent publishes only
+under its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``); nats.conf enforces it.
+"""
+
+from __future__ import annotations
+
+import re
+
+EVENT_STREAM = "HOIST"
+EVENTS = "hoist.events"
+EVENTS_ALL = f"{EVENTS}.>"
+
+# Pull progress: a stream that keeps only the latest message per subject, so a late watcher
+# still sees where every pull stands.
+PROGRESS_STREAM = "HOIST_PROGRESS"
+PROGRESS = "hoist.progress"
+
+API = "hoist.api"  # commands from clients: hoist.api.session.create, ...
+QUERY = "hoist.query"  # read-model queries: hoist.query.kernels, ...
+ADMIN = "hoist.admin"  # superadmin commands and queries
+AGENT_RPC = "hoist.agent"  # hoist.agent.<id>.<verb>: request/reply served by one agent
+HEARTBEAT = "hoist.heartbeat"  # hoist.heartbeat.<id>: core NATS, not stored
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def check_token(value: str, field: str) -> str:
+    """A value used as one subject token: letters, digits, '_' and '-' only."""
+    if not _TOKEN.match(value):
+        raise ValueError(
+            f"{field} must be 1-128 letters, digits, '_' or '-' (it becomes a NATS subject token),"
+            f" got {value!r}"
+        )
+    return value
+
+
+def aggregate_subject(kind: str, aggregate_id: str) -> str:
+    return f"{EVENTS}.{check_token(kind, 'kind')}.{check_token(aggregate_id, 'aggregate id')}"
+
+
+def agent_events(agent_id: str) -> str:
+    return aggregate_subject("agent", agent_id)
+
+
+def session_events(session_id: str) -> str:
+    return aggregate_subject("session", session_id)
+
+
+def agent_rpc(agent_id: str, verb: str) -> str:
+    return f"{AGENT_RPC}.{check_token(agent_id, 'agent id')}.{verb}"
+
+
+def agent_progress(agent_id: str, pull_token: str) -> str:
+    return f"{PROGRESS}.{check_token(agent_id, 'agent id')}.{check_token(pull_token, 'pull id')}"
+
+
+def heartbeat(agent_id: str) -> str:
+    return f"{HEARTBEAT}.{check_token(agent_id, 'agent id')}"
