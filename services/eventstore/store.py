@@ -1,16 +1,71 @@
-"""The event store on JetStream: asyncio API for the services (CONTRACT: implement the bodies).
+"""The event store on JetStream: asyncio API for the services.
 
 One stream (file storage, deletes and purges denied), one subject per aggregate.  Values of
 "sequence" are always *stream* sequences; aggregate versions are the callers' business.
+
+How a retried command is recognised (measured on nats-server 2.15): the first message of every
+append carries ``Nats-Msg-Id: <idempotency key>``.
+- One message: without an expected sequence the server answers a duplicate with the original
+  sequence (``duplicate: true``).  With ``Nats-Expected-Last-Subject-Sequence`` the server checks
+  the sequence *before* duplicates, so a retry gets "wrong last sequence" (10071).
+- Atomic batch: ``Nats-Msg-Id`` is allowed; a batch holding an id seen within the duplicate
+  window is refused whole with err_code 10201 ("atomic publish batch contains duplicate message
+  id") and no sequences.
+In both refusals the store looks at the first message after the expected sequence on the first
+subject (or, without one, the subject's messages of the duplicate window): if it carries the key,
+the command was already appended and, since a committed batch is stored contiguously, its
+sequences are ``first .. first + n - 1`` (checked against the stored ``Nats-Batch-Id``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+MAX_BATCH = 1000  # the server's limit for one atomic batch
+
+# Protocol headers
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+BATCH_ID = "Nats-Batch-Id"
+BATCH_SEQ = "Nats-Batch-Sequence"
+BATCH_COMMIT = "Nats-Batch-Commit"
+
+# JetStream err_codes the store maps
+ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_BATCH_DUPLICATE_MSG_ID = 10201
+
+# Headers a direct get adds to the stored ones; stripped so both read paths return the same.
+_DIRECT_HEADERS = (
+    "Nats-Stream",
+    "Nats-Subject",
+    "Nats-Sequence",
+    "Nats-Time-Stamp",
+    "Nats-Num-Pending",
+    "Nats-Last-Sequence",
+)
+_DIRECT_BATCH = 1000  # messages per batched direct get request
+_REPLAY_PENDING_MSGS = 65536  # client-side buffer of an ordered consumer
+_REPLAY_PENDING_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +88,10 @@ class Write:
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """A message as stored: its stream sequence, subject, headers, payload, and store time."""
+    """A message as stored: its stream sequence, subject, headers, payload, and store time.
+
+    ``headers`` are the stored headers, including the store's own ``Nats-Msg-Id``,
+    ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-Batch-*`` where they were sent."""
 
     seq: int
     subject: str
@@ -54,18 +112,84 @@ class ConcurrencyError(Exception):
         )
 
 
+class StoreError(Exception):
+    """JetStream refused or could not take a request for another reason than a conflict."""
+
+
 class EventStore:
     """Append and read messages of one JetStream stream."""
 
-    def __init__(self, nc: Client, stream: str, subjects: Sequence[str]) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        subjects: Sequence[str],
+        *,
+        duplicate_window: float = 120.0,
+        timeout: float = 5.0,
+    ) -> None:
+        if duplicate_window <= 0:
+            raise ValueError(f"duplicate_window must be > 0 seconds, got {duplicate_window}")
         self.nc = nc
         self.js = nc.jetstream()
         self.stream = stream
         self.subjects = list(subjects)
+        self.duplicate_window = duplicate_window
+        self.timeout = timeout
+        self._direct = f"$JS.API.DIRECT.GET.{stream}"
+
+    # -- stream ----------------------------------------------------------------------------------
+
+    def stream_config(self) -> StreamConfig:
+        """The configuration the store needs: the log is kept whole, nothing expires."""
+        return StreamConfig(
+            name=self.stream,
+            subjects=self.subjects,
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            max_msgs=-1,
+            max_bytes=-1,
+            max_age=0,
+            max_msgs_per_subject=-1,
+            deny_delete=True,
+            deny_purge=True,
+            allow_atomic=True,
+            allow_direct=True,
+            duplicate_window=self.duplicate_window,
+        )
 
     async def ensure_stream(self) -> None:
-        """Create the stream if missing (file storage, deny delete/purge, atomic batches on)."""
-        raise NotImplementedError
+        """Create the stream if missing (file storage, deny delete/purge, atomic batches on).
+
+        An existing stream with other settings is updated; settings JetStream cannot change
+        (storage) or refuses to change are reported by name."""
+        want = self.stream_config()
+        try:
+            info = await self.js.stream_info(self.stream)
+        except NotFoundError:
+            await self.js.add_stream(want)
+            return
+        have = info.config
+        if have.storage != want.storage:
+            raise StoreError(
+                f"stream {self.stream} uses {have.storage} storage, the event store needs file"
+                " storage and JetStream cannot change it: move the events to a new stream"
+            )
+        differs = _config_differences(have, want)
+        if not differs:
+            return
+        have_dict = have.as_dict()
+        have_dict.update({name: getattr(want, name) for name in differs})
+        try:
+            await self.js.update_stream(StreamConfig.from_response(have_dict))
+        except Exception as err:
+            raise StoreError(
+                f"stream {self.stream} differs from what the event store needs in"
+                f" {', '.join(differs)} and JetStream refused the update ({err}); fix it by hand"
+            ) from err
+
+    # -- append ----------------------------------------------------------------------------------
 
     async def append(
         self, writes: Sequence[Write], *, idempotency_key: str | None = None
@@ -77,17 +201,206 @@ class EventStore:
         becomes ``Nats-Msg-Id`` so a retried command appends nothing twice and gets back the
         original sequences.  Raises ConcurrencyError on a sequence conflict.
         """
-        raise NotImplementedError
+        out: list[tuple[str, bytes, dict[str, str]]] = []
+        for i, write in enumerate(writes):
+            if not write.messages:
+                raise ValueError(f"writes[{i}] ({write.subject}) has no messages")
+            expected = write.expected_last_seq
+            if expected is not None and (type(expected) is not int or expected < 0):
+                raise ValueError(
+                    f"writes[{i}].expected_last_seq must be an int >= 0 or None, got {expected!r}"
+                )
+            for j, message in enumerate(write.messages):
+                headers = dict(message.headers)
+                # The server checks the subject sequence on a subject's first message only.
+                if j == 0 and expected is not None:
+                    headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+                out.append((write.subject, message.data, headers))
+        if not out:
+            return []
+        if len(out) > MAX_BATCH:
+            raise ValueError(
+                f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
+                f" got {len(out)}: split the command into smaller ones"
+            )
+        if idempotency_key is not None:
+            if not idempotency_key or any(c.isspace() for c in idempotency_key):
+                raise ValueError(
+                    f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
+                )
+            out[0][2][MSG_ID] = idempotency_key
+        if len(out) == 1:
+            subject, data, headers = out[0]
+            reply = await self._request(subject, data, headers)
+        else:
+            reply = await self._publish_batch(out)
+        error = reply.get("error")
+        if error is None:
+            last = reply["seq"]
+            return list(range(last - len(out) + 1, last + 1))
+        code = error.get("err_code")
+        if code in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
+            if idempotency_key is not None:
+                original = await self._original_seqs(writes[0], idempotency_key, len(out))
+                if original is not None:
+                    return original
+            if code == ERR_WRONG_LAST_SEQUENCE:
+                raise await self._conflict(writes, error.get("description", ""))
+        raise StoreError(
+            f"JetStream refused the append to {out[0][0]}"
+            f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
+            f" {error.get('description')} (err_code {code})"
+        )
+
+    async def _request(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        try:
+            msg = await self.nc.request(subject, data, timeout=self.timeout, headers=headers)
+        except NoRespondersError:
+            raise StoreError(
+                f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
+                f" subjects {self.subjects})"
+            ) from None
+        except NatsTimeoutError:
+            raise StoreError(
+                f"JetStream did not acknowledge the append to {subject} in {self.timeout}s; it may"
+                " or may not be stored: retry with the same idempotency key"
+            ) from None
+        reply: dict[str, Any] = json.loads(msg.data)
+        return reply
+
+    async def _publish_batch(self, out: list[tuple[str, bytes, dict[str, str]]]) -> dict[str, Any]:
+        # nats-py has no batch helper: the middle messages go as core publishes (the server
+        # stages them), the last one carries the commit and is a request for the PubAck.
+        batch_id = uuid.uuid4().hex
+        last = len(out)
+        for i, (subject, data, headers) in enumerate(out, 1):
+            headers[BATCH_ID] = batch_id
+            headers[BATCH_SEQ] = str(i)
+            if i == last:
+                headers[BATCH_COMMIT] = "1"
+                return await self._request(subject, data, headers)
+            await self.nc.publish(subject, data, headers=headers)
+        raise AssertionError("unreachable: out is not empty")
+
+    async def _original_seqs(self, first: Write, key: str, count: int) -> list[int] | None:
+        """The sequences of an earlier append of the same command, None if there was none."""
+        if first.expected_last_seq is not None:
+            # The original, if any, is the first message after the expected one on the subject.
+            found = await self._direct_get(
+                {"seq": first.expected_last_seq + 1, "next_by_subj": first.subject}
+            )
+        else:
+            since = datetime.now(UTC) - timedelta(seconds=self.duplicate_window + 5)
+            found = None
+            for msg in await self._direct_batch(
+                {"start_time": since.isoformat(), "next_by_subj": first.subject}
+            ):
+                if msg.headers.get(MSG_ID) == key:
+                    found = msg
+                    break
+        if found is None or found.headers.get(MSG_ID) != key:
+            return None
+        start = found.seq
+        if count > 1:
+            last = await self._direct_get({"seq": start + count - 1})
+            batch_id = found.headers.get(BATCH_ID)
+            if (
+                last is None
+                or batch_id is None
+                or last.headers.get(BATCH_ID) != batch_id
+                or last.headers.get(BATCH_COMMIT) != "1"
+            ):
+                raise StoreError(
+                    f"command {key!r} was already appended (from sequence {start}) with other"
+                    f" messages than this retry's {count}: use a new request id for a new command"
+                )
+        return list(range(start, start + count))
+
+    async def _conflict(self, writes: Sequence[Write], detail: str) -> ConcurrencyError:
+        # The server does not say which subject moved: ask, so the caller knows what to reload.
+        checked = [w for w in writes if w.expected_last_seq is not None]
+        lasts = await asyncio.gather(*(self.last_seq(w.subject) for w in checked))
+        for write, last in zip(checked, lasts, strict=True):
+            if last != write.expected_last_seq:
+                return ConcurrencyError(write.subject, write.expected_last_seq, detail)
+        subject = checked[0] if checked else writes[0]
+        return ConcurrencyError(subject.subject, subject.expected_last_seq, detail)
+
+    # -- read ------------------------------------------------------------------------------------
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""
-        raise NotImplementedError
+        try:
+            msg = await self.nc.request(f"{self._direct}.{subject}", b"", timeout=self.timeout)
+        except NoRespondersError:
+            raise StoreError(
+                f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
+            ) from None
+        headers = msg.headers or {}
+        seq = headers.get("Nats-Sequence")
+        if seq is not None:
+            return int(seq)
+        if headers.get("Status") == "404":
+            return 0
+        raise StoreError(f"last sequence of {subject}: {_status(msg)}")
 
     async def read_subject(self, subject: str, after_seq: int = 0) -> list[Recorded]:
         """One aggregate's history in order (messages with seq > after_seq)."""
-        raise NotImplementedError
+        if type(after_seq) is not int or after_seq < 0:
+            raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
+        return await self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
 
-    def replay(
+    async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
+        msg = await self.nc.request(self._direct, json.dumps(req).encode(), timeout=self.timeout)
+        headers = msg.headers or {}
+        if "Nats-Sequence" in headers:
+            return _from_direct(msg)
+        if headers.get("Status") == "404":
+            return None
+        raise StoreError(f"direct get {req} from {self.stream}: {_status(msg)}")
+
+    async def _direct_batch(self, req: dict[str, Any]) -> list[Recorded]:
+        """All messages a batched direct get request selects, in order (server 2.11+)."""
+        out: list[Recorded] = []
+        inbox = self.nc.new_inbox()
+        done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        pending = 0
+
+        async def on_msg(msg: Msg) -> None:
+            nonlocal pending
+            headers = msg.headers
+            if headers and "Nats-Sequence" in headers:
+                pending = int(headers["Nats-Num-Pending"])
+                out.append(_from_direct(msg))
+            elif not done.done():
+                # End of batch (204), nothing found (404), or an error status.
+                status = (headers or {}).get("Status")
+                done.set_result(None if status in ("204", "404") else _status(msg))
+
+        sub = await self.nc.subscribe(inbox, cb=on_msg)
+        try:
+            req = {**req, "batch": _DIRECT_BATCH}
+            while True:
+                await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
+                try:
+                    error = await asyncio.wait_for(done, self.timeout)
+                except TimeoutError:
+                    raise StoreError(
+                        f"stream {self.stream} did not answer a direct get in {self.timeout}s:"
+                        " is the stream there (ensure_stream()) with allow_direct?"
+                    ) from None
+                if error is not None:
+                    raise StoreError(f"direct get {req} from {self.stream}: {error}")
+                if not out or pending == 0:
+                    return out
+                # More than one batch: continue after the last message received.
+                done = asyncio.get_running_loop().create_future()
+                req = {**req, "seq": out[-1].seq + 1}
+                req.pop("start_time", None)
+        finally:
+            await sub.unsubscribe()
+
+    async def replay(
         self,
         *,
         from_seq: int = 1,
@@ -97,4 +410,85 @@ class EventStore:
     ) -> AsyncIterator[Recorded]:
         """Every message from ``from_seq`` in stream order; stops when caught up (or at
         ``until_seq``) unless ``follow``, then waits for new ones."""
-        raise NotImplementedError
+        if type(from_seq) is not int or from_seq < 1:
+            raise ValueError(f"from_seq must be an int >= 1, got {from_seq!r}")
+        if until_seq is not None and (type(until_seq) is not int or until_seq < from_seq - 1):
+            raise ValueError(f"until_seq must be an int >= from_seq - 1, got {until_seq!r}")
+        if until_seq is not None and until_seq < from_seq:
+            return
+        sub = await self.js.subscribe(
+            subject_filter or ">",
+            stream=self.stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq
+            ),
+            pending_msgs_limit=_REPLAY_PENDING_MSGS,
+            pending_bytes_limit=_REPLAY_PENDING_BYTES,
+        )
+        try:
+            if not follow and (await sub.consumer_info()).num_pending == 0:
+                return
+            async for msg in sub.messages:
+                tokens = msg.reply.split(".")
+                if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
+                    seq, ts, pend = tokens[5], tokens[7], tokens[8]
+                else:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
+                    seq, ts, pend = tokens[7], tokens[9], tokens[10]
+                recorded = Recorded(
+                    int(seq),
+                    msg.subject,
+                    msg.headers or {},
+                    msg.data,
+                    datetime.fromtimestamp(int(ts) / 1e9, UTC),
+                )
+                yield recorded
+                if until_seq is not None and recorded.seq >= until_seq:
+                    return
+                if pend == "0" and not follow:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+
+def _from_direct(msg: Msg) -> Recorded:
+    headers = dict(msg.headers or {})
+    seq = int(headers["Nats-Sequence"])
+    subject = headers["Nats-Subject"]
+    time = datetime.fromisoformat(headers["Nats-Time-Stamp"])
+    for name in _DIRECT_HEADERS:
+        headers.pop(name, None)
+    return Recorded(seq, subject, headers, msg.data, time)
+
+
+def _status(msg: Msg) -> str:
+    headers = msg.headers or {}
+    return f"status {headers.get('Status')} {headers.get('Description', '')}".strip()
+
+
+def _config_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
+    names = [
+        "subjects",
+        "retention",
+        "discard",
+        "max_msgs",
+        "max_bytes",
+        "max_age",
+        "max_msgs_per_subject",
+        "deny_delete",
+        "deny_purge",
+        "allow_atomic",
+        "allow_direct",
+        "duplicate_window",
+    ]
+    return [n for n in names if _norm(getattr(have, n)) != _norm(getattr(want, n))]
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, list):
+        return sorted(value)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

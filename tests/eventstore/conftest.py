@@ -1,0 +1,16 @@
+"""A ready event store on the real nats-server of ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import pytest
+from nats.aio.client import Client
+
+from domain import subjects
+from services.eventstore.store import EventStore
+
+
+@pytest.fixture
+async def store(nc: Client) -> EventStore:
+    store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+    await store.ensure_stream()
+    return store
