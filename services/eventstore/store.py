@@ -427,23 +427,28 @@ class EventStore:
             pending_bytes_limit=_REPLAY_PENDING_BYTES,
         )
         try:
-            if not follow and (await sub.consumer_info()).num_pending == 0:
-                return
+            if not follow:
+                # Nothing to replay, unless it is already on its way to us.
+                info = await sub.consumer_info()
+                if info.num_pending == 0 and not info.delivered.consumer_seq:
+                    return
             async for msg in sub.messages:
                 tokens = msg.reply.split(".")
                 if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
                     seq, ts, pend = tokens[5], tokens[7], tokens[8]
                 else:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
                     seq, ts, pend = tokens[7], tokens[9], tokens[10]
-                recorded = Recorded(
-                    int(seq),
+                sseq = int(seq)
+                if until_seq is not None and sseq > until_seq:
+                    return  # a filtered replay can jump past until_seq
+                yield Recorded(
+                    sseq,
                     msg.subject,
                     msg.headers or {},
                     msg.data,
                     datetime.fromtimestamp(int(ts) / 1e9, UTC),
                 )
-                yield recorded
-                if until_seq is not None and recorded.seq >= until_seq:
+                if sseq == until_seq:
                     return
                 if pend == "0" and not follow:
                     return

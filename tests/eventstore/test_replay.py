@@ -1,0 +1,91 @@
+"""Replay: from the start, from and until a sequence, one aggregate, follow mode."""
+
+from __future__ import annotations
+
+import asyncio
+
+from domain.subjects import aggregate_subject
+from services.eventstore.store import EventStore, Message, Recorded, Write
+
+A = aggregate_subject("session", "a")
+B = aggregate_subject("agent", "b")
+
+
+async def fill(store: EventStore, n: int) -> None:
+    """n messages alternating between A (even) and B (odd), payload = index."""
+    for i in range(n):
+        await store.append([Write(A if i % 2 == 0 else B, [Message(str(i).encode())])])
+
+
+async def collect(store: EventStore, **kwargs: object) -> list[Recorded]:
+    return [r async for r in store.replay(**kwargs)]  # type: ignore[arg-type]
+
+
+async def test_empty_stream_replays_nothing_at_once(store: EventStore) -> None:
+    assert await asyncio.wait_for(collect(store), 2) == []
+    assert await asyncio.wait_for(collect(store, subject_filter=A), 2) == []
+
+
+async def test_replay_all_in_stream_order(store: EventStore) -> None:
+    await fill(store, 10)
+    records = await collect(store)
+    assert [r.seq for r in records] == list(range(1, 11))
+    assert [r.data for r in records] == [str(i).encode() for i in range(10)]
+    assert [r.subject for r in records[:2]] == [A, B]
+    assert records[0].time <= records[-1].time
+
+
+async def test_replay_from_and_until_a_sequence(store: EventStore) -> None:
+    await fill(store, 10)
+    assert [r.seq for r in await collect(store, from_seq=7)] == [7, 8, 9, 10]
+    assert [r.seq for r in await collect(store, until_seq=3)] == [1, 2, 3]
+    assert [r.seq for r in await collect(store, from_seq=4, until_seq=6)] == [4, 5, 6]
+    assert await asyncio.wait_for(collect(store, from_seq=11), 2) == []
+
+
+async def test_replay_one_aggregate(store: EventStore) -> None:
+    await fill(store, 10)
+    records = await collect(store, subject_filter=B)
+    assert [r.seq for r in records] == [2, 4, 6, 8, 10]
+    assert {r.subject for r in records} == {B}
+    assert [r.seq for r in await collect(store, subject_filter=B, from_seq=5)] == [6, 8, 10]
+
+
+async def test_follow_sees_new_appends(store: EventStore) -> None:
+    await fill(store, 3)
+    seen: list[int] = []
+    caught_up = asyncio.Event()
+
+    async def follow() -> None:
+        async for r in store.replay(follow=True):
+            seen.append(r.seq)
+            if r.seq == 3:
+                caught_up.set()
+            if r.seq == 5:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(caught_up.wait(), 5)
+    await store.append([Write(A, [Message(b"new1"), Message(b"new2")])])
+    await asyncio.wait_for(task, 5)
+    assert seen == [1, 2, 3, 4, 5]
+
+
+async def test_follow_on_an_empty_stream_waits_for_the_first_append(store: EventStore) -> None:
+    async def first() -> Recorded:
+        async for r in store.replay(follow=True, subject_filter=A):
+            return r
+        raise AssertionError("follow ended")
+
+    task = asyncio.create_task(first())
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    await store.append([Write(B, [Message(b"other")]), Write(A, [Message(b"mine")])])
+    record = await asyncio.wait_for(task, 5)
+    assert (record.seq, record.data) == (2, b"mine")
+
+
+async def test_filtered_replay_stops_before_passing_until_seq(store: EventStore) -> None:
+    await fill(store, 10)
+    assert [r.seq for r in await collect(store, subject_filter=B, until_seq=5)] == [2, 4]
+    assert [r.seq for r in await collect(store, from_seq=3, until_seq=2)] == []
