@@ -1,0 +1,123 @@
+"""The Agent aggregate: a host's capacity, the images it holds and the pulls it runs.
+
+Registration is the created event (``Agent.register``); an agent that restarts is the same
+aggregate and records ``AgentReregistered`` (``agent.reregister``), so its history, and the
+subject sequence the store checks, carry on.  Which images an agent *should* hold, and where
+kernels go, is policy and lives elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from eventsourcing.domain import BaseAggregate
+
+from domain import events as ev
+from domain.errors import DomainError, InvalidField, convert, require_text
+from domain.subjects import check_token
+
+_CAPACITY = "{cpu: cores > 0, mem: bytes > 0, disk: bytes >= 0}"
+_IMAGES = "{image: {digest, size_bytes}}"
+
+
+class Agent(BaseAggregate[str]):
+    if TYPE_CHECKING:  # set by the events; class annotations would make eventsourcing a dataclass
+        resource_group: str
+        capacity: ev.Capacity
+        runtime: str
+        images: dict[str, ev.HeldImage]  # image -> what is on disk
+        pulls: dict[str, str]  # image -> task id of the pull in flight
+        lost: bool
+        status_info: str
+
+    @classmethod
+    def register(
+        cls,
+        *,
+        agent_id: str,
+        resource_group: str,
+        capacity: ev.Capacity | Mapping[str, object],
+        runtime: str,
+        images: Mapping[str, ev.HeldImage | Mapping[str, object]] | None = None,
+    ) -> Agent:
+        return cls._create(
+            ev.AgentRegistered,
+            id=check_token(agent_id, "agent_id"),
+            resource_group=check_token(resource_group, "resource_group"),
+            capacity=convert(capacity, ev.Capacity, "capacity", _CAPACITY),
+            runtime=check_token(runtime, "runtime"),
+            images=convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES),
+        )
+
+    def reregister(
+        self,
+        *,
+        resource_group: str,
+        capacity: ev.Capacity | Mapping[str, object],
+        runtime: str,
+        images: Mapping[str, ev.HeldImage | Mapping[str, object]] | None = None,
+    ) -> None:
+        self.trigger_event(
+            ev.AgentReregistered,
+            resource_group=check_token(resource_group, "resource_group"),
+            capacity=convert(capacity, ev.Capacity, "capacity", _CAPACITY),
+            runtime=check_token(runtime, "runtime"),
+            images=convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES),
+        )
+
+    def mark_lost(self, status_info: str) -> None:
+        """No-op if already lost: one loss is one fact."""
+        require_text(status_info, "status_info")
+        if not self.lost:
+            self.trigger_event(ev.AgentLost, status_info=status_info)
+
+    def pull_started(self, image: str, task_id: str) -> None:
+        require_text(image, "image")
+        check_token(task_id, "task_id")
+        running = self.pulls.get(image)
+        if running is not None:
+            raise DomainError(
+                f"agent {self.id} already pulls {image} as task {running}; follow that task"
+                " instead of starting another"
+            )
+        self.trigger_event(ev.ImagePullStarted, image=image, task_id=task_id)
+
+    def pulled(
+        self, image: str, task_id: str, digest: str, size_bytes: int, duration_s: float
+    ) -> None:
+        self._check_pull(image, task_id)
+        if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
+            raise InvalidField("size_bytes", f"must be an integer >= 0, got {size_bytes!r}")
+        if not isinstance(duration_s, int | float) or duration_s < 0:
+            raise InvalidField("duration_s", f"must be a number >= 0, got {duration_s!r}")
+        self.trigger_event(
+            ev.ImagePulled,
+            image=image,
+            task_id=task_id,
+            digest=require_text(digest, "digest"),
+            size_bytes=size_bytes,
+            duration_s=float(duration_s),
+        )
+
+    def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+        self._check_pull(image, task_id)
+        self.trigger_event(
+            ev.ImagePullFailed, image=image, task_id=task_id, reason=require_text(reason, "reason")
+        )
+
+    def image_removed(self, image: str, reason: str) -> None:
+        require_text(reason, "reason")
+        if image not in self.images:
+            raise DomainError(
+                f"agent {self.id} holds no image {image!r}; nothing to remove"
+                f" (it holds: {', '.join(sorted(self.images)) or 'none'})"
+            )
+        self.trigger_event(ev.ImageRemoved, image=image, reason=reason)
+
+    def _check_pull(self, image: str, task_id: str) -> None:
+        if self.pulls.get(image) != task_id:
+            raise DomainError(
+                f"agent {self.id} has no pull of {image!r} as task {task_id!r}"
+                f" (in flight: {self.pulls.get(image) or 'none'}); record ImagePullStarted first"
+            )

@@ -1,0 +1,362 @@
+"""Every domain event of Hoist: one msgspec Struct each, a stable type name and a schema version.
+
+The type name is the struct tag (the class name, frozen once released: never derived from
+module paths).  ``schema_version`` grows when a released event's fields change; the change comes
+with an ``upcast_vN_vM(state) -> state`` static method on the class that turns an old payload
+dict into the next version's, so old history still loads (see domain.codec).
+
+Events mix in eventsourcing's CanMutateAggregate / CanInitAggregate, so aggregates use the
+library's ``_create`` and ``trigger_event``; ``apply`` folds an event into its aggregate and
+trusts it (commands check before recording).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+import msgspec
+from eventsourcing.domain import BaseAggregate, CanInitAggregate, CanMutateAggregate
+
+from domain.status import Kernel, KernelStatus
+
+if TYPE_CHECKING:
+    from domain.agent import Agent
+    from domain.session import Session
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+AwareTime = Annotated[datetime, msgspec.Meta(tz=True)]
+Bytes = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What one kernel asks for."""
+
+    cpu: Annotated[float, msgspec.Meta(gt=0)]  # cores
+    mem: Annotated[int, msgspec.Meta(gt=0)]  # bytes
+
+
+class Capacity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What one agent offers."""
+
+    cpu: Annotated[float, msgspec.Meta(gt=0)]  # cores
+    mem: Annotated[int, msgspec.Meta(gt=0)]  # bytes
+    disk: Bytes  # bytes for images
+
+
+class HeldImage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An image present on an agent."""
+
+    digest: NonEmpty
+    size_bytes: Bytes
+
+
+class Event(msgspec.Struct, CanMutateAggregate[str], frozen=True, kw_only=True, tag_field="type"):
+    originator_id: NonEmpty
+    originator_version: Annotated[int, msgspec.Meta(ge=1)]
+    timestamp: AwareTime
+
+    schema_version: ClassVar[int] = 1
+
+    def _as_dict(self) -> dict[str, Any]:  # eventsourcing uses vars(); Structs have no __dict__
+        return {f: getattr(self, f) for f in self.__struct_fields__}
+
+
+# --- session events (subject hoist.events.session.<session id>) ----------------------------
+
+
+class SessionEnqueued(
+    Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="SessionEnqueued"
+):
+    """A user asked for a session: its kernels exist, PENDING, until the scheduler places them."""
+
+    originator_topic: str
+    owner: NonEmpty
+    image: NonEmpty
+    resources: Resources  # per kernel
+    cluster_size: Annotated[int, msgspec.Meta(ge=1)]
+    resource_group: NonEmpty
+    kernel_ids: list[NonEmpty]
+    status_info: NonEmpty
+    request_id: str | None = None  # the client's idempotency key
+
+    def __post_init__(self) -> None:
+        if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
+            self.kernel_ids
+        ):
+            raise ValueError(
+                f"kernel_ids must be {self.cluster_size} distinct ids (cluster_size),"
+                f" got {self.kernel_ids!r}"
+            )
+
+    def apply(self, aggregate: Session) -> None:
+        aggregate.owner = self.owner
+        aggregate.image = self.image
+        aggregate.resources = self.resources
+        aggregate.resource_group = self.resource_group
+        aggregate.request_id = self.request_id
+        aggregate.kernels = {}
+        for kernel_id in self.kernel_ids:
+            kernel = Kernel(kernel_id=kernel_id)
+            kernel.move_to(KernelStatus.PENDING, self.status_info, self.timestamp)
+            aggregate.kernels[kernel_id] = kernel
+
+
+class SessionSchedulingFailed(Event, frozen=True, kw_only=True, tag="SessionSchedulingFailed"):
+    """A scheduling attempt found no place; the kernels stay PENDING with the reason, e.g.
+    ``no-available-instances`` or ``predicate-checks-failed: <which>``."""
+
+    status_info: NonEmpty
+
+    def apply(self, aggregate: Session) -> None:
+        for kernel in aggregate.kernels.values():
+            kernel.move_to(KernelStatus.PENDING, self.status_info, self.timestamp)
+
+
+class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled"):
+    """Every kernel was placed on an agent (its capacity is reserved from now on)."""
+
+    placements: dict[NonEmpty, NonEmpty]  # kernel id -> agent id
+    status_info: NonEmpty
+
+    def apply(self, aggregate: Session) -> None:
+        for kernel_id, agent_id in self.placements.items():
+            kernel = aggregate.kernels[kernel_id]
+            kernel.agent_id = agent_id
+            kernel.move_to(KernelStatus.SCHEDULED, self.status_info, self.timestamp)
+
+
+class KernelEvent(Event, frozen=True, kw_only=True):
+    """One kernel moved to ``status`` (the class's target status)."""
+
+    kernel_id: NonEmpty
+    status_info: NonEmpty
+
+    status: ClassVar[KernelStatus]
+
+    def apply(self, aggregate: Session) -> None:
+        kernel = aggregate.kernels[self.kernel_id]
+        kernel.move_to(self.status, self.status_info, self.timestamp)
+        self.apply_details(kernel)
+
+    def apply_details(self, kernel: Kernel) -> None:
+        """Fields beyond the status change."""
+
+
+class KernelPreparing(KernelEvent, frozen=True, kw_only=True, tag="KernelPreparing"):
+    """The manager asked the agent to check-and-pull the image."""
+
+    status: ClassVar[KernelStatus] = KernelStatus.PREPARING
+
+
+class KernelPulling(KernelEvent, frozen=True, kw_only=True, tag="KernelPulling"):
+    """The agent lacks the image and pulls it in the background as ``task_id``."""
+
+    task_id: NonEmpty
+
+    status: ClassVar[KernelStatus] = KernelStatus.PULLING
+
+    def apply_details(self, kernel: Kernel) -> None:
+        kernel.pull_task_id = self.task_id
+
+
+class KernelPrepared(KernelEvent, frozen=True, kw_only=True, tag="KernelPrepared"):
+    """The image is on the agent: the kernel can be created."""
+
+    status: ClassVar[KernelStatus] = KernelStatus.PREPARED
+
+
+class KernelCreating(KernelEvent, frozen=True, kw_only=True, tag="KernelCreating"):
+    """The manager asked the agent to create the container."""
+
+    status: ClassVar[KernelStatus] = KernelStatus.CREATING
+
+
+class KernelCreated(KernelEvent, frozen=True, kw_only=True, tag="KernelCreated"):
+    """The container runs."""
+
+    container_id: NonEmpty
+
+    status: ClassVar[KernelStatus] = KernelStatus.RUNNING
+
+    def apply_details(self, kernel: Kernel) -> None:
+        kernel.container_id = self.container_id
+
+
+class KernelCreationFailed(KernelEvent, frozen=True, kw_only=True, tag="KernelCreationFailed"):
+    """The container could not be started (status_info ``failed-to-start``)."""
+
+    detail: str = ""  # the error, for a human
+
+    status: ClassVar[KernelStatus] = KernelStatus.ERROR
+
+
+class KernelCancelled(KernelEvent, frozen=True, kw_only=True, tag="KernelCancelled"):
+    """Given up before it ran: user cancel, pull failure, superadmin force-cancel."""
+
+    detail: str = ""
+
+    status: ClassVar[KernelStatus] = KernelStatus.CANCELLED
+
+
+class KernelTerminating(KernelEvent, frozen=True, kw_only=True, tag="KernelTerminating"):
+    """Asked to stop."""
+
+    detail: str = ""
+
+    status: ClassVar[KernelStatus] = KernelStatus.TERMINATING
+
+
+class KernelTerminated(KernelEvent, frozen=True, kw_only=True, tag="KernelTerminated"):
+    """The container is gone (stopped, exited, or its agent was lost)."""
+
+    detail: str = ""
+
+    status: ClassVar[KernelStatus] = KernelStatus.TERMINATED
+
+
+# --- agent facts (subject hoist.events.agent.<agent id>) -----------------------------------
+
+
+class AgentRegistered(
+    Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="AgentRegistered"
+):
+    """An agent joined for the first time, with what it offers and the images it already has."""
+
+    originator_topic: str
+    resource_group: NonEmpty
+    capacity: Capacity
+    runtime: NonEmpty  # "docker", "dummy"
+    images: dict[NonEmpty, HeldImage] = {}
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.pulls = {}
+        aggregate.lost = False
+        aggregate.status_info = "registered"
+        _apply_registration(aggregate, self)
+
+
+class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered"):
+    """A known agent started again: its report replaces capacity and image inventory, and the
+    pulls of its previous process are gone with it."""
+
+    resource_group: NonEmpty
+    capacity: Capacity
+    runtime: NonEmpty
+    images: dict[NonEmpty, HeldImage] = {}
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.pulls = {}
+        aggregate.lost = False
+        aggregate.status_info = "reregistered"
+        _apply_registration(aggregate, self)
+
+
+def _apply_registration(aggregate: Agent, event: AgentRegistered | AgentReregistered) -> None:
+    aggregate.resource_group = event.resource_group
+    aggregate.capacity = event.capacity
+    aggregate.runtime = event.runtime
+    aggregate.images = dict(event.images)
+
+
+class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
+    """The manager stopped hearing from the agent (e.g. ``heartbeat-timeout``)."""
+
+    status_info: NonEmpty
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.lost = True
+        aggregate.status_info = self.status_info
+
+
+class ImagePullStarted(Event, frozen=True, kw_only=True, tag="ImagePullStarted"):
+    image: NonEmpty
+    task_id: NonEmpty
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.pulls[self.image] = self.task_id
+
+
+class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
+    """A pull finished; the agent now holds ``image``."""
+
+    image: NonEmpty
+    task_id: NonEmpty
+    digest: NonEmpty
+    size_bytes: Bytes
+    duration_s: Annotated[float, msgspec.Meta(ge=0)]
+
+    # v2: duration in seconds (float) instead of v1's integer milliseconds, the unit of every
+    # other duration in Hoist (pull timeouts, stall limits, progress rates).
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        state = dict(state)
+        if "duration_ms" not in state:
+            raise ValueError("Object missing required field `duration_ms`")
+        state["duration_s"] = state.pop("duration_ms") / 1000
+        return state
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.pulls.pop(self.image, None)
+        aggregate.images[self.image] = HeldImage(digest=self.digest, size_bytes=self.size_bytes)
+
+
+class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed"):
+    image: NonEmpty
+    task_id: NonEmpty
+    reason: NonEmpty
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.pulls.pop(self.image, None)
+
+
+class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):
+    image: NonEmpty
+    reason: NonEmpty  # e.g. "gc-disk-pressure", "unload-requested"
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.images.pop(self.image, None)
+
+
+AnyEvent = (
+    SessionEnqueued
+    | SessionSchedulingFailed
+    | SessionScheduled
+    | KernelPreparing
+    | KernelPulling
+    | KernelPrepared
+    | KernelCreating
+    | KernelCreated
+    | KernelCreationFailed
+    | KernelCancelled
+    | KernelTerminating
+    | KernelTerminated
+    | AgentRegistered
+    | AgentReregistered
+    | AgentLost
+    | ImagePullStarted
+    | ImagePulled
+    | ImagePullFailed
+    | ImageRemoved
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    for cls in AnyEvent.__args__
+}
+
+
+def type_name(event_class: type[Event]) -> str:
+    """The stable wire name of an event class."""
+    return str(event_class.__struct_config__.tag)
+
+
+def rebuild(events: Iterable[Event]) -> BaseAggregate[str] | None:
+    """Fold an aggregate's events, in order, into the aggregate (None if there are none)."""
+    aggregate: BaseAggregate[str] | None = None
+    for event in events:
+        aggregate = event.mutate(aggregate)
+    return aggregate
