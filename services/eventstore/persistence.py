@@ -1,0 +1,510 @@
+"""A persistence module for the ``eventsourcing`` library on JetStream.
+
+Any plain ``eventsourcing`` Application runs on it unchanged with::
+
+    PERSISTENCE_MODULE=services.eventstore:Factory   (or just ``services.eventstore``)
+    NATS_URL=nats://127.0.0.1:4222
+    NATS_STREAM=<stream name>                         (created if missing)
+
+Layout of one stream ``S`` (its own subject space, so streams never see each other's events)::
+
+    es.S.events.<id token>       one subject per aggregate; notification id = stream sequence
+    es.S.snapshots.<id token>    snapshots (not notifications)
+    es.S.tracking.<app token>    one message per recorded Tracking
+
+The library is synchronous and nats-py is asyncio: each Factory runs one private event loop in a
+daemon thread with its own NATS connection, and every recorder call is a coroutine submitted to
+it. A synchronous call therefore never runs on (or blocks) the services' loop; calling from a
+thread that runs an event loop is refused with a clear error instead of stalling that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import queue
+import threading
+from collections.abc import Coroutine, Iterable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+from uuid import UUID
+
+import nats
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    InfrastructureFactory,
+    IntegrityError,
+    Notification,
+    OperationalError,
+    ProcessRecorder,
+    StoredEvent,
+    Subscription,
+    Tracking,
+    TrackingRecorder,
+)
+from eventsourcing.utils import Environment, EnvType, resolve_topic
+from nats.aio.client import Client
+
+from domain.subjects import check_token
+from services.eventstore.store import ConcurrencyError, EventStore, Message, Recorded, Write
+
+T = TypeVar("T")
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+CALL_TIMEOUT = 60.0  # seconds a synchronous call waits for the private loop
+MAX_CONFLICT_RETRIES = 20  # re-reads after a subject moved under us without a real conflict
+
+TOPIC = "Es-Topic"
+VERSION = "Es-Version"
+TRACKING_ID = "Es-Tracking-Id"
+
+
+def id_token(originator_id: UUID | str) -> str:
+    """A subject token for an originator id, reversibly and keeping its type:
+    ``u<hex>`` for a UUID, ``s<base64url without padding>`` for a string."""
+    if isinstance(originator_id, UUID):
+        return "u" + originator_id.hex
+    if isinstance(originator_id, str):
+        return "s" + base64.urlsafe_b64encode(originator_id.encode()).rstrip(b"=").decode()
+    raise TypeError(f"originator_id must be a UUID or a str, got {type(originator_id).__name__}")
+
+
+def token_id(token: str) -> UUID | str:
+    """The originator id a token of :func:`id_token` stands for."""
+    kind, body = token[:1], token[1:]
+    if kind == "u":
+        return UUID(hex=body)
+    if kind == "s":
+        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+    raise ValueError(f"not an originator id token: {token!r}")
+
+
+class _PrivateLoop:
+    """An asyncio loop in a daemon thread: synchronous code submits coroutines to it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
+        """Run ``coro`` on the private loop and wait for its result in this thread."""
+        refusal = self._refusal()
+        if refusal:
+            coro.close()
+            raise RuntimeError(refusal)
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise OperationalError(
+                f"JetStream did not answer within {timeout}s; check that nats-server is up"
+            ) from None
+
+    def _refusal(self) -> str | None:
+        if threading.get_ident() == self._thread.ident:
+            return (
+                "a synchronous eventsourcing recorder method was called on its own private "
+                "event loop thread, which would deadlock; call it from another thread"
+            )
+        if not self._thread.is_alive():
+            return "the persistence factory is closed; construct a new Application/Factory"
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return (
+            "a synchronous eventsourcing recorder method was called from a running event loop,"
+            " which it would block; run it in a worker thread, e.g."
+            " `await asyncio.to_thread(app.save, aggregate)`"
+        )
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        if not self.loop.is_closed():
+            self.loop.close()
+
+
+class JetStreamDatastore:
+    """One stream, one NATS connection and the private loop that owns it."""
+
+    def __init__(self, url: str, stream: str) -> None:
+        self.url = url
+        self.stream = check_token(stream, "NATS_STREAM")
+        self.prefix = f"es.{stream}"
+        self.events_filter = f"{self.prefix}.events.>"
+        self._loop = _PrivateLoop(name=f"eventsourcing-jetstream-{stream}")
+        self._nc: Client | None = None
+        try:
+            self.store: EventStore = self._loop.run(self._open())
+        except BaseException:
+            self._loop.close()
+            raise
+
+    async def _open(self) -> EventStore:
+        try:
+            self._nc = await nats.connect(
+                self.url, name=f"eventsourcing-{self.stream}", connect_timeout=5
+            )
+        except Exception as e:
+            raise OperationalError(
+                f"cannot connect to NATS_URL={self.url}: {e!r}; start nats-server or fix NATS_URL"
+            ) from e
+        store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
+        await store.ensure_stream()
+        return store
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coro)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return self._loop.submit(coro)
+
+    def subject(self, kind: str, token: str) -> str:
+        return f"{self.prefix}.{kind}.{token}"
+
+    async def last(self, subject: str) -> Recorded | None:
+        """The subject's last message (subject may be a wildcard), None if it has none."""
+        seq = await self.store.last_seq(subject)
+        if seq == 0:
+            return None
+        after = await self.store.read_subject(subject, after_seq=seq - 1)
+        return after[-1] if after else None
+
+    def close(self) -> None:
+        nc = self._nc
+        if nc is not None and not nc.is_closed and self._loop.loop.is_running():
+            with contextlib.suppress(Exception):  # closing anyway; the server may be gone
+                self._loop.run(nc.drain(), timeout=10)
+        self._nc = None
+        self._loop.close()
+
+
+def _version(record: Recorded) -> int:
+    return int(record.headers[VERSION])
+
+
+def _stored_event(record: Recorded) -> StoredEvent:
+    return StoredEvent(
+        originator_id=token_id(record.subject.rsplit(".", 1)[1]),
+        originator_version=_version(record),
+        topic=record.headers[TOPIC],
+        state=record.data,
+    )
+
+
+def _notification(record: Recorded) -> Notification:
+    return Notification(
+        id=record.seq,
+        originator_id=token_id(record.subject.rsplit(".", 1)[1]),
+        originator_version=_version(record),
+        topic=record.headers[TOPIC],
+        state=record.data,
+    )
+
+
+class JetStreamRecorder:
+    """Shared by all recorders: the atomic, version-checked append of events (and tracking)."""
+
+    def __init__(self, datastore: JetStreamDatastore, purpose: str = "events") -> None:
+        self.datastore = datastore
+        self.kind = check_token(purpose, "purpose")
+
+    def _tracking_subject(self, application_name: str) -> str:
+        return self.datastore.subject("tracking", id_token(application_name))
+
+    async def _append(
+        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> list[int]:
+        """Append all events (and the tracking record) in one atomic write, or nothing.
+
+        Each aggregate's new versions must exceed its last recorded version; the write is
+        conditional on each subject's last sequence, so a concurrent writer makes it fail
+        (and we re-read: a real conflict then shows as IntegrityError)."""
+        by_subject: dict[str, list[int]] = {}
+        for index, event in enumerate(stored_events):
+            subject = self.datastore.subject(self.kind, id_token(event.originator_id))
+            by_subject.setdefault(subject, []).append(index)
+        subjects = list(by_subject)
+        if tracking is not None:
+            subjects.append(self._tracking_subject(tracking.application_name))
+        if not subjects:
+            return []
+        for _ in range(MAX_CONFLICT_RETRIES):
+            lasts = await asyncio.gather(*(self.datastore.last(s) for s in subjects))
+            writes = [
+                self._event_write(subject, [stored_events[i] for i in indexes], last)
+                for (subject, indexes), last in zip(by_subject.items(), lasts, strict=False)
+            ]
+            if tracking is not None:
+                writes.append(_tracking_write(subjects[-1], tracking, lasts[-1]))
+            try:
+                seqs = await self.datastore.store.append(writes)
+            except ConcurrencyError:
+                continue  # someone wrote one of these subjects since we read it: check again
+            notification_ids = [0] * len(stored_events)
+            flat = iter(seqs)
+            for indexes in by_subject.values():
+                for i in indexes:
+                    notification_ids[i] = next(flat)
+            return notification_ids
+        raise OperationalError(
+            f"gave up after {MAX_CONFLICT_RETRIES} concurrent writes to {subjects}; retry later"
+        )
+
+    def _event_write(self, subject: str, events: list[StoredEvent], last: Recorded | None) -> Write:
+        previous = _version(last) if last else None
+        for event in events:
+            if previous is not None and event.originator_version <= previous:
+                raise IntegrityError(
+                    f"version {event.originator_version} of {event.originator_id!r} is not after"
+                    f" version {previous} (already recorded or repeated): reload and retry"
+                )
+            previous = event.originator_version
+        messages = [
+            Message(data=e.state, headers={TOPIC: e.topic, VERSION: str(e.originator_version)})
+            for e in events
+        ]
+        return Write(subject, messages, expected_last_seq=last.seq if last else 0)
+
+
+def _tracking_write(subject: str, tracking: Tracking, last: Recorded | None) -> Write:
+    if last is not None and tracking.notification_id <= int(last.headers[TRACKING_ID]):
+        raise IntegrityError(
+            f"tracking id {tracking.notification_id} of {tracking.application_name!r} is not"
+            f" greater than the recorded {last.headers[TRACKING_ID]}"
+        )
+    message = Message(data=b"", headers={TRACKING_ID: str(tracking.notification_id)})
+    return Write(subject, [message], expected_last_seq=last.seq if last else 0)
+
+
+class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        self.datastore.run(self._append(stored_events, None))
+        return None
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        subject = self.datastore.subject(self.kind, id_token(originator_id))
+        return self.datastore.run(self._select_events(subject, gt, lte, desc, limit))
+
+    async def _select_events(
+        self, subject: str, gt: int | None, lte: int | None, desc: bool, limit: int | None
+    ) -> list[StoredEvent]:
+        if desc and limit == 1 and lte is None:
+            # The latest event or snapshot: what every repository.get() asks first.
+            last = await self.datastore.last(subject)
+            records = [last] if last and (gt is None or _version(last) > gt) else []
+        else:
+            records = await self.datastore.store.read_subject(subject)
+        events = [
+            _stored_event(r)
+            for r in records
+            if (gt is None or _version(r) > gt) and (lte is None or _version(r) <= lte)
+        ]
+        if desc:
+            events.reverse()
+        return events if limit is None else events[:limit]
+
+
+class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecorder):
+    def __init__(self, datastore: JetStreamDatastore) -> None:
+        super().__init__(datastore, purpose="events")
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        return self.datastore.run(self._append(stored_events, kwargs.get("tracking")))
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        first = 1 if start is None else start if inclusive_of_start else start + 1
+        return self.datastore.run(self._select_notifications(max(first, 1), limit, stop, topics))
+
+    async def _select_notifications(
+        self, first: int, limit: int, stop: int | None, topics: Iterable[str]
+    ) -> list[Notification]:
+        wanted = set(topics)
+        found: list[Notification] = []
+        if limit <= 0 or (stop is not None and stop < first):
+            return found
+        replay = self.datastore.store.replay(
+            from_seq=first, until_seq=stop, subject_filter=self.datastore.events_filter
+        )
+        try:
+            async for record in replay:
+                if wanted and record.headers[TOPIC] not in wanted:
+                    continue
+                found.append(_notification(record))
+                if len(found) >= limit:
+                    break
+        finally:
+            await _aclose(replay)
+        return found
+
+    def max_notification_id(self) -> int | None:
+        return (
+            self.datastore.run(self.datastore.store.last_seq(self.datastore.events_filter)) or None
+        )
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        return JetStreamSubscription(self, gt=gt, topics=topics)
+
+
+async def _aclose(iterator: object) -> None:
+    """Release a replay's consumer when we stop reading early."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
+    """Notifications after ``gt``, then live ones as they are stored (a following replay on the
+    private loop feeds a bounded queue that the iterating thread reads)."""
+
+    def __init__(
+        self,
+        recorder: JetStreamApplicationRecorder,
+        gt: int | None = None,
+        topics: Sequence[str] = (),
+    ) -> None:
+        super().__init__(recorder=recorder, gt=gt, topics=topics)
+        self._queue: queue.Queue[Notification | BaseException] = queue.Queue(maxsize=1000)
+        self._follower = recorder.datastore.submit(self._follow())
+
+    async def _follow(self) -> None:
+        datastore = self._recorder.datastore
+        wanted = set(self._topics)
+        replay = datastore.store.replay(
+            from_seq=(self._last_notification_id or 0) + 1,
+            subject_filter=datastore.events_filter,
+            follow=True,
+        )
+        try:
+            async for record in replay:
+                if wanted and record.headers[TOPIC] not in wanted:
+                    continue
+                await self._put(_notification(record))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            await self._put(e)
+        finally:
+            await _aclose(replay)
+
+    async def _put(self, item: Notification | BaseException) -> None:
+        while not self._has_been_stopped:
+            try:
+                self._queue.put_nowait(item)
+                return
+            except queue.Full:
+                await asyncio.sleep(0.01)  # the reader is behind: wait without blocking the loop
+
+    def stop(self) -> None:
+        super().stop()
+        self._follower.cancel()
+
+    def __exit__(self, *args: object, **kwargs: Any) -> None:
+        super().__exit__(*args, **kwargs)
+        with contextlib.suppress(BaseException):  # cancelled on purpose; errors were queued
+            self._follower.result(timeout=CALL_TIMEOUT)
+
+    def __next__(self) -> Notification:
+        while not self._has_been_stopped:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                self.stop()
+                raise item
+            self._last_notification_id = item.id
+            return item
+        raise StopIteration
+
+
+class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self.datastore.run(self._append([], tracking))
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        subject = self._tracking_subject(application_name)
+        last = self.datastore.run(self.datastore.last(subject))
+        return int(last.headers[TRACKING_ID]) if last else None
+
+
+class JetStreamProcessRecorder(
+    JetStreamTrackingRecorder, JetStreamApplicationRecorder, ProcessRecorder
+):
+    """Events and their tracking record go into one atomic batch: both or neither."""
+
+
+class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
+    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL and NATS_STREAM
+    (both may be prefixed with the upper-cased application name, as the library does)."""
+
+    NATS_URL = "NATS_URL"
+    NATS_STREAM = "NATS_STREAM"
+
+    def __init__(self, env: Environment | EnvType | None) -> None:
+        super().__init__(env)
+        stream = self.env.get(self.NATS_STREAM)
+        if not stream:
+            raise OSError(
+                f"{self.NATS_STREAM} is not set: set it to the JetStream stream that holds this"
+                " application's events (created if missing), e.g. NATS_STREAM=orders"
+            )
+        self.datastore = JetStreamDatastore(self.env.get(self.NATS_URL, DEFAULT_NATS_URL), stream)
+
+    def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
+        return JetStreamAggregateRecorder(self.datastore, purpose=purpose)
+
+    def application_recorder(self) -> ApplicationRecorder:
+        return JetStreamApplicationRecorder(self.datastore)
+
+    def tracking_recorder(
+        self, tracking_recorder_class: type[JetStreamTrackingRecorder] | None = None
+    ) -> JetStreamTrackingRecorder:
+        if tracking_recorder_class is None:
+            topic = self.env.get(self.TRACKING_RECORDER_TOPIC)
+            tracking_recorder_class = resolve_topic(topic) if topic else JetStreamTrackingRecorder
+        assert tracking_recorder_class is not None
+        if not issubclass(tracking_recorder_class, JetStreamTrackingRecorder):
+            raise TypeError(
+                f"{self.TRACKING_RECORDER_TOPIC} must name a JetStreamTrackingRecorder subclass,"
+                f" got {tracking_recorder_class!r}"
+            )
+        return tracking_recorder_class(self.datastore)
+
+    def process_recorder(self) -> ProcessRecorder:
+        return JetStreamProcessRecorder(self.datastore)
+
+    def close(self) -> None:
+        self.datastore.close()
