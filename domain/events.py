@@ -71,7 +71,7 @@ class SessionEnqueued(
 ):
     """A user asked for a session: its kernels exist, PENDING, until the scheduler places them."""
 
-    originator_topic: str
+    originator_topic: NonEmpty
     owner: NonEmpty
     image: NonEmpty
     resources: Resources  # per kernel
@@ -79,7 +79,7 @@ class SessionEnqueued(
     resource_group: NonEmpty
     kernel_ids: list[NonEmpty]
     status_info: NonEmpty
-    request_id: str | None = None  # the client's idempotency key
+    request_id: NonEmpty | None = None  # the client's idempotency key
 
     def __post_init__(self) -> None:
         if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
@@ -224,7 +224,7 @@ class AgentRegistered(
 ):
     """An agent joined for the first time, with what it offers and the images it already has."""
 
-    originator_topic: str
+    originator_topic: NonEmpty
     resource_group: NonEmpty
     capacity: Capacity
     runtime: NonEmpty  # "docker", "dummy"
