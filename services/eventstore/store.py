@@ -246,6 +246,10 @@ class EventStore:
                     return original
             if code == ERR_WRONG_LAST_SEQUENCE:
                 raise await self._conflict(writes, error.get("description", ""))
+            raise StoreError(
+                f"idempotency key {idempotency_key!r} was already used by another command"
+                f" (not on {writes[0].subject}): use a new request id for a new command"
+            )
         raise StoreError(
             f"JetStream refused the append to {out[0][0]}"
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"

@@ -163,3 +163,10 @@ async def test_append_without_stream_says_to_ensure_it(nc) -> None:  # type: ign
     store = EventStore(nc, "NOPE", ["nope.>"])
     with pytest.raises(StoreError, match="ensure_stream"):
         await store.append([Write("nope.x", msgs("x"))])
+
+
+async def test_a_key_reused_on_another_subject_is_refused(store: EventStore) -> None:
+    await store.append([Write(A, msgs("a1", "a2"))], idempotency_key="k")
+    with pytest.raises(StoreError, match="already used by another command"):
+        await store.append([Write(C, msgs("c1", "c2"))], idempotency_key="k")
+    assert await store.read_subject(C) == []
