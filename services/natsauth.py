@@ -1,0 +1,304 @@
+"""NATS users for Hoist's roles: generated passwords, the auth.conf granting each role only the
+subjects it needs, and the server config the local stack runs.
+
+Roles (one NATS user each; one user per agent, named ``agent-<id>``):
+
+- manager: the control plane. Owns the streams (JetStream API), appends events, serves
+  ``hoist.api|query|admin.>``, calls agents, watches heartbeats and progress. It may not delete
+  or purge the event stream: events are never removed, not even by the manager.
+- agent: publishes only its own facts, progress and heartbeats, serves its own RPC subjects,
+  and reads the event stream (direct gets) to load its own aggregate. The event store's reads
+  are direct-get batches on ``$JS.API.DIRECT.GET.HOIST`` whose subject does not name the
+  aggregate, so an agent can read (never write) other aggregates too.
+- client: sends commands and queries, watches progress, reads history (direct gets and
+  ephemeral ordered consumers). Never appends events, never touches ``hoist.admin.>``, never
+  changes streams, never pulls from or deletes consumers (the manager's durables).
+- admin: a client that may also publish ``hoist.admin.>``. It does not append events either:
+  admin commands go through the manager, which validates them and records their events, so the
+  log holds only events the domain accepted.
+
+Passwords are stored in plaintext in two 0600 files in the data dir (credentials.json and
+auth.conf). nats-server accepts bcrypt hashes, but hashing needs a dependency we do not ship,
+and ``hoist creds`` must print the plaintext anyway, so a hash beside it would protect nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from domain.subjects import (
+    ADMIN,
+    AGENT_RPC,
+    API,
+    EVENT_STREAM,
+    EVENTS_ALL,
+    HEARTBEAT,
+    PROGRESS,
+    PROGRESS_STREAM,
+    QUERY,
+    agent_events,
+    check_token,
+    heartbeat,
+)
+
+ROLES = ("manager", "agent", "client", "admin")
+CREDENTIALS_FILE = "credentials.json"
+REPO_CONFIG = Path(__file__).resolve().parent.parent / "nats.conf"
+
+_JS = "$JS.API"
+_INBOX = "_INBOX.>"
+_FLOW_CONTROL = "$JS.FC.>"  # replies to an ordered consumer's flow-control messages
+_STORE_DIR_LINE = re.compile(r"^(\s*store_dir\s*:\s*).*$", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """One password per role user; ``agents`` maps agent id to that agent's password."""
+
+    manager: str
+    client: str
+    admin: str
+    agents: dict[str, str] = field(default_factory=dict)
+
+    def password(self, role: str, agent_id: str | None = None) -> str:
+        if role == "agent":
+            agent_id = _agent_id(agent_id)
+            if agent_id not in self.agents:
+                raise KeyError(
+                    f"no credentials for agent {agent_id!r}: generate them with"
+                    " generate_credentials(data_dir, [agent_id]) and reload nats-server"
+                )
+            return self.agents[agent_id]
+        if agent_id is not None:
+            raise ValueError(f"agent_id is only for role 'agent', not {role!r}")
+        return str(getattr(self, _check_role(role)))
+
+
+def user_name(role: str, agent_id: str | None = None) -> str:
+    if _check_role(role) == "agent":
+        return f"agent-{_agent_id(agent_id)}"
+    return role
+
+
+def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Credentials:
+    """The stack's credentials, from ``data_dir/credentials.json`` if it exists; missing users
+    (new agents) get fresh random passwords. The file is (re)written with mode 0600."""
+    path = Path(data_dir) / CREDENTIALS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stored: dict[str, Any] = {}
+    if path.exists():
+        try:
+            stored = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path} is not valid JSON ({err}): delete it to generate new credentials"
+            ) from None
+    changed = not stored
+    values: dict[str, str] = {}
+    for role in ("manager", "client", "admin"):
+        value = stored.get(role)
+        if not isinstance(value, str) or not value:
+            value = _new_password()
+            changed = True
+        values[role] = value
+    agents = dict(stored.get("agents") or {})
+    for agent_id in agent_ids:
+        if agent_id not in agents:
+            agents[check_token(agent_id, "agent id")] = _new_password()
+            changed = True
+    creds = Credentials(agents=agents, **values)
+    if changed:
+        _write_private(path, json.dumps(_as_dict(creds), indent=2) + "\n")
+    else:
+        path.chmod(0o600)  # tighten a file someone loosened
+    return creds
+
+
+def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
+    """The nats-server ``permissions`` block of one role user."""
+    role = _check_role(role)
+    if role == "manager":
+        return {
+            "publish": {
+                "allow": [
+                    f"{_JS}.>",
+                    "$JS.ACK.>",
+                    _FLOW_CONTROL,
+                    EVENTS_ALL,
+                    f"{PROGRESS}.>",
+                    f"{AGENT_RPC}.>",
+                    _INBOX,
+                ],
+                "deny": [
+                    f"{_JS}.STREAM.DELETE.{EVENT_STREAM}",
+                    f"{_JS}.STREAM.PURGE.{EVENT_STREAM}",
+                    f"{_JS}.STREAM.MSG.DELETE.{EVENT_STREAM}",
+                ],
+            },
+            "subscribe": {
+                "allow": [
+                    f"{API}.>",
+                    f"{QUERY}.>",
+                    f"{ADMIN}.>",
+                    f"{HEARTBEAT}.>",
+                    f"{PROGRESS}.>",
+                    _INBOX,
+                ],
+            },
+            "allow_responses": True,
+        }
+    if role == "agent":
+        agent_id = _agent_id(agent_id)
+        return {
+            "publish": {
+                "allow": [
+                    agent_events(agent_id),
+                    f"{PROGRESS}.{agent_id}.>",
+                    heartbeat(agent_id),
+                    f"{_JS}.INFO",
+                    f"{_JS}.STREAM.INFO.{EVENT_STREAM}",
+                    f"{_JS}.DIRECT.GET.{EVENT_STREAM}",
+                    f"{_JS}.DIRECT.GET.{EVENT_STREAM}.>",
+                ],
+                "deny": _NO_STREAM_CHANGES,
+            },
+            "subscribe": {"allow": [f"{AGENT_RPC}.{agent_id}.>", _INBOX]},
+            "allow_responses": True,
+        }
+    publish = [f"{API}.>", f"{QUERY}.>", _FLOW_CONTROL, f"{_JS}.INFO", f"{_JS}.STREAM.NAMES"]
+    for stream in (EVENT_STREAM, PROGRESS_STREAM):
+        publish += _stream_reader(stream)
+    deny = [EVENTS_ALL, *_NO_STREAM_CHANGES]
+    if role == "admin":
+        publish.append(f"{ADMIN}.>")
+    else:
+        deny.append(f"{ADMIN}.>")
+    return {
+        "publish": {"allow": publish, "deny": deny},
+        # Never the manager's or agents' request subjects: no one may impersonate a service.
+        "subscribe": {"allow": [f"{PROGRESS}.>", _INBOX]},
+    }
+
+
+def render_auth_conf(creds: Credentials) -> str:
+    """auth.conf for nats-server: every role user with its permissions; no anonymous access."""
+    users = [
+        _user("manager", creds.manager),
+        _user("client", creds.client),
+        _user("admin", creds.admin),
+        *(
+            _user("agent", password, agent_id)
+            for agent_id, password in sorted(creds.agents.items())
+        ),
+    ]
+    body = ",\n".join(json.dumps(u) for u in users)
+    return (
+        "# Generated by hoist (services/natsauth.py): the role users. Secret, keep it 0600.\n"
+        f"authorization {{\n  users = [\n{body}\n  ]\n}}\n"
+    )
+
+
+def write_server_config(data_dir: Path, creds: Credentials, store_dir: Path) -> Path:
+    """Write ``nats.conf`` (the repo's, with ``store_dir`` absolute) and ``auth.conf`` into
+    ``data_dir``, both 0600; return the nats.conf path. Start nats-server with ``-c`` on it and
+    no ``-sd`` (the config already names the store dir)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    template = REPO_CONFIG.read_text()
+    store = json.dumps(str(Path(store_dir).resolve()))
+    config, found = _STORE_DIR_LINE.subn(lambda m: m.group(1) + store, template)
+    if found != 1:
+        raise RuntimeError(f"{REPO_CONFIG} must set jetstream store_dir exactly once")
+    _write_private(data_dir / "auth.conf", render_auth_conf(creds))
+    path = data_dir / "nats.conf"
+    _write_private(path, config)
+    return path
+
+
+def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None = None) -> str:
+    """``base_url`` (nats://host:port) carrying the role user's name and password."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
+    user = quote(user_name(role, agent_id), safe="")
+    password = quote(creds.password(role, agent_id), safe="")
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
+
+
+# Stream changes no role but the manager may make (deny beats allow; listed for clarity).
+_NO_STREAM_CHANGES = [
+    f"{_JS}.STREAM.CREATE.>",
+    f"{_JS}.STREAM.UPDATE.>",
+    f"{_JS}.STREAM.DELETE.>",
+    f"{_JS}.STREAM.PURGE.>",
+    f"{_JS}.STREAM.MSG.DELETE.>",
+    f"{_JS}.CONSUMER.DELETE.>",
+    f"{_JS}.CONSUMER.DURABLE.CREATE.>",
+    f"{_JS}.CONSUMER.MSG.NEXT.>",
+]
+
+
+def _stream_reader(stream: str) -> list[str]:
+    # Direct gets and ephemeral ordered (push) consumers. No MSG.NEXT: a pull would take
+    # messages from the manager's durable consumers.
+    return [
+        f"{_JS}.STREAM.INFO.{stream}",
+        f"{_JS}.DIRECT.GET.{stream}",
+        f"{_JS}.DIRECT.GET.{stream}.>",
+        # Only the unnamed create subject: the server makes those consumers ephemeral, so a
+        # reader can never name (and so rewrite) the manager's durables.
+        f"{_JS}.CONSUMER.CREATE.{stream}",
+        f"{_JS}.CONSUMER.INFO.{stream}.*",
+    ]
+
+
+def _user(role: str, password: str, agent_id: str | None = None) -> dict[str, Any]:
+    return {
+        "user": user_name(role, agent_id),
+        "password": password,
+        "permissions": permissions(role, agent_id),
+    }
+
+
+def _check_role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def _agent_id(agent_id: str | None) -> str:
+    if agent_id is None:
+        raise ValueError("role 'agent' needs an agent_id (one NATS user per agent)")
+    return check_token(agent_id, "agent id")
+
+
+def _new_password() -> str:
+    return secrets.token_urlsafe(24)  # 192 bits; URL-safe, so it goes into nats:// URLs as is
+
+
+def _as_dict(creds: Credentials) -> dict[str, Any]:
+    return {
+        "manager": creds.manager,
+        "client": creds.client,
+        "admin": creds.admin,
+        "agents": dict(sorted(creds.agents.items())),
+    }
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable only by the user, replacing it atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to a tmp file left by a crash
+    os.replace(tmp, path)

@@ -1,0 +1,322 @@
+"""Each role's NATS user against a real nats-server running the rendered nats.conf + auth.conf:
+what a role may do works, what it may not is refused by the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import stat
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.api import StreamConfig
+
+from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS, PROGRESS_STREAM
+from services.natsauth import (
+    CREDENTIALS_FILE,
+    REPO_CONFIG,
+    Credentials,
+    generate_credentials,
+    role_url,
+    write_server_config,
+)
+from services.natsserver import free_port, nats_server_binary, wait_for_port
+
+
+@dataclass
+class Stack:
+    url: str
+    creds: Credentials
+    data_dir: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One server for the module (roles don't interfere): started from the rendered config only."""
+    data_dir = tmp_path_factory.mktemp("hoist")
+    creds = generate_credentials(data_dir, ["A", "B"])
+    config = write_server_config(data_dir, creds, data_dir / "store")
+    port = free_port()
+    log = (data_dir / "nats-server.log").open("ab")
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-c", str(config), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    try:
+        wait_for_port("127.0.0.1", port)
+        yield Stack(f"nats://127.0.0.1:{port}", creds, data_dir)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@dataclass
+class Conn:
+    """A connection that records the permission violations the server reports."""
+
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    async def refused(self, subject: str) -> bool:
+        """Publish; True once the server reports the violation (its -ERR may trail a PONG)."""
+        await self.nc.publish(subject, b"x")
+        return await self.reported(f'publish to "{subject.lower()}"')
+
+    async def reported(self, text: str, within: float = 2.0) -> bool:
+        for _ in range(int(within / 0.01)):
+            if any(text.lower() in e for e in self.errors):
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+
+async def _connect(stack: Stack, role: str, agent_id: str | None = None) -> Conn:
+    conn = Conn(nc=Client())
+
+    async def on_error(err: Exception) -> None:
+        conn.errors.append(str(err).lower())
+
+    await conn.nc.connect(
+        role_url(stack.url, role, stack.creds, agent_id),
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=2,
+    )
+    return conn
+
+
+@pytest.fixture
+async def manager(stack: Stack) -> AsyncIterator[Conn]:
+    conn = await _connect(stack, "manager")
+    js = conn.nc.jetstream()
+    # Idempotent: same config, so a second add is a no-op.
+    await js.add_stream(StreamConfig(name=EVENT_STREAM, subjects=[EVENTS_ALL], allow_direct=True))
+    await js.add_stream(StreamConfig(name=PROGRESS_STREAM, subjects=[f"{PROGRESS}.>"]))
+    yield conn
+    await conn.nc.close()
+
+
+async def _role(stack: Stack, role: str, agent_id: str | None = None) -> AsyncIterator[Conn]:
+    conn = await _connect(stack, role, agent_id)
+    yield conn
+    await conn.nc.close()
+
+
+@pytest.fixture
+async def client(stack: Stack, manager: Conn) -> AsyncIterator[Conn]:
+    async for conn in _role(stack, "client"):
+        yield conn
+
+
+@pytest.fixture
+async def admin(stack: Stack, manager: Conn) -> AsyncIterator[Conn]:
+    async for conn in _role(stack, "admin"):
+        yield conn
+
+
+@pytest.fixture
+async def agent_a(stack: Stack, manager: Conn) -> AsyncIterator[Conn]:
+    async for conn in _role(stack, "agent", "A"):
+        yield conn
+
+
+async def test_manager_appends_and_reads_events(manager: Conn) -> None:
+    ack = await manager.nc.jetstream().publish("hoist.events.session.s1", b"created")
+    assert ack.stream == EVENT_STREAM
+    assert manager.errors == []
+
+
+async def test_manager_cannot_delete_or_purge_the_event_stream(manager: Conn) -> None:
+    assert await manager.refused(f"$JS.API.STREAM.DELETE.{EVENT_STREAM}")
+    assert await manager.refused(f"$JS.API.STREAM.PURGE.{EVENT_STREAM}")
+    assert await manager.refused(f"$JS.API.STREAM.MSG.DELETE.{EVENT_STREAM}")
+
+
+async def test_client_never_appends_events(client: Conn, manager: Conn) -> None:
+    js = manager.nc.jetstream()
+    before = (await js.stream_info(EVENT_STREAM)).state.messages
+    assert await client.refused("hoist.events.session.s1")
+    assert await client.refused("hoist.events.agent.A")
+    assert (await js.stream_info(EVENT_STREAM)).state.messages == before
+
+
+async def test_client_cannot_change_streams(client: Conn) -> None:
+    for api in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.UPDATE", "STREAM.MSG.DELETE"):
+        assert await client.refused(f"$JS.API.{api}.{EVENT_STREAM}"), api
+    assert await client.refused("$JS.API.STREAM.CREATE.EVIL")
+    # Not the manager's durable consumers either: no pulling from, deleting or naming them.
+    assert await client.refused(f"$JS.API.CONSUMER.MSG.NEXT.{EVENT_STREAM}.reactor")
+    assert await client.refused(f"$JS.API.CONSUMER.DELETE.{EVENT_STREAM}.reactor")
+    assert await client.refused(f"$JS.API.CONSUMER.CREATE.{EVENT_STREAM}.reactor")
+
+
+async def test_client_sends_commands_and_queries_but_not_admin(client: Conn, manager: Conn) -> None:
+    served = await manager.nc.subscribe("hoist.api.>", cb=_answer(manager.nc))
+    await _synced(manager.nc)
+    try:
+        reply = await client.nc.request("hoist.api.session.create", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        assert await _delivered(client, manager, "hoist.query.kernels")
+        assert await client.refused("hoist.admin.kernel.cancel")
+        assert await client.refused("hoist.admin.query.sql")
+    finally:
+        await served.unsubscribe()
+
+
+async def test_client_cannot_serve_or_listen_to_service_subjects(client: Conn) -> None:
+    for subject in ("hoist.api.>", "hoist.admin.>", "hoist.agent.A.>", "hoist.heartbeat.>"):
+        await client.nc.subscribe(subject)
+        assert await client.reported(f'subscription to "{subject}"'), subject
+
+
+async def test_client_reads_history_with_an_ordered_consumer(client: Conn, manager: Conn) -> None:
+    await manager.nc.jetstream().publish("hoist.events.session.read", b"e1")
+    sub = await client.nc.jetstream().subscribe(
+        "hoist.events.session.read", stream=EVENT_STREAM, ordered_consumer=True
+    )
+    msg = await sub.next_msg(timeout=2)
+    assert msg.data == b"e1"
+    await sub.unsubscribe()
+    last = await client.nc.jetstream().get_last_msg(
+        EVENT_STREAM, "hoist.events.session.read", direct=True
+    )
+    assert last.data == b"e1"
+    assert client.errors == []
+
+
+async def test_client_cannot_create_a_durable_through_the_ephemeral_api(client: Conn) -> None:
+    # The only consumer-create subject a client has takes no name; the server must refuse a
+    # durable there, or a client could rewrite the manager's durables.
+    req = {"stream_name": EVENT_STREAM, "config": {"durable_name": "reactor", "ack_policy": "none"}}
+    reply = await client.nc.request(
+        f"$JS.API.CONSUMER.CREATE.{EVENT_STREAM}", json.dumps(req).encode(), timeout=2
+    )
+    assert "error" in json.loads(reply.data)
+
+
+async def test_client_watches_progress(client: Conn, agent_a: Conn) -> None:
+    sub = await client.nc.subscribe("hoist.progress.>")
+    await _synced(client.nc)
+    await agent_a.nc.publish("hoist.progress.A.pull1", b"50%")
+    assert (await sub.next_msg(timeout=2)).data == b"50%"
+    assert await client.refused("hoist.progress.A.pull1")
+
+
+async def test_admin_publishes_admin_subjects_but_no_events(admin: Conn, manager: Conn) -> None:
+    served = await manager.nc.subscribe("hoist.admin.>", cb=_answer(manager.nc))
+    await _synced(manager.nc)
+    try:
+        reply = await admin.nc.request("hoist.admin.query.sql", b"select 1", timeout=2)
+        assert reply.data == b"ok"
+    finally:
+        await served.unsubscribe()
+    assert await _delivered(admin, manager, "hoist.api.session.create")
+    assert await admin.refused("hoist.events.session.s1")
+    assert await admin.refused(f"$JS.API.STREAM.PURGE.{EVENT_STREAM}")
+
+
+async def test_agent_publishes_only_its_own_facts(agent_a: Conn, manager: Conn) -> None:
+    ack = await agent_a.nc.jetstream().publish("hoist.events.agent.A", b"registered")
+    assert ack.stream == EVENT_STREAM
+    assert await _delivered(agent_a, manager, "hoist.heartbeat.A")
+    assert await agent_a.refused("hoist.events.agent.B")
+    assert await agent_a.refused("hoist.events.session.x")
+    assert await agent_a.refused("hoist.heartbeat.B")
+    assert await agent_a.refused("hoist.progress.B.pull1")
+    assert await agent_a.refused("hoist.api.session.create")
+    assert await agent_a.refused(f"$JS.API.STREAM.DELETE.{EVENT_STREAM}")
+    assert await agent_a.refused(f"$JS.API.STREAM.CREATE.{EVENT_STREAM}")
+
+
+async def test_agent_reads_its_aggregate_and_serves_only_its_rpc(
+    agent_a: Conn, manager: Conn
+) -> None:
+    await agent_a.nc.jetstream().publish("hoist.events.agent.A", b"fact")
+    last = await agent_a.nc.jetstream().get_last_msg(
+        EVENT_STREAM, "hoist.events.agent.A", direct=True
+    )
+    assert last.data == b"fact"
+    served = await agent_a.nc.subscribe("hoist.agent.A.>", cb=_answer(agent_a.nc))
+    await _synced(agent_a.nc)
+    reply = await manager.nc.request("hoist.agent.A.check_and_pull", b"{}", timeout=2)
+    assert reply.data == b"ok"
+    await served.unsubscribe()
+    await agent_a.nc.subscribe("hoist.agent.B.>")
+    assert await agent_a.reported('subscription to "hoist.agent.b.>"')
+
+
+async def test_wrong_password_and_anonymous_are_refused(stack: Stack) -> None:
+    for url in (
+        stack.url,
+        stack.url.replace("nats://", "nats://client:wrong@"),
+        stack.url.replace("nats://", "nats://agent-A:" + stack.creds.client + "@"),
+    ):
+        with pytest.raises(NatsError):
+            await nats.connect(
+                url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0
+            )
+
+
+def test_credentials_are_private_and_reused(stack: Stack) -> None:
+    for name in (CREDENTIALS_FILE, "auth.conf", "nats.conf"):
+        assert stat.S_IMODE((stack.data_dir / name).stat().st_mode) == 0o600, name
+    again = generate_credentials(stack.data_dir, ["A", "C"])
+    assert again.manager == stack.creds.manager
+    assert again.agents["A"] == stack.creds.agents["A"]
+    assert again.agents["C"] not in stack.creds.agents.values()
+    assert len({again.manager, again.client, again.admin, *again.agents.values()}) == 6
+
+
+def test_no_password_in_the_repo_config(stack: Stack) -> None:
+    text = REPO_CONFIG.read_text()
+    assert re.search(r"password\s*[:=]", text) is None
+    for secret in (stack.creds.manager, stack.creds.client, stack.creds.admin):
+        assert secret not in text
+    assert 'include "auth.conf"' in text
+
+
+def test_role_url_errors_name_the_field(stack: Stack) -> None:
+    with pytest.raises(ValueError, match="role must be one of"):
+        role_url(stack.url, "root", stack.creds)
+    with pytest.raises(ValueError, match="agent_id"):
+        role_url(stack.url, "agent", stack.creds)
+    with pytest.raises(KeyError, match="generate_credentials"):
+        role_url(stack.url, "agent", stack.creds, "Z")
+    assert role_url(stack.url, "admin", stack.creds).startswith(
+        f"nats://admin:{stack.creds.admin}@127.0.0.1:"
+    )
+
+
+async def _synced(nc: Client) -> None:
+    """Wait until the server has seen everything sent so far. Two flushes: nats-py 2.16 writes a
+    flush's PING straight to the socket, ahead of buffered SUBs, so one PONG proves nothing."""
+    await nc.flush(timeout=2)
+    await nc.flush(timeout=2)
+
+
+async def _delivered(sender: Conn, receiver: Conn, subject: str) -> bool:
+    """The receiver (allowed to subscribe) gets what the sender published on ``subject``."""
+    sub = await receiver.nc.subscribe(subject)
+    try:
+        await _synced(receiver.nc)
+        await sender.nc.publish(subject, b"delivered")
+        return (await sub.next_msg(timeout=2)).data == b"delivered"
+    finally:
+        await sub.unsubscribe()
+
+
+def _answer(nc: Client) -> Callable[[Msg], Awaitable[None]]:
+    async def answer(msg: Msg) -> None:
+        await nc.publish(msg.reply, b"ok")
+
+    return answer
