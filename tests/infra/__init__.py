@@ -1,0 +1,1 @@
+"""Test infrastructure: a real Docker Engine, a real registry and busybox images built for tests."""

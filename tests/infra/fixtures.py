@@ -1,0 +1,111 @@
+"""Session-scoped pytest fixtures for the docker tests; tests/conftest.py imports them.
+
+They start what they need (dockerd, docker-registry) and FAIL with what to install when they
+cannot: CI runs these tests, they never skip. Set HOIST_DOCKER_HOST (e.g.
+``unix:///var/run/docker.sock``) to use a Docker Engine that is already running instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.infra.dockerd import DockerDaemon, ping
+from tests.infra.images import build_image
+from tests.infra.proxy import RegistryProxy
+from tests.infra.registry import Registry
+
+# Seconds each fixture took to start, for reports (CI has a time budget).
+TIMINGS: dict[str, float] = {}
+
+SMALL_PAD_MB = 2  # + ~2 MB busybox: a few MB in two layers
+BIG_PAD_MB = 60  # >= 50 MB, in three layers of random bytes: many progress updates
+
+
+def _timed(name: str, start: float) -> None:
+    TIMINGS[name] = round(time.monotonic() - start, 2)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[str]:
+    """URL (``unix:///...``) of a running Docker Engine: a private dockerd or HOIST_DOCKER_HOST."""
+    external = os.environ.get("HOIST_DOCKER_HOST")
+    if external:
+        if not ping(external):
+            pytest.fail(f"HOIST_DOCKER_HOST={external} does not answer; start it or unset it")
+        yield external
+        return
+    start = time.monotonic()
+    daemon = DockerDaemon()
+    try:
+        daemon.start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    _timed("dockerd", start)
+    try:
+        yield daemon.url
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[Registry]:
+    """A registry on 127.0.0.1:PORT with its access log (``count``, ``mark``, ``requests``)."""
+    start = time.monotonic()
+    reg = Registry()
+    try:
+        reg.start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    _timed("registry", start)
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+def _image(docker_engine: str, registry: Registry, name: str, pad_mb: int, layers: int) -> str:
+    start = time.monotonic()
+    try:
+        ref = build_image(docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    _timed(f"image {name}", start)
+    return ref
+
+
+@pytest.fixture(scope="session")
+def small_image(docker_engine: str, registry: Registry) -> str:
+    """``127.0.0.1:PORT/hoist/small:1``: busybox + 2 MB, in the registry, not on the daemon."""
+    return _image(docker_engine, registry, "hoist/small", SMALL_PAD_MB, 1)
+
+
+@pytest.fixture(scope="session")
+def big_image(docker_engine: str, registry: Registry) -> str:
+    """``127.0.0.1:PORT/hoist/big:1``: busybox + 60 MB in 3 layers, in the registry only."""
+    return _image(docker_engine, registry, "hoist/big", BIG_PAD_MB, 3)
+
+
+@pytest.fixture
+def stall_proxy(registry: Registry) -> Iterator[RegistryProxy]:
+    """A proxy to the registry that hangs every download after 1 MB: pull
+    ``f"{stall_proxy.host}/hoist/big:1"`` to get a stalled pull."""
+    proxy = RegistryProxy(registry.port, stall_after=1024 * 1024)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.fixture
+def slow_proxy(registry: Registry) -> Iterator[RegistryProxy]:
+    """A proxy to the registry at 20 MB/s per connection: the big image takes a few seconds
+    and reports progress many times (the registry itself is local disk speed)."""
+    proxy = RegistryProxy(registry.port, rate_bps=20 * 1024 * 1024)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

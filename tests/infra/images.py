@@ -1,0 +1,96 @@
+"""Build real images from busybox (no internet needed), push them to the test registry.
+
+An image is a busybox rootfs layer plus ``pad_layers`` layers of random bytes (random, so they
+don't compress), built with the daemon's legacy builder from ``FROM scratch`` + ``ADD``. After the
+push the local copy is removed, so the next pull really downloads.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from tests.infra.dockerd import API_VERSION
+from tests.infra.registry import Registry
+
+BUSYBOX = Path("/bin/busybox")
+INSTALL_HINT = "run: apt-get install -y busybox-static"
+APPLETS = ("sh", "sleep", "ls", "cat", "echo", "true", "false", "env", "ps", "kill", "id")
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def rootfs_tar() -> bytes:
+    """A tar of /bin/busybox (statically linked) plus symlinks for common applets."""
+    if not BUSYBOX.exists():
+        raise RuntimeError(f"{BUSYBOX} not found; {INSTALL_HINT}")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(BUSYBOX, arcname="bin/busybox")
+        for applet in APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "busybox"
+            tar.addfile(link)
+    return buf.getvalue()
+
+
+def build_context(pad_bytes: int, pad_layers: int) -> io.BytesIO:
+    """A docker build context (tar) with a Dockerfile: one ADD per layer."""
+    lines = ["FROM scratch", "ADD rootfs.tar /"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        _add_bytes(tar, "rootfs.tar", rootfs_tar())
+        for i in range(pad_layers):
+            size = pad_bytes // pad_layers + (pad_bytes % pad_layers if i == 0 else 0)
+            _add_bytes(tar, f"pad{i}.bin", os.urandom(size))
+            lines.append(f"ADD pad{i}.bin /pad/pad{i}.bin")
+        lines.append('CMD ["sleep", "infinity"]')
+        _add_bytes(tar, "Dockerfile", ("\n".join(lines) + "\n").encode())
+    buf.seek(0)
+    return buf
+
+
+def build_image(
+    engine: str,
+    registry: Registry,
+    name: str,
+    tag: str = "1",
+    pad_mb: float = 1,
+    pad_layers: int = 1,
+) -> str:
+    """Build ``registry/name:tag``, push it, remove the local copy; returns the reference."""
+    ref = f"{registry.host}/{name}:{tag}"
+    client = docker.DockerClient(base_url=engine, version=API_VERSION, timeout=300)
+    try:
+        context = build_context(int(pad_mb * 1024 * 1024), pad_layers)
+        client.images.build(fileobj=context, custom_context=True, tag=ref, rm=True, forcerm=True)
+        for line in client.api.push(f"{registry.host}/{name}", tag=tag, stream=True, decode=True):
+            if "error" in line:
+                raise RuntimeError(f"push of {ref} failed: {line['error']}")
+        client.images.remove(ref, force=True)
+    finally:
+        client.close()
+    return ref
+
+
+def remove_local(engine: str, ref: str) -> None:
+    """Make sure ``ref`` is not on the daemon, so the next pull downloads it (containers using
+    it must be gone first)."""
+    client = docker.APIClient(base_url=engine, version=API_VERSION)
+    try:
+        client.remove_image(ref, force=True)
+    except docker.errors.ImageNotFound:
+        pass
+    finally:
+        client.close()
