@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import stat
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -36,6 +37,7 @@ class Stack:
     url: str
     creds: Credentials
     data_dir: Path
+    proc: subprocess.Popen[bytes]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log.close()
     try:
         wait_for_port("127.0.0.1", port)
-        yield Stack(f"nats://127.0.0.1:{port}", creds, data_dir)
+        yield Stack(f"nats://127.0.0.1:{port}", creds, data_dir, proc)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -267,6 +269,26 @@ async def test_wrong_password_and_anonymous_are_refused(stack: Stack) -> None:
             )
 
 
+async def test_an_agent_added_later_connects_after_a_reload(stack: Stack) -> None:
+    creds = generate_credentials(stack.data_dir, ["D"])
+    write_server_config(stack.data_dir, creds, stack.data_dir / "store")
+    log = stack.data_dir / "nats-server.log"
+    reloads = log.read_text().count("Reloaded server configuration")
+    stack.proc.send_signal(signal.SIGHUP)  # nats-server re-reads its config, users included
+    for _ in range(200):
+        if log.read_text().count("Reloaded server configuration") > reloads:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail(f"nats-server did not reload its config in 2 s; see {log}")
+    nc = await nats.connect(
+        role_url(stack.url, "agent", creds, "D"), allow_reconnect=False, connect_timeout=2
+    )
+    ack = await nc.jetstream().publish("hoist.events.agent.D", b"registered", timeout=2)
+    assert ack.stream == EVENT_STREAM
+    await nc.close()
+
+
 def test_credentials_are_private_and_reused(stack: Stack) -> None:
     for name in (CREDENTIALS_FILE, "auth.conf", "nats.conf"):
         assert stat.S_IMODE((stack.data_dir / name).stat().st_mode) == 0o600, name
@@ -274,7 +296,8 @@ def test_credentials_are_private_and_reused(stack: Stack) -> None:
     assert again.manager == stack.creds.manager
     assert again.agents["A"] == stack.creds.agents["A"]
     assert again.agents["C"] not in stack.creds.agents.values()
-    assert len({again.manager, again.client, again.admin, *again.agents.values()}) == 6
+    passwords = [again.manager, again.client, again.admin, *again.agents.values()]
+    assert len(set(passwords)) == len(passwords)
 
 
 def test_no_password_in_the_repo_config(stack: Stack) -> None:
