@@ -93,14 +93,7 @@ def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Crede
     (new agents) get fresh random passwords. The file is (re)written with mode 0600."""
     path = Path(data_dir) / CREDENTIALS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    stored: dict[str, Any] = {}
-    if path.exists():
-        try:
-            stored = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path} is not valid JSON ({err}): delete it to generate new credentials"
-            ) from None
+    stored = _read(path) if path.exists() else {}
     changed = not stored
     values: dict[str, str] = {}
     for role in ("manager", "client", "admin"):
@@ -120,6 +113,28 @@ def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Crede
     else:
         path.chmod(0o600)  # tighten a file someone loosened
     return creds
+
+
+def load_credentials(data_dir: Path) -> Credentials:
+    """The credentials a stack generated in ``data_dir``; never creates any."""
+    path = Path(data_dir) / CREDENTIALS_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no credentials in {data_dir}: start the stack with `hoist up --data-dir {data_dir}`"
+            " (it generates them)"
+        )
+    stored = _read(path)
+    try:
+        return Credentials(
+            manager=stored["manager"],
+            client=stored["client"],
+            admin=stored["admin"],
+            agents=dict(stored.get("agents") or {}),
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"{path} lacks the {err} password: start the stack again to fill it in"
+        ) from None
 
 
 def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
@@ -292,6 +307,18 @@ def _as_dict(creds: Credentials) -> dict[str, Any]:
         "admin": creds.admin,
         "agents": dict(sorted(creds.agents.items())),
     }
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        stored = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): delete it to generate new credentials"
+        ) from None
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} must hold a JSON object: delete it to generate new credentials")
+    return stored
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -26,6 +26,7 @@ from services.natsauth import (
     REPO_CONFIG,
     Credentials,
     generate_credentials,
+    load_credentials,
     role_url,
     write_server_config,
 )
@@ -296,6 +297,7 @@ def test_credentials_are_private_and_reused(stack: Stack) -> None:
     assert again.manager == stack.creds.manager
     assert again.agents["A"] == stack.creds.agents["A"]
     assert again.agents["C"] not in stack.creds.agents.values()
+    assert load_credentials(stack.data_dir) == again
     passwords = [again.manager, again.client, again.admin, *again.agents.values()]
     assert len(set(passwords)) == len(passwords)
 
@@ -308,7 +310,9 @@ def test_no_password_in_the_repo_config(stack: Stack) -> None:
     assert 'include "auth.conf"' in text
 
 
-def test_role_url_errors_name_the_field(stack: Stack) -> None:
+def test_role_url_errors_name_the_field(stack: Stack, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="hoist up"):
+        load_credentials(tmp_path)
     with pytest.raises(ValueError, match="role must be one of"):
         role_url(stack.url, "root", stack.creds)
     with pytest.raises(ValueError, match="agent_id"):
