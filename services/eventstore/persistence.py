@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 from uuid import UUID
@@ -52,8 +53,10 @@ from domain.subjects import check_token
 from services.eventstore.store import ConcurrencyError, EventStore, Message, Recorded, Write
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+CONNECT_TIMEOUT = 10.0  # default seconds to reach NATS_URL when a Factory is constructed
 CALL_TIMEOUT = 60.0  # seconds a synchronous call waits for the private loop
 MAX_CONFLICT_RETRIES = 20  # re-reads after a subject moved under us without a real conflict
 
@@ -89,9 +92,26 @@ class _PrivateLoop:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
+        self._in_flight: set[Future[Any]] = set()
+        self._lock = threading.Lock()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def cancel_in_flight(self) -> None:
+        """Cancel every call and subscription still running (the factory is closing)."""
+        with self._lock:
+            in_flight = list(self._in_flight)
+        for future in in_flight:
+            future.cancel()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
         """Run ``coro`` on the private loop and wait for its result in this thread."""
@@ -106,6 +126,10 @@ class _PrivateLoop:
             future.cancel()
             raise OperationalError(
                 f"JetStream did not answer within {timeout}s; check that nats-server is up"
+            ) from None
+        except CancelledError:
+            raise OperationalError(
+                "the persistence factory was closed while this call was running"
             ) from None
 
     def _refusal(self) -> str | None:
@@ -137,8 +161,9 @@ class _PrivateLoop:
 class JetStreamDatastore:
     """One stream, one NATS connection and the private loop that owns it."""
 
-    def __init__(self, url: str, stream: str) -> None:
+    def __init__(self, url: str, stream: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.url = url
+        self.connect_timeout = connect_timeout
         self.stream = check_token(stream, "NATS_STREAM")
         self.prefix = f"es.{stream}"
         self.events_filter = f"{self.prefix}.events.>"
@@ -152,16 +177,27 @@ class JetStreamDatastore:
 
     async def _open(self) -> EventStore:
         try:
-            self._nc = await nats.connect(
-                self.url, name=f"eventsourcing-{self.stream}", connect_timeout=5
+            # nats-py keeps retrying a first connect for minutes: bound it, then say why.
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    self.url,
+                    name=f"eventsourcing-{self.stream}",
+                    connect_timeout=2,
+                    error_cb=self._on_nats_error,
+                ),
+                self.connect_timeout,
             )
         except Exception as e:
             raise OperationalError(
-                f"cannot connect to NATS_URL={self.url}: {e!r}; start nats-server or fix NATS_URL"
+                f"cannot connect to NATS_URL={self.url} within {self.connect_timeout}s ({e!r}):"
+                " start nats-server or fix NATS_URL"
             ) from e
         store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
         await store.ensure_stream()
         return store
+
+    async def _on_nats_error(self, error: Exception) -> None:
+        log.warning("NATS connection of stream %s: %r", self.stream, error)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
@@ -181,10 +217,13 @@ class JetStreamDatastore:
         return after[-1] if after else None
 
     def close(self) -> None:
+        # Calls still running (a reader thread, a subscription) would hold the connection
+        # open: end them first. Every append waited for its ack, so nothing is left to flush.
+        self._loop.cancel_in_flight()
         nc = self._nc
         if nc is not None and not nc.is_closed and self._loop.loop.is_running():
             with contextlib.suppress(Exception):  # closing anyway; the server may be gone
-                self._loop.run(nc.drain(), timeout=10)
+                self._loop.run(nc.close(), timeout=10)
         self._nc = None
         self._loop.close()
 
@@ -467,11 +506,13 @@ class JetStreamProcessRecorder(
 
 
 class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
-    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL and NATS_STREAM
-    (both may be prefixed with the upper-cased application name, as the library does)."""
+    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL, NATS_STREAM and
+    NATS_CONNECT_TIMEOUT (seconds, default 10), each maybe prefixed with the upper-cased
+    application name as the library does (``DOGSCHOOL_NATS_STREAM``)."""
 
     NATS_URL = "NATS_URL"
     NATS_STREAM = "NATS_STREAM"
+    NATS_CONNECT_TIMEOUT = "NATS_CONNECT_TIMEOUT"
 
     def __init__(self, env: Environment | EnvType | None) -> None:
         super().__init__(env)
@@ -481,7 +522,16 @@ class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
                 f"{self.NATS_STREAM} is not set: set it to the JetStream stream that holds this"
                 " application's events (created if missing), e.g. NATS_STREAM=orders"
             )
-        self.datastore = JetStreamDatastore(self.env.get(self.NATS_URL, DEFAULT_NATS_URL), stream)
+        timeout = self.env.get(self.NATS_CONNECT_TIMEOUT, str(CONNECT_TIMEOUT))
+        try:
+            connect_timeout = float(timeout)
+        except ValueError:
+            raise ValueError(
+                f"{self.NATS_CONNECT_TIMEOUT} must be a number of seconds, got {timeout!r}"
+            ) from None
+        self.datastore = JetStreamDatastore(
+            self.env.get(self.NATS_URL, DEFAULT_NATS_URL), stream, connect_timeout
+        )
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         return JetStreamAggregateRecorder(self.datastore, purpose=purpose)
