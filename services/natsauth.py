@@ -150,6 +150,8 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     EVENTS_ALL,
                     f"{PROGRESS}.>",
                     f"{AGENT_RPC}.>",
+                    f"{API}.>",  # its own reactors may issue commands and queries
+                    f"{QUERY}.>",
                     _INBOX,
                 ],
                 "deny": [
