@@ -47,10 +47,13 @@ class DockerDaemon:
 
     def start(self, timeout: float = 60.0) -> DockerDaemon:
         binary = shutil.which("dockerd")
-        if binary is None:
-            raise RuntimeError(f"dockerd not found on PATH; {INSTALL_HINT}")
-        if os.geteuid() != 0:
-            raise RuntimeError("dockerd needs root: run the docker tests as root")
+        if binary is None or os.geteuid() != 0:
+            self.stop()  # removes the temp dir
+            raise RuntimeError(
+                f"dockerd not found on PATH; {INSTALL_HINT}"
+                if binary is None
+                else "dockerd needs root: run the docker tests as root"
+            )
         cmd = [
             binary,
             "--data-root", str(self.root / "data"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -18,11 +19,22 @@ from tests.infra.images import build_image
 from tests.infra.proxy import RegistryProxy
 from tests.infra.registry import Registry
 
+T = TypeVar("T")
+
 # Seconds each fixture took to start, for reports (CI has a time budget).
 TIMINGS: dict[str, float] = {}
 
 SMALL_PAD_MB = 2  # + ~2 MB busybox: a few MB in two layers
 BIG_PAD_MB = 60  # >= 50 MB, in three layers of random bytes: many progress updates
+
+
+def _or_fail(start: Callable[[], T]) -> T:
+    """Run ``start``; its RuntimeError (what to install, the log tail) fails the test."""
+    try:
+        return start()
+    except RuntimeError as e:
+        message = str(e)
+    pytest.fail(message, pytrace=False)  # outside except: no chained traceback
 
 
 def _timed(name: str, start: float) -> None:
@@ -35,15 +47,13 @@ def docker_engine() -> Iterator[str]:
     external = os.environ.get("HOIST_DOCKER_HOST")
     if external:
         if not ping(external):
-            pytest.fail(f"HOIST_DOCKER_HOST={external} does not answer; start it or unset it")
+            pytest.fail(
+                f"HOIST_DOCKER_HOST={external} does not answer; start it or unset it", pytrace=False
+            )
         yield external
         return
     start = time.monotonic()
-    daemon = DockerDaemon()
-    try:
-        daemon.start()
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
+    daemon = _or_fail(DockerDaemon().start)
     _timed("dockerd", start)
     try:
         yield daemon.url
@@ -55,11 +65,7 @@ def docker_engine() -> Iterator[str]:
 def registry() -> Iterator[Registry]:
     """A registry on 127.0.0.1:PORT with its access log (``count``, ``mark``, ``requests``)."""
     start = time.monotonic()
-    reg = Registry()
-    try:
-        reg.start()
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
+    reg = _or_fail(Registry().start)
     _timed("registry", start)
     try:
         yield reg
@@ -69,10 +75,9 @@ def registry() -> Iterator[Registry]:
 
 def _image(docker_engine: str, registry: Registry, name: str, pad_mb: int, layers: int) -> str:
     start = time.monotonic()
-    try:
-        ref = build_image(docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers)
-    except RuntimeError as e:
-        pytest.fail(str(e), pytrace=False)
+    ref = _or_fail(
+        lambda: build_image(docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers)
+    )
     _timed(f"image {name}", start)
     return ref
 

@@ -78,6 +78,7 @@ class Registry:
     def start(self, timeout: float = 20.0) -> Registry:
         binary = shutil.which("docker-registry")
         if binary is None:
+            self.stop()
             raise RuntimeError(f"docker-registry not found on PATH; {INSTALL_HINT}")
         config = self.root / "config.yml"
         config.write_text(CONFIG.format(storage=self.root / "storage", port=self.port))
