@@ -64,9 +64,11 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [nats_server_binary(), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
-               "-p", str(self.port)]
-        if self.config is not None:
+        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.config is None:
+            cmd += ["-js", "-sd", str(self.store_dir)]
+        else:
+            # The config holds jetstream { store_dir }; nats-server refuses -sd beside it.
             cmd += ["-c", str(self.config)]
         log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
