@@ -1,0 +1,255 @@
+"""What agent and manager say to each other over NATS, besides events: the agent's request/reply
+payloads (``hoist.agent.<id>.<verb>``), its heartbeat (``hoist.heartbeat.<id>``) and pull
+progress (``hoist.progress.<agent id>.<task id>``).  All JSON via msgspec.
+
+Requests are validated strictly (unknown fields refused), so a typo is an error naming the
+field instead of a silently ignored option.  Every failure reply is
+``{"error": {"code": ..., "message": ...}}`` and means nothing was changed; ``code`` is one of
+``ERROR_CODES``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from domain.events import AwareTime, Bytes, NonEmpty, Resources
+
+T = TypeVar("T")
+
+# --- verbs: hoist.agent.<agent id>.<verb> -------------------------------------------------
+CHECK_AND_PULL = "check-and-pull"
+CREATE_KERNEL = "create-kernel"
+DESTROY_KERNEL = "destroy-kernel"
+SYNC_KERNELS = "sync-kernels"
+PRELOAD = "preload"
+UNLOAD = "unload"
+PULL_STATUS = "pull-status"
+VERBS = (CHECK_AND_PULL, CREATE_KERNEL, DESTROY_KERNEL, SYNC_KERNELS, PRELOAD, UNLOAD, PULL_STATUS)
+
+ERROR_CODES = (
+    "invalid-request",  # the payload does not match the verb's schema (message names the field)
+    "create-failed",  # the runtime could not create or start the container
+    "insufficient-resources",  # the kernel does not fit in the agent's free capacity
+    "internal",  # a bug or an unreachable runtime: see the agent's log
+)
+
+Images = Annotated[list[NonEmpty], msgspec.Meta(min_length=1, max_length=256)]
+KernelIds = list[NonEmpty]
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class _Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+# --- requests and replies ------------------------------------------------------------------
+
+
+class CheckAndPull(_Request, kw_only=True):
+    """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (seed 000)."""
+
+    images: Images
+
+
+class Preload(_Request, kw_only=True):
+    """Like check-and-pull, and the agent marks the images preloaded (policy, not a kernel)."""
+
+    images: Images
+
+
+class ImagePresent(msgspec.Struct, frozen=True, kw_only=True):
+    present: bool = True
+    digest: str
+    size: Bytes
+
+
+class PullTask(_Reply, kw_only=True):
+    """The image is being pulled in the background (the same task for every caller)."""
+
+    task_id: str
+
+
+class CreateKernel(_Request, kw_only=True):
+    """Start a container for the kernel; idempotent (a kernel never gets two containers)."""
+
+    kernel_id: NonEmpty
+    session_id: NonEmpty
+    image: NonEmpty
+    resources: Resources
+
+
+class KernelCreated(_Reply, kw_only=True):
+    container_id: str
+    existed: bool = False  # an earlier create already made it
+
+
+class DestroyKernel(_Request, kw_only=True):
+    kernel_id: NonEmpty
+
+
+class KernelDestroyed(_Reply, kw_only=True):
+    destroyed: bool  # False: there was no container (already gone)
+
+
+class SyncKernels(_Request, kw_only=True):
+    """The manager's truth about this agent's kernels, by status (seed 002).
+
+    The agent destroys containers of kernels in none of the lists and of the ``terminating``
+    ones, and reports ``running``/``terminating`` kernels it has no live container for as
+    terminated."""
+
+    preparing: KernelIds = []
+    pulling: KernelIds = []
+    creating: KernelIds = []  # create-kernel may be in flight: never destroyed by a sync
+    running: KernelIds = []
+    terminating: KernelIds = []
+
+
+class KernelsSynced(_Reply, kw_only=True):
+    running: list[str]  # kernels with a live container here
+    terminating: list[str]  # kernels whose container is being destroyed right now
+    terminated: list[str]  # kernels the manager lists that have no (live) container here
+    destroyed: list[str] = []  # containers of kernels the manager did not know, now removed
+
+
+class Unload(_Request, kw_only=True):
+    """Remove images no kernel uses."""
+
+    images: Images
+
+
+class UnloadResult(_Reply, kw_only=True):
+    removed: bool
+    reason: str | None = None  # why not: "in-use: kernel k1", "pulling: task ...", "not-present"
+
+
+class PullStatus(_Request, kw_only=True):
+    task_id: NonEmpty
+
+
+PullState = Literal["queued", "pulling", "done", "failed"]
+
+
+class PullStatusReply(_Reply, kw_only=True):
+    """``known`` False: this agent process never ran the task (e.g. it restarted since)."""
+
+    task_id: str
+    known: bool
+    image: str | None = None
+    state: PullState | None = None
+    reason: str | None = None  # why it failed
+    current: Bytes = 0
+    total: Bytes = 0
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorBody
+
+
+REQUESTS: dict[str, type[_Request]] = {
+    CHECK_AND_PULL: CheckAndPull,
+    CREATE_KERNEL: CreateKernel,
+    DESTROY_KERNEL: DestroyKernel,
+    SYNC_KERNELS: SyncKernels,
+    PRELOAD: Preload,
+    UNLOAD: Unload,
+    PULL_STATUS: PullStatus,
+}
+
+
+# --- heartbeat: hoist.heartbeat.<agent id> (core NATS, not stored) --------------------------
+
+
+class LiveKernel(msgspec.Struct, frozen=True, kw_only=True):
+    kernel_id: str
+    session_id: str
+    container_id: str
+    status: Literal["running", "exited"]
+
+
+class FreeCapacity(msgspec.Struct, frozen=True, kw_only=True):
+    cpu: float  # cores not reserved by this agent's kernels
+    mem: int  # bytes
+    disk: int  # bytes (capacity minus the images held)
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    agent_id: str
+    sent_at: AwareTime
+    kernels: list[LiveKernel]
+    free: FreeCapacity
+    images: list[str]  # images held
+    pulls: dict[str, str]  # image -> task id of pulls queued or in flight
+
+
+# --- progress: hoist.progress.<agent id>.<task id> (stream HOIST_PROGRESS, last per subject) --
+
+
+class LayerProgress(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    status: str
+    current: Bytes
+    total: Bytes  # 0 while unknown
+
+
+class PullProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """The state of one pull; ``current``/``total`` sum the layers.  ``current`` never
+    decreases; the last message has ``done`` True and, on failure, ``error``."""
+
+    agent_id: str
+    task_id: str
+    image: str
+    layers: list[LayerProgress]
+    current: Bytes
+    total: Bytes
+    done: bool = False
+    error: str | None = None
+
+
+# --- encoding -----------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+
+
+class RequestError(ValueError):
+    """A request was refused before anything changed; becomes an ErrorReply."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def reply(self) -> ErrorReply:
+        return ErrorReply(error=ErrorBody(code=self.code, message=self.message))
+
+
+def decode_request(verb: str, data: bytes) -> Any:
+    """The request struct for ``verb``, or RequestError("invalid-request") naming the field."""
+    cls = REQUESTS.get(verb)
+    if cls is None:
+        raise RequestError("invalid-request", f"unknown verb {verb!r}; use one of {VERBS}")
+    return decode(data, cls, what=verb)
+
+
+def decode(data: bytes, cls: type[T], what: str = "") -> T:
+    try:
+        return msgspec.json.decode(data or b"{}", type=cls)
+    except msgspec.ValidationError as e:
+        # msgspec says e.g. "Expected `array`, got `str` - at `$.images`": the field is named.
+        raise RequestError("invalid-request", f"{what or cls.__name__} request: {e}") from None
+    except msgspec.DecodeError as e:
+        raise RequestError("invalid-request", f"{what} request is not valid JSON: {e}") from None
+
+
+def encode(value: object) -> bytes:
+    return _encoder.encode(value)
