@@ -1,4 +1,5 @@
-"""Shared fixtures: a real nats-server with JetStream per test (started from the venv's wheel)."""
+"""Shared fixtures: a real nats-server with JetStream per test (from the venv's wheel), and a real
+Docker Engine, registry and images for the docker tests (tests/infra, started once per run)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import pytest
 from nats.aio.client import Client
 
 from services.natsserver import NatsServer
+from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
+    big_image,
+    docker_engine,
+    registry,
+    slow_proxy,
+    small_image,
+    stall_proxy,
+)
 
 
 @pytest.fixture
