@@ -1,0 +1,116 @@
+"""The agent's command line: ``python -m agent --id ID --runtime docker|dummy --resource-group G
+--nats-url URL [options]`` (``hoist agent ...`` runs the same).  Runs until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import nats
+
+from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
+from agent.pulls import PullPolicy
+from agent.runtime.base import Runtime
+from agent.server import Agent
+
+log = logging.getLogger("agent")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hoist agent", description="Run one Hoist agent: pulls images, runs kernels."
+    )
+    p.add_argument("--id", required=True, help="agent id (letters, digits, '_', '-')")
+    p.add_argument("--runtime", required=True, choices=RUNTIMES)
+    p.add_argument("--resource-group", required=True, help="the resource group it serves")
+    p.add_argument("--nats-url", required=True, help="e.g. nats://agent-ID:PASSWORD@host:4222")
+    cap = p.add_argument_group("capacity offered (default: what the host has)")
+    cap.add_argument("--cpu", type=float, help="cores")
+    cap.add_argument("--mem", help="bytes, or a size like 512m, 16g")
+    cap.add_argument("--disk", help="bytes for images, or a size like 100g")
+    p.add_argument("--docker-host", help="docker runtime: e.g. unix:///var/run/docker.sock")
+    p.add_argument("--dummy-config", type=Path, help="dummy runtime: JSON of DummyConfig fields")
+    p.add_argument("--registry-auth", type=Path, help="JSON {registry: {username, password}}")
+    pulls = p.add_argument_group("pulls")
+    d = PullPolicy()
+    pulls.add_argument("--max-parallel-pulls", type=int, default=d.max_parallel)
+    pulls.add_argument("--pull-timeout", type=float, default=d.timeout_s, help="seconds")
+    pulls.add_argument(
+        "--stall-timeout", type=float, default=d.stall_timeout_s, help="seconds without progress"
+    )
+    pulls.add_argument("--pull-retries", type=int, default=d.retries)
+    p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    return AgentConfig(
+        agent_id=args.id,
+        resource_group=args.resource_group,
+        runtime=args.runtime,
+        cpu=args.cpu,
+        mem=parse_size(args.mem, "--mem") if args.mem is not None else None,
+        disk=parse_size(args.disk, "--disk") if args.disk is not None else None,
+        heartbeat_interval_s=args.heartbeat_interval,
+        pulls=PullPolicy(
+            max_parallel=args.max_parallel_pulls,
+            timeout_s=args.pull_timeout,
+            stall_timeout_s=args.stall_timeout,
+            retries=args.pull_retries,
+        ),
+        registry_auth=load_registry_auth(args.registry_auth) if args.registry_auth else {},
+    )
+
+
+def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
+    if args.runtime == "docker":
+        from agent.runtime.docker import DockerRuntime
+
+        return DockerRuntime(agent_id, base_url=args.docker_host)
+    from agent.runtime.dummy import DummyConfig, DummyRuntime
+
+    config = DummyConfig()
+    if args.dummy_config is not None:
+        try:
+            config = DummyConfig(**json.loads(args.dummy_config.read_text()))
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"--dummy-config {args.dummy_config}: {e}") from None
+    return DummyRuntime(agent_id, config)
+
+
+async def run(args: argparse.Namespace) -> None:
+    config = config_from(args)
+    runtime = make_runtime(args, config.agent_id)
+    nc = await nats.connect(args.nats_url, name=f"hoist-agent-{config.agent_id}")
+    agent = Agent(nc, config, runtime)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.start()
+        print(f"agent {config.agent_id} ready", flush=True)  # for supervisors and tests
+        await stop.wait()
+    finally:
+        await agent.stop()
+        await nc.drain()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        asyncio.run(run(args))
+    except ValueError as e:
+        print(f"hoist agent: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,365 @@
+"""The agent process: registers, heartbeats, and serves its request/reply subjects.
+
+``Agent(nc, config, runtime)``; ``await agent.start()`` registers (AgentRegistered, or
+AgentReregistered when the aggregate exists) with what the runtime really holds, then serves
+``hoist.agent.<id>.<verb>`` (verbs and payloads: domain.rpc) and heartbeats on
+``hoist.heartbeat.<id>``; ``await agent.stop()`` ends both and cancels pulls in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from agent.config import AgentConfig
+from agent.facts import AgentFacts, Registration
+from agent.pulls import PullManager
+from agent.runtime.base import ImageInUse, KernelContainer, KernelCreateError, KernelExists, Runtime
+from domain import events as ev
+from domain import rpc
+from domain.subjects import (
+    AGENT_RPC,
+    EVENT_STREAM,
+    EVENTS_ALL,
+    agent_progress,
+    check_token,
+    heartbeat,
+)
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore
+
+log = logging.getLogger(__name__)
+
+RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
+
+
+class Agent:
+    def __init__(
+        self, nc: Client, config: AgentConfig, runtime: Runtime, store: EventStore | None = None
+    ) -> None:
+        self.nc = nc
+        self.config = config
+        self.id = config.agent_id
+        self.runtime = runtime
+        self.store = store or EventStore(nc, EVENT_STREAM, [EVENTS_ALL])
+        self.facts = AgentFacts(Repository(self.store), self.id, self._report)
+        self.pulls = PullManager(
+            self.id, runtime, self.facts, self._publish_progress, config.pulls, config.auth_for
+        )
+        self.capacity: ev.Capacity | None = None
+        self.reserved: dict[str, ev.Resources] = {}  # kernel id -> what its container was given
+        self.preloaded: set[str] = set()
+        self.terminating: set[str] = set()  # kernels whose destroy is in flight
+        self._kernel_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._sub: Subscription | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.first_registration: bool | None = None
+        self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
+            rpc.CHECK_AND_PULL: self.check_and_pull,
+            rpc.PRELOAD: self.preload,
+            rpc.CREATE_KERNEL: self.create_kernel,
+            rpc.DESTROY_KERNEL: self.destroy_kernel,
+            rpc.SYNC_KERNELS: self.sync_kernels,
+            rpc.UNLOAD: self.unload,
+            rpc.PULL_STATUS: self.pull_status,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        measured = await self.runtime.capacity()
+        cfg = self.config
+        self.capacity = ev.Capacity(
+            cpu=cfg.cpu if cfg.cpu is not None else measured.cpu,
+            mem=cfg.mem if cfg.mem is not None else measured.mem_bytes,
+            disk=cfg.disk if cfg.disk is not None else measured.disk_bytes,
+        )
+        self.first_registration = await self.facts.register()
+        log.info(
+            "agent %s %s in %s: %s",
+            self.id,
+            "registered" if self.first_registration else "re-registered",
+            cfg.resource_group,
+            self.capacity,
+        )
+        self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
+        await self.send_heartbeat()
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeats
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self.pulls.close()
+        await self.runtime.close()
+
+    async def _report(self) -> Registration:
+        assert self.capacity is not None, "start() measures capacity first"
+        images = await self.runtime.list_images()
+        return Registration(
+            resource_group=self.config.resource_group,
+            capacity=self.capacity,
+            runtime=self.config.runtime,
+            images={
+                i.image: ev.HeldImage(digest=i.digest, size_bytes=i.size_bytes) for i in images
+            },
+        )
+
+    # -- heartbeats ----------------------------------------------------------------------------
+
+    async def send_heartbeat(self) -> rpc.Heartbeat:
+        kernels = await self.runtime.list_kernels()
+        images = await self.runtime.list_images()
+        beat = rpc.Heartbeat(
+            agent_id=self.id,
+            sent_at=datetime.now(UTC),
+            kernels=[
+                rpc.LiveKernel(
+                    kernel_id=k.kernel_id,
+                    session_id=k.session_id,
+                    container_id=k.container_id,
+                    status="running" if k.running else "exited",
+                )
+                for k in kernels
+            ],
+            free=self._free(disk_used=sum(i.size_bytes for i in images)),
+            images=sorted(i.image for i in images),
+            pulls={image: task.task_id for image, task in self.pulls.active.items()},
+        )
+        await self.nc.publish(heartbeat(self.id), rpc.encode(beat))
+        return beat
+
+    def _free(self, disk_used: int = 0) -> rpc.FreeCapacity:
+        assert self.capacity is not None
+        return rpc.FreeCapacity(
+            cpu=round(self.capacity.cpu - sum(r.cpu for r in self.reserved.values()), 6),
+            mem=self.capacity.mem - sum(r.mem for r in self.reserved.values()),
+            disk=max(0, self.capacity.disk - disk_used),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self.send_heartbeat()
+                # Marked lost while alive (e.g. a network partition): say we are back.
+                await self.facts.refresh()
+            except Exception:  # keep beating: the next one may get through
+                log.exception("agent %s: heartbeat", self.id)
+
+    # -- request/reply -------------------------------------------------------------------------
+
+    async def _on_request(self, msg: Msg) -> None:
+        # One task per request: a slow create must not hold up a pull-status.
+        task = asyncio.create_task(self._serve(msg))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        verb = msg.subject.rsplit(".", 1)[-1]
+        reply: object
+        try:
+            handler = self._verbs.get(verb)
+            request = rpc.decode_request(verb, msg.data)
+            assert handler is not None
+            reply = await handler(request)
+        except rpc.RequestError as e:
+            reply = e.reply()
+        except Exception as e:
+            log.exception("agent %s: %s", self.id, verb)
+            reply = rpc.RequestError("internal", f"{verb} failed: {type(e).__name__}: {e}").reply()
+        if msg.reply:
+            await msg.respond(rpc.encode(reply))
+
+    async def check_and_pull(
+        self, request: rpc.CheckAndPull | rpc.Preload
+    ) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
+        out: dict[str, rpc.ImagePresent | rpc.PullTask] = {}
+        started = []
+        for i, image in enumerate(request.images):
+            task = self.pulls.active.get(image)
+            if task is None:
+                try:
+                    held = await self.runtime.has_image(image)
+                except ValueError as e:
+                    raise rpc.RequestError("invalid-request", f"images[{i}]: {e}") from None
+                if held is not None:
+                    out[image] = rpc.ImagePresent(digest=held.digest, size=held.size_bytes)
+                    continue
+                task = self.pulls.request(image)  # the same task if a caller beat us to it
+            out[image] = rpc.PullTask(task_id=task.task_id)
+            started.append(task.recorded.wait())
+        # Reply once ImagePullStarted is stored, so the manager can follow the task in the log.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*started), RECORD_WAIT_S)
+        return out
+
+    async def preload(self, request: rpc.Preload) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
+        self.preloaded.update(request.images)
+        return await self.check_and_pull(request)
+
+    async def pull_status(self, request: rpc.PullStatus) -> rpc.PullStatusReply:
+        task = self.pulls.get(request.task_id)
+        if task is None:
+            return rpc.PullStatusReply(task_id=request.task_id, known=False)
+        return rpc.PullStatusReply(
+            task_id=task.task_id,
+            known=True,
+            image=task.image,
+            state=task.state,
+            reason=task.reason,
+            current=task.current,
+            total=task.total,
+        )
+
+    async def create_kernel(self, request: rpc.CreateKernel) -> rpc.KernelCreated:
+        kernel_id = request.kernel_id
+        _check_id(kernel_id, "kernel_id")
+        _check_id(request.session_id, "session_id")
+        async with self._kernel_locks[kernel_id]:
+            existing = await self._container(kernel_id)
+            if existing is not None:
+                return rpc.KernelCreated(container_id=existing.container_id, existed=True)
+            res = request.resources
+            free = self._free()
+            if res.cpu > free.cpu + 1e-9 or res.mem > free.mem:
+                raise rpc.RequestError(
+                    "insufficient-resources",
+                    f"kernel {kernel_id} asks cpu {res.cpu:g}, mem {res.mem} but agent {self.id}"
+                    f" has cpu {free.cpu:g}, mem {free.mem} free: schedule it elsewhere",
+                )
+            try:
+                container_id = await self.runtime.create(
+                    kernel_id, request.session_id, request.image, res.cpu, res.mem
+                )
+            except KernelExists as e:
+                return rpc.KernelCreated(container_id=e.container_id, existed=True)
+            except KernelCreateError as e:
+                raise rpc.RequestError("create-failed", e.reason) from None
+            except ValueError as e:
+                raise rpc.RequestError("invalid-request", f"resources: {e}") from None
+            self.reserved[kernel_id] = res
+            return rpc.KernelCreated(container_id=container_id)
+
+    async def destroy_kernel(self, request: rpc.DestroyKernel) -> rpc.KernelDestroyed:
+        return rpc.KernelDestroyed(destroyed=await self._destroy(request.kernel_id))
+
+    async def _destroy(self, kernel_id: str) -> bool:
+        async with self._kernel_locks[kernel_id]:
+            self.terminating.add(kernel_id)
+            try:
+                return await self.runtime.destroy(kernel_id)
+            finally:
+                self.terminating.discard(kernel_id)
+                self.reserved.pop(kernel_id, None)
+
+    async def _container(self, kernel_id: str) -> KernelContainer | None:
+        for k in await self.runtime.list_kernels():
+            if k.kernel_id == kernel_id:
+                return k
+        return None
+
+    async def sync_kernels(self, request: rpc.SyncKernels) -> rpc.KernelsSynced:
+        """Reconcile with the manager's truth (seed 002)."""
+        known = {
+            *request.preparing,
+            *request.pulling,
+            *request.creating,
+            *request.running,
+            *request.terminating,
+        }
+        should_end = {*request.running, *request.terminating}
+        to_end = set(request.terminating)
+        running: list[str] = []
+        destroy: list[str] = []
+        unknown: list[str] = []
+        busy: list[str] = []
+        for k in await self.runtime.list_kernels():
+            kid = k.kernel_id
+            if kid in self.terminating:
+                busy.append(kid)
+            elif (lock := self._kernel_locks.get(kid)) is not None and lock.locked():
+                # A create-kernel is in flight: the manager asked for it, its view lags.
+                running.append(kid)
+            elif kid not in known:
+                unknown.append(kid)
+            elif kid in to_end or not k.running:
+                destroy.append(kid)  # asked to terminate, or its process exited
+            else:
+                running.append(kid)
+        await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
+        if unknown:
+            log.warning(
+                "agent %s: destroyed containers the manager does not know: %s", self.id, unknown
+            )
+        have = {*running, *busy}
+        return rpc.KernelsSynced(
+            running=sorted(running),
+            terminating=sorted(k for k in busy if k in known),
+            terminated=sorted(k for k in should_end if k not in have),
+            destroyed=sorted(unknown),
+        )
+
+    async def unload(self, request: rpc.Unload) -> dict[str, rpc.UnloadResult]:
+        out: dict[str, rpc.UnloadResult] = {}
+        kernels = await self.runtime.list_kernels()
+        for i, image in enumerate(request.images):
+            users = sorted(k.kernel_id for k in kernels if k.image == image)
+            task = self.pulls.active.get(image)
+            if users:
+                out[image] = rpc.UnloadResult(removed=False, reason=f"in-use: kernels {users}")
+                continue
+            if task is not None:
+                out[image] = rpc.UnloadResult(removed=False, reason=f"pulling: task {task.task_id}")
+                continue
+            try:
+                removed = await self.runtime.remove_image(image)
+            except ImageInUse as e:
+                out[image] = rpc.UnloadResult(removed=False, reason=f"in-use: {e}")
+                continue
+            except ValueError as e:
+                raise rpc.RequestError("invalid-request", f"images[{i}]: {e}") from None
+            self.preloaded.discard(image)
+            if removed:
+                await self.facts.image_removed(image, "unload-requested")
+                out[image] = rpc.UnloadResult(removed=True)
+            else:
+                out[image] = rpc.UnloadResult(removed=False, reason="not-present")
+        return out
+
+    # -- progress ------------------------------------------------------------------------------
+
+    async def _publish_progress(self, progress: rpc.PullProgress) -> None:
+        subject = agent_progress(self.id, progress.task_id)
+        data = rpc.encode(progress)
+        if progress.done:
+            # The final state must land in the stream: wait for its ack (best effort).
+            with contextlib.suppress(Exception):
+                await self.nc.request(subject, data, timeout=2)
+                return
+        await self.nc.publish(subject, data)
+
+
+def _check_id(value: str, field: str) -> None:
+    try:
+        check_token(value, field)
+    except ValueError as e:
+        raise rpc.RequestError("invalid-request", str(e)) from None

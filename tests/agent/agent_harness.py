@@ -1,0 +1,123 @@
+"""Helpers for the agent tests: a ready event store and progress stream, running agents
+in-process, calling their subjects, reading their events and progress."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from agent.config import AgentConfig
+from agent.pulls import PullPolicy
+from agent.runtime.base import Runtime
+from agent.server import Agent
+from domain import events as ev
+from domain import rpc, subjects
+from domain.codec import decode
+from services.eventstore import progress
+from services.eventstore.store import EventStore
+
+
+@pytest.fixture(name="store")
+async def store_fixture(nc: Client) -> EventStore:
+    """The event store (HOIST stream) and the progress stream, ready; import it as a fixture."""
+    store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+    await store.ensure_stream()
+    await progress.ensure(nc.jetstream())
+    return store
+
+
+def config(agent_id: str, **overrides: Any) -> AgentConfig:
+    pulls = overrides.pop("pulls", None) or PullPolicy(backoff_s=0.05, stall_timeout_s=5)
+    values: dict[str, Any] = {
+        "agent_id": agent_id,
+        "resource_group": "rg",
+        "runtime": "dummy",
+        "heartbeat_interval_s": 0.2,
+        "pulls": pulls,
+    }
+    return AgentConfig(**{**values, **overrides})
+
+
+@asynccontextmanager
+async def running(
+    nc: Client, store: EventStore, runtime: Runtime, cfg: AgentConfig
+) -> AsyncIterator[Agent]:
+    agent = Agent(nc, cfg, runtime, store)
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+
+
+async def call(nc: Client, agent_id: str, verb: str, payload: object, within: float = 10) -> Any:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    reply = await nc.request(subjects.agent_rpc(agent_id, verb), data, timeout=within)
+    return json.loads(reply.data)
+
+
+async def agent_events(store: EventStore, agent_id: str) -> list[ev.Event]:
+    return [
+        decode(r.data, r.headers) for r in await store.read_subject(subjects.agent_events(agent_id))
+    ]
+
+
+async def wait_for(check: Callable[[], Any], within: float = 20, what: str = "condition") -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def event_of(
+    store: EventStore, agent_id: str, kind: type[ev.Event], within: float = 30, **match: Any
+) -> Any:
+    """Wait for an event of ``kind`` on the agent's subject with the given field values."""
+
+    async def find() -> ev.Event | None:
+        for e in await agent_events(store, agent_id):
+            if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items()):
+                return e
+        return None
+
+    return await wait_for(find, within, f"{kind.__name__} {match}")
+
+
+class ProgressLog:
+    """Every progress message of one agent, as published (core subscription)."""
+
+    def __init__(self) -> None:
+        self.messages: list[rpc.PullProgress] = []
+        self._decoder = msgspec.json.Decoder(rpc.PullProgress)
+
+    async def on_msg(self, msg: Msg) -> None:
+        self.messages.append(self._decoder.decode(msg.data))
+
+    def of(self, task_id: str) -> list[rpc.PullProgress]:
+        return [m for m in self.messages if m.task_id == task_id]
+
+
+@asynccontextmanager
+async def progress_log(nc: Client, agent_id: str) -> AsyncIterator[ProgressLog]:
+    log = ProgressLog()
+    sub = await nc.subscribe(f"{subjects.PROGRESS}.{agent_id}.>", cb=log.on_msg)
+    try:
+        yield log
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,241 @@
+"""The agent process in-process on the dummy runtime: registration, heartbeats, every verb."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
+from domain import events as ev
+from domain import rpc, subjects
+from services.eventstore import progress
+from services.eventstore.store import EventStore
+from tests.agent.agent_harness import (
+    agent_events,
+    call,
+    config,
+    event_of,
+    progress_log,
+    running,
+    store_fixture,  # noqa: F401 - the `store` fixture
+    wait_for,
+)
+
+MB = 1024 * 1024
+GB = 1024 * MB
+KERNEL = {"session_id": "s1", "image": "base:1", "resources": {"cpu": 1, "mem": 256 * MB}}
+
+
+def dummy(agent_id: str = "a1", host: DummyHost | None = None, **cfg: object) -> DummyRuntime:
+    values: dict[str, object] = {
+        "default_size": 8 * MB,
+        "bandwidth_bps": 40 * MB,
+        "tick_s": 0.02,
+        "preloaded": {"base:1"},
+    }
+    return DummyRuntime(agent_id, DummyConfig(**{**values, **cfg}), host)  # type: ignore[arg-type]
+
+
+async def test_registers_with_capacity_and_images_then_heartbeats(
+    nc: Client, store: EventStore
+) -> None:
+    beats: list[rpc.Heartbeat] = []
+
+    async def on_beat(msg: object) -> None:
+        beats.append(msgspec.json.decode(msg.data, type=rpc.Heartbeat))  # type: ignore[attr-defined]
+
+    await nc.subscribe(subjects.heartbeat("a1"), cb=on_beat)
+    cfg = config("a1", cpu=4, mem=8 * GB, disk=100 * GB)
+    async with running(nc, store, dummy(), cfg) as agent:
+        assert agent.first_registration is True
+        [registered] = await agent_events(store, "a1")
+        assert isinstance(registered, ev.AgentRegistered)
+        assert registered.capacity == ev.Capacity(cpu=4, mem=8 * GB, disk=100 * GB)
+        assert (registered.resource_group, registered.runtime) == ("rg", "dummy")
+        assert set(registered.images) == {"base:1"}
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        await wait_for(lambda: len(beats) >= 3 and beats[-1].kernels, 5, "heartbeats")
+    beat = beats[-1]
+    assert beat.agent_id == "a1" and beat.images == ["base:1"] and beat.pulls == {}
+    assert [(k.kernel_id, k.status) for k in beat.kernels] == [("k1", "running")]
+    assert beat.free == rpc.FreeCapacity(cpu=3, mem=8 * GB - 256 * MB, disk=100 * GB - 8 * MB)
+
+
+async def test_check_and_pull_gives_one_task_progress_and_events(
+    nc: Client, store: EventStore
+) -> None:
+    async with (
+        running(nc, store, dummy(), config("a1")),
+        progress_log(nc, "a1") as seen,
+    ):
+        replies = await asyncio.gather(
+            *(call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["base:1", "new:1"]}) for _ in range(5))
+        )
+        present = replies[0]["base:1"]
+        assert present["present"] is True and present["digest"].startswith("sha256:")
+        task_ids = {r["new:1"]["task_id"] for r in replies}
+        assert len(task_ids) == 1
+        [task_id] = task_ids
+        started = await event_of(store, "a1", ev.ImagePullStarted, image="new:1")
+        assert started.task_id == task_id
+        pulled = await event_of(store, "a1", ev.ImagePulled, image="new:1")
+        assert (pulled.task_id, pulled.size_bytes) == (task_id, 8 * MB)
+        status = await call(nc, "a1", rpc.PULL_STATUS, {"task_id": task_id})
+        assert status == {
+            "task_id": task_id,
+            "known": True,
+            "image": "new:1",
+            "state": "done",
+            "current": 8 * MB,
+            "total": 8 * MB,
+        }
+        again = await call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["new:1"]})
+        assert again["new:1"]["present"] is True
+        unknown = await call(nc, "a1", rpc.PULL_STATUS, {"task_id": "nope"})
+        assert unknown == {"task_id": "nope", "known": False}
+    ours = seen.of(task_id)
+    currents = [p.current for p in ours]
+    assert currents == sorted(currents) and ours[-1].done and ours[-1].current == 8 * MB
+    # A late watcher reads the final state from the stream.
+    late = await progress.latest(nc.jetstream(), "a1", task_id)
+    assert late is not None and late.done and late.current == late.total == 8 * MB
+    events = [type(e).__name__ for e in await agent_events(store, "a1")]
+    assert events == ["AgentRegistered", "ImagePullStarted", "ImagePulled"]
+
+
+async def test_a_failed_pull_is_recorded_with_its_reason(nc: Client, store: EventStore) -> None:
+    async with running(nc, store, dummy(default_size=None), config("a1")):
+        reply = await call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["ghost:1"]})
+        failed = await event_of(store, "a1", ev.ImagePullFailed, image="ghost:1")
+        assert failed.task_id == reply["ghost:1"]["task_id"]
+        assert "not found" in failed.reason
+
+
+async def test_create_kernel_is_idempotent_and_destroy_removes_it(
+    nc: Client, store: EventStore
+) -> None:
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
+        replies = await asyncio.gather(
+            *(call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL}) for _ in range(5))
+        )
+        assert len({r["container_id"] for r in replies}) == 1
+        assert sum(not r.get("existed", False) for r in replies) == 1
+        assert list(runtime.kernels) == ["k1"]
+
+        too_big = {**KERNEL, "resources": {"cpu": 1.5, "mem": 256 * MB}}
+        refused = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k2", **too_big})
+        assert refused["error"]["code"] == "insufficient-resources"
+        no_image = {**KERNEL, "image": "absent:1"}
+        failed = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k3", **no_image})
+        assert failed["error"]["code"] == "create-failed"
+        assert "pull it" in failed["error"]["message"]
+
+        assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": True}
+        assert runtime.kernels == {}
+        assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": False}
+
+
+async def test_sync_kernels_reconciles_with_the_managers_truth(
+    nc: Client, store: EventStore
+) -> None:
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")):
+        for kid in ("k-run", "k-stray", "k-stop"):
+            await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": kid, **KERNEL})
+        truth = {
+            "preparing": ["k-prep"],
+            "running": ["k-run", "k-gone"],
+            "terminating": ["k-stop"],
+        }
+        reply = await call(nc, "a1", rpc.SYNC_KERNELS, truth)
+        assert reply == {
+            "running": ["k-run"],
+            "terminating": [],
+            "terminated": ["k-gone", "k-stop"],
+            "destroyed": ["k-stray"],
+        }
+        assert list(runtime.kernels) == ["k-run"]
+
+
+async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")) as agent:
+        reply = await call(nc, "a1", rpc.PRELOAD, {"images": ["extra:1"]})
+        assert "task_id" in reply["extra:1"] and agent.preloaded == {"extra:1"}
+        await event_of(store, "a1", ev.ImagePulled, image="extra:1")
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        reply = await call(nc, "a1", rpc.UNLOAD, {"images": ["base:1", "extra:1", "none:1"]})
+        assert reply == {
+            "base:1": {"removed": False, "reason": "in-use: kernels ['k1']"},
+            "extra:1": {"removed": True},
+            "none:1": {"removed": False, "reason": "not-present"},
+        }
+        assert set(runtime.images) == {"base:1"}
+        removed = await event_of(store, "a1", ev.ImageRemoved, image="extra:1")
+        assert removed.reason == "unload-requested"
+
+
+@pytest.mark.parametrize(
+    ("verb", "payload", "names"),
+    [
+        (rpc.CHECK_AND_PULL, {"images": "base:1"}, "$.images"),
+        (rpc.CHECK_AND_PULL, {"images": []}, "$.images"),
+        (rpc.CHECK_AND_PULL, {"image": ["base:1"]}, "image"),
+        (rpc.CREATE_KERNEL, {**KERNEL}, "kernel_id"),
+        (
+            rpc.CREATE_KERNEL,
+            {"kernel_id": "k1", **KERNEL, "resources": {"cpu": 0, "mem": 1}},
+            "$.resources.cpu",
+        ),
+        (rpc.CREATE_KERNEL, {"kernel_id": "a.b", **KERNEL}, "kernel_id"),
+        (rpc.DESTROY_KERNEL, {"kernel_id": 7}, "$.kernel_id"),
+        (rpc.SYNC_KERNELS, {"running": [1]}, "$.running[0]"),
+        (rpc.UNLOAD, {}, "images"),
+        (rpc.PULL_STATUS, b"not json", "JSON"),
+    ],
+)
+async def test_bad_requests_get_an_error_naming_the_field(
+    nc: Client, store: EventStore, verb: str, payload: object, names: str
+) -> None:
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")):
+        reply = await call(nc, "a1", verb, payload)
+        assert set(reply) == {"error"}
+        assert reply["error"]["code"] == "invalid-request"
+        assert names in reply["error"]["message"], reply
+        assert runtime.kernels == {} and runtime.pull_attempts == {}
+    assert len(await agent_events(store, "a1")) == 1  # registration only: nothing changed
+
+
+async def test_a_restarted_agent_reports_what_it_has_and_forgets_old_tasks(
+    nc: Client, store: EventStore
+) -> None:
+    host = DummyHost()  # what survives the process: images and containers
+    slow = {"bandwidth_bps": 4 * MB}
+    async with running(nc, store, dummy(host=host, **slow), config("a1")) as first:
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        reply = await call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["big:1"]})
+        old_task = reply["big:1"]["task_id"]
+        assert first.first_registration is True
+    async with running(nc, store, dummy(host=host), config("a1")) as second:
+        assert second.first_registration is False
+        events = await agent_events(store, "a1")
+        rereg = events[-1]
+        assert isinstance(rereg, ev.AgentReregistered)
+        assert set(rereg.images) == {"base:1"}  # the interrupted pull left nothing
+        beat = await second.send_heartbeat()
+        assert [k.kernel_id for k in beat.kernels] == ["k1"]
+        status = await call(nc, "a1", rpc.PULL_STATUS, {"task_id": old_task})
+        assert status["known"] is False
+        # The container is still known to the agent: a sync keeps it, a second create returns it.
+        sync = await call(nc, "a1", rpc.SYNC_KERNELS, {"running": ["k1"]})
+        assert sync["running"] == ["k1"]
+        again = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        assert again["existed"] is True
+        # The new process pulls the image again, as a new task.
+        reply = await call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["big:1"]})
+        assert reply["big:1"]["task_id"] != old_task
