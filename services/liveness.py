@@ -1,0 +1,129 @@
+"""The manager's liveness watcher: an agent whose heartbeats stop for ``deadline_s`` is lost.
+
+Heartbeats (``hoist.heartbeat.<id>``, core NATS) are not stored, so only the loss is a fact:
+AgentLost with ``status_info`` like ``heartbeat-timeout: no heartbeat for 15s``.  An agent that
+comes back re-registers itself (agent.facts); its next heartbeat re-arms the watch here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from domain.agent import Agent
+from domain.rpc import Heartbeat
+from domain.subjects import HEARTBEAT
+from services.eventstore.repository import NotFound, Repository
+from services.eventstore.store import ConcurrencyError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DEADLINE_S = 15.0  # several missed beats at the agent's default 2 s interval
+_ATTEMPTS = 10
+
+
+class LivenessWatcher:
+    def __init__(
+        self,
+        nc: Client,
+        repository: Repository,
+        *,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        check_interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
+        self.nc = nc
+        self.repository = repository
+        self.deadline_s = deadline_s
+        self.check_interval_s = check_interval_s or min(1.0, deadline_s / 4)
+        self.clock = clock
+        self.last_seen: dict[str, float] = {}  # agent id -> when its last heartbeat arrived
+        self.last_beat: dict[str, Heartbeat] = {}
+        self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
+        self._decoder = msgspec.json.Decoder(Heartbeat)
+        self._sub: Subscription | None = None
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self, known_agents: Iterable[str] = ()) -> None:
+        """Watch heartbeats; ``known_agents`` (registered, not lost) get a deadline from now
+        even if they never beat again (e.g. they died while the manager was down)."""
+        now = self.clock()
+        for agent_id in known_agents:
+            self.last_seen.setdefault(agent_id, now)
+        self._sub = await self.nc.subscribe(f"{HEARTBEAT}.*", cb=self._on_heartbeat)
+        self._loop = asyncio.create_task(self._check_loop())
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user
+        try:
+            beat = self._decoder.decode(msg.data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            log.warning("heartbeat of agent %s is malformed (%s): counted as alive", agent_id, e)
+        else:
+            self.last_beat[agent_id] = beat
+        self.last_seen[agent_id] = self.clock()
+        self.marked.discard(agent_id)
+
+    async def _check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_interval_s)
+            try:
+                await self.check()
+            except Exception:
+                log.exception("liveness check")
+
+    async def check(self) -> list[str]:
+        """Mark every agent silent for the deadline lost; return the ones marked now."""
+        now = self.clock()
+        silent = [
+            agent_id
+            for agent_id, seen in self.last_seen.items()
+            if now - seen >= self.deadline_s and agent_id not in self.marked
+        ]
+        marked = []
+        for agent_id in silent:
+            if await self.mark_lost(agent_id, f"no heartbeat for {self.deadline_s:g}s"):
+                marked.append(agent_id)
+            self.marked.add(agent_id)
+        return marked
+
+    async def mark_lost(self, agent_id: str, detail: str) -> bool:
+        """Append AgentLost (``heartbeat-timeout: <detail>``); False if it already was lost
+        or is not registered."""
+        for _ in range(_ATTEMPTS):
+            try:
+                agent = await self.repository.get(Agent, agent_id)
+            except NotFound:
+                log.warning("agent %s sent heartbeats but never registered: ignored", agent_id)
+                return False
+            if agent.lost:
+                return False
+            agent.mark_lost(f"heartbeat-timeout: {detail}")
+            try:
+                await self.repository.save(agent)
+            except ConcurrencyError:
+                continue  # the agent wrote meanwhile (maybe it is back): decide again
+            log.warning("agent %s lost: heartbeat-timeout: %s", agent_id, detail)
+            return True
+        raise RuntimeError(f"agent {agent_id} kept changing while being marked lost; retry")

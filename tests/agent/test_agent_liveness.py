@@ -1,0 +1,65 @@
+"""The manager's liveness watcher marks a silent agent lost; the agent, back, re-registers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.client import Client
+
+from agent.runtime.dummy import DummyRuntime
+from domain import events as ev
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore
+from services.liveness import LivenessWatcher
+from tests.agent.agent_harness import (
+    agent_events,
+    config,
+    event_of,
+    running,
+    store_fixture,  # noqa: F401 - the `store` fixture
+    wait_for,
+)
+
+
+async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
+    nc: Client, store: EventStore
+) -> None:
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+    await watcher.start()
+    try:
+        async with running(nc, store, DummyRuntime("a1"), config("a1")) as agent:
+            await wait_for(lambda: "a1" in watcher.last_beat, 5, "a heartbeat")
+            await asyncio.sleep(1.5)  # beating every 0.2 s: not lost
+            assert [type(e) for e in await agent_events(store, "a1")] == [ev.AgentRegistered]
+
+            assert agent._heartbeats is not None
+            agent._heartbeats.cancel()  # the agent falls silent (e.g. a partition)
+            lost = await event_of(store, "a1", ev.AgentLost, within=10)
+            assert lost.status_info == "heartbeat-timeout: no heartbeat for 1s"
+
+            # Heard of again: the agent notices it was marked lost and says it is back.
+            assert await agent.facts.refresh() is True
+            events = await agent_events(store, "a1")
+            assert [type(e) for e in events[-2:]] == [ev.AgentLost, ev.AgentReregistered]
+            await agent.send_heartbeat()
+            await wait_for(lambda: "a1" not in watcher.marked, 5, "the watch re-armed")
+    finally:
+        await watcher.stop()
+
+
+async def test_a_known_agent_that_never_beats_again_is_lost_once(
+    nc: Client, store: EventStore
+) -> None:
+    async with running(nc, store, DummyRuntime("a2"), config("a2")) as agent:
+        pass  # registered, then gone for good
+    assert agent.first_registration
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=0.3, check_interval_s=0.05)
+    await watcher.start(known_agents=["a2"])
+    try:
+        await event_of(store, "a2", ev.AgentLost, within=5)
+        await asyncio.sleep(0.5)
+        assert await watcher.check() == []  # one loss is one fact
+        kinds = [type(e) for e in await agent_events(store, "a2")]
+        assert kinds == [ev.AgentRegistered, ev.AgentLost]
+    finally:
+        await watcher.stop()
