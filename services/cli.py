@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -55,6 +56,8 @@ async def _print_events(url: str, *, subject_filter: str | None, follow: bool) -
     nc = await stack.connect(url, "hoist-cli")
     try:
         store = stack.event_store(nc)
+        if subject_filter and not follow and await store.last_seq(subject_filter) == 0:
+            raise CliError(f"no events under {subject_filter}: check the session id")
         async for rec in store.replay(subject_filter=subject_filter, follow=follow):
             print(_format_event(rec), flush=True)
     finally:
@@ -128,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: the finally blocks clean up
+
+
 def run(func: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         asyncio.run(func(args))
     except KeyboardInterrupt:
