@@ -1,0 +1,14 @@
+"""DuckDB read models folded from the event stream (see projections.runner)."""
+
+from projections.agents import AgentsProjection, ImagesProjection, PullsProjection
+from projections.base import Projection
+from projections.sessions import SessionsProjection
+
+# Every read model the manager keeps, in the order their views are created (a view may read
+# the tables of the projections before it).
+ALL: tuple[type[Projection], ...] = (
+    SessionsProjection,
+    AgentsProjection,
+    ImagesProjection,
+    PullsProjection,
+)

@@ -1,0 +1,351 @@
+"""The projection runner: event stream in, DuckDB read models out, exactly once.
+
+It reads the stream from the lowest checkpoint, folds a batch of events into every projection
+in memory, and writes the batch's rows together with each projection's checkpoint (the last
+stream sequence it folded) in ONE DuckDB transaction: a crash anywhere before the commit loses
+the whole batch (it is read again), a crash after it loses nothing, so no event is lost or
+applied twice.  While catching up the batches are big (what has arrived, up to ``max_batch``);
+when live, an event is committed as soon as the previous commit is done.
+
+A projection whose ``version`` differs from the stored one is rebuilt from the first event into
+``<table>__build`` tables (its progress checkpointed too); when it has caught up with the
+others, one transaction drops the old tables and renames the new ones, so readers see the old
+model or the new one, never a half-built one.
+
+One process owns the DuckDB file (DuckDB allows one writer process): the manager runs the
+runner and the query handlers, which read through cursors of the same connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+import duckdb
+
+from domain import codec
+from projections import ALL
+from projections.agents import HEARTBEATS
+from projections.base import Projection
+from projections.table import Changes, write
+from services.eventstore.store import EventStore, Recorded
+
+log = logging.getLogger(__name__)
+
+META = "projection_meta"
+BUILD_SUFFIX = "__build"
+MAX_BATCH = 5000  # events per transaction while catching up (NOTES: 1k-5k rows per batch)
+
+Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
+
+
+class Runner:
+    """Keeps the read models of ``projections`` in ``con`` up to date with ``store``."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        store: EventStore,
+        projections: Sequence[type[Projection]] = ALL,
+        *,
+        max_batch: int = MAX_BATCH,
+        fault: Fault | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.con = con
+        self.store = store
+        self.types = tuple(projections)
+        self.max_batch = max_batch
+        self.fault = fault or (lambda point: None)
+        self.projections: list[Projection] = []
+        self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
+        self.building: dict[str, list[str]] = {}  # projection -> its old tables, to drop on swap
+        self.committed: dict[str, int] = {}  # projection -> seq its *visible* tables reflect
+        self._changed: asyncio.Event | None = None
+        self._target = 0  # the stream's last sequence when run() started (or its until_seq)
+        self.open()
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """(Re)load every projection from its committed state; memory ahead of it is dropped."""
+        cur = self.con.cursor()
+        cur.begin()
+        try:
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {META} (projection VARCHAR, version INTEGER,"
+                " seq BIGINT, tables VARCHAR, build_version INTEGER, build_seq BIGINT)"
+            )
+            # Heartbeats are not events: kept beside the models, never rebuilt.
+            cur.execute(HEARTBEATS.create_sql(HEARTBEATS.name, if_not_exists=True))
+            meta = {
+                r[0]: r[1:]
+                for r in cur.execute(
+                    f"SELECT projection, version, seq, tables, build_version, build_seq FROM {META}"
+                ).fetchall()
+            }
+            self.projections, self.names, self.building, self.committed = [], {}, {}, {}
+            for cls in self.types:
+                self.projections.append(self._open_one(cur, cls, meta.get(cls.name)))
+            for p in self.projections:
+                if p.name not in self.building:
+                    _create_views(cur, p)
+            cur.commit()
+        except BaseException:
+            cur.rollback()
+            raise
+        finally:
+            cur.close()
+
+    def _open_one(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        cls: type[Projection],
+        meta: tuple[int, int, str, int | None, int | None] | None,
+    ) -> Projection:
+        p = cls()
+        bases = [t.name for t in cls.tables]
+        if meta is None:
+            for t in cls.tables:
+                cur.execute(t.create_sql(t.name))
+            cur.execute(
+                f"INSERT INTO {META} VALUES (?, ?, 0, ?, NULL, NULL)",
+                [cls.name, cls.version, ",".join(bases)],
+            )
+            names = {b: b for b in bases}
+            self.committed[cls.name] = 0
+        elif meta[0] == cls.version:
+            names = {b: b for b in bases}
+            p.seq = self.committed[cls.name] = meta[1]
+        else:
+            names = {b: b + BUILD_SUFFIX for b in bases}
+            self.building[cls.name] = meta[2].split(",")
+            self.committed[cls.name] = meta[1]  # the old model stays visible until the swap
+            if meta[3] == cls.version:
+                p.seq = meta[4] or 0  # resume the build where it committed
+            else:
+                log.info(
+                    "projection %s: version %s -> %s: rebuilding", cls.name, *meta[:1], cls.version
+                )
+                for t in cls.tables:
+                    cur.execute(f"DROP TABLE IF EXISTS {names[t.name]}")
+                    cur.execute(t.create_sql(names[t.name]))
+                cur.execute(
+                    f"UPDATE {META} SET build_version = ?, build_seq = 0 WHERE projection = ?",
+                    [cls.version, cls.name],
+                )
+        self.names[cls.name] = names
+        p.load(cur, names)
+        return p
+
+    # -- reading state ----------------------------------------------------------------------------
+
+    @property
+    def seq(self) -> int:
+        """The stream sequence every visible read model reflects (at least)."""
+        return min(self.committed.values(), default=0)
+
+    async def wait_for(self, seq: int, within: float, names: Sequence[str] = ()) -> bool:
+        """Wait until the models ``names`` (all if empty) reflect ``seq``; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            reflected = min((self.committed[n] for n in names or self.committed), default=self.seq)
+            if reflected >= seq:
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._event().wait(), remaining)
+            except TimeoutError:
+                return False
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        *,
+        follow: bool = True,
+        until_seq: int | None = None,
+        until_time: datetime | None = None,
+    ) -> int:
+        """Fold and commit events until caught up (or ``until_seq``/``until_time``: only events
+        stored at or before it), or for ever with ``follow``.  Returns the last sequence folded.
+        On an exception, memory may be ahead of the database: call ``open()`` before running
+        again (``serve`` does)."""
+        head = (await self.store.js.stream_info(self.store.stream)).state.last_seq
+        if until_seq is not None:
+            head = min(head, until_seq)
+        self._target = head
+        await self._commit_batch()  # swaps a rebuild that has nothing to catch up
+        from_seq = min(p.seq for p in self.projections) + 1
+        if until_seq is not None and until_seq < from_seq:
+            return from_seq - 1
+        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue(self.max_batch * 4)
+        reader = asyncio.create_task(self._read(queue, from_seq, until_seq, follow))
+        last = from_seq - 1
+        try:
+            done = False
+            while not done:
+                item = await queue.get()
+                batch: list[Recorded] = []
+                while True:
+                    if item is None:
+                        done = True
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    if until_time is not None and item.time > until_time:
+                        done = True
+                        break
+                    batch.append(item)
+                    if len(batch) >= self.max_batch:
+                        break
+                    try:
+                        item = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+                if batch:
+                    self._fold(batch)
+                    last = batch[-1].seq
+                    await self._commit_batch()
+        finally:
+            reader.cancel()
+            try:
+                await reader
+            except (asyncio.CancelledError, Exception):
+                pass
+        return last
+
+    async def serve(self) -> None:
+        """Follow the stream for ever; after a failure, reload from the database and go on."""
+        delay = 0.5
+        while True:
+            try:
+                await self.run(follow=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("projection runner failed; reloading from the last checkpoint")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                await asyncio.to_thread(self.open)
+
+    async def _read(
+        self,
+        queue: asyncio.Queue[Recorded | BaseException | None],
+        from_seq: int,
+        until_seq: int | None,
+        follow: bool,
+    ) -> None:
+        try:
+            async for rec in self.store.replay(
+                from_seq=from_seq, until_seq=until_seq, follow=follow
+            ):
+                await queue.put(rec)
+            await queue.put(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            await queue.put(e)
+
+    def _fold(self, batch: list[Recorded]) -> None:
+        projections = self.projections
+        if batch[0].seq > max(p.seq for p in projections):
+            for rec in batch:  # the usual case: every projection takes every event
+                event = codec.decode(rec.data, rec.headers)
+                for p in projections:
+                    p.apply(event, rec.seq)
+            for p in projections:
+                p.seq = batch[-1].seq
+        else:  # a rebuild runs behind the others: they skip what they have
+            for rec in batch:
+                behind = [p for p in projections if p.seq < rec.seq]
+                if behind:
+                    event = codec.decode(rec.data, rec.headers)
+                    for p in behind:
+                        p.apply(event, rec.seq)
+                        p.seq = rec.seq
+        self.fault("folded")
+
+    async def _commit_batch(self) -> None:
+        changes = [(p, p.take_changes()) for p in self.projections]
+        swaps = [
+            p for p in self.projections if p.name in self.building and p.seq >= self._swap_target(p)
+        ]
+        await asyncio.to_thread(self._commit, changes, swaps)
+        for p in swaps:
+            del self.building[p.name]
+            self.names[p.name] = {t.name: t.name for t in p.tables}
+        for p in self.projections:
+            if p.name not in self.building:
+                self.committed[p.name] = p.seq
+        self._notify()
+
+    def _swap_target(self, p: Projection) -> int:
+        others = [q.seq for q in self.projections if q.name not in self.building]
+        return max([self._target, *others])
+
+    def _commit(
+        self, changes: list[tuple[Projection, dict[str, Changes]]], swaps: list[Projection]
+    ) -> None:
+        cur = self.con.cursor()
+        cur.begin()
+        try:
+            self.fault("begun")
+            for p, tables in changes:
+                names = self.names[p.name]
+                for t in p.tables:
+                    if tables[t.name]:
+                        write(cur, t, names[t.name], tables[t.name])
+                        self.fault("wrote")
+                if p.name in self.building:
+                    cur.execute(
+                        f"UPDATE {META} SET build_seq = ? WHERE projection = ?", [p.seq, p.name]
+                    )
+                else:
+                    cur.execute(f"UPDATE {META} SET seq = ? WHERE projection = ?", [p.seq, p.name])
+            for p in swaps:
+                self._swap(cur, p)
+            self.fault("checkpointed")
+            cur.commit()
+        except BaseException:
+            cur.rollback()
+            raise
+        finally:
+            cur.close()
+        self.fault("committed")
+
+    def _swap(self, cur: duckdb.DuckDBPyConnection, p: Projection) -> None:
+        """Replace the old model's tables by the rebuilt ones, in the commit's transaction."""
+        for old in self.building[p.name]:
+            cur.execute(f"DROP VIEW IF EXISTS {old}")  # none expected; tables only
+            cur.execute(f"DROP TABLE IF EXISTS {old}")
+        for t in p.tables:
+            cur.execute(f"ALTER TABLE {t.name}{BUILD_SUFFIX} RENAME TO {t.name}")
+        cur.execute(
+            f"UPDATE {META} SET version = ?, seq = ?, tables = ?, build_version = NULL,"
+            " build_seq = NULL WHERE projection = ?",
+            [p.version, p.seq, ",".join(t.name for t in p.tables), p.name],
+        )
+        _create_views(cur, p)
+        log.info("projection %s: rebuilt to version %s at seq %s", p.name, p.version, p.seq)
+
+
+def _create_views(cur: duckdb.DuckDBPyConnection, p: Projection) -> None:
+    for name, sql in p.views.items():
+        cur.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")

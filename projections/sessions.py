@@ -1,0 +1,257 @@
+"""Sessions and their kernels: status, status_info and the time of every status, each kernel's
+status history, and resource occupancy by owner and by agent (views over the kernels, from the
+explicit occupying-status sets, so they can never disagree with the kernel statuses)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import ClassVar
+
+import duckdb
+
+from domain import events as ev
+from domain.session import Session
+from domain.status import AGENT_RESOURCE_OCCUPYING, TERMINAL, USER_RESOURCE_OCCUPYING, KernelStatus
+from projections.base import Projection, fetch_rows
+from projections.table import Row, Table
+
+STATUS_TIME = {s: f"{s.value.lower()}_at" for s in KernelStatus}  # last time it entered s
+
+KERNELS = Table(
+    "kernels",
+    (
+        ("kernel_id", "VARCHAR"),
+        ("session_id", "VARCHAR"),
+        ("kernel_index", "INTEGER"),  # position in the session's enqueue order
+        ("owner", "VARCHAR"),
+        ("image", "VARCHAR"),
+        ("resource_group", "VARCHAR"),
+        ("agent_id", "VARCHAR"),
+        ("cpu", "DOUBLE"),
+        ("mem", "BIGINT"),
+        ("status", "VARCHAR"),
+        ("status_info", "VARCHAR"),
+        ("status_changed_at", "TIMESTAMPTZ"),
+        *((column, "TIMESTAMPTZ") for column in STATUS_TIME.values()),
+        ("pull_task_id", "VARCHAR"),
+        ("container_id", "VARCHAR"),
+        ("detail", "VARCHAR"),
+        ("last_seq", "BIGINT"),
+    ),
+    key=("kernel_id",),
+)
+KERNEL_STATUS_HISTORY = Table(
+    "kernel_status_history",
+    (
+        ("seq", "BIGINT"),
+        ("kernel_id", "VARCHAR"),
+        ("session_id", "VARCHAR"),
+        ("status", "VARCHAR"),
+        ("status_info", "VARCHAR"),
+        ("changed_at", "TIMESTAMPTZ"),
+    ),
+)
+SESSIONS = Table(
+    "sessions",
+    (
+        ("session_id", "VARCHAR"),
+        ("owner", "VARCHAR"),
+        ("image", "VARCHAR"),
+        ("resource_group", "VARCHAR"),
+        ("cluster_size", "INTEGER"),
+        ("cpu", "DOUBLE"),  # per kernel
+        ("mem", "BIGINT"),  # per kernel
+        ("request_id", "VARCHAR"),
+        ("status", "VARCHAR"),
+        ("status_info", "VARCHAR"),
+        ("created_at", "TIMESTAMPTZ"),
+        ("updated_at", "TIMESTAMPTZ"),
+        ("last_seq", "BIGINT"),
+    ),
+    key=("session_id",),
+)
+
+
+def _in(statuses: frozenset[KernelStatus]) -> str:
+    return ", ".join(f"'{s.value}'" for s in sorted(statuses))
+
+
+class _StatusView:
+    """Lets the Session aggregate's own rule derive a session's status from kernel rows."""
+
+    status = Session.status
+    status_info = Session.status_info
+
+    def __init__(self, kernels: dict[str, Row]) -> None:
+        self.kernels = {k: _KernelView(r) for k, r in kernels.items()}
+
+
+class _KernelView:
+    __slots__ = ("status", "status_info")
+
+    def __init__(self, row: Row) -> None:
+        self.status = KernelStatus(row["status"])
+        self.status_info = row["status_info"]
+
+
+class _Live:
+    """A session with a kernel not yet final: its row and its kernels' rows, in enqueue order."""
+
+    __slots__ = ("kernels", "row")
+
+    def __init__(self, row: Row, kernels: dict[str, Row]) -> None:
+        self.row = row
+        self.kernels = kernels
+
+
+class SessionsProjection(Projection):
+    name: ClassVar[str] = "sessions"
+    version: ClassVar[int] = 1
+    tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
+    views: ClassVar[Mapping[str, str]] = {
+        "occupancy_by_owner": f"""
+            SELECT owner, count(*) AS kernels, sum(cpu) AS cpu, sum(mem)::BIGINT AS mem
+            FROM kernels WHERE status IN ({_in(USER_RESOURCE_OCCUPYING)}) GROUP BY owner""",
+        "occupancy_by_agent": f"""
+            SELECT agent_id, count(*) AS kernels, sum(cpu) AS cpu, sum(mem)::BIGINT AS mem
+            FROM kernels WHERE status IN ({_in(AGENT_RESOURCE_OCCUPYING)}) GROUP BY agent_id""",
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Sessions whose kernels are all final never change again: only live ones stay here.
+        self.live: dict[str, _Live] = {}
+        self.handlers = {
+            ev.SessionEnqueued: self._enqueued,
+            ev.SessionSchedulingFailed: self._scheduling_failed,
+            ev.SessionScheduled: self._scheduled,
+            **{cls: self._kernel_event for cls in _KERNEL_EVENTS},
+        }
+
+    def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
+        kernels, sessions = names["kernels"], names["sessions"]
+        live = f"SELECT DISTINCT session_id FROM {kernels} WHERE status NOT IN ({_in(TERMINAL)})"
+        for row in fetch_rows(cur, f"SELECT * FROM {sessions} WHERE session_id IN ({live})"):
+            self.live[row["session_id"]] = _Live(row, {})
+        # Enqueue order matters: a session's status_info is its first kernel's in that status.
+        for row in fetch_rows(
+            cur, f"SELECT * FROM {kernels} WHERE session_id IN ({live}) ORDER BY kernel_index"
+        ):
+            self.live[row["session_id"]].kernels[row["kernel_id"]] = row
+
+    # -- folds ----------------------------------------------------------------------------------
+
+    def _enqueued(self, e: ev.SessionEnqueued, seq: int) -> None:
+        row: Row = {
+            "session_id": e.originator_id,
+            "owner": e.owner,
+            "image": e.image,
+            "resource_group": e.resource_group,
+            "cluster_size": e.cluster_size,
+            "cpu": e.resources.cpu,
+            "mem": e.resources.mem,
+            "request_id": e.request_id,
+            "created_at": e.timestamp,
+        }
+        kernels: dict[str, Row] = {}
+        for index, kernel_id in enumerate(e.kernel_ids):
+            kernels[kernel_id] = {
+                "kernel_id": kernel_id,
+                "session_id": e.originator_id,
+                "kernel_index": index,
+                "owner": e.owner,
+                "image": e.image,
+                "resource_group": e.resource_group,
+                "cpu": e.resources.cpu,
+                "mem": e.resources.mem,
+            }
+        live = self.live[e.originator_id] = _Live(row, kernels)
+        for kernel in kernels.values():
+            self._move(live, kernel, KernelStatus.PENDING, e.status_info, e.timestamp, seq, True)
+        self._session_changed(live, e.timestamp, seq, fresh=True)
+
+    def _scheduling_failed(self, e: ev.SessionSchedulingFailed, seq: int) -> None:
+        live = self.live.get(e.originator_id)
+        if live is None:
+            return
+        for kernel in live.kernels.values():
+            self._move(live, kernel, KernelStatus.PENDING, e.status_info, e.timestamp, seq)
+        self._session_changed(live, e.timestamp, seq)
+
+    def _scheduled(self, e: ev.SessionScheduled, seq: int) -> None:
+        live = self.live.get(e.originator_id)
+        if live is None:
+            return
+        for kernel_id, agent_id in e.placements.items():
+            kernel = live.kernels[kernel_id]
+            kernel["agent_id"] = agent_id
+            self._move(live, kernel, KernelStatus.SCHEDULED, e.status_info, e.timestamp, seq)
+        self._session_changed(live, e.timestamp, seq)
+
+    def _kernel_event(self, e: ev.KernelEvent, seq: int) -> None:
+        live = self.live.get(e.originator_id)
+        if live is None or e.kernel_id not in live.kernels:
+            return  # not a live kernel: the domain never records this, skip it alike everywhere
+        kernel = live.kernels[e.kernel_id]
+        if isinstance(e, ev.KernelPulling):
+            kernel["pull_task_id"] = e.task_id
+        elif isinstance(e, ev.KernelCreated):
+            kernel["container_id"] = e.container_id
+        detail = getattr(e, "detail", None)
+        if detail:
+            kernel["detail"] = detail
+        self._move(live, kernel, e.status, e.status_info, e.timestamp, seq)
+        self._session_changed(live, e.timestamp, seq)
+
+    def _move(
+        self,
+        live: _Live,
+        kernel: Row,
+        status: KernelStatus,
+        status_info: str,
+        at: datetime,
+        seq: int,
+        fresh: bool = False,
+    ) -> None:
+        kernel["status"] = status.value
+        kernel["status_info"] = status_info
+        kernel["status_changed_at"] = at
+        kernel[STATUS_TIME[status]] = at
+        kernel["last_seq"] = seq
+        self.put("kernels", kernel["kernel_id"], kernel, fresh=fresh)
+        self.append(
+            "kernel_status_history",
+            {
+                "seq": seq,
+                "kernel_id": kernel["kernel_id"],
+                "session_id": kernel["session_id"],
+                "status": status.value,
+                "status_info": status_info,
+                "changed_at": at,
+            },
+        )
+
+    def _session_changed(self, live: _Live, at: datetime, seq: int, fresh: bool = False) -> None:
+        view = _StatusView(live.kernels)
+        row = live.row
+        row["status"] = view.status.value
+        row["status_info"] = view.status_info
+        row["updated_at"] = at
+        row["last_seq"] = seq
+        self.put("sessions", row["session_id"], row, fresh=fresh)
+        if all(k["status"] in TERMINAL for k in live.kernels.values()):
+            del self.live[row["session_id"]]
+
+
+_KERNEL_EVENTS: tuple[type[ev.KernelEvent], ...] = (
+    ev.KernelPreparing,
+    ev.KernelPulling,
+    ev.KernelPrepared,
+    ev.KernelCreating,
+    ev.KernelCreated,
+    ev.KernelCreationFailed,
+    ev.KernelCancelled,
+    ev.KernelTerminating,
+    ev.KernelTerminated,
+)
