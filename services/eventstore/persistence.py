@@ -59,6 +59,7 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 CONNECT_TIMEOUT = 10.0  # default seconds to reach NATS_URL when a Factory is constructed
 CALL_TIMEOUT = 60.0  # seconds a synchronous call waits for the private loop
 MAX_CONFLICT_RETRIES = 20  # re-reads after a subject moved under us without a real conflict
+MAX_TOPIC_PAGE = 1000  # most events read at once while looking for notifications of some topics
 
 TOPIC = "Es-Topic"
 VERSION = "Es-Version"
@@ -208,14 +209,6 @@ class JetStreamDatastore:
     def subject(self, kind: str, token: str) -> str:
         return f"{self.prefix}.{kind}.{token}"
 
-    async def last(self, subject: str) -> Recorded | None:
-        """The subject's last message (subject may be a wildcard), None if it has none."""
-        seq = await self.store.last_seq(subject)
-        if seq == 0:
-            return None
-        after = await self.store.read_subject(subject, after_seq=seq - 1)
-        return after[-1] if after else None
-
     def close(self) -> None:
         # Calls still running (a reader thread, a subscription) would hold the connection
         # open: end them first. Every append waited for its ack, so nothing is left to flush.
@@ -279,7 +272,7 @@ class JetStreamRecorder:
         if not subjects:
             return []
         for _ in range(MAX_CONFLICT_RETRIES):
-            lasts = await asyncio.gather(*(self.datastore.last(s) for s in subjects))
+            lasts = await asyncio.gather(*(self.datastore.store.last(s) for s in subjects))
             writes = [
                 self._event_write(subject, [stored_events[i] for i in indexes], last)
                 for (subject, indexes), last in zip(by_subject.items(), lasts, strict=False)
@@ -350,7 +343,7 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
     ) -> list[StoredEvent]:
         if desc and limit == 1 and lte is None:
             # The latest event or snapshot: what every repository.get() asks first.
-            last = await self.datastore.last(subject)
+            last = await self.datastore.store.last(subject)
             records = [last] if last and (gt is None or _version(last) > gt) else []
         else:
             records = await self.datastore.store.read_subject(subject)
@@ -390,20 +383,27 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
     ) -> list[Notification]:
         wanted = set(topics)
         found: list[Notification] = []
-        if limit <= 0 or (stop is not None and stop < first):
-            return found
-        replay = self.datastore.store.replay(
-            from_seq=first, until_seq=stop, subject_filter=self.datastore.events_filter
-        )
-        try:
-            async for record in replay:
+        store = self.datastore.store
+        scale = 1  # with topics, skipped events call for more (and larger) pages
+        while len(found) < limit and (stop is None or first <= stop):
+            page = limit - len(found)
+            if wanted:
+                page = max(page, min(page * scale, MAX_TOPIC_PAGE))
+                scale = min(scale * 2, MAX_TOPIC_PAGE)
+            if stop is not None:
+                page = min(page, stop - first + 1)  # no more sequences than that before stop
+            records = await store.read(first, page, self.datastore.events_filter)
+            for record in records:
+                if stop is not None and record.seq > stop:
+                    return found
                 if wanted and record.headers[TOPIC] not in wanted:
                     continue
                 found.append(_notification(record))
                 if len(found) >= limit:
-                    break
-        finally:
-            await _aclose(replay)
+                    return found
+            if len(records) < page:
+                return found  # the stream holds no more events (yet)
+            first = records[-1].seq + 1
         return found
 
     def max_notification_id(self) -> int | None:
@@ -495,7 +495,7 @@ class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
 
     def max_tracking_id(self, application_name: str) -> int | None:
         subject = self._tracking_subject(application_name)
-        last = self.datastore.run(self.datastore.last(subject))
+        last = self.datastore.run(self.datastore.store.last(subject))
         return int(last.headers[TRACKING_ID]) if last else None
 
 

@@ -332,8 +332,8 @@ class EventStore:
 
     # -- read ------------------------------------------------------------------------------------
 
-    async def last_seq(self, subject: str) -> int:
-        """The stream sequence of the subject's last message, 0 if it has none."""
+    async def last(self, subject: str) -> Recorded | None:
+        """The subject's last message (``subject`` may hold wildcards), None if it has none."""
         try:
             msg = await self.nc.request(f"{self._direct}.{subject}", b"", timeout=self.timeout)
         except NoRespondersError:
@@ -341,18 +341,40 @@ class EventStore:
                 f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
             ) from None
         headers = msg.headers or {}
-        seq = headers.get("Nats-Sequence")
-        if seq is not None:
-            return int(seq)
+        if "Nats-Sequence" in headers:
+            return _from_direct(msg)
         if headers.get("Status") == "404":
-            return 0
-        raise StoreError(f"last sequence of {subject}: {_status(msg)}")
+            return None
+        raise StoreError(f"last message of {subject}: {_status(msg)}")
+
+    async def last_seq(self, subject: str) -> int:
+        """The stream sequence of the subject's last message, 0 if it has none."""
+        last = await self.last(subject)
+        return 0 if last is None else last.seq
 
     async def read_subject(self, subject: str, after_seq: int = 0) -> list[Recorded]:
         """One aggregate's history in order (messages with seq > after_seq)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
         return await self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
+
+    async def read(
+        self, from_seq: int, limit: int, subject_filter: str | None = None
+    ) -> list[Recorded]:
+        """At most ``limit`` messages from ``from_seq`` in stream order (only those matching
+        ``subject_filter`` if given); fewer only when the stream holds no more yet.
+
+        A bounded page for callers that want a few messages: unlike replay(), nothing past the
+        page is sent to us."""
+        if type(from_seq) is not int or from_seq < 1:
+            raise ValueError(f"from_seq must be an int >= 1, got {from_seq!r}")
+        if type(limit) is not int or limit < 0:
+            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+        if limit == 0:
+            return []
+        return await self._direct_batch(
+            {"seq": from_seq, "next_by_subj": subject_filter or ">"}, limit=limit
+        )
 
     async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
         msg = await self.nc.request(self._direct, json.dumps(req).encode(), timeout=self.timeout)
@@ -363,8 +385,9 @@ class EventStore:
             return None
         raise StoreError(f"direct get {req} from {self.stream}: {_status(msg)}")
 
-    async def _direct_batch(self, req: dict[str, Any]) -> list[Recorded]:
-        """All messages a batched direct get request selects, in order (server 2.11+)."""
+    async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
+        """The messages a batched direct get request selects, in order, at most ``limit``
+        (server 2.11+)."""
         out: list[Recorded] = []
         inbox = self.nc.new_inbox()
         done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -381,10 +404,14 @@ class EventStore:
                 status = (headers or {}).get("Status")
                 done.set_result(None if status in ("204", "404") else _status(msg))
 
+        # The request goes out on the same connection after the SUB, so the server has the
+        # subscription before it answers; no flush() needed (nor trusted: its PING can overtake
+        # buffered SUBs in nats-py 2.16).
         sub = await self.nc.subscribe(inbox, cb=on_msg)
         try:
-            req = {**req, "batch": _DIRECT_BATCH}
             while True:
+                want = _DIRECT_BATCH if limit is None else min(_DIRECT_BATCH, limit - len(out))
+                req = {**req, "batch": want}
                 await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
                 try:
                     error = await asyncio.wait_for(done, self.timeout)
@@ -395,9 +422,9 @@ class EventStore:
                     ) from None
                 if error is not None:
                     raise StoreError(f"direct get {req} from {self.stream}: {error}")
-                if not out or pending == 0:
+                if not out or pending == 0 or (limit is not None and len(out) >= limit):
                     return out
-                # More than one batch: continue after the last message received.
+                # More than one batch (or the server capped its bytes): continue after the last.
                 done = asyncio.get_running_loop().create_future()
                 req = {**req, "seq": out[-1].seq + 1}
                 req.pop("start_time", None)
@@ -420,6 +447,11 @@ class EventStore:
             raise ValueError(f"until_seq must be an int >= from_seq - 1, got {until_seq!r}")
         if until_seq is not None and until_seq < from_seq:
             return
+        if follow and until_seq is not None and subject_filter:
+            # No filtered message need sit at until_seq: once the stream holds it, waiting for
+            # new messages could only find ones past it.
+            info = await self.js.stream_info(self.stream)
+            follow = info.state.last_seq < until_seq
         sub = await self.js.subscribe(
             subject_filter or ">",
             stream=self.stream,

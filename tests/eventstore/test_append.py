@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from domain.subjects import aggregate_subject
+from domain.subjects import EVENTS_ALL, aggregate_subject
 from services.eventstore.store import (
     MAX_BATCH,
     ConcurrencyError,
@@ -170,3 +170,18 @@ async def test_a_key_reused_on_another_subject_is_refused(store: EventStore) -> 
     with pytest.raises(StoreError, match="already used by another command"):
         await store.append([Write(C, msgs("c1", "c2"))], idempotency_key="k")
     assert await store.read_subject(C) == []
+
+
+async def test_last_returns_the_subjects_last_message_with_its_headers(store: EventStore) -> None:
+    assert await store.last(A) is None
+    await store.append([Write(A, msgs("a1", "a2"))])
+    await store.append([Write(C, msgs("c1"))])
+    last = await store.last(A)
+    assert last is not None
+    assert (last.seq, last.subject, payloads([last])) == (2, A, ["a2"])
+    assert last.headers["type"] == "a2"
+    assert "Nats-Sequence" not in last.headers
+    assert last == (await store.read_subject(A))[-1]
+    newest = await store.last(EVENTS_ALL)  # a wildcard: the newest of all subjects
+    assert newest is not None and newest.subject == C
+    assert await store.last_seq(A) == 2

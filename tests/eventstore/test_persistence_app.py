@@ -342,3 +342,34 @@ async def test_events_are_plain_jetstream_messages(env: dict[str, str]) -> None:
         assert b"Fido" in (msg.data or b"")
     finally:
         await nc.close()
+
+
+def test_select_notifications_pages_past_other_topics_and_stops(nats_server: NatsServer) -> None:
+    """Bounded reads: a sparse topic is found across pages; start, stop and limit hold."""
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "pages"})
+    try:
+        recorder = factory.application_recorder()
+        dog = uuid.uuid4()
+        events = [
+            StoredEvent(dog, v, "rare" if v % 300 == 0 else "common", b"{}") for v in range(1, 901)
+        ]
+        for start in range(0, 900, 450):
+            recorder.insert_events(events[start : start + 450])
+        factory.aggregate_recorder("snapshots").insert_events([StoredEvent(dog, 1, "rare", b"")])
+        rare = recorder.select_notifications(None, 10, topics=["rare"])
+        assert [n.id for n in rare] == [300, 600, 900]  # the snapshot (901) is no notification
+        assert [n.id for n in recorder.select_notifications(None, 2, topics=["rare"])] == [300, 600]
+        assert [n.id for n in recorder.select_notifications(300, 2, topics=["rare"])] == [300, 600]
+        after = recorder.select_notifications(300, 5, topics=["rare"], inclusive_of_start=False)
+        assert [n.id for n in after] == [600, 900]
+        assert [n.id for n in recorder.select_notifications(1, 10, stop=899, topics=["rare"])] == [
+            300,
+            600,
+        ]
+        assert [n.id for n in recorder.select_notifications(895, 10)] == list(range(895, 901))
+        assert [n.id for n in recorder.select_notifications(5, 3, stop=6)] == [5, 6]
+        assert recorder.select_notifications(7, 3, stop=6) == []
+        assert recorder.select_notifications(1, 0) == []
+        assert recorder.max_notification_id() == 900
+    finally:
+        factory.close()

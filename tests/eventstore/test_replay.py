@@ -1,11 +1,13 @@
-"""Replay: from the start, from and until a sequence, one aggregate, follow mode."""
+"""Replay (from/until a sequence, one aggregate, follow mode) and bounded reads."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from domain.subjects import aggregate_subject
-from services.eventstore.store import EventStore, Message, Recorded, Write
+from services.eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
 B = aggregate_subject("agent", "b")
@@ -89,3 +91,58 @@ async def test_filtered_replay_stops_before_passing_until_seq(store: EventStore)
     await fill(store, 10)
     assert [r.seq for r in await collect(store, subject_filter=B, until_seq=5)] == [2, 4]
     assert [r.seq for r in await collect(store, from_seq=3, until_seq=2)] == []
+
+
+async def test_filtered_replay_with_nothing_at_until_seq_skips_later_messages(
+    store: EventStore,
+) -> None:
+    await fill(store, 10)  # B holds 2, 4, 6, 8, 10; nothing of B sits at 3, 5 or 7
+    assert [r.seq for r in await collect(store, subject_filter=B, from_seq=3, until_seq=7)] == [
+        4,
+        6,
+    ]
+    assert await collect(store, subject_filter=B, from_seq=3, until_seq=3) == []
+    assert [r.seq for r in await collect(store, subject_filter=A, until_seq=8)] == [1, 3, 5, 7]
+
+
+async def test_filtered_follow_ends_at_until_seq_the_stream_already_holds(
+    store: EventStore,
+) -> None:
+    await fill(store, 10)
+    records = await asyncio.wait_for(
+        collect(store, subject_filter=B, from_seq=1, until_seq=9, follow=True), 5
+    )
+    assert [r.seq for r in records] == [2, 4, 6, 8]
+
+
+async def test_read_is_a_bounded_page_in_stream_order(store: EventStore) -> None:
+    await fill(store, 10)
+    assert [r.seq for r in await store.read(1, 3)] == [1, 2, 3]
+    assert [r.seq for r in await store.read(8, 5)] == [8, 9, 10]  # fewer: the stream ends
+    assert [r.seq for r in await store.read(3, 2, subject_filter=B)] == [4, 6]
+    assert [r.data for r in await store.read(5, 1, subject_filter=A)] == [b"4"]
+    assert await store.read(11, 5) == []
+    assert await store.read(1, 0) == []
+    page = await store.read(1, 1)
+    assert page[0].subject == A and "Nats-Sequence" not in page[0].headers
+
+
+async def test_read_sends_only_the_page_not_the_rest_of_the_stream(store: EventStore) -> None:
+    await store.append([Write(A, [Message(str(i).encode()) for i in range(MAX_BATCH)])])
+    await store.append([Write(B, [Message(str(i).encode()) for i in range(500)])])
+    before = store.nc.stats["in_msgs"]
+    page = await store.read(1, 10)
+    received = store.nc.stats["in_msgs"] - before
+    assert [r.seq for r in page] == list(range(1, 11))
+    assert received <= 11  # the 10 messages and the end-of-batch status
+    # A page larger than one direct-get batch is fetched in several, and still stops at limit.
+    big = await store.read(2, 1200)
+    assert [r.seq for r in big] == list(range(2, 1202))
+    assert [r.seq for r in await store.read(1, 600, subject_filter=B)] == list(range(1001, 1501))
+
+
+async def test_read_names_bad_arguments(store: EventStore) -> None:
+    with pytest.raises(ValueError, match="from_seq"):
+        await store.read(0, 5)
+    with pytest.raises(ValueError, match="limit"):
+        await store.read(1, -1)
