@@ -1,0 +1,224 @@
+"""The agent on a real Docker Engine and a real registry (tests/infra): pulls, kernels, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import docker
+import pytest
+from nats.aio.client import Client
+
+from agent.pulls import PullPolicy
+from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION
+from agent.runtime.docker import DockerRuntime
+from domain import events as ev
+from domain import rpc
+from services.eventstore import progress
+from services.eventstore.store import EventStore
+from tests.agent.agent_harness import (
+    agent_events,
+    call,
+    config,
+    event_of,
+    progress_log,
+    running,
+    store_fixture,  # noqa: F401 - the `store` fixture
+)
+from tests.infra.images import remove_local
+from tests.infra.proxy import RegistryProxy
+from tests.infra.registry import Registry, blob_path, manifest_path
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def agent_id() -> str:
+    return f"d{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def client(docker_engine: str, agent_id: str) -> AsyncIterator[docker.DockerClient]:
+    client = docker.DockerClient(base_url=docker_engine, version="1.41")
+    yield client
+    for c in client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent_id}"}):
+        c.remove(force=True)
+    client.close()
+
+
+def forget_image(docker_engine: str, repository: str) -> None:
+    """Remove every local tag of ``repository`` (whatever registry or proxy it came through), so
+    a pull really downloads instead of finding its layers "Already exist"."""
+    client = docker.DockerClient(base_url=docker_engine, version="1.41")
+    try:
+        for img in client.images.list():
+            for tag in img.tags:
+                if tag.rsplit(":", 1)[0].endswith(f"/{repository}"):
+                    remove_local(docker_engine, tag)
+    finally:
+        client.close()
+
+
+def docker_config(agent_id: str, **pulls: float) -> object:
+    return config(agent_id, runtime="docker", pulls=PullPolicy(backoff_s=0.1, **pulls))  # type: ignore[arg-type]
+
+
+async def test_a_missing_image_is_pulled_once_for_20_callers_with_progress(
+    nc: Client,
+    store: EventStore,
+    agent_id: str,
+    docker_engine: str,
+    registry: Registry,
+    big_image: str,
+    slow_proxy: RegistryProxy,
+) -> None:
+    image = f"{slow_proxy.host}/hoist/big:1"  # 20 MB/s: a few seconds, many updates
+    forget_image(docker_engine, "hoist/big")
+    runtime = DockerRuntime(agent_id, base_url=docker_engine)
+    async with (
+        running(nc, store, runtime, docker_config(agent_id)),  # type: ignore[arg-type]
+        progress_log(nc, agent_id) as seen,
+    ):
+        mark = registry.mark()
+        replies = await asyncio.gather(
+            *(call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [image]}) for _ in range(20))
+        )
+        task_ids = {r[image]["task_id"] for r in replies}
+        assert len(task_ids) == 1, replies
+        [task_id] = task_ids
+        pulled = await event_of(store, agent_id, ev.ImagePulled, within=120, task_id=task_id)
+        assert pulled.image == image and pulled.digest.startswith("sha256:")
+        assert pulled.size_bytes >= 60 * MiB and pulled.duration_s > 0
+        status = await call(nc, agent_id, rpc.PULL_STATUS, {"task_id": task_id})
+        assert status["state"] == "done" and status["current"] == status["total"]
+        again = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [image]})
+        assert again[image] == {"present": True, "digest": pulled.digest, "size": pulled.size_bytes}
+
+    # Exactly one pull reached the registry: one manifest fetch, every blob fetched once.
+    counts = registry.counts(mark)
+    assert registry.count("GET", manifest_path("hoist/big"), mark) == 1, counts
+    blobs = Counter(r.path for r in registry.requests(mark) if r.method == "GET")
+    blobs = Counter({p: n for p, n in blobs.items() if re.fullmatch(blob_path("hoist/big"), p)})
+    assert len(blobs) >= 4 and set(blobs.values()) == {1}, counts
+
+    ours = seen.of(task_id)
+    assert len(ours) >= 5, "a 60 MB pull at 20 MB/s reports progress several times"
+    currents = [p.current for p in ours]
+    assert currents == sorted(currents), currents
+    last = ours[-1]
+    assert last.done and last.error is None and last.current == last.total >= 60 * MiB
+    late = await progress.latest(nc.jetstream(), agent_id, task_id)
+    assert late == last
+    kinds = [type(e) for e in await agent_events(store, agent_id)]
+    assert kinds == [ev.AgentRegistered, ev.ImagePullStarted, ev.ImagePulled]
+
+
+async def test_create_sync_destroy_real_containers(
+    nc: Client,
+    store: EventStore,
+    agent_id: str,
+    docker_engine: str,
+    small_image: str,
+    client: docker.DockerClient,
+) -> None:
+    runtime = DockerRuntime(agent_id, base_url=docker_engine)
+    async with running(nc, store, runtime, docker_config(agent_id)):  # type: ignore[arg-type]
+        reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [small_image]})
+        if "task_id" in reply[small_image]:
+            await event_of(store, agent_id, ev.ImagePulled, within=60, image=small_image)
+        kernel = {"session_id": "s1", "image": small_image}
+        limits = {"cpu": 0.5, "mem": 64 * MiB}
+        created = await call(
+            nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k1", **kernel, "resources": limits}
+        )
+        again = await call(
+            nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k1", **kernel, "resources": limits}
+        )
+        assert again == {"container_id": created["container_id"], "existed": True}
+        container = client.containers.get(created["container_id"])
+        assert container.status == "running"
+        assert container.attrs["HostConfig"]["NanoCpus"] == 500_000_000
+        assert container.attrs["HostConfig"]["Memory"] == 64 * MiB
+        labels = container.labels
+        assert (labels[LABEL_KERNEL], labels[LABEL_SESSION], labels[LABEL_AGENT]) == (
+            "k1",
+            "s1",
+            agent_id,
+        )
+
+        stray = await call(
+            nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k-stray", **kernel, "resources": limits}
+        )
+        synced = await call(nc, agent_id, rpc.SYNC_KERNELS, {"running": ["k1", "k-gone"]})
+        assert synced == {
+            "running": ["k1"],
+            "terminating": [],
+            "terminated": ["k-gone"],
+            "destroyed": ["k-stray"],
+        }
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(stray["container_id"])
+
+        destroyed = await call(nc, agent_id, rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
+        assert destroyed == {"destroyed": True}
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(created["container_id"])
+
+
+async def test_a_restarted_agent_reports_its_containers_and_images(
+    nc: Client,
+    store: EventStore,
+    agent_id: str,
+    docker_engine: str,
+    small_image: str,
+    client: docker.DockerClient,
+) -> None:
+    cfg = docker_config(agent_id)
+    kernel = {"session_id": "s1", "image": small_image, "resources": {"cpu": 0.2, "mem": 32 * MiB}}
+    async with running(nc, store, DockerRuntime(agent_id, base_url=docker_engine), cfg):  # type: ignore[arg-type]
+        reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [small_image]})
+        if "task_id" in reply[small_image]:
+            await event_of(store, agent_id, ev.ImagePulled, within=60, image=small_image)
+        created = await call(nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k1", **kernel})
+    # The process is gone; its container is not.
+    async with running(nc, store, DockerRuntime(agent_id, base_url=docker_engine), cfg) as agent:  # type: ignore[arg-type]
+        rereg = (await agent_events(store, agent_id))[-1]
+        assert isinstance(rereg, ev.AgentReregistered)
+        assert small_image in rereg.images
+        beat = await agent.send_heartbeat()
+        assert [(k.kernel_id, k.container_id, k.status) for k in beat.kernels] == [
+            ("k1", created["container_id"], "running")
+        ]
+        synced = await call(nc, agent_id, rpc.SYNC_KERNELS, {"running": ["k1"]})
+        assert synced["running"] == ["k1"]
+        assert client.containers.get(created["container_id"]).status == "running"
+
+
+async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
+    nc: Client,
+    store: EventStore,
+    agent_id: str,
+    docker_engine: str,
+    big_image: str,
+    stall_proxy: RegistryProxy,
+) -> None:
+    image = f"{stall_proxy.host}/hoist/big:1"  # every download hangs after 1 MB
+    forget_image(docker_engine, "hoist/big")
+    runtime = DockerRuntime(agent_id, base_url=docker_engine)
+    cfg = docker_config(agent_id, stall_timeout_s=3)
+    async with (
+        running(nc, store, runtime, cfg),  # type: ignore[arg-type]
+        progress_log(nc, agent_id) as seen,
+    ):
+        reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [image]})
+        task_id = reply[image]["task_id"]
+        failed = await event_of(store, agent_id, ev.ImagePullFailed, within=60, task_id=task_id)
+        assert failed.reason == "stalled: no progress for 3s"
+        status = await call(nc, agent_id, rpc.PULL_STATUS, {"task_id": task_id})
+        assert (status["state"], status["reason"]) == ("failed", failed.reason)
+        assert await runtime.has_image(image) is None
+    last = seen.of(task_id)[-1]
+    assert last.done and last.error == failed.reason and last.current > 0
