@@ -75,14 +75,18 @@ async def cmd_history(args: argparse.Namespace) -> None:
 
 async def cmd_events(args: argparse.Namespace) -> None:
     subject_filter = subjects.session_events(args.session) if args.session else None
-    await _print_events(_stack_url(args, "client"), subject_filter=subject_filter, follow=args.follow)
+    await _print_events(
+        _stack_url(args, "client"), subject_filter=subject_filter, follow=args.follow
+    )
 
 
 async def cmd_creds(args: argparse.Namespace) -> None:
     data_dir = Path(args.data_dir)
     info = stack.StackInfo.read(data_dir)
     if info is None:
-        raise CliError(f"no Hoist stack in {data_dir}: start one with `hoist up --data-dir {data_dir}`")
+        raise CliError(
+            f"no Hoist stack in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
+        )
     creds = natsauth.load_credentials(data_dir)
     print(natsauth.role_url(info.url, args.role, creds, agent_id=args.agent_id))
 
@@ -107,8 +111,11 @@ async def cmd_up(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hoist", description=__doc__)
-    parser.add_argument("--data-dir", default=str(stack.DEFAULT_DATA_DIR),
-                        help="the local stack's data dir (default: %(default)s)")
+    parser.add_argument(
+        "--data-dir",
+        default=str(stack.DEFAULT_DATA_DIR),
+        help="the local stack's data dir (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents")
@@ -145,8 +152,10 @@ def run(func: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Na
         print(f"hoist: {e}", file=sys.stderr)
         return 1
     except (NoServersError, ConnectionRefusedError, OSError) as e:
-        print(f"hoist: cannot reach NATS ({e}); is the stack running? start it with `hoist up`",
-              file=sys.stderr)
+        print(
+            f"hoist: cannot reach NATS ({e}); is the stack running? start it with `hoist up`",
+            file=sys.stderr,
+        )
         return 1
     except ValueError as e:
         print(f"hoist: {e}", file=sys.stderr)

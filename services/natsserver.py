@@ -70,7 +70,7 @@ class NatsServer:
         else:
             # The config holds jetstream { store_dir }; nats-server refuses -sd beside it.
             cmd += ["-c", str(self.config)]
-        log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child process
+        log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         try:

@@ -40,7 +40,9 @@ class StackInfo:
         path.write_text(json.dumps({"url": self.url, "pid": self.pid}))
 
 
-def start_nats(data_dir: Path, port: int, agent_ids: list[str]) -> tuple[NatsServer, natsauth.Credentials]:
+def start_nats(
+    data_dir: Path, port: int, agent_ids: list[str]
+) -> tuple[NatsServer, natsauth.Credentials]:
     """Start nats-server on the project's nats.conf with this data dir's credentials."""
     data_dir.mkdir(parents=True, exist_ok=True)
     creds = natsauth.generate_credentials(data_dir, agent_ids)
