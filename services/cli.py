@@ -1,4 +1,5 @@
-"""`hoist`: the command line. Each subcommand is a thin function; errors end in one line."""
+"""Hoist: a compute-session orchestrator on NATS JetStream. (`hoist`: each subcommand is a thin
+function; errors end in one line.)"""
 
 from __future__ import annotations
 
@@ -127,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     creds.add_argument("--agent-id", help="for role agent: which agent")
     creds.set_defaults(func=cmd_creds)
 
+    for name, module in PROCESSES.items():
+        sub.add_parser(
+            name,
+            help=f"run a{'n' if name[0] in 'aeiou' else ''} {name} process"
+            f" (python -m {module}; --help there)",
+        )
+
     history = sub.add_parser("history", help="every event of a session, in order")
     history.add_argument("session_id")
     history.set_defaults(func=cmd_history)
@@ -163,7 +171,15 @@ def run(func: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Na
     return 0
 
 
+# Processes with their own command lines: `hoist agent ...` runs `python -m agent ...`. The agent
+# is exec'd, not imported: the manager side never imports agent code.
+PROCESSES = {"agent": "agent", "manager": "services.manager"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PROCESSES:
+        os.execv(sys.executable, [sys.executable, "-m", PROCESSES[argv[0]], *argv[1:]])
     args = build_parser().parse_args(argv)
     return run(args.func, args)
 
