@@ -1,0 +1,418 @@
+"""The scheduling policy: which pending sessions start now, and on which agents.
+
+``plan`` is pure: given the pending sessions, the agents as the manager sees them this moment,
+the per-owner session counts, the limits and the policy, it decides every session once —
+``Scheduled`` with a placement for each kernel, or ``Unschedulable`` with the status_info the
+session keeps while it stays PENDING (seed 004: ``predicate-checks-failed: ...``,
+``no-available-instances: ...``).
+
+How it decides, per session in FIFO order (enqueued_at, then session_id):
+1. Predicates (per-owner concurrent sessions, per-session cpu / mem totals, cluster size).
+   Every failing one is named with its numbers; a predicate failure never blocks the queue.
+2. Placement, kernel by kernel, among the live agents of the session's resource group that
+   have room now: free = capacity - reserved - what this plan already placed there, so two
+   sessions never share free capacity and no agent is over-committed. A session is placed
+   all-or-nothing: if one kernel finds no room, the kernels placed before it are taken back.
+3. With ``fifo_strict`` the first session of a resource group that does not fit (but would
+   on idle agents) holds back every later session of that group, as Backend.AI's FIFO
+   scheduler does; otherwise later, smaller sessions go ahead of it.
+
+Cost: each group keeps its agents sorted by strategy score, and the holders of each image that
+earns a locality bonus in a list of their own; picking an agent takes the first fit of the
+whole list and of the holders' list and compares the two, and agents too full for the
+smallest pending request leave the lists. A request shape
+that found no room is remembered so bigger ones fail without a walk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from domain.errors import InvalidField
+from domain.events import Capacity, Resources
+
+# Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
+# at MAX and above (size x spread) the bonus is full.
+LOCALITY_MIN_BYTES = 23 * 2**20
+LOCALITY_MAX_BYTES = 1000 * 2**20
+
+PREDICATE_FAILED = "predicate-checks-failed"
+Key = tuple[float, str, int]  # an agent's place in a best-first list: (-score, agent_id, index)
+NO_INSTANCES = "no-available-instances"
+
+
+class AgentView(msgspec.Struct, frozen=True, kw_only=True):
+    """The scheduler's view of one agent at this moment."""
+
+    agent_id: str
+    resource_group: str  # only sessions of this group may land here
+    capacity: Capacity  # what the agent offers in total (disk is not scheduled on)
+    reserved_cpu: float  # cores held by its kernels in AGENT_RESOURCE_OCCUPYING statuses
+    reserved_mem: int  # bytes held by those kernels
+    images: dict[str, int]  # image -> size in bytes, images the agent holds now
+    live: bool  # heartbeating and not lost; a dead agent gets nothing
+
+
+class PendingSession(msgspec.Struct, frozen=True, kw_only=True):
+    """A session whose kernels are all PENDING."""
+
+    session_id: str
+    owner: str  # the per-owner session limit counts by this
+    image: str
+    resources: Resources  # per kernel
+    cluster_size: int  # number of kernels, each asking for ``resources``
+    resource_group: str  # agents of this group only
+    kernel_ids: list[str]  # cluster_size distinct ids; the keys of Scheduled.placements
+    enqueued_at: datetime  # FIFO order (ties: session_id)
+
+    def __post_init__(self) -> None:
+        if self.cluster_size < 1:
+            raise InvalidField("cluster_size", f"must be at least 1, got {self.cluster_size}")
+        if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
+            self.kernel_ids
+        ):
+            raise InvalidField(
+                "kernel_ids",
+                f"session {self.session_id} needs {self.cluster_size} distinct kernel ids"
+                f" (cluster_size), got {self.kernel_ids!r}",
+            )
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Predicates; None means unlimited."""
+
+    max_sessions_per_owner: int | None = None  # concurrent non-terminal sessions (SCHEDULED on)
+    max_cpu_per_session: float | None = None  # cores, all kernels of the session together
+    max_mem_per_session: int | None = None  # bytes, all kernels of the session together
+    max_cluster_size: int | None = None  # kernels in one session
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    """How agents are chosen among those with room."""
+
+    # "concentrated": fullest agent that fits (fewest agents used); "dispersed": emptiest.
+    strategy: Literal["concentrated", "dispersed"] = "dispersed"
+    image_locality: bool = True  # prefer agents that already hold the image
+    # True: the first session of a resource group that does not fit blocks the later ones
+    # (Backend.AI FIFO, no starvation of big sessions); False: skip it and continue.
+    fifo_strict: bool = False
+    # The largest locality bonus, in utilization units (0..1): a holder of a big, widespread
+    # image wins over a non-holder unless it is this much busier (0.25 = 25 points).
+    locality_weight: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("concentrated", "dispersed"):
+            raise InvalidField(
+                "strategy", f"must be 'concentrated' or 'dispersed', got {self.strategy!r}"
+            )
+        if not 0 <= self.locality_weight <= 1:
+            raise InvalidField(
+                "locality_weight", f"must be between 0 and 1, got {self.locality_weight}"
+            )
+
+
+class Scheduled(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    placements: dict[str, str]  # kernel id -> agent id, every kernel of the session
+
+
+class Unschedulable(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    status_info: str  # "predicate-checks-failed: ..." or "no-available-instances: ..."
+
+
+class PlanStats(msgspec.Struct, kw_only=True):
+    """Work counters, filled by ``plan`` when given (for tests and benchmarks)."""
+
+    agents_examined: int = 0  # agent entries looked at while choosing agents
+
+
+def locality_bonus(size: int, holders: int, agents: int, weight: float) -> float:
+    """The score bonus of an agent that holds an image (Kubernetes ImageLocality).
+
+    bonus = weight * clamp((size * holders / agents - MIN) / (MAX - MIN), 0, 1)
+
+    ``size``: bigger images weigh more — avoiding a 5 GB pull is worth a busier agent, a 5 MB
+    pull is not (below 23 MiB the bonus is 0). ``holders / agents`` (the spread): an image on
+    few agents earns a smaller bonus, so sessions do not pile onto the few agents that have it
+    while the rest sit idle. The bonus is added to the strategy score (utilization in 0..1),
+    so it decides among agents of similar load and loses once the holders are ``bonus`` busier
+    (dispersed) or once they are full.
+    """
+    if size <= 0 or holders <= 0 or agents <= 0 or weight <= 0:
+        return 0.0
+    spread = size * holders / agents
+    return weight * min(
+        1.0, max(0.0, (spread - LOCALITY_MIN_BYTES) / (LOCALITY_MAX_BYTES - LOCALITY_MIN_BYTES))
+    )
+
+
+def plan(
+    pending: Sequence[PendingSession],
+    agents: Sequence[AgentView],
+    owner_sessions: Mapping[str, int],
+    limits: Limits,
+    policy: Policy,
+    image_sizes: Mapping[str, int] = {},  # read only, never mutated
+    stats: PlanStats | None = None,
+) -> list[Scheduled | Unschedulable]:
+    """Decide every pending session, in FIFO order (enqueued_at, session_id).
+
+    ``owner_sessions``: owner -> their sessions already SCHEDULED or later and not terminal.
+    ``image_sizes``: image -> size in bytes when known (e.g. from the registry); otherwise the
+    size an agent holding it reports. The result has one entry per pending session, in the
+    order they were decided.
+    """
+    _check_unique("agents", [a.agent_id for a in agents])
+    _check_unique("pending", [s.session_id for s in pending])
+    queue = sorted(pending, key=lambda s: (s.enqueued_at, s.session_id))
+    groups: dict[str, _Group] = {}
+    for session in queue:
+        if session.resource_group not in groups:
+            groups[session.resource_group] = _Group(session.resource_group, policy)
+        groups[session.resource_group].note_request(session)
+    for agent in sorted(agents, key=lambda a: a.agent_id):
+        group = groups.get(agent.resource_group)
+        if agent.live and group is not None:
+            group.add_agent(agent)
+    for group in groups.values():
+        group.start(image_sizes)
+
+    owners = dict(owner_sessions)
+    blocked_by: dict[str, str] = {}  # resource group -> the session holding it (fifo_strict)
+    out: list[Scheduled | Unschedulable] = []
+    for session in queue:
+        failed = _predicate_failures(session, owners, limits)
+        if failed:
+            out.append(Unschedulable(session_id=session.session_id, status_info=failed))
+            continue
+        group = groups[session.resource_group]
+        head = blocked_by.get(session.resource_group)
+        if head is not None:
+            info = (
+                f"{NO_INSTANCES}: queued behind session {head!r}"
+                f" (strict FIFO in resource group {session.resource_group!r})"
+            )
+            out.append(Unschedulable(session_id=session.session_id, status_info=info))
+            continue
+        placements, info = group.place(session)
+        if placements is None:
+            if policy.fifo_strict and group.could_ever_fit(session):
+                blocked_by[session.resource_group] = session.session_id
+            out.append(Unschedulable(session_id=session.session_id, status_info=info))
+        else:
+            owners[session.owner] = owners.get(session.owner, 0) + 1
+            out.append(Scheduled(session_id=session.session_id, placements=placements))
+    if stats is not None:
+        stats.agents_examined += sum(g.examined for g in groups.values())
+    return out
+
+
+def _check_unique(field: str, ids: list[str]) -> None:
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise InvalidField(field, f"ids must be unique; repeated: {dupes}")
+
+
+def _predicate_failures(session: PendingSession, owners: Mapping[str, int], limits: Limits) -> str:
+    """'' when every predicate passes, else the status_info naming each failure."""
+    failures = []
+    n = session.cluster_size
+    active = owners.get(session.owner, 0)
+    if limits.max_sessions_per_owner is not None and active >= limits.max_sessions_per_owner:
+        failures.append(
+            f"max_sessions_per_owner ({active} running, limit {limits.max_sessions_per_owner})"
+        )
+    cpu = session.resources.cpu * n
+    if limits.max_cpu_per_session is not None and cpu > limits.max_cpu_per_session + 1e-9:
+        failures.append(
+            f"max_cpu_per_session ({cpu:g} cpu asked, limit {limits.max_cpu_per_session:g})"
+        )
+    mem = session.resources.mem * n
+    if limits.max_mem_per_session is not None and mem > limits.max_mem_per_session:
+        failures.append(
+            f"max_mem_per_session ({_fmt_mem(mem)} asked,"
+            f" limit {_fmt_mem(limits.max_mem_per_session)})"
+        )
+    if limits.max_cluster_size is not None and n > limits.max_cluster_size:
+        failures.append(f"max_cluster_size ({n} kernels asked, limit {limits.max_cluster_size})")
+    return f"{PREDICATE_FAILED}: " + "; ".join(failures) if failures else ""
+
+
+# CPU is counted in integer millicores inside a plan so sums are exact: requests and
+# reservations round up, capacity rounds down (never over-commit by a rounding error).
+def _mc_up(cores: float) -> int:
+    return max(0, math.ceil(round(cores * 1000, 6)))
+
+
+def _mc_down(cores: float) -> int:
+    return max(0, math.floor(round(cores * 1000, 6)))
+
+
+def _fmt_mem(n: int) -> str:
+    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= unit:
+            return f"{round(n / unit, 2):g} {name}"
+    return f"{n} B"
+
+
+class _Group:
+    """One resource group's live agents and their free room during a plan."""
+
+    def __init__(self, name: str, policy: Policy) -> None:
+        self.name = name
+        self.concentrated = policy.strategy == "concentrated"
+        self.locality_weight = policy.locality_weight if policy.image_locality else 0.0
+        self.ids: list[str] = []
+        self.cap_cpu: list[int] = []
+        self.cap_mem: list[int] = []
+        self.free_cpu: list[int] = []
+        self.free_mem: list[int] = []
+        self.holders: dict[str, set[int]] = {}  # image -> indices of agents holding it
+        self.held_size: dict[str, int] = {}  # image -> largest size an agent reports
+        self.min_cpu = math.inf  # the smallest pending request: agents below it leave `order`
+        self.min_mem = math.inf
+        self.images: set[str] = set()  # the images pending sessions ask for
+        # Agents best first, as (-score, agent_id, index): `order` holds all of them, and
+        # `holder_orders[image]` the holders of an image that earns a locality bonus.
+        self.order: list[Key] = []
+        self.holder_orders: dict[str, list[Key]] = {}
+        self.lists_of: list[list[list[Key]]] = []  # the lists each agent is in
+        self.keys: list[Key | None] = []  # each agent's current entry (None: too full)
+        self.no_room: list[tuple[int, int]] = []  # single-kernel shapes that found no room
+        self.bonuses: dict[str, float] = {}
+        self.ever: dict[tuple[int, int, int], bool] = {}
+        self.examined = 0
+
+    def note_request(self, session: PendingSession) -> None:
+        self.min_cpu = min(self.min_cpu, _mc_up(session.resources.cpu))
+        self.min_mem = min(self.min_mem, session.resources.mem)
+        self.images.add(session.image)
+
+    def add_agent(self, agent: AgentView) -> None:
+        i = len(self.ids)
+        self.ids.append(agent.agent_id)
+        self.cap_cpu.append(max(1, _mc_down(agent.capacity.cpu)))
+        self.cap_mem.append(max(1, agent.capacity.mem))
+        self.free_cpu.append(self.cap_cpu[i] - _mc_up(agent.reserved_cpu))
+        self.free_mem.append(self.cap_mem[i] - agent.reserved_mem)
+        self.keys.append(None)
+        self.lists_of.append([self.order])
+        for image, size in agent.images.items():
+            self.holders.setdefault(image, set()).add(i)
+            self.held_size[image] = max(size, self.held_size.get(image, 0))
+
+    def start(self, image_sizes: Mapping[str, int]) -> None:
+        for image in sorted(self.images):
+            size = image_sizes.get(image, self.held_size.get(image, 0))
+            holders = self.holders.get(image, set())
+            bonus = locality_bonus(size, len(holders), len(self.ids), self.locality_weight)
+            self.bonuses[image] = bonus
+            if bonus:
+                self.holder_orders[image] = []
+                for i in holders:
+                    self.lists_of[i].append(self.holder_orders[image])
+        for i in range(len(self.ids)):
+            self._index(i)
+
+    def _index(self, i: int) -> None:
+        """Put agent i into `order` at its current score, unless too full for any request."""
+        if self.free_cpu[i] < self.min_cpu or self.free_mem[i] < self.min_mem:
+            return
+        used = (1 - self.free_cpu[i] / self.cap_cpu[i] + 1 - self.free_mem[i] / self.cap_mem[i]) / 2
+        score = used if self.concentrated else 1 - used
+        key = (-score, self.ids[i], i)
+        self.keys[i] = key
+        for order in self.lists_of[i]:
+            bisect.insort(order, key)
+
+    def _take(self, i: int, cpu: int, mem: int) -> None:
+        """Change agent i's free room by -cpu / -mem (negative to give back)."""
+        key = self.keys[i]
+        if key is not None:
+            for order in self.lists_of[i]:
+                del order[bisect.bisect_left(order, key)]
+            self.keys[i] = None
+        self.free_cpu[i] -= cpu
+        self.free_mem[i] -= mem
+        self._index(i)
+
+    def _first_fit(self, order: list[Key], cpu: int, mem: int) -> Key | None:
+        """The best-scoring entry of `order` with room for (cpu, mem)."""
+        free_cpu, free_mem = self.free_cpu, self.free_mem
+        for seen, key in enumerate(order, 1):
+            i = key[2]
+            if free_cpu[i] >= cpu and free_mem[i] >= mem:
+                self.examined += seen
+                return key
+        self.examined += len(order)
+        return None
+
+    def _pick(self, cpu: int, mem: int, image: str) -> int | None:
+        """The agent with room for (cpu, mem) and the highest score, plus the image's locality
+        bonus if it holds the image; ties to the smaller agent_id."""
+        best = self._first_fit(self.order, cpu, mem)
+        holders = self.holder_orders.get(image)
+        if best is None or holders is None:
+            return None if best is None else best[2]
+        bonus = self.bonuses[image]
+        if best[2] in self.holders[image]:
+            return best[2]  # the best overall holds the image too
+        holder = self._first_fit(holders, cpu, mem)
+        if holder is not None and (holder[0] - bonus, holder[1]) < best[:2]:
+            return holder[2]
+        return best[2]
+
+    def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]:
+        """Placements for every kernel, or None and the status_info saying what was needed."""
+        cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
+        need = f"{float(session.resources.cpu)} cpu and {_fmt_mem(mem)}"
+        if not self.ids:
+            return None, f"{NO_INSTANCES}: resource group {self.name!r} has no live agents"
+        if not self.could_ever_fit(session):
+            return None, (
+                f"{NO_INSTANCES}: the live agents of resource group {self.name!r} cannot hold"
+                f" {session.cluster_size} kernel(s) of {need} even when idle"
+            )
+        if any(c <= cpu and m <= mem for c, m in self.no_room):
+            return None, self._no_room_info(session, need, 0)
+        taken: list[int] = []
+        for _ in session.kernel_ids:
+            i = self._pick(cpu, mem, session.image)
+            if i is None:
+                break
+            self._take(i, cpu, mem)
+            taken.append(i)
+        if len(taken) == session.cluster_size:
+            return {k: self.ids[i] for k, i in zip(session.kernel_ids, taken, strict=True)}, ""
+        for i in taken:  # all-or-nothing: give back what this session took
+            self._take(i, -cpu, -mem)
+        if not taken:
+            self.no_room.append((cpu, mem))
+        return None, self._no_room_info(session, need, len(taken))
+
+    def _no_room_info(self, session: PendingSession, need: str, fitted: int) -> str:
+        if session.cluster_size == 1:
+            return f"{NO_INSTANCES}: no live agent in resource group {self.name!r} has {need} free"
+        return (
+            f"{NO_INSTANCES}: live agents in resource group {self.name!r} have room for"
+            f" {fitted} of {session.cluster_size} kernels of {need} each"
+        )
+
+    def could_ever_fit(self, session: PendingSession) -> bool:
+        """Whether the group's live agents, idle, could hold the whole session."""
+        cpu, mem, n = _mc_up(session.resources.cpu), session.resources.mem, session.cluster_size
+        shape = (cpu, mem, n)
+        if shape not in self.ever:
+            room = sum(
+                min(c // max(cpu, 1), m // mem)
+                for c, m in zip(self.cap_cpu, self.cap_mem, strict=True)
+            )
+            self.ever[shape] = room >= n
+        return self.ever[shape]

@@ -1,0 +1,575 @@
+"""The scheduling policy: predicates, strategies, image locality, capacity, FIFO."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain.errors import InvalidField
+from domain.events import Capacity, Resources
+from domain.scheduling import (
+    AgentView,
+    Limits,
+    PendingSession,
+    PlanStats,
+    Policy,
+    Scheduled,
+    Unschedulable,
+    locality_bonus,
+    plan,
+)
+
+GiB = 2**30
+MiB = 2**20
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def agent(
+    agent_id: str,
+    cpu: float = 8,
+    mem: int = 32 * GiB,
+    *,
+    group: str = "default",
+    reserved_cpu: float = 0,
+    reserved_mem: int = 0,
+    images: dict[str, int] | None = None,
+    live: bool = True,
+) -> AgentView:
+    return AgentView(
+        agent_id=agent_id,
+        resource_group=group,
+        capacity=Capacity(cpu=cpu, mem=mem, disk=100 * GiB),
+        reserved_cpu=reserved_cpu,
+        reserved_mem=reserved_mem,
+        images=images or {},
+        live=live,
+    )
+
+
+def session(
+    session_id: str,
+    at: int = 0,
+    cpu: float = 1,
+    mem: int = 4 * GiB,
+    *,
+    n: int = 1,
+    owner: str = "alice",
+    image: str = "img",
+    group: str = "default",
+) -> PendingSession:
+    return PendingSession(
+        session_id=session_id,
+        owner=owner,
+        image=image,
+        resources=Resources(cpu=cpu, mem=mem),
+        cluster_size=n,
+        resource_group=group,
+        kernel_ids=[f"{session_id}-k{i}" for i in range(n)],
+        enqueued_at=T0 + timedelta(milliseconds=at),
+    )
+
+
+def run(
+    pending: list[PendingSession],
+    agents: list[AgentView],
+    owners: dict[str, int] | None = None,
+    limits: Limits | None = None,
+    image_sizes: dict[str, int] | None = None,
+    **policy: object,
+) -> dict[str, Scheduled | Unschedulable]:
+    out = plan(
+        pending, agents, owners or {}, limits or Limits(), Policy(**policy), image_sizes or {}
+    )
+    assert [d.session_id for d in out] == [
+        s.session_id for s in sorted(pending, key=lambda s: (s.enqueued_at, s.session_id))
+    ]
+    return {d.session_id: d for d in out}
+
+
+def agents_of(decision: Scheduled | Unschedulable) -> list[str]:
+    assert isinstance(decision, Scheduled), decision
+    return list(decision.placements.values())
+
+
+def info(decision: Scheduled | Unschedulable) -> str:
+    assert isinstance(decision, Unschedulable), decision
+    return decision.status_info
+
+
+# --- predicates -------------------------------------------------------------------------------
+
+
+def test_owner_limit_counts_running_sessions_and_those_scheduled_in_this_plan() -> None:
+    pending = [session(f"s{i}", at=i, owner="alice") for i in range(4)]
+    pending.append(session("bob1", at=9, owner="bob"))
+    got = run(
+        pending,
+        [agent("a1", cpu=64, mem=256 * GiB)],
+        owners={"alice": 1},
+        limits=Limits(max_sessions_per_owner=3),
+    )
+    assert isinstance(got["s0"], Scheduled) and isinstance(got["s1"], Scheduled)
+    assert info(got["s2"]) == (
+        "predicate-checks-failed: max_sessions_per_owner (3 running, limit 3)"
+    )
+    assert info(got["s3"]).startswith("predicate-checks-failed: max_sessions_per_owner")
+    assert isinstance(got["bob1"], Scheduled)
+
+
+def test_per_session_limits_count_the_whole_cluster_and_name_every_failure() -> None:
+    limits = Limits(max_cpu_per_session=4, max_mem_per_session=8 * GiB, max_cluster_size=2)
+    got = run(
+        [
+            session("ok", cpu=2, mem=4 * GiB, n=2),
+            session("cpu", at=1, cpu=3, mem=1 * GiB, n=2),
+            session("mem", at=2, cpu=1, mem=5 * GiB, n=2),
+            session("size", at=3, cpu=1, mem=1 * GiB, n=3),
+            session("all", at=4, cpu=4, mem=8 * GiB, n=3),
+        ],
+        [agent("a1", cpu=64, mem=256 * GiB)],
+        limits=limits,
+    )
+    assert isinstance(got["ok"], Scheduled)
+    assert info(got["cpu"]) == "predicate-checks-failed: max_cpu_per_session (6 cpu asked, limit 4)"
+    assert info(got["mem"]) == (
+        "predicate-checks-failed: max_mem_per_session (10 GiB asked, limit 8 GiB)"
+    )
+    assert info(got["size"]) == (
+        "predicate-checks-failed: max_cluster_size (3 kernels asked, limit 2)"
+    )
+    assert info(got["all"]).count("max_") == 3
+
+
+def test_a_session_failing_predicates_takes_no_capacity() -> None:
+    got = run(
+        [session("big", cpu=8, mem=8 * GiB), session("next", at=1, cpu=4, mem=4 * GiB)],
+        [agent("a1", cpu=4, mem=4 * GiB)],
+        limits=Limits(max_cpu_per_session=4),
+    )
+    assert info(got["big"]).startswith("predicate-checks-failed")
+    assert agents_of(got["next"]) == ["a1"]
+
+
+# --- strategies -------------------------------------------------------------------------------
+
+
+def test_dispersed_spreads_and_concentrated_packs() -> None:
+    fleet = [agent("a1"), agent("a2"), agent("a3")]
+    pending = [session(f"s{i}", at=i) for i in range(3)]
+    dispersed = run(pending, fleet, strategy="dispersed")
+    assert sorted(a for d in dispersed.values() for a in agents_of(d)) == ["a1", "a2", "a3"]
+    concentrated = run(pending, fleet, strategy="concentrated")
+    assert {a for d in concentrated.values() for a in agents_of(d)} == {"a1"}
+
+
+def test_concentrated_picks_the_fullest_agent_that_fits_and_dispersed_the_emptiest() -> None:
+    fleet = [
+        agent("empty"),
+        agent("half", reserved_cpu=4, reserved_mem=16 * GiB),
+        agent("full", reserved_cpu=7.5, reserved_mem=31 * GiB),  # too full for 1 cpu, 4 GiB
+    ]
+    assert agents_of(run([session("s")], fleet, strategy="concentrated")["s"]) == ["half"]
+    assert agents_of(run([session("s")], fleet, strategy="dispersed")["s"]) == ["empty"]
+
+
+def test_ties_go_to_the_smallest_agent_id_whatever_the_input_order() -> None:
+    fleet = [agent("c"), agent("a"), agent("b")]
+    for strategy in ("dispersed", "concentrated"):
+        got = run([session("s")], fleet, strategy=strategy)
+        assert agents_of(got["s"]) == ["a"]
+
+
+# --- image locality ---------------------------------------------------------------------------
+
+
+def test_locality_bonus_grows_with_size_and_spread_and_ignores_small_images() -> None:
+    assert locality_bonus(5 * MiB, 10, 10, 0.25) == 0  # cheap to pull: no preference
+    assert locality_bonus(1 * GiB, 1, 100, 0.25) == 0  # on 1 % of agents: no pile-up
+    assert 0 < locality_bonus(200 * MiB, 5, 10, 0.25) < locality_bonus(400 * MiB, 5, 10, 0.25)
+    assert locality_bonus(400 * MiB, 2, 10, 0.25) < locality_bonus(400 * MiB, 8, 10, 0.25)
+    assert locality_bonus(5 * GiB, 2, 10, 0.25) == 0.25  # capped at the weight
+    assert locality_bonus(5 * GiB, 2, 10, 0.0) == 0
+
+
+def test_big_image_holders_go_first_then_sessions_spread() -> None:
+    holders = {"a03", "a07"}
+    fleet = [
+        agent(f"a{i:02}", images={"big": 5 * GiB} if f"a{i:02}" in holders else None)
+        for i in range(10)
+    ]
+    pending = [session(f"s{i:02}", at=i, image="big") for i in range(20)]
+    got = run(pending, fleet, strategy="dispersed")
+    first = [agents_of(got[f"s{i:02}"])[0] for i in range(20)]
+    # Each session adds 0.125 load; the 0.25 bonus keeps the holders ahead for two each.
+    assert set(first[:4]) == holders
+    assert set(first[4:]) - holders  # then the others get sessions too
+    assert set(first) == {f"a{i:02}" for i in range(10)}
+    load = Counter(first)
+    others = [load[a] for a in load if a not in holders]
+    assert max(others) - min(others) <= 1  # the non-holders share evenly
+    # The holders stay ahead by the bonus (two sessions' load), plus one for tie order.
+    assert all(min(others) + 2 <= load[h] <= max(others) + 2 for h in holders)
+
+
+def test_small_image_or_locality_off_gives_no_preference() -> None:
+    fleet = [agent("a1"), agent("a2", images={"tiny": 5 * MiB, "big": 5 * GiB})]
+    assert agents_of(run([session("s", image="tiny")], fleet)["s"]) == ["a1"]
+    assert agents_of(run([session("s", image="big")], fleet)["s"]) == ["a2"]
+    assert agents_of(run([session("s", image="big")], fleet, image_locality=False)["s"]) == ["a1"]
+
+
+def test_known_image_size_is_used_when_given() -> None:
+    # The holder reports nothing useful (0 bytes); the registry says 5 GiB.
+    fleet = [agent("a1"), agent("a2", images={"big": 0})]
+    assert agents_of(run([session("s", image="big")], fleet)["s"]) == ["a1"]
+    sized = run([session("s", image="big")], fleet, image_sizes={"big": 5 * GiB})
+    assert agents_of(sized["s"]) == ["a2"]
+
+
+def test_a_much_busier_holder_loses_to_an_idle_agent() -> None:
+    fleet = [
+        agent("a1"),
+        agent("a2", reserved_cpu=4, reserved_mem=16 * GiB, images={"big": 5 * GiB}),
+    ]
+    assert agents_of(run([session("s", image="big")], fleet)["s"]) == ["a1"]
+
+
+def test_concentrated_fills_the_holders_then_spills() -> None:
+    fleet = [agent("a1", cpu=2), agent("a2", cpu=2, images={"big": 5 * GiB}), agent("a3", cpu=2)]
+    pending = [session(f"s{i}", at=i, mem=1 * GiB, image="big") for i in range(4)]
+    got = run(pending, fleet, strategy="concentrated")
+    assert [agents_of(got[f"s{i}"])[0] for i in range(4)] == ["a2", "a2", "a1", "a1"]
+
+
+# --- multi-kernel and all-or-nothing ----------------------------------------------------------
+
+
+def test_multi_kernel_sessions_span_agents() -> None:
+    fleet = [agent("a1", cpu=4), agent("a2", cpu=4)]
+    got = run([session("s", cpu=2, mem=1 * GiB, n=4)], fleet, strategy="concentrated")
+    assert Counter(agents_of(got["s"])) == {"a1": 2, "a2": 2}
+    assert set(got["s"].placements) == {"s-k0", "s-k1", "s-k2", "s-k3"}  # type: ignore[union-attr]
+
+
+def test_a_session_is_placed_whole_or_not_at_all() -> None:
+    fleet = [agent("a1", cpu=4), agent("a2", cpu=4, reserved_cpu=2)]
+    pending = [
+        session("big", cpu=2, mem=1 * GiB, n=4),  # 3 slots free: fits 3 of 4
+        session("small", at=1, cpu=2, mem=1 * GiB, n=3),  # the same 3 slots
+    ]
+    got = run(pending, fleet)
+    assert info(got["big"]) == (
+        "no-available-instances: live agents in resource group 'default' have room for 3 of 4"
+        " kernels of 2.0 cpu and 1 GiB each"
+    )
+    assert Counter(agents_of(got["small"])) == {"a1": 2, "a2": 1}
+
+
+# --- capacity ---------------------------------------------------------------------------------
+
+
+def test_no_room_names_what_was_needed() -> None:
+    fleet = [agent("a1", cpu=2, mem=4 * GiB, group="gpu", reserved_cpu=1)]
+    got = run([session("s", cpu=2, mem=4 * GiB, group="gpu")], fleet)
+    assert info(got["s"]) == (
+        "no-available-instances: no live agent in resource group 'gpu' has 2.0 cpu and 4 GiB free"
+    )
+    never = run([session("s", cpu=4, mem=4 * GiB, group="gpu")], fleet)
+    assert info(never["s"]).startswith("no-available-instances: the live agents of resource")
+    assert "even when idle" in info(never["s"])
+
+
+def test_200_sessions_compete_for_little_capacity_without_over_commit() -> None:
+    rng = random.Random(7)
+    fleet = [agent(f"a{i}", cpu=4, mem=8 * GiB, reserved_cpu=i * 0.5) for i in range(3)]
+    pending = [
+        session(
+            f"s{i:03}",
+            at=rng.randrange(50),
+            cpu=rng.choice([0.5, 1, 1.5]),
+            mem=rng.choice([1, 2]) * GiB,
+            n=rng.choice([1, 1, 2]),
+            owner=f"u{i % 7}",
+        )
+        for i in range(200)
+    ]
+    for strategy in ("dispersed", "concentrated"):
+        got = run(pending, fleet, strategy=strategy)
+        placed = assert_within_capacity(pending, fleet, list(got.values()))
+        assert 0 < placed < 200
+        rejected = [d for d in got.values() if isinstance(d, Unschedulable)]
+        assert all(d.status_info.startswith("no-available-instances: ") for d in rejected)
+
+
+def assert_within_capacity(
+    pending: list[PendingSession], fleet: list[AgentView], out: list[Scheduled | Unschedulable]
+) -> int:
+    """Every session decided once; each agent's placements fit its free room. Returns kernels
+    placed."""
+    by_id = {s.session_id: s for s in pending}
+    agents = {a.agent_id: a for a in fleet}
+    assert sorted(d.session_id for d in out) == sorted(by_id)
+    cpu: Counter[str] = Counter()
+    mem: Counter[str] = Counter()
+    kernels = 0
+    for d in out:
+        s = by_id[d.session_id]
+        if isinstance(d, Unschedulable):
+            assert d.status_info.split(": ")[0] in (
+                "predicate-checks-failed",
+                "no-available-instances",
+            )
+            assert len(d.status_info) > len("no-available-instances: ")
+            continue
+        assert sorted(d.placements) == sorted(s.kernel_ids)
+        for agent_id in d.placements.values():
+            a = agents[agent_id]
+            assert a.live and a.resource_group == s.resource_group
+            cpu[agent_id] += s.resources.cpu
+            mem[agent_id] += s.resources.mem
+            kernels += 1
+    for agent_id in cpu:
+        a = agents[agent_id]
+        assert cpu[agent_id] <= a.capacity.cpu - a.reserved_cpu + 1e-6, agent_id
+        assert mem[agent_id] <= a.capacity.mem - a.reserved_mem, agent_id
+    return kernels
+
+
+fleets = st.lists(
+    st.builds(
+        agent,
+        st.sampled_from([f"a{i}" for i in range(12)]),
+        st.integers(1, 16).map(lambda c: c / 2),
+        st.integers(1, 16).map(lambda g: g * GiB),
+        group=st.sampled_from(["default", "gpu"]),
+        reserved_cpu=st.integers(0, 10).map(lambda c: c / 4),
+        reserved_mem=st.integers(0, 8).map(lambda g: g * GiB),
+        images=st.dictionaries(st.sampled_from(["i1", "i2"]), st.sampled_from([MiB, 3 * GiB])),
+        live=st.booleans(),
+    ),
+    max_size=10,
+    unique_by=lambda a: a.agent_id,
+)
+requests = st.lists(
+    st.builds(
+        session,
+        st.uuids().map(str),
+        st.integers(0, 20),
+        st.integers(1, 12).map(lambda c: c / 4),
+        st.integers(1, 8).map(lambda g: g * GiB // 2),
+        n=st.integers(1, 4),
+        owner=st.sampled_from(["u1", "u2", "u3"]),
+        image=st.sampled_from(["i1", "i2", "i3"]),
+        group=st.sampled_from(["default", "gpu", "none"]),
+    ),
+    max_size=40,
+    unique_by=lambda s: s.session_id,
+)
+policies = st.builds(
+    Policy,
+    strategy=st.sampled_from(["concentrated", "dispersed"]),
+    image_locality=st.booleans(),
+    fifo_strict=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets, requests, policies, st.sampled_from([None, 2]))
+def test_property_never_over_commits_and_decides_every_session(
+    fleet: list[AgentView], pending: list[PendingSession], policy: Policy, per_owner: int | None
+) -> None:
+    limits = Limits(max_sessions_per_owner=per_owner)
+    out = plan(pending, fleet, {"u1": 1}, limits, policy)
+    assert_within_capacity(pending, fleet, out)
+    assert plan(list(reversed(pending)), list(reversed(fleet)), {"u1": 1}, limits, policy) == out
+    scheduled_per_owner = Counter(
+        s.owner
+        for s in pending
+        for d in out
+        if d.session_id == s.session_id and isinstance(d, Scheduled)
+    )
+    if per_owner is not None:
+        assert scheduled_per_owner["u1"] <= per_owner - 1
+        assert all(v <= per_owner for v in scheduled_per_owner.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets, requests, st.sampled_from(["concentrated", "dispersed"]), st.booleans())
+def test_property_each_kernel_goes_to_a_best_scoring_agent_with_room(
+    fleet: list[AgentView], pending: list[PendingSession], strategy: str, locality: bool
+) -> None:
+    """A brute-force replay: every pick is the best score among agents with room at that
+    moment, and every no-room rejection really had no room (non-strict FIFO)."""
+    policy = Policy(strategy=strategy, image_locality=locality)  # type: ignore[arg-type]
+    out = plan(pending, fleet, {}, Limits(), policy)
+    by_id = {s.session_id: s for s in pending}
+    free = {
+        a.agent_id: [a.capacity.cpu - a.reserved_cpu, a.capacity.mem - a.reserved_mem]
+        for a in fleet
+        if a.live
+    }
+
+    def candidates(s: PendingSession) -> dict[str, float]:
+        group = [a for a in fleet if a.live and a.resource_group == s.resource_group]
+        holders = [a for a in group if s.image in a.images]
+        size = max((a.images[s.image] for a in holders), default=0)
+        bonus = locality_bonus(size, len(holders), len(group), 0.25 if locality else 0)
+        scores = {}
+        for a in group:
+            f_cpu, f_mem = free[a.agent_id]
+            if f_cpu + 1e-9 >= s.resources.cpu and f_mem >= s.resources.mem:
+                used = (1 - f_cpu / a.capacity.cpu + 1 - f_mem / a.capacity.mem) / 2
+                score = used if strategy == "concentrated" else 1 - used
+                scores[a.agent_id] = score + (bonus if a in holders else 0)
+        return scores
+
+    for d in out:
+        s = by_id[d.session_id]
+        if isinstance(d, Unschedulable):
+            if d.status_info.startswith("no-available-instances"):
+                taken = []
+                for _ in range(s.cluster_size):  # greedy fill of identical kernels is maximal
+                    scores = candidates(s)
+                    if not scores:
+                        break
+                    best = max(scores, key=scores.__getitem__)
+                    free[best][0] -= s.resources.cpu
+                    free[best][1] -= s.resources.mem
+                    taken.append(best)
+                assert len(taken) < s.cluster_size, d
+                for best in taken:
+                    free[best][0] += s.resources.cpu
+                    free[best][1] += s.resources.mem
+            continue
+        for kernel_id in s.kernel_ids:
+            scores = candidates(s)
+            chosen = d.placements[kernel_id]
+            assert chosen in scores
+            assert scores[chosen] >= max(scores.values()) - 1e-9
+            free[chosen][0] -= s.resources.cpu
+            free[chosen][1] -= s.resources.mem
+
+
+# --- FIFO -------------------------------------------------------------------------------------
+
+
+def fifo_case() -> tuple[list[PendingSession], list[AgentView]]:
+    pending = [
+        session("first", at=0, cpu=3),
+        session("blocked", at=1, cpu=3),
+        session("small", at=2, cpu=1),
+        session("huge", at=-1, cpu=100),  # never fits: must not block anyone
+        session("other-group", at=3, cpu=1, group="gpu"),
+    ]
+    return pending, [agent("a1", cpu=4), agent("g1", cpu=4, group="gpu")]
+
+
+def test_non_strict_fifo_lets_smaller_sessions_go_ahead() -> None:
+    got = run(*fifo_case(), fifo_strict=False)
+    assert agents_of(got["first"]) == ["a1"]
+    assert info(got["blocked"]).startswith("no-available-instances: no live agent")
+    assert agents_of(got["small"]) == ["a1"]
+    assert agents_of(got["other-group"]) == ["g1"]
+
+
+def test_strict_fifo_blocks_its_resource_group_behind_the_head() -> None:
+    got = run(*fifo_case(), fifo_strict=True)
+    assert "even when idle" in info(got["huge"])
+    assert agents_of(got["first"]) == ["a1"]
+    assert info(got["blocked"]).startswith("no-available-instances: no live agent")
+    assert info(got["small"]) == (
+        "no-available-instances: queued behind session 'blocked'"
+        " (strict FIFO in resource group 'default')"
+    )
+    assert agents_of(got["other-group"]) == ["g1"]
+
+
+def test_strict_fifo_still_reports_predicate_failures_first() -> None:
+    pending, fleet = fifo_case()
+    got = run(pending, fleet, limits=Limits(max_cpu_per_session=2), fifo_strict=True)
+    assert info(got["first"]).startswith("predicate-checks-failed")
+    assert agents_of(got["small"]) == ["a1"]  # predicate failures never block the queue
+
+
+# --- agents that do not count -----------------------------------------------------------------
+
+
+def test_dead_agents_and_other_resource_groups_get_nothing() -> None:
+    fleet = [
+        agent("dead", cpu=64, live=False),
+        agent("gpu1", cpu=64, group="gpu"),
+        agent("small", cpu=2),
+    ]
+    got = run([session(f"s{i}", at=i) for i in range(3)], fleet)
+    assert agents_of(got["s0"]) == ["small"]
+    assert agents_of(got["s1"]) == ["small"]
+    assert info(got["s2"]) == (
+        "no-available-instances: no live agent in resource group 'default' has 1.0 cpu and"
+        " 4 GiB free"
+    )
+    empty = run([session("s", group="tpu")], fleet)
+    assert info(empty["s"]) == "no-available-instances: resource group 'tpu' has no live agents"
+
+
+# --- input checks and cost --------------------------------------------------------------------
+
+
+def test_bad_input_names_the_field() -> None:
+    with pytest.raises(InvalidField, match="kernel_ids"):
+        PendingSession(
+            session_id="s",
+            owner="o",
+            image="i",
+            resources=Resources(cpu=1, mem=1),
+            cluster_size=2,
+            resource_group="g",
+            kernel_ids=["k", "k"],
+            enqueued_at=T0,
+        )
+    with pytest.raises(InvalidField, match="strategy"):
+        Policy(strategy="random")  # type: ignore[arg-type]
+    with pytest.raises(InvalidField, match="agents"):
+        plan([], [agent("a"), agent("a")], {}, Limits(), Policy())
+    with pytest.raises(InvalidField, match="pending"):
+        plan([session("s"), session("s")], [], {}, Limits(), Policy())
+
+
+@pytest.mark.parametrize("strategy", ["dispersed", "concentrated"])
+@pytest.mark.parametrize("cpus", [[16, 32, 64], [2, 4]], ids=["roomy", "scarce"])
+def test_work_grows_with_sessions_not_sessions_times_agents(strategy: str, cpus: list[int]) -> None:
+    rng = random.Random(1)
+    fleet = [
+        agent(
+            f"a{i:03}",
+            cpu=rng.choice(cpus),
+            mem=rng.choice([16, 128]) * GiB,
+            reserved_cpu=rng.choice([0, 1]),
+            images={"big": 4 * GiB} if i % 5 == 0 else None,
+        )
+        for i in range(100)
+    ]
+    pending = [
+        session(
+            f"s{i:04}",
+            at=i,
+            cpu=rng.choice([0.5, 1, 2, 4]),
+            mem=rng.choice([1, 2, 8]) * GiB,
+            n=rng.choice([1, 1, 1, 2]),
+            owner=f"u{i % 50}",
+            image=rng.choice(["big", "small"]),
+        )
+        for i in range(1000)
+    ]
+    stats = PlanStats()
+    policy = Policy(strategy=strategy)  # type: ignore[arg-type]
+    out = plan(pending, fleet, {}, Limits(), policy, {}, stats)
+    placed = assert_within_capacity(pending, fleet, out)
+    assert placed > 100
+    kernels = sum(s.cluster_size for s in pending)
+    # Scanning every agent for every kernel would be ~100 per kernel.
+    assert stats.agents_examined < 5 * kernels, stats
