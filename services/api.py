@@ -1,0 +1,305 @@
+"""The manager's command handlers: NATS request/reply, JSON in and out.
+
+Subjects and payloads (every failure is ``{"error": {"code", "message"}}`` and changed nothing):
+
+- ``hoist.api.session.create`` ``{owner, image, resources: {cpu, mem}, cluster_size=1,
+  resource_group="default", max_wait=0, request_id?}`` -> the session (``SessionView``).
+  ``max_wait`` > 0: the reply waits up to that many seconds for RUNNING or a final status and
+  answers with the status at that moment (seed 001); PULLING kernels carry ``agent_id`` and
+  ``pull_task_id`` so the client can watch ``hoist.progress.<agent_id>.<pull_task_id>``.
+  ``request_id``: the session id is derived from (owner, request_id), so the same request twice
+  creates one session (the append expects an empty subject); the same request_id with other
+  parameters is refused (``conflict``).
+- ``hoist.api.session.get`` ``{session_id}`` -> the session.
+- ``hoist.api.session.destroy`` ``{session_id, forced=false}`` -> the session: kernels not yet
+  running go CANCELLED ``user-requested``, running ones TERMINATING and then TERMINATED once
+  their agent removed the container; ``forced`` records them TERMINATED at once
+  (``force-terminated``) and removes the containers best effort.
+- ``hoist.admin.kernel.cancel`` ``{kernel_id, reason?}`` -> the session: a superadmin forces a
+  kernel that is not running yet (e.g. PULLING) to CANCELLED ``force-cancelled: <reason>``;
+  its siblings follow. Only the ``admin`` NATS role may publish ``hoist.admin.>``.
+
+Error codes: ``invalid-request`` (the message names the field), ``not-found``, ``conflict``,
+``illegal-transition``, ``unavailable`` (the event store did not take the write: retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from domain.errors import InvalidField
+from domain.events import NonEmpty, Resources
+from domain.rpc import RequestError, decode, encode
+from domain.session import Session
+from domain.status import KernelStatus
+from domain.subjects import ADMIN, API
+from services.eventstore.store import ConcurrencyError, StoreError
+from services.fleet import Fleet
+from services.reactors import PRE_RUNNING, Reactors
+
+log = logging.getLogger(__name__)
+
+S = KernelStatus
+SESSION_CREATE = f"{API}.session.create"
+SESSION_GET = f"{API}.session.get"
+SESSION_DESTROY = f"{API}.session.destroy"
+KERNEL_CANCEL = f"{ADMIN}.kernel.cancel"
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class CreateSession(_Request, kw_only=True):
+    owner: NonEmpty
+    image: NonEmpty
+    resources: Resources  # per kernel
+    cluster_size: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
+    resource_group: NonEmpty = "default"
+    max_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0  # seconds
+    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+
+
+class GetSession(_Request, kw_only=True):
+    session_id: NonEmpty
+
+
+class DestroySession(_Request, kw_only=True):
+    session_id: NonEmpty
+    forced: bool = False
+
+
+class CancelKernel(_Request, kw_only=True):
+    kernel_id: NonEmpty
+    reason: NonEmpty | None = None
+
+
+class KernelView(msgspec.Struct, frozen=True, kw_only=True):
+    kernel_id: str
+    status: str
+    status_info: str
+    agent_id: str | None
+    pull_task_id: str | None
+    container_id: str | None
+
+
+class SessionView(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    owner: str
+    image: str
+    resources: Resources
+    cluster_size: int
+    resource_group: str
+    request_id: str | None
+    status: str
+    status_info: str
+    kernels: list[KernelView]
+
+
+def session_view(session: Session) -> SessionView:
+    return SessionView(
+        session_id=session.id,
+        owner=session.owner,
+        image=session.image,
+        resources=session.resources,
+        cluster_size=len(session.kernels),
+        resource_group=session.resource_group,
+        request_id=session.request_id,
+        status=session.status.value,
+        status_info=session.status_info,
+        kernels=[
+            KernelView(
+                kernel_id=k.kernel_id,
+                status=k.status.value,
+                status_info=k.status_info,
+                agent_id=k.agent_id,
+                pull_task_id=k.pull_task_id,
+                container_id=k.container_id,
+            )
+            for k in session.kernels.values()
+        ],
+    )
+
+
+def session_id_for(owner: str, request_id: str) -> str:
+    """The session a (owner, request_id) pair creates: retries land on the same subject."""
+    return hashlib.sha256(f"{owner}\0{request_id}".encode()).hexdigest()[:32]
+
+
+class Api:
+    def __init__(
+        self, nc: Client, fleet: Fleet, reactors: Reactors, on_enqueued: Callable[[], None]
+    ) -> None:
+        self.nc = nc
+        self.fleet = fleet
+        self.reactors = reactors
+        self.on_enqueued = on_enqueued
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers: dict[str, Callable[[bytes], Awaitable[object]]] = {
+            SESSION_CREATE: self.create,
+            SESSION_GET: self.get,
+            SESSION_DESTROY: self.destroy,
+            KERNEL_CANCEL: self.cancel_kernel,
+        }
+
+    async def start(self) -> None:
+        for subject in self._handlers:
+            self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        # One task per request: a create waiting for max_wait must not hold up the others.
+        task = asyncio.create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        reply: object
+        try:
+            reply = await self._handlers[msg.subject](msg.data)
+        except RequestError as e:
+            reply = e.reply()
+        except InvalidField as e:
+            reply = RequestError("invalid-request", str(e)).reply()
+        except (StoreError, ConcurrencyError) as e:
+            reply = RequestError("unavailable", f"{e}; retry the request").reply()
+        except Exception as e:
+            log.exception("%s", msg.subject)
+            reply = RequestError("internal", f"{type(e).__name__}: {e}; see the manager log")
+            reply = reply.reply()
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+    # -- handlers ------------------------------------------------------------------------
+
+    async def create(self, data: bytes) -> SessionView:
+        req = decode(data, CreateSession, what=SESSION_CREATE)
+        if req.request_id is not None:
+            sid = session_id_for(req.owner, req.request_id)
+        else:
+            sid = uuid.uuid4().hex
+        async with self.fleet.locked(sid) as existing:
+            if existing is not None:
+                _same_request(existing, req)
+            else:
+                session = Session.enqueue(
+                    owner=req.owner,
+                    image=req.image,
+                    resources=req.resources,
+                    resource_group=req.resource_group,
+                    cluster_size=req.cluster_size,
+                    request_id=req.request_id,
+                    session_id=sid,
+                )
+                # Not the store's idempotency key: a retried append would come back with the
+                # original's sequences while we hold other kernel ids. The derived session id
+                # and "subject must be empty" make the retry a conflict instead, and we load
+                # what the first attempt stored.
+                if not await self.fleet.commit(session) and sid not in self.fleet.sessions:
+                    raise RequestError("unavailable", "the event store did not take it; retry")
+        self.on_enqueued()
+        await self.fleet.wait_settled(sid, req.max_wait)
+        return session_view(self.fleet.sessions[sid])
+
+    async def get(self, data: bytes) -> SessionView:
+        req = decode(data, GetSession, what=SESSION_GET)
+        return session_view(self._session(req.session_id))
+
+    async def destroy(self, data: bytes) -> SessionView:
+        req = decode(data, DestroySession, what=SESSION_DESTROY)
+        self._session(req.session_id)
+
+        def decide(s: Session) -> None:
+            for k in s.kernels.values():
+                if k.status in PRE_RUNNING:
+                    s.cancel(k.kernel_id, "user-requested")
+                elif k.status is S.RUNNING:
+                    s.mark_terminating(k.kernel_id, "user-requested")
+                if req.forced and k.status is S.TERMINATING:
+                    s.mark_terminated(
+                        k.kernel_id, "force-terminated", "forced: not confirmed by the agent"
+                    )
+                    self.reactors.force_destroy.add(k.kernel_id)
+
+        await self._record(req.session_id, decide)
+        return session_view(self.fleet.sessions[req.session_id])
+
+    async def cancel_kernel(self, data: bytes) -> SessionView:
+        req = decode(data, CancelKernel, what=KERNEL_CANCEL)
+        sid = self.fleet.kernel_session.get(req.kernel_id)
+        if sid is None:
+            raise RequestError(
+                "not-found", f"kernel_id: no kernel {req.kernel_id!r}; look it up in the session"
+            )
+
+        def decide(s: Session) -> None:
+            k = s.kernels[req.kernel_id]
+            if k.status not in PRE_RUNNING:
+                raise RequestError(
+                    "illegal-transition",
+                    f"kernel_id: kernel {req.kernel_id} is {k.status} ({k.status_info}), only a"
+                    " kernel not running yet can be force-cancelled; destroy the session instead",
+                )
+            s.cancel(req.kernel_id, f"force-cancelled: {req.reason or 'by a superadmin'}")
+
+        await self._record(sid, decide)
+        return session_view(self.fleet.sessions[sid])
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> Session:
+        session = self.fleet.sessions.get(session_id)
+        if session is None:
+            raise RequestError("not-found", f"session_id: no session {session_id!r}; check the id")
+        return session
+
+    async def _record(self, session_id: str, decide: Callable[[Session], None]) -> None:
+        for _ in range(5):
+            async with self.fleet.locked(session_id) as session:
+                assert session is not None
+                decide(session)
+                if not session.pending_events or await self.fleet.commit(session):
+                    break
+        else:
+            raise RequestError("unavailable", "the session kept changing; retry")
+        self.reactors.kick(session_id)
+
+
+def _same_request(session: Session, req: CreateSession) -> None:
+    asked: dict[str, Any] = {
+        "image": req.image,
+        "resources": req.resources,
+        "cluster_size": req.cluster_size,
+        "resource_group": req.resource_group,
+    }
+    have: dict[str, Any] = {
+        "image": session.image,
+        "resources": session.resources,
+        "cluster_size": len(session.kernels),
+        "resource_group": session.resource_group,
+    }
+    differs = [name for name in asked if asked[name] != have[name]]
+    if differs:
+        raise RequestError(
+            "conflict",
+            f"request_id: {req.request_id!r} already created session {session.id} with other"
+            f" {', '.join(differs)}; use a new request_id for a new session",
+        )

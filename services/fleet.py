@@ -1,0 +1,386 @@
+"""The manager's in-memory view: every agent and session as the event log says, kept current.
+
+Built by folding the whole log on start, then every new event as it is stored (one ordered
+consumer); nothing here is state the log cannot rebuild.  Beside the aggregates it keeps the
+indexes the reactors need without scanning: free room per agent (kernels in
+AGENT_RESOURCE_OCCUPYING), occupying sessions per owner (USER_RESOURCE_OCCUPYING), the pending
+queue, and which sessions have live kernels on which agent.
+
+Only the manager writes session subjects, and each session is changed under its lock
+(``locked``): the cached aggregate is mutated by the command and saved with optimistic
+concurrency from the sequence it was loaded at, so no event is re-read after our own write.
+An event on a session subject we did not write (another manager, a write that landed after a
+timeout) makes the session reload from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from domain import events as ev
+from domain.agent import Agent
+from domain.codec import decode
+from domain.errors import EventDecodeError
+from domain.scheduling import AgentView, PendingSession
+from domain.session import Session
+from domain.status import (
+    AGENT_RESOURCE_OCCUPYING,
+    TERMINAL,
+    USER_RESOURCE_OCCUPYING,
+    KernelStatus,
+)
+from domain.subjects import EVENTS
+from services.eventstore.repository import NotFound, Repository, loaded_seq
+from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
+
+log = logging.getLogger(__name__)
+
+S = KernelStatus
+_SEQ_ATTR = "_stream_seq"  # where Repository keeps the loaded stream sequence (see loaded_seq)
+_SESSION_PREFIX = f"{EVENTS}.session."
+_AGENT_PREFIX = f"{EVENTS}.agent."
+
+
+@dataclass
+class AgentState:
+    """One agent: its aggregate and the room its kernels hold."""
+
+    agent: Agent
+    reserved_cpu: float = 0.0
+    reserved_mem: int = 0
+    # image -> (task id, reason) of its last failed pull, until a new pull starts or succeeds
+    failed_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return not self.agent.lost
+
+
+@dataclass
+class _Footprint:
+    """What one session contributes to the indexes (to subtract when it changes)."""
+
+    agents: dict[str, tuple[float, int]]  # agent id -> cpu, mem held there
+    owner_active: bool
+    pending: bool
+    live_on: frozenset[str]  # agents with a non-terminal kernel of this session
+    pulling_on: frozenset[str]
+
+
+_EMPTY = _Footprint({}, False, False, frozenset(), frozenset())
+
+
+def is_settled(session: Session) -> bool:
+    """RUNNING or final: what a create with max_wait waits for."""
+    return session.status == S.RUNNING or session.status in TERMINAL
+
+
+class Fleet:
+    def __init__(self, store: EventStore, repository: Repository) -> None:
+        self.store = store
+        self.repository = repository
+        self.agents: dict[str, AgentState] = {}
+        self.sessions: dict[str, Session] = {}
+        self.kernel_session: dict[str, str] = {}
+        self.pending: dict[str, int] = {}  # session id -> enqueue order
+        self.owner_sessions: defaultdict[str, int] = defaultdict(int)
+        self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
+        self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
+        self.last_seq = 0  # the last stream sequence folded
+        self.caught_up = asyncio.Event()
+        # Hooks the manager wires: capacity freed or agents changed (scheduler), an agent fact
+        # (reactors), a session changed (reactors for foreign writes).
+        self.on_room: Callable[[], None] = lambda: None
+        self.on_agent_event: Callable[[str, ev.Event], None] = lambda agent_id, event: None
+        self.on_session_reloaded: Callable[[str], None] = lambda session_id: None
+        self._footprints: dict[str, _Footprint] = {}
+        self._order = 0
+        self._held: dict[str, asyncio.Event] = {}  # session locks
+        self._seen: dict[str, int] = {}  # highest seq seen per session subject while locked
+        self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._follow: asyncio.Task[None] | None = None
+
+    # -- following the log ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Fold the log up to its current end, then keep following it."""
+        info = await self.store.js.stream_info(self.store.stream)
+        target = info.state.last_seq
+        if target == 0:
+            self.caught_up.set()
+        self._follow = asyncio.create_task(self._follow_log(target))
+        waiter = asyncio.create_task(self.caught_up.wait())
+        done, _ = await asyncio.wait({waiter, self._follow}, return_when=asyncio.FIRST_COMPLETED)
+        if self._follow in done:
+            waiter.cancel()
+            self._follow.result()  # raises what stopped it
+            raise RuntimeError("the event log consumer ended before catching up")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._follow, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _follow_log(self, target: int) -> None:
+        async for rec in self.store.replay(from_seq=1, follow=True):
+            try:
+                self.fold(rec)
+            except Exception:
+                log.exception("event %s on %s not folded", rec.seq, rec.subject)
+            self.last_seq = rec.seq
+            if rec.seq >= target and not self.caught_up.is_set():
+                self.caught_up.set()
+
+    def fold(self, rec: Recorded) -> None:
+        try:
+            event = decode(rec.data, rec.headers)
+        except EventDecodeError as e:
+            log.error("event %s on %s skipped: %s", rec.seq, rec.subject, e)
+            return
+        if rec.subject.startswith(_SESSION_PREFIX):
+            self._fold_session(rec.subject.removeprefix(_SESSION_PREFIX), rec.seq, event)
+        elif rec.subject.startswith(_AGENT_PREFIX):
+            self._fold_agent(rec.subject.removeprefix(_AGENT_PREFIX), event)
+
+    def _fold_session(self, session_id: str, seq: int, event: ev.Event) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None and seq <= loaded_seq(session):
+            return  # our own write, already applied when we made it
+        if not self.caught_up.is_set():
+            session = event.mutate(session)  # type: ignore[arg-type]
+            setattr(session, _SEQ_ATTR, seq)
+            self.reindex(session)
+            return
+        # Someone else wrote this session (or our write's ack is not back yet): if the lock
+        # holder is ours, it checks on release; otherwise reload now.
+        self._seen[session_id] = max(seq, self._seen.get(session_id, 0))
+        if session_id not in self._held:
+            self._spawn(self._reload_locked(session_id))
+
+    def _fold_agent(self, agent_id: str, event: ev.Event) -> None:
+        state = self.agents.get(agent_id)
+        agent = event.mutate(state.agent if state else None)  # type: ignore[arg-type]
+        if state is None:
+            state = self.agents[agent_id] = AgentState(agent)
+        state.agent = agent
+        if isinstance(event, ev.ImagePullFailed):
+            state.failed_pulls[event.image] = (event.task_id, event.reason)
+        elif isinstance(event, ev.ImagePullStarted | ev.ImagePulled):
+            state.failed_pulls.pop(event.image, None)
+        elif isinstance(event, ev.AgentReregistered):
+            state.failed_pulls.clear()
+        if self.caught_up.is_set():
+            if isinstance(event, ev.AgentRegistered | ev.AgentReregistered | ev.ImagePulled):
+                self.on_room()
+            self.on_agent_event(agent_id, event)
+
+    # -- indexes -------------------------------------------------------------------------
+
+    def reindex(self, session: Session) -> None:
+        """Bring the indexes in line with ``session`` as it is now."""
+        sid = session.id
+        held: dict[str, tuple[float, int]] = {}
+        live_on: set[str] = set()
+        pulling_on: set[str] = set()
+        owner_active = False
+        all_pending = True
+        for k in session.kernels.values():
+            self.kernel_session[k.kernel_id] = sid
+            st = k.status
+            if st is not S.PENDING:
+                all_pending = False
+            if st in USER_RESOURCE_OCCUPYING:
+                owner_active = True
+            if k.agent_id is None:
+                continue
+            if st in AGENT_RESOURCE_OCCUPYING:
+                cpu, mem = held.get(k.agent_id, (0.0, 0))
+                held[k.agent_id] = (cpu + session.resources.cpu, mem + session.resources.mem)
+            if st not in TERMINAL:
+                live_on.add(k.agent_id)
+            if st is S.PULLING:
+                pulling_on.add(k.agent_id)
+        new = _Footprint(held, owner_active, all_pending, frozenset(live_on), frozenset(pulling_on))
+        self.sessions[sid] = session
+        self._set_footprint(sid, session.owner, new)
+        if is_settled(session):
+            for fut in self._waiters.pop(sid, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _set_footprint(self, sid: str, owner: str, new: _Footprint) -> None:
+        old = self._footprints.get(sid, _EMPTY)
+        self._footprints[sid] = new
+        freed = False
+        for agent_id in old.agents.keys() | new.agents.keys():
+            ocpu, omem = old.agents.get(agent_id, (0.0, 0))
+            ncpu, nmem = new.agents.get(agent_id, (0.0, 0))
+            if (ocpu, omem) == (ncpu, nmem):
+                continue
+            state = self.agents.get(agent_id)
+            if state is not None:
+                state.reserved_cpu = max(0.0, state.reserved_cpu + ncpu - ocpu)
+                state.reserved_mem = max(0, state.reserved_mem + nmem - omem)
+            freed = freed or ncpu < ocpu or nmem < omem
+        if old.owner_active != new.owner_active:
+            self.owner_sessions[owner] += 1 if new.owner_active else -1
+            freed = freed or not new.owner_active  # a per-owner limit may let one through now
+        if new.pending and sid not in self.pending:
+            self._order += 1
+            self.pending[sid] = self._order
+        elif not new.pending:
+            self.pending.pop(sid, None)
+        for agent_id in old.live_on - new.live_on:
+            self.live_on_agent[agent_id].discard(sid)
+        for agent_id in new.live_on - old.live_on:
+            self.live_on_agent[agent_id].add(sid)
+        for agent_id in old.pulling_on - new.pulling_on:
+            self.pulling_on_agent[agent_id].discard(sid)
+        for agent_id in new.pulling_on - old.pulling_on:
+            self.pulling_on_agent[agent_id].add(sid)
+        if freed and self.caught_up.is_set():
+            self.on_room()
+
+    def _forget(self, session_id: str) -> None:
+        """Drop a session the store does not have (a create whose append failed)."""
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            self._set_footprint(session_id, session.owner, _EMPTY)
+            self._footprints.pop(session_id, None)
+
+    # -- views for the scheduler ---------------------------------------------------------
+
+    def agent_views(self) -> list[AgentView]:
+        return [
+            AgentView(
+                agent_id=agent_id,
+                resource_group=s.agent.resource_group,
+                capacity=s.agent.capacity,
+                reserved_cpu=s.reserved_cpu,
+                reserved_mem=s.reserved_mem,
+                images={image: held.size_bytes for image, held in s.agent.images.items()},
+                live=s.live,
+            )
+            for agent_id, s in self.agents.items()
+        ]
+
+    def pending_sessions(self) -> list[PendingSession]:
+        """Pending sessions nobody is changing right now, in enqueue order."""
+        out = []
+        for sid in sorted(self.pending, key=self.pending.__getitem__):
+            if sid in self._held:
+                continue
+            s = self.sessions[sid]
+            kernels = list(s.kernels.values())
+            out.append(
+                PendingSession(
+                    session_id=sid,
+                    owner=s.owner,
+                    image=s.image,
+                    resources=s.resources,
+                    cluster_size=len(kernels),
+                    resource_group=s.resource_group,
+                    kernel_ids=[k.kernel_id for k in kernels],
+                    enqueued_at=kernels[0].status_history[0].at,
+                )
+            )
+        return out
+
+    def sessions_on(self, agent_id: str) -> list[str]:
+        return list(self.live_on_agent.get(agent_id, ()))
+
+    def unsettled_sessions(self) -> Iterable[str]:
+        return [sid for sid, s in self.sessions.items() if not is_settled(s)]
+
+    # -- changing sessions ---------------------------------------------------------------
+
+    def try_lock(self, session_id: str) -> bool:
+        if session_id in self._held:
+            return False
+        self._held[session_id] = asyncio.Event()
+        return True
+
+    async def lock(self, session_id: str) -> None:
+        while (held := self._held.get(session_id)) is not None:
+            await held.wait()
+        self._held[session_id] = asyncio.Event()
+
+    async def unlock(self, session_id: str) -> None:
+        """Release; first reload if someone else wrote the session meanwhile."""
+        try:
+            session = self.sessions.get(session_id)
+            seen = self._seen.pop(session_id, 0)
+            if seen and (session is None or seen > loaded_seq(session)):
+                await self.reload(session_id)
+        finally:
+            self._held.pop(session_id).set()
+
+    @asynccontextmanager
+    async def locked(self, session_id: str) -> AsyncIterator[Session | None]:
+        """Hold the session's lock; yields the cached session (None if unknown)."""
+        await self.lock(session_id)
+        try:
+            yield self.sessions.get(session_id)
+        finally:
+            await self.unlock(session_id)
+
+    async def commit(self, session: Session, request_id: str | None = None) -> bool:
+        """Save the session's pending events (the caller holds its lock); True if stored.
+
+        On a conflict or a store error the session is reloaded from the log and False
+        returned: the caller decides again on what is really there."""
+        try:
+            await self.repository.save(session, request_id=request_id)
+        except (ConcurrencyError, StoreError) as e:
+            log.warning("session %s not saved (%s): reloading it", session.id, e)
+            await self.reload(session.id)
+            return False
+        self.reindex(session)
+        return True
+
+    async def reload(self, session_id: str) -> None:
+        try:
+            session = await self.repository.get(Session, session_id)
+        except NotFound:
+            self._forget(session_id)
+            return
+        self.reindex(session)
+        self.on_session_reloaded(session_id)
+
+    async def _reload_locked(self, session_id: str) -> None:
+        async with self.locked(session_id) as session:
+            if session is None or self._seen.get(session_id, 0) > loaded_seq(session):
+                self._seen.pop(session_id, None)
+                await self.reload(session_id)
+
+    # -- waiting -------------------------------------------------------------------------
+
+    async def wait_settled(self, session_id: str, within_s: float) -> None:
+        """Return when the session is RUNNING or final, or after ``within_s`` seconds."""
+        session = self.sessions.get(session_id)
+        if session is None or is_settled(session) or within_s <= 0:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[session_id].append(fut)
+        try:
+            await asyncio.wait_for(fut, within_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiters = self._waiters.get(session_id)
+            if waiters and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    self._waiters.pop(session_id, None)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

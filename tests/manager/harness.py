@@ -1,0 +1,134 @@
+"""Helpers for the manager tests: an in-process manager, in-process dummy agents (the agent
+package, as tests/agent does), and the API called over NATS like a client would."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from nats.aio.client import Client
+
+from agent.pulls import PullPolicy
+from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
+from agent.server import Agent
+from domain.scheduling import Limits, Policy
+from services.api import SESSION_CREATE, SESSION_GET
+from services.eventstore.store import EventStore
+from services.manager import Manager, ManagerConfig
+from tests.agent.agent_harness import config, running, wait_for
+
+MB = 1024 * 1024
+GB = 1024 * MB
+SETTLED = {"RUNNING", "ERROR", "CANCELLED", "TERMINATED"}
+
+
+def dummy(agent_id: str, host: DummyHost | None = None, **cfg: Any) -> DummyRuntime:
+    values: dict[str, Any] = {
+        "default_size": 8 * MB,
+        "bandwidth_bps": None,  # instant pulls unless a test wants them slow
+        "tick_s": 0.01,
+        "preloaded": {"base:1"},
+    }
+    return DummyRuntime(agent_id, DummyConfig(**{**values, **cfg}), host)
+
+
+@asynccontextmanager
+async def agents(
+    nc: Client,
+    store: EventStore,
+    ids: list[str],
+    *,
+    cpu: float = 4,
+    mem: int = 8 * GB,
+    pulls: PullPolicy | None = None,
+    resource_group: str = "default",
+    **dummy_cfg: Any,
+) -> AsyncIterator[dict[str, Agent]]:
+    """Dummy agents serving their RPC subjects in this process."""
+    async with AsyncExitStack() as stack:
+        out = {}
+        for agent_id in ids:
+            cfg = config(
+                agent_id,
+                cpu=cpu,
+                mem=mem,
+                disk=100 * GB,
+                resource_group=resource_group,
+                pulls=pulls or PullPolicy(backoff_s=0.05, stall_timeout_s=60),
+            )
+            runtime = dummy(agent_id, **dummy_cfg)
+            out[agent_id] = await stack.enter_async_context(running(nc, store, runtime, cfg))
+        yield out
+
+
+def manager_config(**overrides: Any) -> ManagerConfig:
+    values: dict[str, Any] = {
+        "limits": Limits(),
+        "policy": Policy(),
+        "pull_check_interval_s": 0.2,
+        "retry_s": 0.2,
+    }
+    return ManagerConfig(**{**values, **overrides})
+
+
+@asynccontextmanager
+async def manager(nc: Client, **overrides: Any) -> AsyncIterator[Manager]:
+    m = Manager(nc, manager_config(**overrides))
+    await m.start()
+    try:
+        yield m
+    finally:
+        await m.stop()
+
+
+async def request(nc: Client, subject: str, payload: Any, within: float = 10) -> Any:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    reply = await nc.request(subject, data, timeout=within)
+    return json.loads(reply.data)
+
+
+def create_payload(**overrides: Any) -> dict[str, Any]:
+    return {"owner": "alice", "image": "base:1", "resources": {"cpu": 1, "mem": 256 * MB}} | (
+        overrides
+    )
+
+
+async def create(nc: Client, **overrides: Any) -> dict[str, Any]:
+    reply = await request(nc, SESSION_CREATE, create_payload(**overrides))
+    assert "error" not in reply, reply
+    return reply  # type: ignore[no-any-return]
+
+
+async def get(nc: Client, session_id: str) -> dict[str, Any]:
+    reply = await request(nc, SESSION_GET, {"session_id": session_id})
+    assert "error" not in reply, reply
+    return reply  # type: ignore[no-any-return]
+
+
+async def until(
+    nc: Client,
+    session_id: str,
+    check: Callable[[dict[str, Any]], bool] = lambda s: s["status"] in SETTLED,
+    within: float = 15,
+    what: str = "settled",
+) -> dict[str, Any]:
+    """Poll session.get until ``check`` holds; the last view."""
+    last: dict[str, Any] = {}
+
+    async def probe() -> bool:
+        nonlocal last
+        last = await get(nc, session_id)
+        return check(last)
+
+    try:
+        await wait_for(probe, within, f"session {session_id} {what}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last: {last}") from None
+    return last
+
+
+def elapsed(start: float) -> float:
+    return time.monotonic() - start
