@@ -200,15 +200,18 @@ class Api:
             if existing is not None:
                 _same_request(existing, req)
             else:
-                session = Session.enqueue(
-                    owner=req.owner,
-                    image=req.image,
-                    resources=req.resources,
-                    resource_group=req.resource_group,
-                    cluster_size=req.cluster_size,
-                    request_id=req.request_id,
-                    session_id=sid,
-                )
+                try:
+                    session = Session.enqueue(
+                        owner=req.owner,
+                        image=req.image,
+                        resources=req.resources,
+                        resource_group=req.resource_group,
+                        cluster_size=req.cluster_size,
+                        request_id=req.request_id,
+                        session_id=sid,
+                    )
+                except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
+                    raise RequestError("invalid-request", str(e)) from None
                 # Not the store's idempotency key: a retried append would come back with the
                 # original's sequences while we hold other kernel ids. The derived session id
                 # and "subject must be empty" make the retry a conflict instead, and we load

@@ -2,15 +2,124 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from nats.aio.client import Client
 
+from domain import subjects
+from services.api import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
-from tests.manager.harness import agents, create, manager, until
+from tests.manager.harness import MB, agents, create, create_payload, manager, request, until
+
+
+def statuses(history: list[Any]) -> list[str]:
+    return [c.status.value for c in history]
 
 
 async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventStore) -> None:
-    async with agents(nc, store, ["a1"]), manager(nc):
+    async with agents(nc, store, ["a1"]) as running, manager(nc) as m:
         created = await create(nc, max_wait=5)
         assert created["status"] == "RUNNING", created
         [kernel] = created["kernels"]
         assert kernel["agent_id"] == "a1" and kernel["container_id"]
+        assert kernel["status_info"] == "running"
+        assert {k.kernel_id for k in running["a1"].runtime.kernels.values()} == {
+            kernel["kernel_id"]
+        }
+        session = m.fleet.sessions[created["session_id"]]
+        # Every change has its status_info; the image was there, so no PULLING.
+        history = session.kernels[kernel["kernel_id"]].status_history
+        assert statuses(history) == ["PENDING", "SCHEDULED", "PREPARED", "CREATING", "RUNNING"]
+        assert all(c.status_info for c in history)
+
+
+async def test_an_image_to_pull_goes_pulling_then_running_for_both_kernels(
+    nc: Client, store: EventStore
+) -> None:
+    # 40 MB at 100 MB/s: the pull is long enough to be seen.
+    async with (
+        agents(nc, store, ["a1", "a2"], bandwidth_bps=100 * MB, default_size=40 * MB) as running,
+        manager(nc) as m,
+    ):
+        created = await create(nc, image="py:3", cluster_size=2, max_wait=0)
+        assert created["status"] == "PENDING" and created["status_info"] == "enqueued"
+        sid = created["session_id"]
+        pulling = await until(
+            nc, sid, lambda s: all(k["status"] == "PULLING" for k in s["kernels"]), 5, "pulling"
+        )
+        assert all(k["pull_task_id"] and k["agent_id"] for k in pulling["kernels"])
+        done = await until(nc, sid, within=10)
+        assert done["status"] == "RUNNING", done
+        # Dispersed by default: one kernel on each agent, each agent pulled once.
+        assert {k["agent_id"] for k in done["kernels"]} == {"a1", "a2"}
+        assert all(a.runtime.pull_attempts == {"py:3": 1} for a in running.values())
+        for k in m.fleet.sessions[sid].kernels.values():
+            assert statuses(k.status_history) == [
+                "PENDING", "SCHEDULED", "PULLING", "PREPARED", "CREATING", "RUNNING"
+            ]  # fmt: skip
+
+
+async def test_destroy_removes_the_containers(nc: Client, store: EventStore) -> None:
+    async with agents(nc, store, ["a1", "a2"]) as running, manager(nc) as m:
+        created = await create(nc, cluster_size=2, max_wait=5)
+        assert created["status"] == "RUNNING"
+        reply = await request(nc, SESSION_DESTROY, {"session_id": created["session_id"]})
+        assert {k["status"] for k in reply["kernels"]} == {"TERMINATING"}
+        done = await until(nc, created["session_id"])
+        assert done["status"] == "TERMINATED"
+        assert {k["status_info"] for k in done["kernels"]} == {"user-requested"}
+        assert all(not a.runtime.kernels for a in running.values())
+        assert all(s.reserved_cpu == 0 for s in m.fleet.agents.values())
+
+
+async def test_destroying_a_pending_session_cancels_it(nc: Client, store: EventStore) -> None:
+    async with manager(nc):  # no agents: it stays PENDING
+        created = await create(nc)
+        pending = await until(
+            nc, created["session_id"], lambda s: "no-available" in s["status_info"]
+        )
+        assert pending["status"] == "PENDING"
+        reply = await request(nc, SESSION_DESTROY, {"session_id": created["session_id"]})
+        assert reply["status"] == "CANCELLED" and reply["status_info"] == "user-requested"
+
+
+async def test_the_same_request_id_creates_one_session(nc: Client, store: EventStore) -> None:
+    async with agents(nc, store, ["a1"]), manager(nc) as m:
+        payload = create_payload(request_id="req-1")
+        replies = await asyncio.gather(*(request(nc, SESSION_CREATE, payload) for _ in range(5)))
+        assert len({r["session_id"] for r in replies}) == 1, replies
+        assert len(m.fleet.sessions) == 1
+        # Same request id, other parameters: refused, naming what differs.
+        other = await request(nc, SESSION_CREATE, create_payload(request_id="req-1", image="x:1"))
+        assert other["error"]["code"] == "conflict" and "image" in other["error"]["message"]
+        # Another owner may use the same request id for their own session.
+        theirs = await request(nc, SESSION_CREATE, create_payload(request_id="req-1", owner="bob"))
+        assert theirs["session_id"] != replies[0]["session_id"]
+        events = [r async for r in store.replay()]
+        enqueued = [r for r in events if r.headers.get("Hoist-Event") == "SessionEnqueued"]
+        assert len(enqueued) == 2
+
+
+async def test_bad_requests_name_the_field_and_append_nothing(
+    nc: Client, store: EventStore
+) -> None:
+    async with manager(nc):
+        before = await store.last_seq(f"{subjects.EVENTS}.>")
+        cases = {
+            "owner": create_payload(owner=""),
+            "resources": create_payload(resources={"cpu": 0, "mem": 1}),
+            "cluster_size": create_payload(cluster_size=0),
+            "max_wait": create_payload(max_wait=-1),
+            "colour": create_payload(colour="red"),
+            "resource_group": create_payload(resource_group="has space"),
+        }
+        for field, payload in cases.items():
+            reply = await request(nc, SESSION_CREATE, payload)
+            assert reply["error"]["code"] == "invalid-request", (field, reply)
+            assert field in reply["error"]["message"], (field, reply)
+        reply = await request(nc, SESSION_CREATE, b"not json")
+        assert reply["error"]["code"] == "invalid-request"
+        reply = await request(nc, SESSION_GET, {"session_id": "nope"})
+        assert reply["error"]["code"] == "not-found" and "session_id" in reply["error"]["message"]
+        assert await store.last_seq(f"{subjects.EVENTS}.>") == before
