@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 5000  # events per transaction while catching up (NOTES: 1k-5k rows per batch)
+READ_CHUNK = 50_000  # events per catch-up consumer: below its client buffer of 65,536
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -252,11 +253,30 @@ class Runner:
         until_seq: int | None,
         follow: bool,
     ) -> None:
+        """Catch up in chunks, then follow.  A chunk is smaller than the client's buffer of a
+        consumer, so a fold slower than the network never overflows it (nats-py would drop
+        messages as a slow consumer and the ordered consumer start over)."""
         try:
-            async for rec in self.store.replay(
-                from_seq=from_seq, until_seq=until_seq, follow=follow
-            ):
-                await queue.put(rec)
+            head = self._target
+            while True:
+                while from_seq <= head:
+                    last = min(from_seq + READ_CHUNK - 1, head)
+                    async for rec in self.store.replay(from_seq=from_seq, until_seq=last):
+                        await queue.put(rec)
+                    from_seq = last + 1
+                if until_seq is not None and from_seq > until_seq:
+                    break
+                info = await self.store.js.stream_info(self.store.stream)
+                if info.state.last_seq < from_seq:
+                    if follow:
+                        async for rec in self.store.replay(from_seq=from_seq, follow=True):
+                            await queue.put(rec)
+                    break
+                head = (
+                    info.state.last_seq
+                    if until_seq is None
+                    else min(until_seq, info.state.last_seq)
+                )
             await queue.put(None)
         except asyncio.CancelledError:
             raise

@@ -1,0 +1,381 @@
+"""Read-model queries over NATS, served by the manager process beside the projection runner
+(it owns the DuckDB file; queries read through cursors of the runner's connection).
+
+Requests and replies are JSON.  Every reply says which stream sequence the model reflects:
+``{"seq": N, "rows": [...]}``; a bad request gets ``{"error": {"code": "invalid-request",
+"message": ...}}`` naming the field.  ``min_seq`` makes the query wait (at most ``timeout``
+seconds, default 5) until the model reflects that sequence: read-your-writes after a command
+that returned its event sequences.
+
+- ``hoist.query.kernels``   filters kernel_id, session_id, owner, agent_id, image,
+  resource_group, status
+- ``hoist.query.sessions``  filters session_id, owner, image, resource_group, status
+- ``hoist.query.occupancy`` ``by``: "owner" (default; charged statuses exclude PULLING) or
+  "agent"; filters owner / agent_id
+- ``hoist.query.agents``    filters agent_id, resource_group, alive
+- ``hoist.query.images``    filters agent_id, image, preloaded
+- ``hoist.query.pulls``     filters agent_id, task_id, image, outcome
+  Text filters take a string or a list of strings (any of them); ``alive``/``preloaded`` a
+  boolean.  Also ``limit`` (1-10000, default 1000; the reply has ``"truncated": true`` when
+  more rows matched).
+- ``hoist.admin.query.sql`` ``{"sql": "SELECT ..."}``: one read-only SELECT; reply
+  ``{"seq", "columns": [...], "rows": [[...], ...], "truncated"}``.  Anything else (INSERT,
+  UPDATE, DROP, ATTACH, COPY, SET, ...) is refused with code ``read-only``.
+- ``hoist.admin.verify`` ``{}``: rebuild every model in memory up to the live sequence and
+  compare; reply ``{"seq", "ok", "differences": [...]}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from domain import subjects
+from domain.status import KernelStatus
+from projections.runner import META, Runner
+from projections.verify import verify
+
+log = logging.getLogger(__name__)
+
+SQL_SUBJECT = f"{subjects.ADMIN}.query.sql"
+VERIFY_SUBJECT = f"{subjects.ADMIN}.verify"
+QUEUE_GROUP = "hoist-queries"
+MAX_LIMIT = 10_000
+DEFAULT_LIMIT = 1000
+MAX_WAIT_S = 30.0
+DEFAULT_WAIT_S = 5.0
+PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")
+
+
+class InvalidRequest(Exception):
+    def __init__(self, message: str, code: str = "invalid-request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query subject: the view it reads, the projections behind it (the reply's seq is
+    the lowest of theirs), the filters it takes (field -> kind), and its row order."""
+
+    source: str
+    projections: tuple[str, ...]
+    filters: dict[str, str]  # field -> "text" | "status" | "outcome" | "bool"
+    order: str
+    variants: dict[str, str] = field(default_factory=dict)  # occupancy: by -> source
+
+
+_TEXT = "text"
+QUERIES: dict[str, Query] = {
+    "kernels": Query(
+        "kernels",
+        ("sessions",),
+        {
+            "kernel_id": _TEXT,
+            "session_id": _TEXT,
+            "owner": _TEXT,
+            "agent_id": _TEXT,
+            "image": _TEXT,
+            "resource_group": _TEXT,
+            "status": "status",
+        },
+        "session_id, kernel_index",
+    ),
+    "sessions": Query(
+        "sessions",
+        ("sessions",),
+        {
+            "session_id": _TEXT,
+            "owner": _TEXT,
+            "image": _TEXT,
+            "resource_group": _TEXT,
+            "status": "status",
+        },
+        "created_at, session_id",
+    ),
+    "occupancy": Query(
+        "occupancy_by_owner",
+        ("sessions",),
+        {"owner": _TEXT, "agent_id": _TEXT},
+        "1",
+        variants={"owner": "occupancy_by_owner", "agent": "occupancy_by_agent"},
+    ),
+    "agents": Query(
+        "agents_view",
+        ("agents", "sessions", "images"),
+        {"agent_id": _TEXT, "resource_group": _TEXT, "alive": "bool"},
+        "agent_id",
+    ),
+    "images": Query(
+        "agent_images_view",
+        ("images", "sessions"),
+        {"agent_id": _TEXT, "image": _TEXT, "preloaded": "bool"},
+        "agent_id, image",
+    ),
+    "pulls": Query(
+        "pulls",
+        ("pulls",),
+        {"agent_id": _TEXT, "task_id": _TEXT, "image": _TEXT, "outcome": "outcome"},
+        "started_at, agent_id, task_id",
+    ),
+}
+COMMON = ("min_seq", "timeout", "limit")
+
+
+async def serve_queries(
+    nc: Client, runner: Runner, *, queue: str = QUEUE_GROUP
+) -> list[Subscription]:
+    """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
+    request runs in its own task, so one waiting for ``min_seq`` holds up no other."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
+        async def handle(msg: Msg) -> None:
+            try:
+                request = _request(msg.data)
+                reply = await answer(request)
+            except InvalidRequest as e:
+                reply = {"error": {"code": e.code, "message": str(e)}}
+            except Exception as e:
+                log.exception("query on %s failed", msg.subject)
+                reply = {"error": {"code": "internal", "message": f"{type(e).__name__}: {e}"}}
+            if msg.reply:
+                await msg.respond(_encode(reply))
+
+        async def spawn(msg: Msg) -> None:
+            task = asyncio.create_task(handle(msg))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        return spawn
+
+    subs = []
+    for name, query in QUERIES.items():
+        subs.append(
+            await nc.subscribe(
+                f"{subjects.QUERY}.{name}",
+                queue=queue,
+                cb=serving(lambda r, n=name, q=query: _answer_query(runner, n, q, r)),
+            )
+        )
+    subs.append(
+        await nc.subscribe(SQL_SUBJECT, queue=queue, cb=serving(lambda r: _answer_sql(runner, r)))
+    )
+    subs.append(
+        await nc.subscribe(
+            VERIFY_SUBJECT, queue=queue, cb=serving(lambda r: _answer_verify(runner, r))
+        )
+    )
+    return subs
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+def _request(data: bytes) -> dict[str, Any]:
+    if not data.strip():
+        return {}
+    try:
+        request = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(f"the request is not JSON ({e}); send a JSON object") from None
+    if not isinstance(request, dict):
+        raise InvalidRequest("the request must be a JSON object of filters, e.g. {}")
+    return request
+
+
+def _int(request: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = request.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def _wait_s(request: dict[str, Any]) -> float:
+    value = request.get("timeout", DEFAULT_WAIT_S)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_WAIT_S
+    ):
+        raise InvalidRequest(f"timeout must be seconds from 0 to {MAX_WAIT_S:g}, got {value!r}")
+    return float(value)
+
+
+async def _wait(runner: Runner, request: dict[str, Any], projections: tuple[str, ...]) -> None:
+    """Read-your-writes: hold the query until the models reflect ``min_seq``."""
+    if "min_seq" not in request:
+        return
+    min_seq = _int(request, "min_seq", 0, 0, 2**63 - 1)
+    wait_s = _wait_s(request)
+    if not await runner.wait_for(min_seq, wait_s, projections):
+        raise InvalidRequest(
+            f"the read model reflects sequence {runner.seq}, not yet min_seq {min_seq}, after"
+            f" {wait_s:g}s; retry, or raise timeout (at most {MAX_WAIT_S:g})",
+            code="timeout",
+        )
+
+
+def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
+    """A WHERE clause and its parameters for one filter."""
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"{name} must be true or false, got {value!r}")
+        return f"{name} = ?", [value]
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, str) and v for v in values):
+        raise InvalidRequest(
+            f"{name} must be a non-empty string or a non-empty list of them, got {value!r}"
+        )
+    allowed = {"status": [s.value for s in KernelStatus], "outcome": list(PULL_OUTCOMES)}.get(kind)
+    if allowed is not None:
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise InvalidRequest(f"{name} {bad} unknown: use any of {', '.join(allowed)}")
+    return f"{name} IN ({', '.join('?' for _ in values)})", values
+
+
+def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[Any], int]:
+    source = query.source
+    known = set(query.filters) | set(COMMON) | ({"by"} if query.variants else set())
+    unknown = sorted(set(request) - known)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field {', '.join(unknown)} for {subjects.QUERY}.{name}; fields:"
+            f" {', '.join(sorted(known))}"
+        )
+    filters = dict(query.filters)
+    if query.variants:
+        by = request.get("by", next(iter(query.variants)))
+        if by not in query.variants:
+            raise InvalidRequest(f"by must be one of {', '.join(query.variants)}, got {by!r}")
+        source = query.variants[by]
+        other = "agent_id" if by == "owner" else "owner"
+        if other in request:
+            raise InvalidRequest(
+                f"{other} filters occupancy by {other.removesuffix('_id')}: set by to"
+                f" {other.removesuffix('_id')!r} with it"
+            )
+        filters.pop(other)
+    where, params = [], []
+    for field_name, kind in filters.items():
+        if field_name in request:
+            clause, values = _filter(field_name, kind, request[field_name])
+            where.append(clause)
+            params.extend(values)
+    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    sql = f"SELECT * FROM {source}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {query.order} LIMIT {limit + 1}"
+    return sql, params, limit
+
+
+# -- answers -------------------------------------------------------------------------------------
+
+
+async def _answer_query(
+    runner: Runner, name: str, query: Query, request: dict[str, Any]
+) -> dict[str, Any]:
+    sql, params, limit = _parse(name, query, request)
+    await _wait(runner, request, query.projections)
+    return await asyncio.to_thread(_read, runner.con, query.projections, sql, params, limit, True)
+
+
+async def _answer_sql(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(request) - {"sql", "limit", "min_seq", "timeout"})
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field {', '.join(unknown)}; fields: sql, limit, min_seq, timeout"
+        )
+    sql = request.get("sql")
+    if not isinstance(sql, str) or not sql.strip():
+        raise InvalidRequest(
+            'sql must be a non-empty string, e.g. {"sql": "SELECT * FROM kernels"}'
+        )
+    check_read_only(runner.con, sql)
+    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    await _wait(runner, request, ())
+    return await asyncio.to_thread(_read, runner.con, (), sql, [], limit, False)
+
+
+async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
+    if request:
+        raise InvalidRequest(f"unknown field {', '.join(sorted(request))}; verify takes none: {{}}")
+    try:
+        seq, differences = await verify(runner.con, runner.store)
+    except ValueError as e:
+        raise InvalidRequest(str(e), code="busy") from None
+    return {
+        "seq": seq,
+        "ok": not differences,
+        "differences": [dataclasses.asdict(d) for d in differences],
+    }
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Allow exactly one SELECT statement; anything else could change the models."""
+    try:
+        statements = con.cursor().extract_statements(sql)
+    except duckdb.Error as e:
+        raise InvalidRequest(f"sql does not parse: {e}") from None
+    if len(statements) != 1:
+        raise InvalidRequest(
+            f"sql must be exactly one statement, got {len(statements)}", code="read-only"
+        )
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise InvalidRequest(
+            f"sql is read-only: only a SELECT is allowed, got {kind.name}", code="read-only"
+        )
+
+
+def _read(
+    con: duckdb.DuckDBPyConnection,
+    projections: tuple[str, ...],
+    sql: str,
+    params: list[Any],
+    limit: int,
+    as_dicts: bool,
+) -> dict[str, Any]:
+    """Run ``sql`` and read the models' sequence in one snapshot; the transaction is rolled
+    back, so even a statement that slipped past the check could change nothing."""
+    cur = con.cursor()
+    cur.begin()
+    try:
+        seqs = dict(cur.execute(f"SELECT projection, seq FROM {META}").fetchall())
+        wanted = [seqs[p] for p in projections if p in seqs] if projections else list(seqs.values())
+        try:
+            result = cur.execute(sql, params)
+        except duckdb.Error as e:
+            raise InvalidRequest(f"sql failed: {e}") from None
+        columns = [d[0] for d in result.description or []]
+        rows = result.fetchmany(limit + 1)
+    finally:
+        cur.rollback()
+        cur.close()
+    reply: dict[str, Any] = {"seq": min(wanted, default=0)}
+    truncated = len(rows) > limit
+    rows = rows[:limit]
+    if as_dicts:
+        reply["rows"] = [dict(zip(columns, r, strict=True)) for r in rows]
+    else:
+        reply["columns"] = columns
+        reply["rows"] = [list(r) for r in rows]
+    reply["truncated"] = truncated
+    return reply
+
+
+def _encode(reply: dict[str, Any]) -> bytes:
+    # SQL may select types JSON lacks (intervals, UUIDs, blobs): send their text.
+    return msgspec.json.encode(reply, enc_hook=str)

@@ -1,0 +1,144 @@
+"""Each read model from scripted event sequences appended through the real event store."""
+
+from __future__ import annotations
+
+import duckdb
+
+from domain.agent import Agent
+from domain.session import Session
+from domain.status import KernelStatus as S
+from projections.runner import Runner
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore
+from tests.projections.conftest import rows
+
+GIB = 2**30
+
+
+async def test_kernels_sessions_and_occupancy(store: EventStore, repo: Repository) -> None:
+    session = Session.enqueue(
+        owner="alice", image="img:1", resources={"cpu": 2.0, "mem": GIB}, resource_group="rg",
+        cluster_size=2,
+    )  # fmt: skip
+    await repo.save(session)
+    k1, k2 = session.kernels
+    session.scheduling_failed("no-available-instances")
+    session.schedule({k1: "agent-a", k2: "agent-b"})
+    session.mark_preparing(k1)
+    session.mark_prepared(k1)
+    session.mark_creating(k1)
+    session.mark_created(k1, "container-1")
+    session.mark_preparing(k2)
+    session.mark_pulling(k2, "task-1")
+    await repo.save(session)
+
+    con = duckdb.connect()
+    runner = Runner(con, store)
+    await runner.run(follow=False)
+
+    kernels = {r["kernel_id"]: r for r in rows(con, "SELECT * FROM kernels")}
+    assert kernels[k1]["status"] == S.RUNNING and kernels[k1]["container_id"] == "container-1"
+    assert kernels[k2]["status"] == S.PULLING and kernels[k2]["pull_task_id"] == "task-1"
+    assert kernels[k2]["agent_id"] == "agent-b" and kernels[k2]["owner"] == "alice"
+    assert kernels[k1]["running_at"] is not None and kernels[k1]["pulling_at"] is None
+    assert kernels[k2]["pending_at"] < kernels[k2]["scheduled_at"] < kernels[k2]["pulling_at"]
+    history = rows(
+        con, f"SELECT status, status_info FROM kernel_status_history WHERE kernel_id = '{k2}'"
+        " ORDER BY seq",
+    )  # fmt: skip
+    assert [h["status"] for h in history] == [
+        "PENDING",
+        "PENDING",
+        "SCHEDULED",
+        "PREPARING",
+        "PULLING",
+    ]
+    assert history[1]["status_info"] == "no-available-instances"
+    [srow] = rows(con, "SELECT * FROM sessions")
+    assert (srow["status"], srow["status_info"]) == (session.status, session.status_info)
+    assert srow["status"] == S.PREPARING or srow["status"] == S.PULLING
+
+    # PULLING holds the agent's slot but is not charged to the user.
+    assert rows(con, "SELECT * FROM occupancy_by_owner") == [
+        {"owner": "alice", "kernels": 1, "cpu": 2.0, "mem": GIB}
+    ]
+    by_agent = {r["agent_id"]: r["kernels"] for r in rows(con, "SELECT * FROM occupancy_by_agent")}
+    assert by_agent == {"agent-a": 1, "agent-b": 1}
+
+    session.mark_prepared(k2)
+    session.mark_creating(k2)
+    session.creation_failed(k2, "no such file")
+    session.mark_terminating(k1, "user-requested")
+    session.mark_terminated(k1, "exited")
+    await repo.save(session)
+    await runner.run(follow=False)
+    [srow] = rows(con, "SELECT * FROM sessions")
+    assert srow["status"] == S.ERROR == session.status
+    assert rows(con, "SELECT * FROM occupancy_by_owner") == []
+    assert rows(con, "SELECT * FROM occupancy_by_agent") == []
+    assert rows(con, f"SELECT detail FROM kernels WHERE kernel_id = '{k2}'") == [
+        {"detail": "no such file"}
+    ]
+
+
+async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> None:
+    agent = Agent.register(
+        agent_id="agent-a",
+        resource_group="rg",
+        capacity={"cpu": 8, "mem": 8 * GIB, "disk": 10_000},
+        runtime="dummy",
+        images={"base:1": {"digest": "sha256:b", "size_bytes": 1000}},
+    )
+    agent.pull_started("img:1", "t1")
+    agent.pulled("img:1", "t1", "sha256:1", 3000, 2.5)
+    agent.pull_started("img:2", "t2")
+    agent.pull_failed("img:2", "t2", "manifest unknown")
+    agent.pull_started("img:3", "t3")
+    session = Session.enqueue(
+        owner="bob", image="img:1", resources={"cpu": 3.0, "mem": GIB}, resource_group="rg"
+    )
+    (k,) = session.kernels
+    session.schedule({k: "agent-a"})
+    session.mark_prepared(k)
+    await repo.save(agent, session)
+
+    con = duckdb.connect()
+    runner = Runner(con, store)
+    await runner.run(follow=False)
+    [a] = rows(con, "SELECT * FROM agents_view")
+    assert a["alive"] and a["cpu"] == 8 and a["free_cpu"] == 5.0 and a["free_mem"] == 7 * GIB
+    assert a["free_disk"] == 10_000 - 1000 - 3000 and a["kernels"] == 1
+    images = {r["image"]: r for r in rows(con, "SELECT * FROM agent_images_view")}
+    assert set(images) == {"base:1", "img:1"}
+    assert images["img:1"]["kernels_using"] == 1 and images["img:1"]["last_used_at"] is not None
+    assert images["img:1"]["pulled_at"] is not None and images["base:1"]["pulled_at"] is None
+    assert not images["img:1"]["preloaded"]
+    pulls = {r["task_id"]: r for r in rows(con, "SELECT * FROM pulls")}
+    assert pulls["t1"]["outcome"] == "pulled" and pulls["t1"]["bytes"] == 3000
+    assert pulls["t1"]["duration_s"] == 2.5 and pulls["t1"]["finished_at"] is not None
+    assert (pulls["t2"]["outcome"], pulls["t2"]["reason"]) == ("failed", "manifest unknown")
+    assert pulls["t3"]["outcome"] == "pulling" and pulls["t3"]["finished_at"] is None
+
+    agent.image_removed("base:1", "gc-disk-pressure")
+    agent.mark_lost("heartbeat-timeout")
+    await repo.save(agent)
+    await runner.run(follow=False)
+    [a] = rows(con, "SELECT alive, status_info, lost_at FROM agents")
+    assert not a["alive"] and a["status_info"] == "heartbeat-timeout" and a["lost_at"]
+    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == ["img:1"]
+
+    # A restarted agent reports its inventory anew; its old process's pull is gone.
+    agent.reregister(
+        resource_group="rg",
+        capacity={"cpu": 4, "mem": 4 * GIB, "disk": 10_000},
+        runtime="dummy",
+        images={"img:9": {"digest": "sha256:9", "size_bytes": 10}},
+    )
+    await repo.save(agent)
+    runner = Runner(con, store)  # a restarted runner continues from its checkpoint
+    await runner.run(follow=False)
+    [a] = rows(con, "SELECT alive, cpu, status_info FROM agents")
+    assert a == {"alive": True, "cpu": 4.0, "status_info": "reregistered"}
+    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == ["img:9"]
+    [t3] = rows(con, "SELECT outcome, reason FROM pulls WHERE task_id = 't3'")
+    assert t3 == {"outcome": "abandoned", "reason": "agent-reregistered"}
