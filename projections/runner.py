@@ -353,7 +353,6 @@ class Runner:
     def _swap(self, cur: duckdb.DuckDBPyConnection, p: Projection) -> None:
         """Replace the old model's tables by the rebuilt ones, in the commit's transaction."""
         for old in self.building[p.name]:
-            cur.execute(f"DROP VIEW IF EXISTS {old}")  # none expected; tables only
             cur.execute(f"DROP TABLE IF EXISTS {old}")
         for t in p.tables:
             cur.execute(f"ALTER TABLE {t.name}{BUILD_SUFFIX} RENAME TO {t.name}")

@@ -46,7 +46,7 @@ def snapshot(
                 " verify again when it has finished"
             )
         tables = {
-            t.name: cur.execute(f"SELECT * FROM {t.name}").to_arrow_table()
+            t.name: cur.sql(f"SELECT * FROM {t.name}").to_arrow_table()
             for p in types
             for t in p.tables
         }

@@ -44,14 +44,16 @@ async def rebuilt(store: EventStore, until_seq: int | None = None) -> duckdb.Duc
     return con
 
 
-async def scripted_history(repo: Repository, sessions: int = 12, seed: int = 7) -> int:
+async def scripted_history(
+    repo: Repository, sessions: int = 12, seed: int = 7, prefix: str = "agent"
+) -> int:
     """Agents and sessions through many lives (run, pull, pull failure, cancel, error,
     agent lost and back); returns the last stream sequence."""
     rng = random.Random(seed)
     agents = []
     for i in range(2):
         agent = Agent.register(
-            agent_id=f"agent-{i}",
+            agent_id=f"{prefix}-{i}",
             resource_group="default",
             capacity={"cpu": 16, "mem": 2**36, "disk": 2**40},
             runtime="dummy",
