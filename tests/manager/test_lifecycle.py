@@ -10,7 +10,16 @@ from nats.aio.client import Client
 from domain import subjects
 from services.api import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
-from tests.manager.harness import MB, agents, create, create_payload, manager, request, until
+from tests.manager.harness import (
+    MB,
+    SETTLED,
+    agents,
+    create,
+    create_payload,
+    manager,
+    request,
+    until,
+)
 
 
 def statuses(history: list[Any]) -> list[str]:
@@ -123,3 +132,26 @@ async def test_bad_requests_name_the_field_and_append_nothing(
         reply = await request(nc, SESSION_GET, {"session_id": "nope"})
         assert reply["error"]["code"] == "not-found" and "session_id" in reply["error"]["message"]
         assert await store.last_seq(f"{subjects.EVENTS}.>") == before
+
+
+async def test_a_kernel_that_fails_to_start_errors_and_its_sibling_is_destroyed(
+    nc: Client, store: EventStore
+) -> None:
+    async with (
+        agents(nc, store, ["a1"], create_failures={"base:1"}),
+        agents(nc, store, ["a2"]) as healthy,
+        manager(nc),
+    ):
+        created = await create(nc, cluster_size=2, max_wait=5)
+        assert created["status"] == "ERROR", created
+        by_agent = {k["agent_id"]: k for k in created["kernels"]}
+        assert by_agent["a1"]["status_info"] == (
+            "failed-to-start: create-failed: injected create failure"
+        )
+        done = await until(
+            nc, created["session_id"], lambda s: all(k["status"] in SETTLED for k in s["kernels"])
+        )
+        sibling = next(k for k in done["kernels"] if k["agent_id"] == "a2")
+        assert sibling["status"] in ("TERMINATED", "CANCELLED"), sibling
+        assert sibling["status_info"].startswith("sibling-failed: kernel ")
+        assert not healthy["a2"].runtime.kernels  # its container was removed

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyHost, PullFailure
+from domain.scheduling import Limits
 from services import natsauth
 from services.api import KERNEL_CANCEL
 from services.eventstore.store import EventStore
@@ -157,3 +158,18 @@ async def _force_cancel(conns: dict[str, Client], creds: natsauth.Credentials) -
             assert "kernel_id" in again["error"]["message"]
             unknown = await request(conns["admin"], KERNEL_CANCEL, {"kernel_id": "nope"})
             assert unknown["error"]["code"] == "not-found"
+
+
+async def test_a_pulling_session_does_not_count_against_its_owner(
+    nc: Client, store: EventStore
+) -> None:
+    limits = Limits(max_sessions_per_owner=1)
+    async with agents(nc, store, ["a1"], **SLOW), manager(nc, limits=limits) as m:
+        pulling = await create(nc, image="py:3")
+        await until(nc, pulling["session_id"], all_pulling, 5, "pulling")
+        assert m.fleet.owner_sessions["alice"] == 0  # seed 000: PULLING occupies no user room
+        assert m.fleet.agents["a1"].reserved_cpu == 1  # but it holds its agent slot
+        second = await create(nc, image="base:1", max_wait=5)
+        assert second["status"] == "RUNNING", second
+        third = await create(nc, image="base:1", max_wait=0.3)
+        assert third["status_info"].startswith("predicate-checks-failed: max_sessions_per_owner")
