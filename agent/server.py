@@ -34,6 +34,7 @@ from domain.subjects import (
     check_token,
     heartbeat,
 )
+from services.eventstore.connection import subscriptions_ready
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 
@@ -93,6 +94,7 @@ class Agent:
             self.capacity,
         )
         self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
+        await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop())
 

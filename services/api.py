@@ -43,6 +43,7 @@ from domain.rpc import RequestError, decode, encode
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, API
+from services.eventstore.connection import subscriptions_ready
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.fleet import Fleet
 from services.reactors import PRE_RUNNING, Reactors
@@ -156,6 +157,7 @@ class Api:
     async def start(self) -> None:
         for subject in self._handlers:
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg))
+        await subscriptions_ready(self.nc)
 
     async def stop(self) -> None:
         for sub in self._subs:

@@ -49,19 +49,6 @@ async def client(docker_engine: str, agent_id: str) -> AsyncIterator[docker.Dock
     client.close()
 
 
-def forget_image(docker_engine: str, repository: str) -> None:
-    """Remove every local tag of ``repository`` (whatever registry or proxy it came through), so
-    a pull really downloads instead of finding its layers "Already exist"."""
-    client = docker.DockerClient(base_url=docker_engine, version="1.41")
-    try:
-        for img in client.images.list():
-            for tag in img.tags:
-                if tag.rsplit(":", 1)[0].endswith(f"/{repository}"):
-                    remove_local(docker_engine, tag)
-    finally:
-        client.close()
-
-
 def docker_config(agent_id: str, **pulls: float) -> object:
     return config(agent_id, runtime="docker", pulls=PullPolicy(backoff_s=0.1, **pulls))  # type: ignore[arg-type]
 
@@ -76,7 +63,7 @@ async def test_a_missing_image_is_pulled_once_for_20_callers_with_progress(
     slow_proxy: RegistryProxy,
 ) -> None:
     image = f"{slow_proxy.host}/hoist/big:1"  # 20 MB/s: a few seconds, many updates
-    forget_image(docker_engine, "hoist/big")
+    remove_local(docker_engine, image)
     runtime = DockerRuntime(agent_id, base_url=docker_engine)
     async with (
         running(nc, store, runtime, docker_config(agent_id)),  # type: ignore[arg-type]
@@ -206,7 +193,7 @@ async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
     stall_proxy: RegistryProxy,
 ) -> None:
     image = f"{stall_proxy.host}/hoist/big:1"  # every download hangs after 1 MB
-    forget_image(docker_engine, "hoist/big")
+    remove_local(docker_engine, image)
     runtime = DockerRuntime(agent_id, base_url=docker_engine)
     cfg = docker_config(agent_id, stall_timeout_s=3)
     async with (

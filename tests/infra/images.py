@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -85,12 +86,22 @@ def build_image(
 
 
 def remove_local(engine: str, ref: str) -> None:
-    """Make sure ``ref`` is not on the daemon, so the next pull downloads it (containers using
-    it must be gone first)."""
+    """Remove every local tag of ``ref``'s repository, whatever registry or proxy it came through
+    (``127.0.0.1:5000/hoist/big:1`` also removes ``127.0.0.1:6000/hoist/big:1``), so the next
+    pull really downloads instead of finding shared layers "Already exist". Containers using
+    them must be gone first."""
+    repository = ref.rsplit(":", 1)[0].split("/", 1)[1] if "/" in ref else ref.rsplit(":", 1)[0]
     client = docker.APIClient(base_url=engine, version=API_VERSION)
     try:
-        client.remove_image(ref, force=True)
-    except docker.errors.ImageNotFound:
-        pass
+        for image in client.images(all=True):
+            # Tags and digest references (an image pulled by digest has no tag) alike.
+            names = (image.get("RepoTags") or []) + (image.get("RepoDigests") or [])
+            if any(
+                re.split(r"[:@]", n.split("/", 1)[-1], maxsplit=1)[0] == repository for n in names
+            ):
+                try:
+                    client.remove_image(image["Id"], force=True)
+                except docker.errors.ImageNotFound:
+                    pass
     finally:
         client.close()
