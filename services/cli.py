@@ -5,22 +5,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import getpass
 import os
+import re
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
-from nats.errors import NoServersError
+from rich.console import Console
 
 from domain import codec, subjects
-from services import natsauth, stack
+from services import cli_read, natsauth, stack
+from services.cli_nats import CliError, Connection
 from services.eventstore.store import Recorded
+from services.progress_view import FAILED, Outcome, watch
 
+SESSION_CREATE = f"{subjects.API}.session.create"
+SESSION_DESTROY = f"{subjects.API}.session.destroy"
+KERNEL_CANCEL = f"{subjects.ADMIN}.kernel.cancel"
 
-class CliError(Exception):
-    """An error the user can act on; printed as one line, exit code 1."""
+# --- where to connect ---------------------------------------------------------------------------
 
 
 def _stack_url(args: argparse.Namespace, role: str) -> str:
@@ -29,13 +37,161 @@ def _stack_url(args: argparse.Namespace, role: str) -> str:
         return os.environ["HOIST_NATS_URL"]
     data_dir = Path(args.data_dir)
     info = stack.StackInfo.read(data_dir)
-    if info is None:
+    if info is None or not info.alive():
+        state = "has stopped" if info else "is not running"
         raise CliError(
-            f"no Hoist stack in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
-            " or set HOIST_NATS_URL"
+            f"the Hoist stack in {data_dir} {state}: start it with `hoist up --data-dir"
+            f" {data_dir}` (or set HOIST_NATS_URL)"
         )
-    creds = natsauth.load_credentials(data_dir)
+    try:
+        creds = natsauth.load_credentials(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
     return natsauth.role_url(info.url, role, creds)
+
+
+@contextlib.asynccontextmanager
+async def _connection(args: argparse.Namespace, role: str = "client") -> AsyncIterator[Connection]:
+    conn = await Connection.open(_stack_url(args, role))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def _interrupt_event() -> asyncio.Event:
+    """Set on Ctrl-C or SIGTERM, instead of raising inside whatever runs."""
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, event.set)
+    return event
+
+
+# --- run, watch ----------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(?:i?b)?$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+DEFAULT_RESOURCES = {"cpu": 1.0, "mem": 512 * 1024**2}
+
+
+def parse_resources(specs: list[str]) -> dict[str, float | int]:
+    """``-r cpu=1 -r mem=512m`` -> {"cpu": 1.0, "mem": 536870912}; defaults fill the rest."""
+    out: dict[str, float | int] = dict(DEFAULT_RESOURCES)
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in out:
+            raise CliError(f"invalid resource spec {spec!r}: write cpu=CORES or mem=SIZE")
+        if key == "cpu":
+            try:
+                cpu = float(value)
+            except ValueError:
+                cpu = 0.0
+            if not cpu > 0:
+                raise CliError(
+                    f"invalid resource spec {spec!r}: cpu takes a number of cores > 0 like 1 or 0.5"
+                )
+            out["cpu"] = cpu
+        else:
+            m = _SIZE.match(value)
+            mem = int(float(m[1]) * _UNITS[m[2].lower()]) if m else 0
+            if mem <= 0:
+                raise CliError(f"invalid resource spec {spec!r}: mem takes a size like 512m or 2g")
+            out["mem"] = mem
+    return out
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+async def _watch_and_report(
+    conn: Connection, session_id: str, *, max_wait: float, detach: asyncio.Event
+) -> int:
+    console = _console()
+    outcome = await watch(
+        conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
+    )
+    return _report(session_id, outcome, max_wait)
+
+
+def _report(session_id: str, outcome: Outcome, max_wait: float) -> int:
+    status = outcome.status.value if outcome.status else "UNKNOWN"
+    if outcome.detached:
+        print(
+            f"detached from session {session_id} ({status}: {outcome.status_info}); it goes on."
+            f" Re-attach with `hoist watch {session_id}`",
+            flush=True,
+        )
+        return 0
+    if outcome.timed_out:
+        print(
+            f"session {session_id} still {status} ({outcome.status_info}) after {max_wait:g}s;"
+            f" re-attach with `hoist watch {session_id}`",
+            flush=True,
+        )
+        return 2
+    print(f"session {session_id} {status} {outcome.status_info}", flush=True)
+    return 1 if outcome.status in FAILED else 0
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    request: dict[str, Any] = {
+        "owner": args.owner,
+        "image": args.image,
+        "resources": parse_resources(args.resource or []),
+        "cluster_size": args.cluster_size,
+        "resource_group": args.resource_group,
+    }
+    if args.detach:  # the manager waits for us; without --detach the CLI watches instead
+        request["max_wait"] = args.max_wait
+    detach = _interrupt_event()
+    async with _connection(args) as conn:
+        reply = await conn.request(SESSION_CREATE, request, wait_s=args.max_wait + 10)
+        session_id = reply["session_id"]
+        if args.detach:
+            print(f"session {session_id} {reply['status']} {reply['status_info']}")
+            return 1 if reply["status"] in FAILED else 0
+        print(f"session {session_id} created (Ctrl-C detaches; it goes on)", flush=True)
+        return await _watch_and_report(conn, session_id, max_wait=args.max_wait, detach=detach)
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    detach = _interrupt_event()
+    async with _connection(args) as conn:
+        return await _watch_and_report(conn, args.session_id, max_wait=args.max_wait, detach=detach)
+
+
+async def cmd_destroy(args: argparse.Namespace) -> int:
+    async with _connection(args) as conn:
+        reply = await conn.request(
+            SESSION_DESTROY, {"session_id": args.session_id, "forced": args.forced}
+        )
+    print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
+    return 0
+
+
+async def cmd_cancel_kernel(args: argparse.Namespace) -> int:
+    payload = {"kernel_id": args.kernel_id}
+    if args.reason:
+        payload["reason"] = args.reason
+    async with _connection(args, "admin") as conn:
+        reply = await conn.request(KERNEL_CANCEL, payload)
+    for kernel in reply.get("kernels", []):
+        if kernel["kernel_id"] == args.kernel_id:
+            print(f"kernel {args.kernel_id} {kernel['status']} {kernel['status_info']}")
+    print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
+    return 0
+
+
+async def cmd_read(args: argparse.Namespace) -> int:
+    async with _connection(args) as conn:
+        await cli_read.run_read(conn, args, _console())
+    return 0
+
+
+# --- history, events -----------------------------------------------------------------------------
 
 
 def _format_event(rec: Recorded) -> str:
@@ -53,61 +209,161 @@ def _format_event(rec: Recorded) -> str:
     )
 
 
-async def _print_events(url: str, *, subject_filter: str | None, follow: bool) -> None:
-    nc = await stack.connect(url, "hoist-cli")
-    try:
-        store = stack.event_store(nc)
+async def _print_events(
+    args: argparse.Namespace, *, subject_filter: str | None, follow: bool
+) -> None:
+    stop = _interrupt_event()
+    async with _connection(args) as conn:
+        store = stack.event_store(conn.nc)
         if subject_filter and not follow and await store.last_seq(subject_filter) == 0:
             raise CliError(f"no events under {subject_filter}: check the session id")
-        async for rec in store.replay(subject_filter=subject_filter, follow=follow):
-            print(_format_event(rec), flush=True)
-    finally:
-        await nc.close()
+
+        async def printing() -> None:
+            async for rec in store.replay(subject_filter=subject_filter, follow=follow):
+                print(_format_event(rec), flush=True)
+
+        task = asyncio.create_task(printing())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def cmd_history(args: argparse.Namespace) -> None:
     """Every event of one session, in order, straight from JetStream."""
-    await _print_events(
-        _stack_url(args, "client"),
-        subject_filter=subjects.session_events(args.session_id),
-        follow=False,
-    )
+    await _print_events(args, subject_filter=subjects.session_events(args.session_id), follow=False)
 
 
 async def cmd_events(args: argparse.Namespace) -> None:
     subject_filter = subjects.session_events(args.session) if args.session else None
-    await _print_events(
-        _stack_url(args, "client"), subject_filter=subject_filter, follow=args.follow
-    )
+    await _print_events(args, subject_filter=subject_filter, follow=args.follow)
 
 
 async def cmd_creds(args: argparse.Namespace) -> None:
     data_dir = Path(args.data_dir)
     info = stack.StackInfo.read(data_dir)
-    if info is None:
+    if info is None or not info.alive():
         raise CliError(
-            f"no Hoist stack in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
+            f"no Hoist stack runs in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
         )
     creds = natsauth.load_credentials(data_dir)
-    print(natsauth.role_url(info.url, args.role, creds, agent_id=args.agent_id))
-
-
-async def cmd_up(args: argparse.Namespace) -> None:
-    data_dir = Path(args.data_dir)
-    server, creds = stack.start_nats(data_dir, args.nats_port, agent_ids=[])
     try:
-        stack.StackInfo(url=server.url, pid=os.getpid()).write(data_dir)
-        manager_url = natsauth.role_url(server.url, "manager", creds)
-        nc = await stack.connect(manager_url, "hoist-up")
-        await stack.event_store(nc).ensure_stream()
-        await nc.close()
-        print(f"Hoist stack up: nats-server at {server.url} (data in {data_dir})", flush=True)
-        print("  credentials for scripts and the nats CLI: hoist creds client|admin", flush=True)
-        print("  following the event log (Ctrl-C stops the stack):", flush=True)
-        await _print_events(manager_url, subject_filter=None, follow=True)
+        print(natsauth.role_url(info.url, args.role, creds, agent_id=args.agent_id))
+    except KeyError as e:
+        raise CliError(f"{e.args[0]}") from None
+
+
+# --- up ------------------------------------------------------------------------------------------
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    stop = _interrupt_event()
+    runtime = args.runtime
+    if runtime != "dummy":
+        reachable, where = await asyncio.to_thread(stack.docker_reachable, args.docker_host)
+        if runtime == "docker" and not reachable:
+            raise CliError(
+                f"no Docker Engine reachable at {where}: start dockerd, pass --docker-host,"
+                " or use --runtime dummy"
+            )
+        if runtime is None:
+            runtime = "docker" if reachable else "dummy"
+            if not reachable:
+                print(
+                    f"no Docker Engine reachable at {where}: using the dummy runtime"
+                    " (simulated pulls)",
+                    flush=True,
+                )
+    data_dir = Path(args.data_dir)
+    local = stack.Stack(
+        data_dir,
+        nats_port=args.nats_port,
+        agents=args.agents,
+        runtime=runtime,
+        docker_host=args.docker_host,
+    )
+    try:
+        await local.start()
+        _print_started(local, data_dir)
+        code = 0
+        if not args.no_demo and local.agent_ids and not stop.is_set():
+            code = await _demo(local, args, runtime, stop)
+        if not stop.is_set():
+            _print_connect(data_dir)
+            await _supervise(local, stop)
+        return code
+    except stack.StackError as e:
+        raise CliError(str(e)) from None
     finally:
-        (data_dir / stack.STATE_FILE).unlink(missing_ok=True)
-        server.stop()
+        local.stop()
+        print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
+
+
+def _print_started(local: stack.Stack, data_dir: Path) -> None:
+    agents = ", ".join(local.agent_ids) or "none"
+    print(f"Hoist stack up: nats-server at {local.url}, data in {data_dir}", flush=True)
+    print(f"  manager and {len(local.agent_ids)} {local.runtime} agent(s): {agents}", flush=True)
+    if local.runtime == "dummy":
+        images = ", ".join(stack.DEMO_IMAGES)
+        print(f"  dummy agents' images (others are not found): {images}", flush=True)
+
+
+def _print_connect(data_dir: Path) -> None:
+    flag = "" if data_dir == stack.DEFAULT_DATA_DIR else f" --data-dir {data_dir}"
+    print("Running; Ctrl-C stops the stack. From another terminal:", flush=True)
+    for line in (
+        f"hoist{flag} run jupyter/scipy-notebook:2024-05 --cluster-size 2",
+        f"hoist{flag} ps | sessions | agents | images | pulls",
+        f"hoist{flag} events --follow",
+        f"hoist{flag} creds client     (a NATS URL for scripts and the nats CLI)",
+    ):
+        print(f"  {line}", flush=True)
+
+
+async def _demo(
+    local: stack.Stack, args: argparse.Namespace, runtime: str, stop: asyncio.Event
+) -> int:
+    image = args.demo_image or stack.DEMO_IMAGE[runtime]
+    size = min(2, len(local.agent_ids))
+    print(f"demo: a {size}-kernel session of {image}", flush=True)
+    conn = await Connection.open(local.role_url("client"), "hoist-up-demo")
+    try:
+        reply = await conn.request(
+            SESSION_CREATE,
+            {
+                "owner": "demo",
+                "image": image,
+                "resources": {"cpu": 1, "mem": 512 * 1024**2},
+                "cluster_size": size,
+            },
+        )
+        return await _watch_and_report(conn, reply["session_id"], max_wait=0, detach=stop)
+    except CliError as e:
+        print(f"demo failed: {e}", flush=True)  # the stack itself is fine: keep it up
+        return 0
+    finally:
+        await conn.close()
+
+
+async def _supervise(local: stack.Stack, stop: asyncio.Event) -> None:
+    """Wait for Ctrl-C; say so once when a child process dies on its own."""
+    reported: set[str] = set()
+    while not stop.is_set():
+        for child in local.exited():
+            if child.name not in reported:
+                reported.add(child.name)
+                print(
+                    f"{child.name} exited with code {child.proc.returncode}; its log: {child.log}",
+                    flush=True,
+                )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+# --- the parser ----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,12 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir",
         default=str(stack.DEFAULT_DATA_DIR),
-        help="the local stack's data dir (default: %(default)s)",
+        help="the local stack's data dir (default: %(default)s); HOIST_NATS_URL overrides it",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents")
+    up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents, a demo")
+    up.add_argument("--runtime", choices=("docker", "dummy"), help="default: docker if reachable")
+    up.add_argument("--agents", type=int, default=2, help="how many agents (default 2)")
     up.add_argument("--nats-port", type=int, default=stack.DEFAULT_PORT)
+    up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
+    up.add_argument("--no-demo", action="store_true", help="start no demo session")
+    up.add_argument("--demo-image", help="the demo session's image")
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")
@@ -135,6 +396,43 @@ def build_parser() -> argparse.ArgumentParser:
             f" (python -m {module}; --help there)",
         )
 
+    run = sub.add_parser("run", help="create a session and show it live until it runs")
+    run.add_argument("image")
+    run.add_argument("--cluster-size", "-n", type=int, default=1, help="kernels (default 1)")
+    run.add_argument(
+        "--resource",
+        "-r",
+        action="append",
+        metavar="KEY=VALUE",
+        help="per kernel: cpu=CORES, mem=SIZE (default cpu=1 mem=512m)",
+    )
+    run.add_argument("--owner", default=_default_owner())
+    run.add_argument("--resource-group", default="default")
+    run.add_argument(
+        "--max-wait", type=float, default=0.0, help="stop watching after S seconds (0: no limit)"
+    )
+    run.add_argument("--detach", "-d", action="store_true", help="print the session id, no view")
+    run.set_defaults(func=cmd_run)
+
+    watch_p = sub.add_parser("watch", help="show a session live (again), from its current state")
+    watch_p.add_argument("session_id")
+    watch_p.add_argument("--max-wait", type=float, default=0.0)
+    watch_p.set_defaults(func=cmd_watch)
+
+    destroy = sub.add_parser("destroy", help="end a session")
+    destroy.add_argument("session_id")
+    destroy.add_argument("--forced", action="store_true", help="record it terminated at once")
+    destroy.set_defaults(func=cmd_destroy)
+
+    admin = sub.add_parser("admin", help="superadmin commands (admin credentials)")
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True)
+    cancel = admin_sub.add_parser("cancel-kernel", help="force a not-yet-running kernel CANCELLED")
+    cancel.add_argument("kernel_id")
+    cancel.add_argument("--reason")
+    cancel.set_defaults(func=cmd_cancel_kernel)
+
+    cli_read.add_commands(sub, cmd_read)
+
     history = sub.add_parser("history", help="every event of a session, in order")
     history.add_argument("session_id")
     history.set_defaults(func=cmd_history)
@@ -143,32 +441,41 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     events.add_argument("--session", help="only this session's events")
     events.set_defaults(func=cmd_events)
+
+    try:  # the audit commands (replay, verify) live with the projections
+        from services import audit_cli
+    except ImportError:
+        pass
+    else:
+        audit_cli.register(sub)
     return parser
+
+
+def _default_owner() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "user"
 
 
 def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: the finally blocks clean up
 
 
-def run(func: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> int:
+def run(
+    func: Callable[[argparse.Namespace], Awaitable[int | None]], args: argparse.Namespace
+) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        asyncio.run(func(args))
+        return asyncio.run(func(args)) or 0
     except KeyboardInterrupt:
         return 130
     except CliError as e:
         print(f"hoist: {e}", file=sys.stderr)
         return 1
-    except (NoServersError, ConnectionRefusedError, OSError) as e:
-        print(
-            f"hoist: cannot reach NATS ({e}); is the stack running? start it with `hoist up`",
-            file=sys.stderr,
-        )
-        return 1
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # e.g. an id that cannot be a subject token
         print(f"hoist: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 # Processes with their own command lines: `hoist agent ...` runs `python -m agent ...`. The agent

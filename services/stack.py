@@ -1,23 +1,63 @@
-"""The local stack behind `hoist up`: an embedded nats-server with generated credentials, the
-streams, and (as later parts land) the manager, projections and agents."""
+"""The local stack behind `hoist up`: an embedded nats-server on the project's nats.conf with
+generated credentials, the streams, the manager and N agents as child processes.
+
+Everything lives in one data dir: credentials (0600), the JetStream store (so the log survives
+a restart), each process's log, and ``stack.json`` while the stack runs, which tells the other
+`hoist` commands where to connect.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import nats
 from nats.aio.client import Client
 
 from domain import subjects
 from services import natsauth
+from services.eventstore import progress
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
+from services.natsserver import NatsServer, nats_server_binary, wait_for_port
 
 DEFAULT_DATA_DIR = Path(".hoist")
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
+READY_TIMEOUT_S = 30.0
+
+RuntimeName = Literal["docker", "dummy"]
+
+# The dummy agents' "registry": images of realistic (compressed) sizes and a bandwidth that makes
+# a pull last a few seconds, so progress is there to see. Unknown images are "not found".
+DEMO_IMAGES = {
+    "python:3.12-slim": 48 * 1024**2,
+    "jupyter/scipy-notebook:2024-05": 1200 * 1024**2,
+    "pytorch/pytorch:2.3.1-runtime": 3300 * 1024**2,
+    "tensorflow/tensorflow:2.16.1-gpu": 2700 * 1024**2,
+}
+DEMO_IMAGE = {"dummy": "jupyter/scipy-notebook:2024-05", "docker": "python:3.12-slim"}
+DUMMY_CONFIG = {
+    "image_sizes": DEMO_IMAGES,
+    "default_size": None,
+    "layers": 4,
+    "bandwidth_bps": 200 * 1024**2,
+    "jitter": 0.25,
+    "tick_s": 0.1,
+    "create_delay_s": 0.5,
+}
+
+
+class StackError(Exception):
+    """The stack cannot start or run as asked; the message says what to do."""
 
 
 @dataclass
@@ -26,6 +66,8 @@ class StackInfo:
 
     url: str
     pid: int
+    runtime: str = ""
+    agents: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -33,23 +75,68 @@ class StackInfo:
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        return cls(url=raw["url"], pid=raw["pid"])
+        return cls(
+            url=raw["url"],
+            pid=raw["pid"],
+            runtime=raw.get("runtime", ""),
+            agents=list(raw.get("agents", [])),
+        )
 
     def write(self, data_dir: Path) -> None:
-        path = data_dir / STATE_FILE
-        path.write_text(json.dumps({"url": self.url, "pid": self.pid}))
+        (data_dir / STATE_FILE).write_text(json.dumps(asdict(self)))
+
+    def alive(self) -> bool:
+        """Whether the `hoist up` that wrote this still runs (a SIGKILLed one leaves the file)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def start_nats(
     data_dir: Path, port: int, agent_ids: list[str]
 ) -> tuple[NatsServer, natsauth.Credentials]:
-    """Start nats-server on the project's nats.conf with this data dir's credentials."""
+    """Start nats-server on the project's nats.conf with this data dir's credentials (agents'
+    users included: they are generated before the server reads auth.conf)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     creds = natsauth.generate_credentials(data_dir, agent_ids)
     store_dir = data_dir / "jetstream"
     config = natsauth.write_server_config(data_dir, creds, store_dir)
-    server = NatsServer(store_dir, port=port, config=config, log_file=data_dir / "nats-server.log")
+    server = _OwnSessionNatsServer(
+        store_dir, port=port, config=config, log_file=data_dir / "nats-server.log"
+    )
     return server.start(), creds
+
+
+class _OwnSessionNatsServer(NatsServer):
+    """nats-server in its own session: Ctrl-C in the terminal reaches `hoist up` only, which
+    stops agents and manager before the server, so none of them sees the server vanish."""
+
+    def start(self) -> NatsServer:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        assert self.config is not None
+        cmd = [
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-c",
+            str(self.config),
+        ]
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            wait_for_port("127.0.0.1", self.port)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"nats-server did not start; see {self.log_file}") from None
+        return self
 
 
 async def connect(url: str, name: str) -> Client:
@@ -58,3 +145,187 @@ async def connect(url: str, name: str) -> Client:
 
 def event_store(nc: Client) -> EventStore:
     return EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+
+
+def docker_reachable(docker_host: str | None) -> tuple[bool, str]:
+    """(reachable, where): ping the Docker Engine the docker runtime would use."""
+    import docker
+
+    where = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = (
+            docker.DockerClient(base_url=docker_host, timeout=3)
+            if docker_host
+            else docker.from_env(timeout=3)
+        )
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as e:  # any failure means the same thing here: no engine to use
+        return False, f"{where} ({type(e).__name__})"
+    return True, where
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Child:
+    """A process of the stack, its output in a log file of the data dir."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    ready_line: str
+
+    def tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Stack:
+    """nats-server, the manager and the agents of one data dir."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        nats_port: int = DEFAULT_PORT,
+        agents: int = 2,
+        runtime: RuntimeName = "dummy",
+        docker_host: str | None = None,
+    ) -> None:
+        if agents < 0:
+            raise StackError(f"--agents must be >= 0, got {agents}")
+        self.data_dir = data_dir.resolve()
+        self.nats_port = nats_port
+        self.agent_ids = [f"agent-{i}" for i in range(1, agents + 1)]
+        self.runtime = runtime
+        self.docker_host = docker_host
+        self.server: NatsServer | None = None
+        self.creds: natsauth.Credentials | None = None
+        self.children: list[Child] = []
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return self.server.url
+
+    def role_url(self, role: str, agent_id: str | None = None) -> str:
+        assert self.creds is not None
+        return natsauth.role_url(self.url, role, self.creds, agent_id=agent_id)
+
+    async def start(self) -> None:
+        info = StackInfo.read(self.data_dir)
+        if info is not None and info.alive() and info.pid != os.getpid():
+            raise StackError(
+                f"a stack already runs in {self.data_dir} (pid {info.pid}, {info.url});"
+                " stop it first, or use another --data-dir"
+            )
+        if not _port_free(self.nats_port):
+            raise StackError(f"port {self.nats_port} is in use: pick another with --nats-port")
+        try:
+            self.server, self.creds = start_nats(self.data_dir, self.nats_port, self.agent_ids)
+        except RuntimeError as e:
+            raise StackError(
+                f"nats-server did not start on port {self.nats_port} (in use? pick another with"
+                f" --nats-port); its log: {self.data_dir / 'nats-server.log'}"
+            ) from e
+        StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids).write(self.data_dir)
+        # The streams exist before any agent registers (agents may not create streams).
+        nc = await connect(self.role_url("manager"), "hoist-up")
+        try:
+            await event_store(nc).ensure_stream()
+            await progress.ensure(nc.jetstream())
+        finally:
+            await nc.close()
+        self._spawn(
+            "manager",
+            ["services.manager", "--nats-url", self.role_url("manager")],
+            "manager ready",
+        )
+        dummy_config = self.data_dir / "dummy-agent.json"
+        if self.runtime == "dummy":
+            dummy_config.write_text(json.dumps(DUMMY_CONFIG, indent=2) + "\n")
+        for agent_id in self.agent_ids:
+            args = [
+                "agent",
+                *("--id", agent_id, "--runtime", self.runtime, "--resource-group", "default"),
+                *("--nats-url", self.role_url("agent", agent_id)),
+            ]
+            if self.runtime == "dummy":
+                args += ["--dummy-config", str(dummy_config)]
+            elif self.docker_host:
+                args += ["--docker-host", self.docker_host]
+            self._spawn(agent_id, args, f"agent {agent_id} ready")
+        await self._wait_ready()
+
+    def _spawn(self, name: str, module_args: list[str], ready_line: str) -> None:
+        logs = self.data_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        log = logs / f"{name}.log"
+        with open(log, "ab") as out:
+            # Own session: Ctrl-C reaches `hoist up` only, which stops the children in order.
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *module_args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.children.append(Child(name, proc, log, ready_line))
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        offsets = {c.name: c.log.stat().st_size if c.log.exists() else 0 for c in self.children}
+        waiting = list(self.children)
+        while waiting:
+            for child in list(waiting):
+                text = child.log.read_bytes()[offsets[child.name] :].decode(errors="replace")
+                if child.ready_line in text:
+                    waiting.remove(child)
+                elif child.proc.poll() is not None:
+                    raise StackError(
+                        f"{child.name} exited with code {child.proc.returncode} at start; its log"
+                        f" ({child.log}) ends:\n{child.tail()}"
+                    )
+            if time.monotonic() > deadline:
+                names = ", ".join(c.name for c in waiting)
+                raise StackError(
+                    f"{names} not ready after {READY_TIMEOUT_S:g}s; see the logs in"
+                    f" {self.data_dir / 'logs'}"
+                )
+            await asyncio.sleep(0.05)
+
+    def exited(self) -> list[Child]:
+        """Children that stopped on their own."""
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def stop(self) -> None:
+        """Agents first (they finish what they publish), then the manager, then nats-server."""
+        for group in (
+            [c for c in self.children if c.name != "manager"],
+            [c for c in self.children if c.name == "manager"],
+        ):
+            for child in group:
+                if child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+            for child in group:
+                try:
+                    child.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
+        self.children.clear()
+        if self.server is not None:
+            self.server.stop()
+        info = StackInfo.read(self.data_dir)
+        if info is not None and info.pid == os.getpid():
+            (self.data_dir / STATE_FILE).unlink(missing_ok=True)

@@ -1,0 +1,139 @@
+"""The CLI's NATS connection: turns every way a request can fail into one line a person can act
+on (CliError), never a traceback.
+
+nats-py reports a permission violation only through its error callback, while the request
+itself waits for its timeout; so the callback resolves a future the request races against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError, NoServersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
+
+
+class CliError(Exception):
+    """An error the user can act on; printed as one line, exit code 1."""
+
+
+def redact(url: str) -> str:
+    """The URL without its password (error messages end up in logs and terminals)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}"
+
+
+class Connection:
+    """One NATS connection of a CLI command."""
+
+    def __init__(self, nc: Client, url: str, violations: asyncio.Queue[str]) -> None:
+        self.nc = nc
+        self.url = url
+        self._violations = violations
+
+    @classmethod
+    async def open(cls, url: str, name: str = "hoist-cli") -> Connection:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        # A plain TCP probe first: nats-py's own connect retries for minutes when nothing listens.
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                pass
+        except OSError as e:
+            raise CliError(
+                f"cannot reach NATS at {redact(url)} ({e.strerror or e}): is the stack running?"
+                " start it with `hoist up`"
+            ) from None
+        violations: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_error(err: Exception) -> None:  # replaces nats-py's traceback printer
+            m = _VIOLATION.search(str(err))
+            if m:
+                violations.put_nowait(m.group(2))
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                connect_timeout=3,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                error_cb=on_error,
+            )
+        except NatsError as e:
+            if "authorization" in str(e).lower():
+                raise CliError(
+                    f"NATS at {redact(url)} refused the credentials: print current ones with"
+                    " `hoist creds client` (the stack's data dir) or fix HOIST_NATS_URL"
+                ) from None
+            raise CliError(f"cannot connect to NATS at {redact(url)}: {e}") from None
+        except (TimeoutError, NoServersError, OSError) as e:
+            raise CliError(
+                f"cannot reach NATS at {redact(url)} ({type(e).__name__}): is the stack running?"
+                " start it with `hoist up`"
+            ) from None
+        return cls(nc, url, violations)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    def check_violations(self) -> None:
+        """Raise for a permission violation the server reported since the last check."""
+        if not self._violations.empty():
+            raise permission_denied(self._violations.get_nowait())
+
+    async def request(self, subject: str, payload: dict[str, Any], wait_s: float = 10.0) -> Any:
+        """Send a request; the decoded JSON reply, or CliError for an error reply."""
+        self.check_violations()
+        req = asyncio.ensure_future(
+            self.nc.request(subject, msgspec.json.encode(payload), timeout=wait_s)
+        )
+        denied = asyncio.ensure_future(self._violations.get())
+        try:
+            done, _ = await asyncio.wait({req, denied}, return_when=asyncio.FIRST_COMPLETED)
+            if denied in done:
+                raise permission_denied(denied.result())
+            msg = req.result()
+        except NoRespondersError:
+            raise CliError(
+                f"nothing answers {subject}: the manager is not running; start the stack with"
+                " `hoist up`"
+            ) from None
+        except NatsTimeoutError:
+            raise CliError(
+                f"no reply on {subject} within {wait_s:g}s: the manager is busy or stuck;"
+                " see its log in the stack's data dir"
+            ) from None
+        finally:
+            for fut in (req, denied):
+                if not fut.done():
+                    fut.cancel()
+        reply = msgspec.json.decode(msg.data or b"null")
+        if isinstance(reply, dict) and isinstance(reply.get("error"), dict):
+            err = reply["error"]
+            raise CliError(f"{err.get('message', err)} ({err.get('code', 'error')})")
+        return reply
+
+
+def permission_denied(subject: str) -> CliError:
+    if subject.startswith("hoist.admin."):
+        return CliError(
+            f"permission denied for {subject}: the admin role is needed; use `hoist creds admin`"
+            " (e.g. HOIST_NATS_URL=$(hoist creds admin) hoist ...)"
+        )
+    return CliError(
+        f"permission denied for {subject}: these credentials' role may not use it;"
+        " see `hoist creds --help` for the roles"
+    )

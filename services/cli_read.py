@@ -1,0 +1,167 @@
+"""The read commands of `hoist` (ps, sessions, agents, images, occupancy, pulls): one
+``hoist.query.*`` request each (served beside the projections), printed as a table or JSON.
+
+Replies are ``{"seq", "rows": [{column: value}], "truncated"}``.  A table shows the columns a
+person scans first; ``--json`` has them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from domain import subjects
+from services.cli_nats import Connection
+
+# command -> (query name, columns shown in the table, in order; missing ones are skipped)
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ps": (
+        "kernels",
+        (
+            "kernel_id",
+            "session_id",
+            "owner",
+            "image",
+            "agent_id",
+            "status",
+            "status_info",
+            "cpu",
+            "mem",
+            "status_changed_at",
+        ),
+    ),
+    "sessions": (
+        "sessions",
+        ("session_id", "owner", "image", "cluster_size", "status", "status_info", "created_at"),
+    ),
+    "agents": (
+        "agents",
+        (
+            "agent_id",
+            "resource_group",
+            "runtime",
+            "alive",
+            "status_info",
+            "cpu",
+            "cpu_free",
+            "mem",
+            "mem_free",
+            "disk",
+            "images",
+            "kernels",
+            "last_heartbeat_at",
+        ),
+    ),
+    "images": (
+        "images",
+        ("agent_id", "image", "size_bytes", "pulled_at", "last_used_at", "kernels", "preloaded"),
+    ),
+    "occupancy": ("occupancy", ("owner", "agent_id", "kernels", "cpu", "mem")),
+    "pulls": (
+        "pulls",
+        ("agent_id", "image", "task_id", "outcome", "bytes", "duration_s", "started_at", "reason"),
+    ),
+}
+_ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
+_BYTE_COLUMNS = ("mem", "mem_free", "disk", "disk_free", "size_bytes", "bytes")
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    read: Callable[[argparse.Namespace], Awaitable[int | None]],
+) -> None:
+    """Add the read commands; ``read`` runs them (the CLI owns connections and roles).
+    `hoist query MODEL` and `hoist sql SQL` come from services.audit_cli."""
+
+    def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="the reply as JSON, every column")
+        p.add_argument("--limit", type=int, help="at most this many rows (default 1000)")
+        p.set_defaults(func=read, read=name)
+        return p
+
+    ps = table_command("ps", "kernels and their status")
+    ps.add_argument("--session", help="only this session's kernels")
+    ps.add_argument("--owner")
+    ps.add_argument("--status", action="append", help="e.g. PULLING (repeatable)")
+    sessions = table_command("sessions", "sessions and their status")
+    sessions.add_argument("--owner")
+    sessions.add_argument("--status", action="append")
+    agents = table_command("agents", "agents: capacity, free room, liveness")
+    agents.add_argument("--resource-group")
+    images = table_command("images", "images held by each agent")
+    images.add_argument("--agent", help="only this agent's images")
+    occupancy = table_command("occupancy", "resources occupied by owner or by agent")
+    occupancy.add_argument("--by", choices=("owner", "agent"), default="owner")
+    pulls = table_command("pulls", "image pulls: started, finished, outcome")
+    pulls.add_argument("--agent")
+    pulls.add_argument("--outcome", choices=("pulling", "pulled", "failed", "abandoned"))
+
+
+def request_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The query's filters from the command's options (unset ones left out)."""
+    options = {
+        "session_id": getattr(args, "session", None),
+        "owner": getattr(args, "owner", None),
+        "status": getattr(args, "status", None),
+        "resource_group": getattr(args, "resource_group", None),
+        "agent_id": getattr(args, "agent", None),
+        "outcome": getattr(args, "outcome", None),
+        "limit": args.limit,
+    }
+    if args.read == "occupancy":
+        options["by"] = args.by
+    return {k: v for k, v in options.items() if v is not None}
+
+
+async def run_read(conn: Connection, args: argparse.Namespace, console: Console) -> None:
+    query, columns = COMMANDS[args.read]
+    reply = await conn.request(f"{subjects.QUERY}.{query}", request_of(args))
+    if args.json:
+        print(json.dumps(reply, indent=2, default=str))
+        return
+    rows = reply.get("rows", [])
+    shown = [c for c in columns if any(c in r for r in rows)] or sorted(
+        {k for r in rows for k in r}
+    )
+    console.print(_table(shown, [[r.get(c) for c in shown] for r in rows]))
+    _footer(console, reply, len(rows))
+
+
+def _table(columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(c, v) for c, v in zip(columns, row, strict=True)))
+    return table
+
+
+def _footer(console: Console, reply: dict[str, Any], count: int) -> None:
+    more = " (truncated: raise --limit)" if reply.get("truncated") else ""
+    console.print(f"[dim]{count} row(s) as of event {reply.get('seq', '?')}{more}[/dim]")
+
+
+def _cell(column: str, value: Any) -> str:
+    from services.progress_view import human_bytes
+
+    if value is None:
+        return "-"
+    if column in _ID_COLUMNS and isinstance(value, str):
+        return value[:12]
+    if column in _BYTE_COLUMNS and isinstance(value, int | float):
+        return human_bytes(value)
+    if isinstance(value, str) and len(value) > 19 and value[4:5] == "-" and value[10:11] == "T":
+        try:
+            return datetime.fromisoformat(value).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        except ValueError:
+            return value
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

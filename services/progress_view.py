@@ -1,0 +1,394 @@
+"""The live view of one session, like `docker pull` for a whole cluster: a line per kernel, a
+bar per layer under each kernel that is pulling, and one bar for the session across all agents.
+
+State comes from two JetStream streams, both replayed then followed, so a late watcher sees
+where everything stands at once: the session's events (``hoist.events.session.<id>``) folded
+into the domain's Session aggregate (its status rules, not a copy of them), and the pulls'
+progress (stream HOIST_PROGRESS keeps the last message per pull, delivered LAST_PER_SUBJECT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TextIO
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from domain import codec, rpc, subjects
+from domain.events import Event
+from domain.session import Session
+from domain.status import TERMINAL, KernelStatus
+from services.cli_nats import CliError, Connection
+from services.eventstore.store import EventStore
+
+S = KernelStatus
+RATE_WINDOW_S = 3.0  # rates are averaged over this many seconds of samples
+REFRESH_PER_S = 8
+# The watch ends when the session reaches one of these.
+SETTLED = frozenset({S.RUNNING, *TERMINAL})
+FAILED = frozenset({S.ERROR, S.CANCELLED})
+_STATUS_STYLE = {
+    S.RUNNING: "bold green",
+    S.PULLING: "cyan",
+    S.ERROR: "bold red",
+    S.CANCELLED: "red",
+    S.TERMINATED: "dim",
+    S.PENDING: "yellow",
+}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--:--"
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+@dataclass
+class Rate:
+    """Bytes per second of a growing counter, over the last RATE_WINDOW_S of samples."""
+
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, now: float, value: int) -> None:
+        if self.samples and self.samples[-1][1] == value:
+            return  # a repeat says nothing new; the window keeps the time the value was reached
+        self.samples.append((now, value))
+        while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW_S:
+            self.samples.popleft()
+
+    def per_s(self, now: float) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, v0), (_, v1) = self.samples[0], self.samples[-1]
+        # Measured up to now, not the last sample: a stalled pull shows its rate falling.
+        return (v1 - v0) / max(now - t0, 1e-3)
+
+
+@dataclass
+class SessionState:
+    """What is known of one session: its aggregate and the progress of its pulls."""
+
+    session_id: str
+    session: Session | None = None
+    pulls: dict[tuple[str, str], rpc.PullProgress] = field(default_factory=dict)
+    rates: dict[tuple[str, ...], Rate] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
+    shown: float = 0.0  # the highest session fraction shown: a bar never goes back
+
+    def apply_event(self, event: Event) -> None:
+        self.session = event.mutate(self.session)
+
+    def apply_progress(self, progress: rpc.PullProgress) -> None:
+        key = (progress.agent_id, progress.task_id)
+        self.pulls[key] = progress
+        now = self.clock()
+        self.rates.setdefault(key, Rate()).add(now, progress.current)
+        for layer in progress.layers:
+            self.rates.setdefault((*key, layer.id), Rate()).add(now, layer.current)
+        self.rates.setdefault(("session",), Rate()).add(now, self.totals()[0])
+
+    @property
+    def status(self) -> KernelStatus | None:
+        return self.session.status if self.session else None
+
+    @property
+    def status_info(self) -> str:
+        return self.session.status_info if self.session else ""
+
+    def pull_keys(self) -> list[tuple[str, str]]:
+        """The session's pulls, one per (agent, task): kernels sharing a pull count it once."""
+        keys: dict[tuple[str, str], None] = {}
+        for kernel in self.session.kernels.values() if self.session else ():
+            if kernel.agent_id and kernel.pull_task_id:
+                keys[(kernel.agent_id, kernel.pull_task_id)] = None
+        return list(keys)
+
+    def totals(self) -> tuple[int, int, bool]:
+        """(bytes done, bytes known, every pull finished) across the session's pulls."""
+        current = total = 0
+        finished = True
+        for key in self.pull_keys():
+            p = self.pulls.get(key)
+            if p is None:
+                finished = False
+                continue
+            current += p.current
+            total += p.total
+            finished = finished and p.done
+        return current, total, finished
+
+    def fraction(self) -> float | None:
+        """Of the session's pulls done; below 1 until every pull says done.  Agents learn a
+        layer's size only when its download starts, so the known total grows during a pull:
+        the fraction is held where it was rather than shown going back."""
+        current, total, finished = self.totals()
+        if not self.pull_keys():
+            return None
+        if finished:
+            return 1.0
+        self.shown = max(self.shown, min(current / total, 0.99) if total else 0.0)
+        return self.shown
+
+
+# --- following the streams -------------------------------------------------------------------
+
+
+async def follow(
+    conn: Connection, state: SessionState, changed: asyncio.Event, caught_up: asyncio.Event
+) -> None:
+    """Fold the session's events and its pulls' progress into ``state`` until cancelled;
+    ``caught_up`` is set once the events stored when it started have been read."""
+    store = EventStore(conn.nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+    subject = subjects.session_events(state.session_id)
+    last = await store.last_seq(subject)
+    if last == 0:
+        raise CliError(f"unknown session {state.session_id}: list sessions with `hoist sessions`")
+    progress_task = asyncio.create_task(_follow_progress(conn, state, changed))
+    try:
+        async for rec in store.replay(subject_filter=subject, follow=True):
+            state.apply_event(codec.decode(rec.data, rec.headers))
+            changed.set()
+            if rec.seq >= last:
+                caught_up.set()
+    finally:
+        progress_task.cancel()
+
+
+async def _follow_progress(conn: Connection, state: SessionState, changed: asyncio.Event) -> None:
+    js = conn.nc.jetstream()
+    sub = await js.subscribe(
+        f"{subjects.PROGRESS}.>",
+        stream=subjects.PROGRESS_STREAM,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT),
+    )
+    try:
+        async for msg in sub.messages:
+            try:
+                progress = rpc.decode(msg.data, rpc.PullProgress)
+            except rpc.RequestError:
+                continue  # a malformed message is someone else's bug; the view goes on
+            state.apply_progress(progress)
+            changed.set()
+    finally:
+        await sub.unsubscribe()
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _bar(fraction: float | None, width: int = 30) -> ProgressBar:
+    if fraction is None:
+        return ProgressBar(total=None, width=width, pulse=True)
+    return ProgressBar(total=1.0, completed=fraction, width=width)
+
+
+def _status_text(status: KernelStatus | None) -> Text:
+    name = status.value if status else "?"
+    return Text(name, style=_STATUS_STYLE.get(status, "bold") if status else "dim")
+
+
+def render(state: SessionState) -> RenderableType:
+    now = state.clock()
+    session = state.session
+    if session is None:
+        return Text(f"session {state.session_id}: waiting for its first event...")
+    head = Text.assemble(
+        ("session ", "bold"),
+        (state.session_id, "bold"),
+        f"  {session.image}  {len(session.kernels)} kernel(s)  ",
+        _status_text(session.status),
+        f"  {session.status_info}",
+    )
+    grid = Table.grid(padding=(0, 1))
+    for _ in range(6):
+        grid.add_column()
+    for kernel in session.kernels.values():
+        grid.add_row(
+            Text(f"  kernel {kernel.kernel_id[:12]}"),
+            Text(kernel.agent_id or "-", style="magenta"),
+            _status_text(kernel.status),
+            Text(kernel.status_info, style="dim"),
+            "",
+            "",
+        )
+        if kernel.agent_id is None or kernel.pull_task_id is None:
+            continue
+        key = (kernel.agent_id, kernel.pull_task_id)
+        pull = state.pulls.get(key)
+        if kernel.status != S.PULLING:
+            if pull is not None and pull.done:
+                outcome = f"pull failed: {pull.error}" if pull.error else "image pulled"
+                grid.add_row(f"    {outcome}", "", "", human_bytes(pull.total), "", "")
+            continue
+        if pull is None:
+            grid.add_row("    waiting for progress", "", "", "", "", "")
+            continue
+        for layer in pull.layers:
+            rate = state.rates.get((*key, layer.id), Rate()).per_s(now)
+            fraction = layer.current / layer.total if layer.total else None
+            grid.add_row(
+                Text(f"    {layer.id[:12]}"),
+                Text(layer.status),
+                _bar(fraction, 24),
+                f"{human_bytes(layer.current)} / {human_bytes(layer.total)}",
+                _rate_text(rate, layer.current, layer.total) if layer.current < layer.total else "",
+                "",
+            )
+    rows: list[RenderableType] = [head, grid]
+    fraction = state.fraction()
+    if fraction is not None:
+        current, total, _ = state.totals()
+        rate = state.rates.get(("session",), Rate()).per_s(now)
+        line = Table.grid(padding=(0, 1))
+        for _ in range(4):
+            line.add_column()
+        line.add_row(
+            Text("  all agents", style="bold"),
+            _bar(fraction, 40),
+            f"{fraction * 100:5.1f} %  {human_bytes(current)} / {human_bytes(total)}",
+            _rate_text(rate, current, total) if fraction < 1 else "",
+        )
+        rows.append(line)
+    return Group(*rows)
+
+
+def _rate_text(rate: float | None, current: int, total: int) -> str:
+    if rate is None:
+        return ""
+    eta = (total - current) / rate if rate > 0 and total > current else None
+    return f"{human_bytes(rate)}/s  ETA {human_duration(eta)}"
+
+
+class PlainPrinter:
+    """Status lines for a pipe or a log: a line per kernel status change and per quarter of
+    the session's pull, nothing that redraws."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.seen: dict[str, tuple[str, str, str]] = {}
+        self.quarter = -1
+
+    def update(self, state: SessionState) -> None:
+        if state.session is None:
+            return
+        stamp = datetime.now().strftime("%H:%M:%S")
+        for kernel in state.session.kernels.values():
+            now = (kernel.agent_id or "-", kernel.status.value, kernel.status_info)
+            if self.seen.get(kernel.kernel_id) != now:
+                self.seen[kernel.kernel_id] = now
+                print(f"{stamp} kernel {kernel.kernel_id[:12]} {' '.join(now)}", file=self.out)
+        fraction = state.fraction()
+        current, total, _ = state.totals()
+        if fraction is not None and total and int(fraction * 4) > self.quarter:
+            self.quarter = int(fraction * 4)
+            print(
+                f"{stamp} pull {fraction * 100:.0f}% {human_bytes(current)} / {human_bytes(total)}"
+                " across all agents",
+                file=self.out,
+            )
+        self.out.flush()
+
+
+@dataclass
+class Outcome:
+    status: KernelStatus | None
+    status_info: str
+    detached: bool = False
+    timed_out: bool = False
+
+
+async def watch(
+    conn: Connection,
+    session_id: str,
+    console: Console,
+    *,
+    live: bool,
+    max_wait: float = 0.0,
+    detach: asyncio.Event | None = None,
+) -> Outcome:
+    """Show the session until it runs or ends, ``detach`` is set (Ctrl-C), or ``max_wait``
+    seconds (0: no limit) pass; the session itself is never touched."""
+    state = SessionState(session_id)
+    changed, caught_up = asyncio.Event(), asyncio.Event()
+    detach = detach or asyncio.Event()
+    follower = asyncio.create_task(follow(conn, state, changed, caught_up))
+    deadline = time.monotonic() + max_wait if max_wait > 0 else None
+    try:
+        # The state as stored when we came in, before anything is drawn: never an empty bar.
+        await _until(caught_up, follower, detach)
+        await asyncio.sleep(0.05)  # the progress snapshot arrives within milliseconds
+        outcome = await _show(state, console, live, follower, detach, deadline)
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    return outcome
+
+
+async def _show(
+    state: SessionState,
+    console: Console,
+    live: bool,
+    follower: asyncio.Task[None],
+    detach: asyncio.Event,
+    deadline: float | None,
+) -> Outcome:
+    printer = None if live else PlainPrinter(console.file)
+    view = (
+        Live(render(state), console=console, auto_refresh=False, transient=False) if live else None
+    )
+    if view is not None:
+        view.start()
+    try:
+        while True:
+            if view is not None:
+                view.update(render(state), refresh=True)
+            elif printer is not None:
+                printer.update(state)
+            if state.status in SETTLED:
+                return Outcome(state.status, state.status_info)
+            if detach.is_set():
+                return Outcome(state.status, state.status_info, detached=True)
+            if deadline is not None and time.monotonic() > deadline:
+                return Outcome(state.status, state.status_info, timed_out=True)
+            if follower.done():
+                follower.result()  # raises what stopped it
+            await asyncio.sleep(1 / REFRESH_PER_S)
+    finally:
+        if view is not None:
+            view.stop()
+
+
+async def _until(event: asyncio.Event, follower: asyncio.Task[None], detach: asyncio.Event) -> None:
+    waiters = {
+        asyncio.ensure_future(event.wait()),
+        asyncio.ensure_future(detach.wait()),
+        follower,
+    }
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            if w is not follower:
+                w.cancel()
+    if follower.done():
+        follower.result()
