@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 5000  # events per transaction while catching up (NOTES: 1k-5k rows per batch)
-READ_CHUNK = 50_000  # events per catch-up consumer: below its client buffer of 65,536
+READ_CHUNK = 20_000  # events per catch-up consumer (what the runner holds ahead of the fold)
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -196,8 +196,11 @@ class Runner:
         from_seq = min(p.seq for p in self.projections) + 1
         if until_seq is not None and until_seq < from_seq:
             return from_seq - 1
-        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue(self.max_batch * 4)
-        reader = asyncio.create_task(self._read(queue, from_seq, until_seq, follow))
+        # Unbounded, but _read stays at most about one chunk ahead: a reader blocked on a full
+        # queue would let the client's consumer buffer overflow instead.
+        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue()
+        drained = asyncio.Event()  # set when the fold has taken most of what was read
+        reader = asyncio.create_task(self._read(queue, drained, from_seq, until_seq, follow))
         last = from_seq - 1
         try:
             done = False
@@ -220,6 +223,8 @@ class Runner:
                         item = queue.get_nowait()
                     except asyncio.QueueEmpty:
                         break
+                if queue.qsize() <= READ_CHUNK // 2:
+                    drained.set()
                 if batch:
                     self._fold(batch)
                     last = batch[-1].seq
@@ -249,20 +254,25 @@ class Runner:
     async def _read(
         self,
         queue: asyncio.Queue[Recorded | BaseException | None],
+        drained: asyncio.Event,
         from_seq: int,
         until_seq: int | None,
         follow: bool,
     ) -> None:
-        """Catch up in chunks, then follow.  A chunk is smaller than the client's buffer of a
-        consumer, so a fold slower than the network never overflows it (nats-py would drop
-        messages as a slow consumer and the ordered consumer start over)."""
+        """Catch up in chunks, then follow.  Messages are moved to ``queue`` as they arrive,
+        never waiting for the fold, so the client's consumer buffer (65,536 messages) does not
+        overflow (nats-py would drop messages as a slow consumer and the ordered consumer
+        start over); the next chunk starts once the fold has taken most of the last."""
         try:
             head = self._target
             while True:
                 while from_seq <= head:
+                    if queue.qsize() > READ_CHUNK // 2:
+                        drained.clear()
+                        await drained.wait()
                     last = min(from_seq + READ_CHUNK - 1, head)
                     async for rec in self.store.replay(from_seq=from_seq, until_seq=last):
-                        await queue.put(rec)
+                        queue.put_nowait(rec)
                     from_seq = last + 1
                 if until_seq is not None and from_seq > until_seq:
                     break
@@ -270,18 +280,18 @@ class Runner:
                 if info.state.last_seq < from_seq:
                     if follow:
                         async for rec in self.store.replay(from_seq=from_seq, follow=True):
-                            await queue.put(rec)
+                            queue.put_nowait(rec)
                     break
                 head = (
                     info.state.last_seq
                     if until_seq is None
                     else min(until_seq, info.state.last_seq)
                 )
-            await queue.put(None)
+            queue.put_nowait(None)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            await queue.put(e)
+            queue.put_nowait(e)
 
     def _fold(self, batch: list[Recorded]) -> None:
         projections = self.projections
