@@ -17,6 +17,7 @@ from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     registry,
     slow_proxy,
     small_image,
+    stall_image,
     stall_proxy,
 )
 

@@ -189,10 +189,10 @@ async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
     store: EventStore,
     agent_id: str,
     docker_engine: str,
-    big_image: str,
+    stall_image: str,
     stall_proxy: RegistryProxy,
 ) -> None:
-    image = f"{stall_proxy.host}/hoist/big:1"  # every download hangs after 1 MB
+    image = f"{stall_proxy.host}/hoist/stall:1"  # every download hangs after 1 MB
     remove_local(docker_engine, image)
     runtime = DockerRuntime(agent_id, base_url=docker_engine)
     cfg = docker_config(agent_id, stall_timeout_s=3)

@@ -73,10 +73,19 @@ def registry() -> Iterator[Registry]:
         reg.stop()
 
 
-def _image(docker_engine: str, registry: Registry, name: str, pad_mb: int, layers: int) -> str:
+def _image(
+    docker_engine: str,
+    registry: Registry,
+    name: str,
+    pad_mb: int,
+    layers: int,
+    busybox: bool = True,
+) -> str:
     start = time.monotonic()
     ref = _or_fail(
-        lambda: build_image(docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers)
+        lambda: build_image(
+            docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers, busybox=busybox
+        )
     )
     _timed(f"image {name}", start)
     return ref
@@ -94,10 +103,19 @@ def big_image(docker_engine: str, registry: Registry) -> str:
     return _image(docker_engine, registry, "hoist/big", BIG_PAD_MB, 3)
 
 
+@pytest.fixture(scope="session")
+def stall_image(docker_engine: str, registry: Registry) -> str:
+    """``127.0.0.1:PORT/hoist/stall:1``: 8 MB of random bytes in 2 layers and nothing else, for
+    stalled pulls. dockerd goes on retrying a stalled layer download after the pull is
+    cancelled, and a later pull of the same layer waits for it: so stalled layers must be
+    shared with no other image (not even busybox)."""
+    return _image(docker_engine, registry, "hoist/stall", 8, 2, busybox=False)
+
+
 @pytest.fixture
 def stall_proxy(registry: Registry) -> Iterator[RegistryProxy]:
     """A proxy to the registry that hangs every download after 1 MB: pull
-    ``f"{stall_proxy.host}/hoist/big:1"`` to get a stalled pull."""
+    ``f"{stall_proxy.host}/hoist/stall:1"`` (the stall_image fixture) to get a stalled pull."""
     proxy = RegistryProxy(registry.port, stall_after=1024 * 1024)
     try:
         yield proxy

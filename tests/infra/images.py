@@ -46,12 +46,14 @@ def rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
-def build_context(pad_bytes: int, pad_layers: int) -> io.BytesIO:
+def build_context(pad_bytes: int, pad_layers: int, busybox: bool = True) -> io.BytesIO:
     """A docker build context (tar) with a Dockerfile: one ADD per layer."""
-    lines = ["FROM scratch", "ADD rootfs.tar /"]
+    lines = ["FROM scratch"]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        _add_bytes(tar, "rootfs.tar", rootfs_tar())
+        if busybox:
+            _add_bytes(tar, "rootfs.tar", rootfs_tar())
+            lines.append("ADD rootfs.tar /")
         for i in range(pad_layers):
             size = pad_bytes // pad_layers + (pad_bytes % pad_layers if i == 0 else 0)
             _add_bytes(tar, f"pad{i}.bin", os.urandom(size))
@@ -69,12 +71,14 @@ def build_image(
     tag: str = "1",
     pad_mb: float = 1,
     pad_layers: int = 1,
+    busybox: bool = True,
 ) -> str:
-    """Build ``registry/name:tag``, push it, remove the local copy; returns the reference."""
+    """Build ``registry/name:tag``, push it, remove the local copy; returns the reference.
+    Without ``busybox`` the image shares no layer with any other (it cannot run, only pull)."""
     ref = f"{registry.host}/{name}:{tag}"
     client = docker.DockerClient(base_url=engine, version=API_VERSION, timeout=300)
     try:
-        context = build_context(int(pad_mb * 1024 * 1024), pad_layers)
+        context = build_context(int(pad_mb * 1024 * 1024), pad_layers, busybox)
         client.images.build(fileobj=context, custom_context=True, tag=ref, rm=True, forcerm=True)
         for line in client.api.push(f"{registry.host}/{name}", tag=tag, stream=True, decode=True):
             if "error" in line:
