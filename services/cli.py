@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import getpass
+import json
 import os
 import re
 import signal
@@ -284,6 +285,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         agents=args.agents,
         runtime=runtime,
         docker_host=args.docker_host,
+        dummy_config=_read_json(args.dummy_config) if args.dummy_config else None,
     )
     try:
         await local.start()
@@ -300,6 +302,16 @@ async def cmd_up(args: argparse.Namespace) -> int:
     finally:
         local.stop()
         print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CliError(f"--dummy-config {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise CliError(f"--dummy-config {path} must hold a JSON object of DummyConfig fields")
+    return value
 
 
 def _print_started(local: stack.Stack, data_dir: Path) -> None:
@@ -382,6 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
     up.add_argument("--no-demo", action="store_true", help="start no demo session")
     up.add_argument("--demo-image", help="the demo session's image")
+    up.add_argument(
+        "--dummy-config",
+        type=Path,
+        help="dummy agents: JSON of DummyConfig fields (default: the demo images)",
+    )
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")

@@ -201,6 +201,7 @@ class Stack:
         agents: int = 2,
         runtime: RuntimeName = "dummy",
         docker_host: str | None = None,
+        dummy_config: dict[str, object] | None = None,
     ) -> None:
         if agents < 0:
             raise StackError(f"--agents must be >= 0, got {agents}")
@@ -209,6 +210,7 @@ class Stack:
         self.agent_ids = [f"agent-{i}" for i in range(1, agents + 1)]
         self.runtime = runtime
         self.docker_host = docker_host
+        self.dummy_config = dummy_config or DUMMY_CONFIG
         self.server: NatsServer | None = None
         self.creds: natsauth.Credentials | None = None
         self.children: list[Child] = []
@@ -246,14 +248,15 @@ class Stack:
             await progress.ensure(nc.jetstream())
         finally:
             await nc.close()
+        # The manager reads its password from the data dir: none in `ps` output.
         self._spawn(
             "manager",
-            ["services.manager", "--nats-url", self.role_url("manager")],
+            ["services.manager", "--nats-url", self.url, "--data-dir", str(self.data_dir)],
             "manager ready",
         )
         dummy_config = self.data_dir / "dummy-agent.json"
         if self.runtime == "dummy":
-            dummy_config.write_text(json.dumps(DUMMY_CONFIG, indent=2) + "\n")
+            dummy_config.write_text(json.dumps(self.dummy_config, indent=2) + "\n")
         for agent_id in self.agent_ids:
             args = [
                 "agent",

@@ -1,0 +1,106 @@
+"""`hoist run` and `hoist watch` against a real stack (nats-server, manager, two dummy agents):
+the live view in a real terminal (tmux), status lines without one, re-attaching."""
+
+from __future__ import annotations
+
+import re
+
+from tests.cli.stack_harness import HOIST, Stack, Terminal, wait_for
+
+SESSION_PERCENT = re.compile(r"all agents\s.*?(\d+\.\d) %")
+LAYER_LINE = re.compile(r"^\s+([0-9a-f]{12})\s+Downloading\s.*?(\d+\.\d) MiB / (\d+\.\d) MiB", re.M)
+CREATED = re.compile(r"session ([0-9a-f]{32}) created")
+
+
+def _record_until(terminal: Terminal, marker: str, timeout: float) -> list[str]:
+    """Screens until one matches the regex ``marker``."""
+    screens: list[str] = []
+
+    def done() -> bool:
+        screens.append(terminal.screen())
+        return re.search(marker, screens[-1]) is not None
+
+    wait_for(done, timeout, interval=0.15)
+    return screens
+
+
+def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_running(
+    hoist_stack: Stack, terminal: Terminal
+) -> None:
+    image = hoist_stack.next_image()
+    terminal.type(
+        f"{HOIST} --data-dir {hoist_stack.data_dir} run {image} --cluster-size 2; echo EXIT=$?"
+    )
+    screens = _record_until(terminal, r"EXIT=\d", 90)
+    final = screens[-1]
+
+    # Layer bars that advance: one layer seen at growing byte counts.
+    layers: dict[str, list[float]] = {}
+    for screen in screens:
+        for layer, current, _total in LAYER_LINE.findall(screen):
+            layers.setdefault(layer, []).append(float(current))
+    assert any(len(set(v)) >= 2 and v == sorted(v) for v in layers.values()), final
+    assert any("━" in s and "MiB/s" in s and "ETA" in s for s in screens)
+
+    # The session bar across both agents: advances, never goes back, reaches 100 %.
+    percents = [float(p) for s in screens for p in SESSION_PERCENT.findall(s)]
+    assert percents == sorted(percents), percents
+    assert any(0 < p < 100 for p in percents), percents
+    assert percents[-1] == 100.0
+
+    # Both kernels, one on each agent (dispersed), end RUNNING; so does the command.
+    session_id = CREATED.search(final)[1]  # type: ignore[index]
+    assert re.search(r"kernel \w+\s+agent-1\s+RUNNING", final), final
+    assert re.search(r"kernel \w+\s+agent-2\s+RUNNING", final), final
+    assert f"session {session_id} RUNNING running" in final
+    assert "EXIT=0" in final
+
+
+def test_run_without_a_terminal_prints_status_lines(hoist_stack: Stack) -> None:
+    image = hoist_stack.next_image()
+    result = hoist_stack.hoist(
+        "run", image, "--cluster-size", "2", "-r", "cpu=0.5", "-r", "mem=256m"
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "\x1b[" not in out and "━" not in out  # no redrawing, no bars
+    session_id = CREATED.search(out)[1]  # type: ignore[index]
+    assert len(re.findall(r"kernel \w+ agent-\d PULLING", out)) == 2, out
+    assert "pull 100% 480.0 MiB / 480.0 MiB across all agents" in out
+    assert len(re.findall(r"kernel \w+ agent-\d RUNNING running", out)) == 2, out
+    assert out.rstrip().endswith(f"session {session_id} RUNNING running")
+    history = hoist_stack.hoist("history", session_id).stdout
+    assert '"resources":{"cpu":0.5,"mem":268435456}' in history
+
+
+def test_ctrl_c_detaches_and_watch_shows_the_current_state_at_once(
+    hoist_stack: Stack, terminal: Terminal
+) -> None:
+    image = hoist_stack.next_big_image()
+    dd = hoist_stack.data_dir
+    terminal.type(f"{HOIST} --data-dir {dd} run {image} --cluster-size 2; echo EXIT=$?")
+    screens = _record_until(terminal, "Downloading", 60)
+    session_id = CREATED.search(screens[-1])[1]  # type: ignore[index]
+    terminal.ctrl_c()
+    detached = _record_until(terminal, r"EXIT=\d", 20)[-1]
+    assert f"detached from session {session_id}" in detached
+    assert "EXIT=0" in detached
+
+    # The session went on without the watcher: it is still pulling (or done with it).
+    terminal.clear()
+    terminal.type(f"{HOIST} --data-dir {dd} watch {session_id}; echo EXIT=$?")
+    screens = _record_until(terminal, f"session {session_id}  .*\n", 20)
+    first = screens[-1]
+    # Its first frame already has both kernels on their agents and a non-empty session bar.
+    assert re.search(r"kernel \w+\s+agent-1\s", first), first
+    assert re.search(r"kernel \w+\s+agent-2\s", first), first
+    first_percent = float(SESSION_PERCENT.findall(first)[0])
+    assert first_percent > 0, first
+    final = _record_until(terminal, r"EXIT=\d", 60)[-1]
+    assert f"session {session_id} RUNNING running" in final and "EXIT=0" in final
+
+    # Without a terminal, watching a running session answers at once.
+    result = hoist_stack.hoist("watch", session_id, timeout=20)
+    assert result.returncode == 0
+    assert result.stdout.rstrip().endswith(f"session {session_id} RUNNING running")
+    assert "pull 100%" in result.stdout
