@@ -1,0 +1,85 @@
+"""Every error a person can meet ends in one line that says what to do, a non-zero exit code and
+no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from services.natsserver import free_port
+from tests.cli.stack_harness import HOIST, Stack
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hoist: ") and expected in lines[0], lines[0]
+
+
+def test_stack_not_running(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [HOIST, "--data-dir", str(tmp_path), "ps"], capture_output=True, text=True, timeout=30
+    )
+    one_line_error(result, f"the Hoist stack in {tmp_path} is not running: start it with `hoist up")
+
+
+def test_nats_unreachable(hoist_stack: Stack) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    result = hoist_stack.hoist("sessions", env={"HOIST_NATS_URL": url}, timeout=30)
+    one_line_error(
+        result, f"cannot reach NATS at {url} (Connection refused): is the stack running?"
+    )
+
+
+def test_wrong_credentials(hoist_stack: Stack) -> None:
+    url = hoist_stack.creds("client")
+    wrong = url.replace("client:", "client:x", 1)
+    result = hoist_stack.hoist("sessions", env={"HOIST_NATS_URL": wrong}, timeout=30)
+    one_line_error(result, "refused the credentials: print current ones with `hoist creds client`")
+    assert wrong.split("@")[0].split(":")[-1] not in result.stderr  # no password in the message
+
+
+def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
+    result = hoist_stack.hoist(
+        "admin", "cancel-kernel", "k1", env={"HOIST_NATS_URL": hoist_stack.creds("client")}
+    )
+    one_line_error(
+        result,
+        "permission denied for hoist.admin.kernel.cancel: the admin role is needed;"
+        " use `hoist creds admin`",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("watch", "0" * 32), f"unknown session {'0' * 32}: list sessions with `hoist sessions`"),
+        (("destroy", "0" * 32), f"no session '{'0' * 32}'"),
+        (("history", "0" * 32), "no events under hoist.events.session." + "0" * 32),
+        (("admin", "cancel-kernel", "nope"), "no kernel 'nope'"),
+        (
+            ("run", "test/image-0:1", "-r", "mem=lots"),
+            "invalid resource spec 'mem=lots': mem takes a size like 512m or 2g",
+        ),
+        (
+            ("run", "test/image-0:1", "-r", "cpu=-1"),
+            "invalid resource spec 'cpu=-1': cpu takes a number of cores > 0",
+        ),
+        (("run", "test/image-0:1", "-r", "gpu=1"), "invalid resource spec 'gpu=1'"),
+        (("run", "test/image-0:1", "--cluster-size", "0"), "cluster_size"),
+    ],
+)
+def test_bad_input(hoist_stack: Stack, args: tuple[str, ...], expected: str) -> None:
+    one_line_error(hoist_stack.hoist(*args), expected)
+
+
+def test_unknown_image_ends_cancelled_with_the_reason(hoist_stack: Stack) -> None:
+    result = hoist_stack.hoist("run", "no/such-image:1")
+    assert result.returncode == 1
+    last = result.stdout.strip().splitlines()[-1]
+    assert "CANCELLED image-pull-failed:" in last and "no/such-image:1 not found" in last, last
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,68 @@
+"""`hoist up`: private credentials, one stack per data dir, a clean stop on SIGTERM, and the
+event log kept across a restart."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+from tests.cli.stack_harness import HOIST, start_stack, stop_stack
+
+
+def _port_open(url: str) -> bool:
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _processes_of(data_dir: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", str(data_dir)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_up_stop_and_restart(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    stack = start_stack(data_dir, "--agents", "1", "--no-demo")
+    try:
+        for name in ("credentials.json", "auth.conf", "nats.conf"):
+            assert (data_dir / name).stat().st_mode & 0o777 == 0o600, name
+        info = json.loads((data_dir / "stack.json").read_text())
+        assert info["runtime"] == "dummy" and info["agents"] == ["agent-1"]
+        up_log = stack.log.read_text()
+        assert "manager and 1 dummy agent(s): agent-1" in up_log
+
+        # One stack per data dir; a port in use is said plainly.
+        again = stack.hoist("up", "--runtime", "dummy", "--no-demo", timeout=30)
+        assert again.returncode == 1 and "a stack already runs in" in again.stderr
+        port = info["url"].rsplit(":", 1)[1]
+        up_args = ["up", "--runtime", "dummy", "--no-demo", "--nats-port", port]
+        other = subprocess.run(
+            [HOIST, "--data-dir", str(tmp_path / "other"), *up_args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert other.returncode == 1
+        assert f"port {port} is in use: pick another with --nats-port" in other.stderr
+
+        run = stack.hoist("run", stack.next_image())
+        assert run.returncode == 0, run.stdout + run.stderr
+        session_id = run.stdout.split()[1]
+    finally:
+        assert stop_stack(stack) == 0
+
+    assert "Hoist stack stopped" in stack.log.read_text()
+    assert not (data_dir / "stack.json").exists()
+    assert not _port_open(info["url"])
+    assert _processes_of(data_dir) == []  # nats-server and the agent (their argv name it)
+
+    # Same data dir again: the log is still there.
+    stack = start_stack(data_dir, "--agents", "1", "--no-demo")
+    try:
+        history = stack.hoist("history", session_id)
+        assert history.returncode == 0, history.stderr
+        assert "SessionEnqueued" in history.stdout and "KernelCreated" in history.stdout
+    finally:
+        assert stop_stack(stack) == 0
