@@ -35,13 +35,12 @@ from domain.status import (
     KernelStatus,
 )
 from domain.subjects import EVENTS
-from services.eventstore.repository import NotFound, Repository, loaded_seq
+from services.eventstore.repository import NotFound, Repository, apply, loaded_seq
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-_SEQ_ATTR = "_stream_seq"  # where Repository keeps the loaded stream sequence (see loaded_seq)
 _SESSION_PREFIX = f"{EVENTS}.session."
 _AGENT_PREFIX = f"{EVENTS}.agent."
 
@@ -154,8 +153,7 @@ class Fleet:
         if session is not None and seq <= loaded_seq(session):
             return  # our own write, already applied when we made it
         if not self.caught_up.is_set():
-            session = event.mutate(session)  # type: ignore[arg-type]
-            setattr(session, _SEQ_ATTR, seq)
+            session = apply(session, event, seq)
             self.reindex(session)
             return
         # Someone else wrote this session (or our write's ack is not back yet): if the lock

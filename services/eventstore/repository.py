@@ -47,6 +47,15 @@ def loaded_seq(aggregate: BaseAggregate[str]) -> int:
     return seq
 
 
+def apply(aggregate: Any, event: Any, seq: int) -> Any:
+    """Fold one recorded event (stored at stream sequence ``seq``) into ``aggregate`` (None for
+    the first) and remember the sequence, so a later save() expects it.  For callers that keep
+    aggregates in memory and follow the log themselves."""
+    aggregate = event.mutate(aggregate)
+    setattr(aggregate, _SEQ_ATTR, seq)
+    return aggregate
+
+
 class Repository:
     """Domain aggregates in an EventStore."""
 
@@ -67,13 +76,12 @@ class Repository:
             raise NotFound(kind_name, aggregate_id)
         aggregate: Any = None
         for record in records:
-            aggregate = decode(record.data, record.headers).mutate(aggregate)
+            aggregate = apply(aggregate, decode(record.data, record.headers), record.seq)
         if not isinstance(kind, str) and not isinstance(aggregate, kind):
             raise TypeError(
                 f"{kind_name} {aggregate_id!r} was rebuilt as a {type(aggregate).__name__},"
                 f" not a {kind.__name__}: its events belong to another aggregate type"
             )
-        setattr(aggregate, _SEQ_ATTR, records[-1].seq)
         return aggregate
 
     async def save(
