@@ -104,7 +104,8 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # Piped output is read by scripts and grep: rows are never folded to 80 columns.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 400)
 
 
 async def _watch_and_report(

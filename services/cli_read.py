@@ -49,18 +49,25 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
             "alive",
             "status_info",
             "cpu",
-            "cpu_free",
+            "free_cpu",
             "mem",
-            "mem_free",
-            "disk",
-            "images",
+            "free_mem",
+            "free_disk",
             "kernels",
             "last_heartbeat_at",
         ),
     ),
     "images": (
         "images",
-        ("agent_id", "image", "size_bytes", "pulled_at", "last_used_at", "kernels", "preloaded"),
+        (
+            "agent_id",
+            "image",
+            "size_bytes",
+            "pulled_at",
+            "last_used_at",
+            "kernels_using",
+            "preloaded",
+        ),
     ),
     "occupancy": ("occupancy", ("owner", "agent_id", "kernels", "cpu", "mem")),
     "pulls": (
@@ -69,7 +76,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
 }
 _ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
-_BYTE_COLUMNS = ("mem", "mem_free", "disk", "disk_free", "size_bytes", "bytes")
+_BYTE_COLUMNS = ("mem", "free_mem", "disk", "free_disk", "size_bytes", "bytes")
 
 
 def add_commands(
