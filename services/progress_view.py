@@ -92,7 +92,6 @@ class SessionState:
     pulls: dict[tuple[str, str], rpc.PullProgress] = field(default_factory=dict)
     rates: dict[tuple[str, ...], Rate] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
-    shown: float = 0.0  # the highest session fraction shown: a bar never goes back
 
     def apply_event(self, event: Event) -> None:
         self.session = event.mutate(self.session)
@@ -123,7 +122,11 @@ class SessionState:
         return list(keys)
 
     def totals(self) -> tuple[int, int, bool]:
-        """(bytes done, bytes known, every pull finished) across the session's pulls."""
+        """(bytes done, bytes expected, every pull finished) across the session's pulls.
+
+        A layer announced without a size yet (docker's "Pulling fs layer") counts as the mean
+        of the sized layers of its pull, so the expected total does not jump when it starts.
+        """
         current = total = 0
         finished = True
         for key in self.pull_keys():
@@ -131,22 +134,22 @@ class SessionState:
             if p is None:
                 finished = False
                 continue
+            sized = [layer.total for layer in p.layers if layer.total]
+            unsized = len(p.layers) - len(sized)
             current += p.current
-            total += p.total
+            total += max(p.total, sum(sized) + (unsized * sum(sized) // len(sized) if sized else 0))
             finished = finished and p.done
         return current, total, finished
 
     def fraction(self) -> float | None:
-        """Of the session's pulls done; below 1 until every pull says done.  Agents learn a
-        layer's size only when its download starts, so the known total grows during a pull:
-        the fraction is held where it was rather than shown going back."""
+        """Of the session's pulls done; below 1 until every pull says done (a pull may reveal
+        more layers after the known ones are complete)."""
         current, total, finished = self.totals()
         if not self.pull_keys():
             return None
         if finished:
             return 1.0
-        self.shown = max(self.shown, min(current / total, 0.99) if total else 0.0)
-        return self.shown
+        return min(current / total, 0.99) if total else 0.0
 
 
 # --- following the streams -------------------------------------------------------------------

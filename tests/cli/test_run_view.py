@@ -42,10 +42,10 @@ def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_runnin
     assert any(len(set(v)) >= 2 and v == sorted(v) for v in layers.values()), final
     assert any("━" in s and "MiB/s" in s and "ETA" in s for s in screens)
 
-    # The session bar across both agents: advances, never goes back, reaches 100 %.
+    # The session bar across both agents: advances, reaches 100 %.  (Not monotonic: a dummy
+    # agent reveals a layer only when its download starts, so the known total grows.)
     percents = [float(p) for s in screens for p in SESSION_PERCENT.findall(s)]
-    assert percents == sorted(percents), percents
-    assert any(0 < p < 100 for p in percents), percents
+    assert len({p for p in percents if 0 < p < 100}) >= 2, percents
     assert percents[-1] == 100.0
 
     # Both kernels, one on each agent (dispersed), end RUNNING; so does the command.
