@@ -104,3 +104,16 @@ def test_ctrl_c_detaches_and_watch_shows_the_current_state_at_once(
     assert result.returncode == 0
     assert result.stdout.rstrip().endswith(f"session {session_id} RUNNING running")
     assert "pull 100%" in result.stdout
+
+
+def test_detach_returns_at_once_and_max_wait_bounds_a_watch(hoist_stack: Stack) -> None:
+    image = hoist_stack.next_big_image()
+    created = hoist_stack.hoist("run", image, "--detach")
+    assert created.returncode == 0, created.stderr
+    session_id, status = created.stdout.split()[1:3]
+    assert status in ("PENDING", "SCHEDULED", "PREPARING", "PULLING")
+
+    waited = hoist_stack.hoist("watch", session_id, "--max-wait", "1")
+    assert waited.returncode == 2
+    assert f"session {session_id} still PULLING (image-pulling) after 1s" in waited.stdout
+    assert f"re-attach with `hoist watch {session_id}`" in waited.stdout
