@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from domain.subjects import check_token
 
@@ -44,6 +45,7 @@ class AgentConfig:
     disk: int | None = None
     heartbeat_interval_s: float = 2.0
     pulls: PullPolicy = field(default_factory=PullPolicy)
+    gc: GcPolicy = field(default_factory=GcPolicy)
     # Registry host ("127.0.0.1:5000", "docker.io") -> docker auth config {username, password}.
     registry_auth: dict[str, dict[str, str]] = field(default_factory=dict)
 

@@ -169,6 +169,18 @@ class AgentFacts:
 
         await self.record(command)
 
+    @property
+    def aggregate(self) -> Agent | None:
+        """The aggregate as last loaded or saved (None before registration)."""
+        return self._aggregate
+
+    async def image_preloaded(self, image: str, reason: str, pinned: bool) -> None:
+        def command(agent: Agent) -> None:
+            if image in agent.images:
+                agent.mark_preloaded(image, reason, pinned)
+
+        await self.record(command)
+
     async def image_removed(self, image: str, reason: str) -> None:
         def command(agent: Agent) -> None:
             if image in agent.images:

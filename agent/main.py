@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 
 from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
+from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import Agent
@@ -46,6 +47,10 @@ def parser() -> argparse.ArgumentParser:
     )
     pulls.add_argument("--pull-retries", type=int, default=d.retries)
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds")
+    gc = p.add_argument_group("image GC (kubelet's rule: LRU, never in use or pinned)")
+    gc.add_argument("--image-gc-high", type=float, default=85.0, help="percent of --disk")
+    gc.add_argument("--image-gc-low", type=float, default=80.0, help="percent of --disk")
+    gc.add_argument("--image-gc-interval", type=float, default=30.0, help="seconds")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -66,6 +71,11 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
             retries=args.pull_retries,
         ),
         registry_auth=load_registry_auth(args.registry_auth) if args.registry_auth else {},
+        gc=GcPolicy(
+            high=args.image_gc_high / 100,
+            low=args.image_gc_low / 100,
+            interval_s=args.image_gc_interval,
+        ),
     )
 
 

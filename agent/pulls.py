@@ -68,6 +68,8 @@ class PullTask:
     # Set once ImagePullStarted is recorded (or recording failed): callers reply after it.
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the task is over and its outcome recorded (or recording failed).
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
     last_activity: float = field(default_factory=time.monotonic)
 
     @property
@@ -203,6 +205,7 @@ class PullManager:
                 task.state, task.reason = "failed", "internal error: see the agent log"
         finally:
             self.active.pop(task.image, None)
+            task.ended.set()
             if publisher is not None:
                 publisher.cancel()
 

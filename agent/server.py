@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -22,8 +23,16 @@ from nats.aio.subscription import Subscription
 
 from agent.config import AgentConfig
 from agent.facts import AgentFacts, Registration
-from agent.pulls import PullManager
-from agent.runtime.base import ImageInUse, KernelContainer, KernelCreateError, KernelExists, Runtime
+from agent.gc import GcImage, plan_gc
+from agent.pulls import PullManager, PullTask
+from agent.runtime.base import (
+    ImageInUse,
+    KernelContainer,
+    KernelCreateError,
+    KernelExists,
+    PulledImage,
+    Runtime,
+)
 from domain import events as ev
 from domain import rpc
 from domain.subjects import (
@@ -54,11 +63,18 @@ class Agent:
         self.store = store or EventStore(nc, EVENT_STREAM, [EVENTS_ALL])
         self.facts = AgentFacts(Repository(self.store), self.id, self._report)
         self.pulls = PullManager(
-            self.id, runtime, self.facts, self._publish_progress, config.pulls, config.auth_for
+            self.id, runtime, self, self._publish_progress, config.pulls, config.auth_for
         )
         self.capacity: ev.Capacity | None = None
         self.reserved: dict[str, ev.Resources] = {}  # kernel id -> what its container was given
-        self.preloaded: set[str] = set()
+        # What image GC must keep besides images in use or being pulled (agent.gc):
+        self.preloaded: set[str] = set()  # pinned by preload jobs (ImagePreloaded pinned)
+        self.policy_pins: set[str] = set()  # prepull policies (the manager's pin-images)
+        self.expected: set[str] = set()  # kernels scheduled here (the manager's pin-images)
+        self.leases: dict[str, float] = {}  # image -> monotonic end of its check-and-pull lease
+        self.last_used: dict[str, float] = {}  # image -> epoch s: pulled or a container made
+        self._gc_lock = asyncio.Lock()
+        self._gc: asyncio.Task[None] | None = None
         self.terminating: set[str] = set()  # kernels whose destroy is in flight
         self._kernel_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._sub: Subscription | None = None
@@ -73,6 +89,8 @@ class Agent:
             rpc.SYNC_KERNELS: self.sync_kernels,
             rpc.UNLOAD: self.unload,
             rpc.PULL_STATUS: self.pull_status,
+            rpc.PIN_IMAGES: self.pin_images,
+            rpc.IMAGE_GC: self.image_gc,
         }
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -86,6 +104,8 @@ class Agent:
             disk=cfg.disk if cfg.disk is not None else measured.disk_bytes,
         )
         self.first_registration = await self.facts.register()
+        if (aggregate := self.facts.aggregate) is not None:  # pins survive a restart
+            self.preloaded = {image for image, pinned in aggregate.preloaded.items() if pinned}
         log.info(
             "agent %s %s in %s: %s",
             self.id,
@@ -97,16 +117,18 @@ class Agent:
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = asyncio.create_task(self._heartbeat_loop())
+        self._gc = asyncio.create_task(self._gc_loop())
 
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeats
+        for loop in (self._heartbeats, self._gc):
+            if loop is not None:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
@@ -194,9 +216,18 @@ class Agent:
     async def check_and_pull(
         self, request: rpc.CheckAndPull | rpc.Preload
     ) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
+        lease = time.monotonic() + self.config.gc.lease_s
+        for image in request.images:
+            # A kernel is about to use it: GC keeps it for the lease (pin-images renews it).
+            self.leases[image] = max(lease, self.leases.get(image, 0.0))
+        return await self._present_or_pull(request.images)
+
+    async def _present_or_pull(
+        self, images: list[str]
+    ) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
         out: dict[str, rpc.ImagePresent | rpc.PullTask] = {}
         started = []
-        for i, image in enumerate(request.images):
+        for i, image in enumerate(images):
             task = self.pulls.active.get(image)
             if task is None:
                 try:
@@ -215,8 +246,44 @@ class Agent:
         return out
 
     async def preload(self, request: rpc.Preload) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
-        self.preloaded.update(request.images)
-        return await self.check_and_pull(request)
+        if request.pinned:
+            self.preloaded.update(request.images)
+        out = await self._present_or_pull(request.images)  # no lease: no kernel waits for it
+        for image, answer in out.items():
+            if isinstance(answer, rpc.ImagePresent):
+                await self.facts.image_preloaded(image, request.reason, request.pinned)
+            elif (task := self.pulls.get(answer.task_id)) is not None:
+                self._spawn(self._preloaded_when_pulled(task, request.reason, request.pinned))
+        return out
+
+    async def _preloaded_when_pulled(self, task: PullTask, reason: str, pinned: bool) -> None:
+        await task.ended.wait()  # ImagePulled is recorded by then
+        if task.state == "done":
+            await self.facts.image_preloaded(task.image, reason, pinned)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:
+        if request.policy is not None:
+            self.policy_pins = set(request.policy)
+        if request.expected is not None:
+            self.expected = set(request.expected)
+        return rpc.ImagesPinned(policy=len(self.policy_pins), expected=len(self.expected))
+
+    # -- pull facts (agent.pulls.PullEvents): recorded, and the image's last use is its arrival
+
+    async def pull_started(self, image: str, task_id: str) -> None:
+        await self.facts.pull_started(image, task_id)
+
+    async def pulled(self, task_id: str, image: PulledImage, duration_s: float) -> None:
+        self.last_used[image.image] = time.time()
+        await self.facts.pulled(task_id, image, duration_s)
+
+    async def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+        await self.facts.pull_failed(image, task_id, reason)
 
     async def pull_status(self, request: rpc.PullStatus) -> rpc.PullStatusReply:
         task = self.pulls.get(request.task_id)
@@ -259,6 +326,7 @@ class Agent:
             except ValueError as e:
                 raise rpc.RequestError("invalid-request", f"resources: {e}") from None
             self.reserved[kernel_id] = res
+            self.last_used[request.image] = time.time()
             return rpc.KernelCreated(container_id=container_id)
 
     async def destroy_kernel(self, request: rpc.DestroyKernel) -> rpc.KernelDestroyed:
@@ -332,6 +400,9 @@ class Agent:
             if task is not None:
                 out[image] = rpc.UnloadResult(removed=False, reason=f"pulling: task {task.task_id}")
                 continue
+            if (why := self._about_to_use(image)) is not None:
+                out[image] = rpc.UnloadResult(removed=False, reason=why)
+                continue
             try:
                 removed = await self.runtime.remove_image(image)
             except ImageInUse as e:
@@ -340,12 +411,89 @@ class Agent:
             except ValueError as e:
                 raise rpc.RequestError("invalid-request", f"images[{i}]: {e}") from None
             self.preloaded.discard(image)
+            self.leases.pop(image, None)
             if removed:
-                await self.facts.image_removed(image, "unload-requested")
+                await self.facts.image_removed(image, request.reason)
                 out[image] = rpc.UnloadResult(removed=True)
             else:
                 out[image] = rpc.UnloadResult(removed=False, reason="not-present")
         return out
+
+    # -- image GC (agent.gc) --------------------------------------------------------------------
+
+    def _about_to_use(self, image: str) -> str | None:
+        if image in self.expected:
+            return "about-to-use: a kernel scheduled on this agent needs it"
+        if self.leases.get(image, 0.0) > time.monotonic():
+            return "about-to-use: asked for by check-and-pull"
+        return None
+
+    async def _kept(self) -> dict[str, str]:
+        """Images GC must not remove, and why."""
+        kept: dict[str, str] = {}
+        for k in await self.runtime.list_kernels():
+            kept.setdefault(k.image, f"in-use: kernel {k.kernel_id}")
+            self.last_used[k.image] = time.time()  # in use is used now
+        for image, task in self.pulls.active.items():
+            kept.setdefault(image, f"pulling: task {task.task_id}")
+        for image in {*self.expected, *self.leases}:
+            if (why := self._about_to_use(image)) is not None:
+                kept.setdefault(image, why)
+        for image in self.preloaded:
+            kept.setdefault(image, "pinned: preloaded")
+        for image in self.policy_pins:
+            kept.setdefault(image, "pinned: a prepull policy wants it")
+        return kept
+
+    async def image_gc(self, request: rpc.ImageGc | None = None) -> rpc.GcReport:
+        """One GC pass: decide with agent.gc.plan_gc, remove, record ImageRemoved each."""
+        assert self.capacity is not None
+        async with self._gc_lock:
+            now = time.monotonic()
+            self.leases = {i: t for i, t in self.leases.items() if t > now}
+            held = await self.runtime.list_images()
+            first_seen = time.time()
+            images = [
+                GcImage(i.image, i.size_bytes, self.last_used.setdefault(i.image, first_seen))
+                for i in held
+            ]
+            kept = await self._kept()
+            plan = plan_gc(images, self.capacity.disk, self.config.gc, kept)
+            removed: list[rpc.GcRemoval] = []
+            for image, reason in plan.removals:
+                # Asked for since the plan (a check-and-pull, a preload)? Then it stays.
+                if image.image in self.pulls.active or self._about_to_use(image.image):
+                    continue
+                if image.image in self.preloaded or image.image in self.policy_pins:
+                    continue
+                try:
+                    gone = await self.runtime.remove_image(image.image)
+                except ImageInUse:
+                    continue  # a container appeared meanwhile: it is in use
+                self.last_used.pop(image.image, None)
+                if gone:
+                    await self.facts.image_removed(image.image, reason)
+                    removed.append(
+                        rpc.GcRemoval(image=image.image, size_bytes=image.size_bytes, reason=reason)
+                    )
+            if removed:
+                log.info("agent %s: image gc removed %s", self.id, [r.image for r in removed])
+            return rpc.GcReport(
+                disk=self.capacity.disk,
+                used_before=plan.used,
+                used_after=plan.used - sum(r.size_bytes for r in removed),
+                removed=removed,
+                kept={i.image: kept[i.image] for i in images if i.image in kept},
+                note=plan.note,
+            )
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.gc.interval_s)
+            try:
+                await self.image_gc()
+            except Exception:  # try again next interval
+                log.exception("agent %s: image gc", self.id)
 
     # -- progress ------------------------------------------------------------------------------
 

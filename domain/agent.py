@@ -28,6 +28,7 @@ class Agent(BaseAggregate[str]):
         runtime: str
         images: dict[str, ev.HeldImage]  # image -> what is on disk
         pulls: dict[str, str]  # image -> task id of the pull in flight
+        preloaded: dict[str, bool]  # image held ahead of kernels -> pinned (a preload job)
         lost: bool
         status_info: str
 
@@ -114,6 +115,17 @@ class Agent(BaseAggregate[str]):
                 f" (it holds: {', '.join(sorted(self.images)) or 'none'})"
             )
         self.trigger_event(ev.ImageRemoved, image=image, reason=reason)
+
+    def mark_preloaded(self, image: str, reason: str, pinned: bool) -> None:
+        """Record that ``image`` was preloaded; nothing if that is known already (one fact)."""
+        require_text(reason, "reason")
+        if image not in self.images:
+            raise DomainError(
+                f"agent {self.id} holds no image {image!r}; preload marks only images it holds"
+            )
+        if image in self.preloaded and (self.preloaded[image] or not pinned):
+            return
+        self.trigger_event(ev.ImagePreloaded, image=image, reason=reason, pinned=pinned)
 
     def _check_pull(self, image: str, task_id: str) -> None:
         if self.pulls.get(image) != task_id:

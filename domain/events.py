@@ -23,6 +23,7 @@ from domain.status import Kernel, KernelStatus
 
 if TYPE_CHECKING:
     from domain.agent import Agent
+    from domain.prepull import PrepullPolicy
     from domain.session import Session
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -50,6 +51,35 @@ class HeldImage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     digest: NonEmpty
     size_bytes: Bytes
+
+
+class _Rule(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="kind"
+):
+    """A prepull rule: which images its policy's agents should hold (domain.prepull)."""
+
+
+class NewestTags(_Rule, frozen=True, kw_only=True, tag="newest-tags"):
+    """The newest ``count`` tags of ``repository`` (e.g. ``pytorch/pytorch``) Hoist knows."""
+
+    repository: NonEmpty
+    count: Annotated[int, msgspec.Meta(ge=1, le=100)]
+
+
+class LargeRecent(_Rule, frozen=True, kw_only=True, tag="large-recent"):
+    """Images of at least ``min_bytes`` that a session used in the last ``days`` days."""
+
+    min_bytes: Bytes
+    days: Annotated[float, msgspec.Meta(gt=0, le=3650)]
+
+
+class ListedImages(_Rule, frozen=True, kw_only=True, tag="images"):
+    """These images, in this order."""
+
+    images: Annotated[list[NonEmpty], msgspec.Meta(min_length=1, max_length=256)]
+
+
+Rule = NewestTags | LargeRecent | ListedImages
 
 
 class Event(msgspec.Struct, CanMutateAggregate[str], frozen=True, kw_only=True, tag_field="type"):
@@ -234,6 +264,7 @@ class AgentRegistered(
         aggregate.pulls = {}
         aggregate.lost = False
         aggregate.status_info = "registered"
+        aggregate.preloaded = {}
         _apply_registration(aggregate, self)
 
 
@@ -258,6 +289,12 @@ def _apply_registration(aggregate: Agent, event: AgentRegistered | AgentReregist
     aggregate.capacity = event.capacity
     aggregate.runtime = event.runtime
     aggregate.images = dict(event.images)
+    # A preload mark outlives a restart for as long as the image is still there.
+    aggregate.preloaded = {
+        image: pinned
+        for image, pinned in getattr(aggregate, "preloaded", {}).items()
+        if image in aggregate.images
+    }
 
 
 class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
@@ -315,10 +352,65 @@ class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed"):
 
 class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):
     image: NonEmpty
-    reason: NonEmpty  # e.g. "gc-disk-pressure", "unload-requested"
+    # e.g. "unload-requested: job J", "gc: disk 91% > 85%, least recently used (...)"
+    reason: NonEmpty
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.images.pop(self.image, None)
+        aggregate.preloaded.pop(self.image, None)
+
+
+class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):
+    """The agent holds ``image`` because it was asked to ahead of any kernel: by a preload job
+    (``pinned``: image GC never removes it until it is unloaded) or a prepull policy (not
+    pinned by this fact: the policy pins it only while it still wants it).  Recorded once the
+    image is present (after its ImagePulled, or at once when it already was)."""
+
+    image: NonEmpty
+    reason: NonEmpty  # "preload: job <id>", "prepull-policy: <names>"
+    pinned: bool
+
+    def apply(self, aggregate: Agent) -> None:
+        aggregate.preloaded[self.image] = self.pinned or aggregate.preloaded.get(self.image, False)
+
+
+# --- prepull policies (subject hoist.events.prepull-policy.<name>) -------------------------
+
+
+class PrepullPolicySet(
+    Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="PrepullPolicySet"
+):
+    """A prepull policy was created or replaced (also after a removal): its rules for the
+    agents of ``resource_groups`` (empty: every group).  One event for create and change, so a
+    policy's history reads as the list of its versions."""
+
+    originator_topic: NonEmpty
+    resource_groups: list[NonEmpty]
+    rules: list[Rule]
+    priority: int  # higher first when budgets are short
+    reason: NonEmpty  # e.g. "set-by-admin"
+
+    def mutate(self, aggregate: Any) -> Any:
+        if aggregate is None:
+            return CanInitAggregate.mutate(self, aggregate)
+        return CanMutateAggregate.mutate(self, aggregate)
+
+    def apply(self, aggregate: PrepullPolicy) -> None:
+        aggregate.resource_groups = list(self.resource_groups)
+        aggregate.rules = list(self.rules)
+        aggregate.priority = self.priority
+        aggregate.removed = False
+        aggregate.reason = self.reason
+
+
+class PrepullPolicyRemoved(Event, frozen=True, kw_only=True, tag="PrepullPolicyRemoved"):
+    """The policy no longer applies: its images lose their pins (image GC may take them)."""
+
+    reason: NonEmpty
+
+    def apply(self, aggregate: PrepullPolicy) -> None:
+        aggregate.removed = True
+        aggregate.reason = self.reason
 
 
 AnyEvent = (
@@ -341,6 +433,9 @@ AnyEvent = (
     | ImagePulled
     | ImagePullFailed
     | ImageRemoved
+    | ImagePreloaded
+    | PrepullPolicySet
+    | PrepullPolicyRemoved
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -26,7 +26,19 @@ SYNC_KERNELS = "sync-kernels"
 PRELOAD = "preload"
 UNLOAD = "unload"
 PULL_STATUS = "pull-status"
-VERBS = (CHECK_AND_PULL, CREATE_KERNEL, DESTROY_KERNEL, SYNC_KERNELS, PRELOAD, UNLOAD, PULL_STATUS)
+PIN_IMAGES = "pin-images"
+IMAGE_GC = "image-gc"
+VERBS = (
+    CHECK_AND_PULL,
+    CREATE_KERNEL,
+    DESTROY_KERNEL,
+    SYNC_KERNELS,
+    PRELOAD,
+    UNLOAD,
+    PULL_STATUS,
+    PIN_IMAGES,
+    IMAGE_GC,
+)
 
 ERROR_CODES = (
     "invalid-request",  # the payload does not match the verb's schema (message names the field)
@@ -57,9 +69,13 @@ class CheckAndPull(_Request, kw_only=True):
 
 
 class Preload(_Request, kw_only=True):
-    """Like check-and-pull, and the agent marks the images preloaded (policy, not a kernel)."""
+    """Like check-and-pull, and the agent records ImagePreloaded once each image is there.
+    ``pinned``: image GC keeps it until it is unloaded (a preload job); a prepull policy
+    preloads unpinned and pins with pin-images only while it wants the image."""
 
     images: Images
+    reason: NonEmpty = "preload: requested"
+    pinned: bool = True
 
 
 class ImagePresent(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,9 +134,43 @@ class KernelsSynced(_Reply, kw_only=True):
 
 
 class Unload(_Request, kw_only=True):
-    """Remove images no kernel uses."""
+    """Remove images no kernel uses or is about to use; their preload pins go with them."""
 
     images: Images
+    reason: NonEmpty = "unload-requested"
+
+
+class PinImages(_Request, kw_only=True):
+    """What image GC must keep, from the manager's view; each list replaces the previous one
+    (None: unchanged).  ``policy``: images prepull policies want here; ``expected``: images
+    of this agent's kernels that are scheduled, pulling, prepared or being created."""
+
+    policy: list[NonEmpty] | None = None
+    expected: list[NonEmpty] | None = None
+
+
+class ImagesPinned(_Reply, kw_only=True):
+    policy: int
+    expected: int
+
+
+class ImageGc(_Request, kw_only=True):
+    """Run one image GC pass now (it also runs on its own every interval)."""
+
+
+class GcRemoval(msgspec.Struct, frozen=True, kw_only=True):
+    image: str
+    size_bytes: int
+    reason: str
+
+
+class GcReport(_Reply, kw_only=True):
+    disk: int  # bytes for images
+    used_before: int
+    used_after: int
+    removed: list[GcRemoval] = []
+    kept: dict[str, str] = {}  # image -> why GC may not remove it
+    note: str = ""  # e.g. why the low watermark was not reached
 
 
 class UnloadResult(_Reply, kw_only=True):
@@ -164,6 +214,8 @@ REQUESTS: dict[str, type[_Request]] = {
     PRELOAD: Preload,
     UNLOAD: Unload,
     PULL_STATUS: PullStatus,
+    PIN_IMAGES: PinImages,
+    IMAGE_GC: ImageGc,
 }
 
 
