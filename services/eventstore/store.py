@@ -20,20 +20,20 @@ sequences are ``first .. first + n - 1`` (checked against the stored ``Nats-Batc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
-    ConsumerConfig,
-    DeliverPolicy,
     DiscardPolicy,
     RetentionPolicy,
     StorageType,
@@ -64,8 +64,10 @@ _DIRECT_HEADERS = (
     "Nats-Last-Sequence",
 )
 _DIRECT_BATCH = 1000  # messages per batched direct get request
-_REPLAY_PENDING_MSGS = 65536  # client-side buffer of an ordered consumer
-_REPLAY_PENDING_BYTES = 64 * 1024 * 1024
+_FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
+# After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
+# a message before the stream has stored it.
+_SETTLE = (0.002, 0.02, 0.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,56 +442,93 @@ class EventStore:
         follow: bool = False,
     ) -> AsyncIterator[Recorded]:
         """Every message from ``from_seq`` in stream order; stops when caught up (or at
-        ``until_seq``) unless ``follow``, then waits for new ones."""
+        ``until_seq``) unless ``follow``, then waits for new ones.
+
+        Pulled in pages of read() at the caller's pace (the next page is fetched while the
+        caller takes this one), so a slow caller holds at most two pages and never loses a
+        message; a pushed consumer would overflow its client buffer and drop some.  Following,
+        a core subscription on the same subjects says "something new" (a JetStream publish
+        reaches core subscribers too); only the read is trusted, so a lost or early signal
+        costs latency, never a message, and a poll every ``_FOLLOW_POLL`` s backs it up."""
         if type(from_seq) is not int or from_seq < 1:
             raise ValueError(f"from_seq must be an int >= 1, got {from_seq!r}")
         if until_seq is not None and (type(until_seq) is not int or until_seq < from_seq - 1):
             raise ValueError(f"until_seq must be an int >= from_seq - 1, got {until_seq!r}")
         if until_seq is not None and until_seq < from_seq:
             return
-        if follow and until_seq is not None and subject_filter:
-            # No filtered message need sit at until_seq: once the stream holds it, waiting for
-            # new messages could only find ones past it.
-            info = await self.js.stream_info(self.stream)
-            follow = info.state.last_seq < until_seq
-        sub = await self.js.subscribe(
-            subject_filter or ">",
-            stream=self.stream,
-            ordered_consumer=True,
-            config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq
-            ),
-            pending_msgs_limit=_REPLAY_PENDING_MSGS,
-            pending_bytes_limit=_REPLAY_PENDING_BYTES,
-        )
+        # A filtered follow ends once the stream holds until_seq (no later message can match at
+        # or before it): the stream's head must be taken *before* the read that comes up short.
+        bounded = follow and until_seq is not None and bool(subject_filter)
+        woke = asyncio.Event()
+        signals: list[Subscription] = []
+        if follow:
+            for subject in [subject_filter] if subject_filter else self.subjects:
+                signals.append(await self.nc.subscribe(subject, cb=_waker(woke)))
+        ahead: asyncio.Task[list[Recorded]] | None = None
+
+        def fetch(seq: int) -> asyncio.Task[list[Recorded]]:
+            woke.clear()  # a signal from now on may be for a message this read misses
+            return asyncio.ensure_future(self.read(seq, limit(seq), subject_filter))
+
+        def limit(seq: int) -> int:
+            # No more than until_seq - seq + 1 messages can lie in seq..until_seq.
+            return _DIRECT_BATCH if until_seq is None else min(_DIRECT_BATCH, until_seq - seq + 1)
+
         try:
-            if not follow:
-                # Nothing to replay, unless it is already on its way to us.
-                info = await sub.consumer_info()
-                if info.num_pending == 0 and not info.delivered.consumer_seq:
+            seq = from_seq
+            settle = 0  # quick re-reads left after a signal (its message may not be stored yet)
+            while True:
+                head = None
+                if bounded and ahead is None:
+                    head = (await self.js.stream_info(self.stream)).state.last_seq
+                page = await (ahead or fetch(seq))
+                ahead = None
+                full = len(page) == limit(seq)
+                if page:
+                    seq = page[-1].seq + 1
+                    if full and (until_seq is None or seq <= until_seq):
+                        ahead = fetch(seq)
+                for record in page:
+                    if until_seq is not None and record.seq > until_seq:
+                        return
+                    yield record
+                if until_seq is not None and seq > until_seq:
                     return
-            async for msg in sub.messages:
-                tokens = msg.reply.split(".")
-                if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
-                    seq, ts, pend = tokens[5], tokens[7], tokens[8]
-                else:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<dlv>.<sseq>.<cseq>.<ts>.<pend>
-                    seq, ts, pend = tokens[7], tokens[9], tokens[10]
-                sseq = int(seq)
-                if until_seq is not None and sseq > until_seq:
-                    return  # a filtered replay can jump past until_seq
-                yield Recorded(
-                    sseq,
-                    msg.subject,
-                    msg.headers or {},
-                    msg.data,
-                    datetime.fromtimestamp(int(ts) / 1e9, UTC),
-                )
-                if sseq == until_seq:
+                if full:
+                    continue
+                # Caught up.
+                if not follow:
                     return
-                if pend == "0" and not follow:
-                    return
+                if bounded:
+                    if head is None:
+                        continue  # read once more, knowing the head
+                    if until_seq is not None and head >= until_seq:
+                        return
+                if woke.is_set():
+                    settle = len(_SETTLE)
+                    continue
+                if settle:
+                    await asyncio.sleep(_SETTLE[-settle])
+                    settle -= 1
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woke.wait(), _FOLLOW_POLL)
+                settle = len(_SETTLE) if woke.is_set() else 0
         finally:
-            await sub.unsubscribe()
+            if ahead is not None:
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
+            for sub in signals:
+                with contextlib.suppress(Exception):  # the connection may be closing
+                    await sub.unsubscribe()
+
+
+def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
+    async def wake(msg: Msg) -> None:
+        woke.set()
+
+    return wake
 
 
 def _from_direct(msg: Msg) -> Recorded:
