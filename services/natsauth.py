@@ -11,7 +11,8 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
   are direct-get batches on ``$JS.API.DIRECT.GET.HOIST`` whose subject does not name the
   aggregate, so an agent can read (never write) other aggregates too.
 - client: sends commands and queries, watches progress, reads history (direct gets and
-  ephemeral ordered consumers). Never appends events, never touches ``hoist.admin.>``, never
+  ephemeral ordered consumers) and follows it (a core subscription on the event subjects wakes
+  a following replay). Never appends events, never touches ``hoist.admin.>``, never
   changes streams, never pulls from or deletes consumers (the manager's durables).
 - admin: a client that may also publish ``hoist.admin.>``. It does not append events either:
   admin commands go through the manager, which validates them and records their events, so the
@@ -167,6 +168,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     f"{ADMIN}.>",
                     f"{HEARTBEAT}.>",
                     f"{PROGRESS}.>",
+                    EVENTS_ALL,  # a following replay's "something new" signal
                     _INBOX,
                 ],
             },
@@ -201,7 +203,8 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
     return {
         "publish": {"allow": publish, "deny": deny},
         # Never the manager's or agents' request subjects: no one may impersonate a service.
-        "subscribe": {"allow": [f"{PROGRESS}.>", _INBOX]},
+        # Events: a following replay's "something new" signal (reading them is allowed anyway).
+        "subscribe": {"allow": [f"{PROGRESS}.>", EVENTS_ALL, _INBOX]},
     }
 
 

@@ -21,6 +21,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS, PROGRESS_STREAM
+from services.eventstore.store import EventStore, Message, Write
 from services.natsauth import (
     CREDENTIALS_FILE,
     REPO_CONFIG,
@@ -195,6 +196,26 @@ async def test_client_reads_history_with_an_ordered_consumer(client: Conn, manag
     )
     assert last.data == b"e1"
     assert client.errors == []
+
+
+@pytest.mark.parametrize("role", ["client", "manager"])
+async def test_client_and_manager_follow_events(stack: Stack, manager: Conn, role: str) -> None:
+    # A following replay subscribes to the event subjects as its wake-up signal.
+    reader = manager if role == "manager" else await _connect(stack, role)
+    writer = EventStore(manager.nc, EVENT_STREAM, [EVENTS_ALL])
+    subject = f"hoist.events.session.follow-{role}"
+    try:
+        store = EventStore(reader.nc, EVENT_STREAM, [EVENTS_ALL])
+        replay = store.replay(subject_filter=subject, follow=True)
+        first = asyncio.create_task(anext(replay))
+        await asyncio.sleep(0.1)
+        [seq] = await writer.append([Write(subject, [Message(b"e1")])])
+        assert (await asyncio.wait_for(first, 5)).seq == seq
+        await replay.aclose()
+        assert reader.errors == []
+    finally:
+        if reader is not manager:
+            await reader.nc.close()
 
 
 async def test_client_cannot_create_a_durable_through_the_ephemeral_api(client: Conn) -> None:
