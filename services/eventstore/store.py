@@ -517,8 +517,7 @@ class EventStore:
         finally:
             if ahead is not None:
                 ahead.cancel()
-                with contextlib.suppress(BaseException):
-                    await ahead
+                await asyncio.wait([ahead])  # its inbox unsubscribed; raises nothing of its own
             for sub in signals:
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await sub.unsubscribe()
