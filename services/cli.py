@@ -372,8 +372,9 @@ async def _supervise(local: stack.Stack, stop: asyncio.Event) -> None:
                     f"{child.name} exited with code {child.proc.returncode}; its log: {child.log}",
                     flush=True,
                 )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: see EventStore.replay
+            async with asyncio.timeout(1.0):
+                await stop.wait()
 
 
 # --- the parser ----------------------------------------------------------------------------------

@@ -21,15 +21,20 @@ from urllib.parse import urlsplit
 import nats
 from nats.aio.client import Client
 
+from domain import events as ev
 from domain.scheduling import Limits, Policy
 from services import natsauth
+from services.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
 from services.api import Api
 from services.eventstore import progress
 from services.eventstore.repository import Repository
 from services.fleet import Fleet
+from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
 from services.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET, PrepullLoop
 from services.pulling_loop import PullingLoop
 from services.reactors import AgentRpc, Reactors
+from services.read_models import IN_MEMORY, ReadModels
 from services.scheduler_loop import Plan, SchedulerLoop
 from services.stack import event_store
 
@@ -45,6 +50,13 @@ class ManagerConfig:
     pull_check_interval_s: float = 5.0
     liveness_deadline_s: float = DEFAULT_DEADLINE_S
     retry_s: float = 1.0  # an unreachable agent is asked again after this
+    # Agent resource sync (seed 002): triggers, heartbeat reconciliation, lost agents' kernels.
+    sync_triggers: frozenset[str] = DEFAULT_TRIGGERS
+    reconcile_interval_s: float = 5.0
+    lost_grace_s: float = 15.0  # RUNNING kernels of an agent lost this long: TERMINATED
+    prepull_interval_s: float = 10.0
+    prepull_parallelism: int = 16  # agents asked to converge at a time
+    read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
 
 
 class Manager:
@@ -68,6 +80,14 @@ class Manager:
             **({"planner": planner} if planner else {}),
         )
         self.api = Api(nc, self.fleet, self.reactors, self.scheduler.wake)
+        self.prepull = PrepullLoop(
+            self.fleet,
+            self.repository,
+            self.rpc,
+            interval_s=config.prepull_interval_s,
+            parallelism=config.prepull_parallelism,
+        )
+        self.images = ImagesAdmin(nc, self.fleet, self.rpc, policy_pins=self.prepull.pins)
         self.pulling = PullingLoop(
             self.fleet,
             self.rpc,
@@ -77,20 +97,59 @@ class Manager:
             stall_timeout_s=config.stall_timeout_s,
         )
         self.liveness = LivenessWatcher(nc, self.repository, deadline_s=config.liveness_deadline_s)
+        self.sync = AgentSync(
+            self.fleet,
+            self.rpc,
+            self.reactors,
+            self.liveness,
+            triggers=config.sync_triggers,
+            interval_s=config.reconcile_interval_s,
+            lost_grace_s=config.lost_grace_s,
+        )
+        self.scheduler.on_scheduled = self._scheduled
+        for subject, handler in {
+            AGENT_SYNC: self.sync.handle,
+            PRELOAD: self.images.preload,
+            UNLOAD: self.images.unload,
+            JOB: self.images.job,
+            JOBS: self.images.list_jobs,
+            POLICY_SET: self.prepull.set_policy,
+            POLICY_REMOVE: self.prepull.remove_policy,
+            POLICY_LIST: self.prepull.list_policies,
+            POLICY_PLAN: self.prepull.show_plan,
+        }.items():
+            self.api.register(subject, handler)
+        self.read_models = ReadModels(nc, self.store, config.read_models or IN_MEMORY)
         self.fleet.on_room = self.scheduler.wake
-        self.fleet.on_agent_event = self.reactors.on_agent_event
+        self.fleet.on_agent_event = self._agent_event
+        self.fleet.on_policy_event = lambda name: self.prepull.wake()
         self.fleet.on_session_reloaded = self.reactors.kick
+
+    def _scheduled(self, session_id: str) -> None:
+        self.sync.after_scheduling(session_id)
+        self.reactors.kick(session_id)
+
+    def _agent_event(self, agent_id: str, event: ev.Event) -> None:
+        self.reactors.on_agent_event(agent_id, event)
+        self.images.on_agent_event(agent_id, event)
+        self.prepull.on_agent_event(agent_id, event)
+        if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
+            self.sync.forget_pins(agent_id)
 
     async def start(self) -> None:
         await self.store.ensure_stream()
         await progress.ensure(self.nc.jetstream())
         await self.fleet.start()  # the whole log folded before anything acts on it
         await self.liveness.start(a for a, s in self.fleet.agents.items() if s.live)
+        await self.images.start()
         await self.api.start()
+        await self.read_models.start()
         self.scheduler.start()
         for sid in self.fleet.unsettled_sessions():
             self.reactors.kick(sid)
         self.pulling.start()
+        self.sync.start()
+        self.prepull.start()
         log.info(
             "manager ready: %d sessions, %d agents, log at %d",
             len(self.fleet.sessions),
@@ -100,6 +159,10 @@ class Manager:
 
     async def stop(self) -> None:
         await self.api.stop()
+        await self.prepull.stop()
+        await self.sync.stop()
+        await self.images.stop()
+        await self.read_models.stop()
         await self.pulling.stop()
         await self.scheduler.stop()
         await self.reactors.stop()
@@ -142,6 +205,29 @@ def parser() -> argparse.ArgumentParser:
         "--pull-check-interval", type=float, default=5.0, help="seconds between checks"
     )
     p.add_argument("--heartbeat-deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds")
+    sync = p.add_argument_group("agent resource sync (seed 002)")
+    sync.add_argument(
+        "--agent-resource-sync-trigger",
+        action="append",
+        choices=TRIGGERS,
+        help=f"when to sync agents' kernels (repeatable; default {sorted(DEFAULT_TRIGGERS)})",
+    )
+    sync.add_argument(
+        "--reconcile-interval", type=float, default=5.0, help="seconds between heartbeat checks"
+    )
+    sync.add_argument(
+        "--lost-grace",
+        type=float,
+        default=15.0,
+        help="seconds after AgentLost before its RUNNING kernels are TERMINATED agent-lost",
+    )
+    p.add_argument("--prepull-interval", type=float, default=10.0, help="seconds")
+    p.add_argument(
+        "--read-models",
+        type=Path,
+        help="the read models' DuckDB file (default: DATA_DIR/readmodels.duckdb with --data-dir,"
+        " else in memory)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -163,6 +249,12 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         stall_timeout_s=args.stall_timeout,
         pull_check_interval_s=args.pull_check_interval,
         liveness_deadline_s=args.heartbeat_deadline,
+        sync_triggers=frozenset(args.agent_resource_sync_trigger or DEFAULT_TRIGGERS),
+        reconcile_interval_s=args.reconcile_interval,
+        lost_grace_s=args.lost_grace,
+        prepull_interval_s=args.prepull_interval,
+        read_models=args.read_models
+        or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
     )
 
 

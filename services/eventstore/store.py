@@ -511,8 +511,11 @@ class EventStore:
                     await asyncio.sleep(_SETTLE[-settle])
                     settle -= 1
                     continue
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+                # lands as the wait ends, and this loop would then follow for ever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woke.wait(), _FOLLOW_POLL)
+                    async with asyncio.timeout(_FOLLOW_POLL):
+                        await woke.wait()
                 settle = len(_SETTLE) if woke.is_set() else 0
         finally:
             if ahead is not None:
