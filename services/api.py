@@ -154,6 +154,10 @@ class Api:
             KERNEL_CANCEL: self.cancel_kernel,
         }
 
+    def register(self, subject: str, handler: Callable[[bytes], Awaitable[object]]) -> None:
+        """Serve one more subject with the same error replies (call before start)."""
+        self._handlers[subject] = handler
+
     async def start(self) -> None:
         for subject in self._handlers:
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg))

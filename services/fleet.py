@@ -21,11 +21,13 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import decode
 from domain.errors import EventDecodeError
+from domain.prepull import PrepullPolicy
 from domain.scheduling import AgentView, PendingSession
 from domain.session import Session
 from domain.status import (
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 S = KernelStatus
 _SESSION_PREFIX = f"{EVENTS}.session."
 _AGENT_PREFIX = f"{EVENTS}.agent."
+_POLICY_PREFIX = f"{EVENTS}.{PrepullPolicy.KIND}."
 
 
 @dataclass
@@ -91,10 +94,15 @@ class Fleet:
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
+        self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
+        # Per image: when a session last asked for it and when one first did (prepull rules).
+        self.image_last_used: dict[str, datetime] = {}
+        self.image_first_seen: dict[str, datetime] = {}
         self.caught_up = asyncio.Event()
         # Hooks the manager wires: capacity freed or agents changed (scheduler), an agent fact
-        # (reactors), a session changed (reactors for foreign writes).
+        # (reactors), a session changed (reactors for foreign writes), a policy changed.
         self.on_room: Callable[[], None] = lambda: None
+        self.on_policy_event: Callable[[str], None] = lambda name: None
         self.on_agent_event: Callable[[str, ev.Event], None] = lambda agent_id, event: None
         self.on_session_reloaded: Callable[[str], None] = lambda session_id: None
         self._footprints: dict[str, _Footprint] = {}
@@ -122,10 +130,14 @@ class Fleet:
             raise RuntimeError("the event log consumer ended before catching up")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._follow, *self._tasks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending = {t for t in (self._follow, *self._tasks) if t is not None}
+        while pending:
+            for t in pending:
+                t.cancel()
+            # Cancel again until they end: on Python 3.11 a cancel that lands as an
+            # asyncio.timeout expires is taken for the timeout (the replay's follow poll) and
+            # swallowed, which would leave this waiting for ever.
+            _, pending = await asyncio.wait(pending, timeout=0.5)
 
     async def _follow_log(self, target: int) -> None:
         async for rec in self.store.replay(from_seq=1, follow=True):
@@ -147,6 +159,21 @@ class Fleet:
             self._fold_session(rec.subject.removeprefix(_SESSION_PREFIX), rec.seq, event)
         elif rec.subject.startswith(_AGENT_PREFIX):
             self._fold_agent(rec.subject.removeprefix(_AGENT_PREFIX), event)
+        elif rec.subject.startswith(_POLICY_PREFIX):
+            self._fold_policy(rec.subject.removeprefix(_POLICY_PREFIX), rec.seq, event)
+
+    def _fold_policy(self, name: str, seq: int, event: ev.Event) -> None:
+        policy = self.policies.get(name)
+        if policy is not None and seq <= loaded_seq(policy):
+            return  # our own write, kept by put_policy
+        self.policies[name] = apply(policy, event, seq)
+        if self.caught_up.is_set():
+            self.on_policy_event(name)
+
+    def put_policy(self, policy: PrepullPolicy) -> None:
+        """A policy this manager just saved (its sequence is remembered: not folded twice)."""
+        self.policies[policy.id] = policy
+        self.on_policy_event(policy.id)
 
     def _fold_session(self, session_id: str, seq: int, event: ev.Event) -> None:
         session = self.sessions.get(session_id)
@@ -206,6 +233,14 @@ class Fleet:
             if st is S.PULLING:
                 pulling_on.add(k.agent_id)
         new = _Footprint(held, owner_active, all_pending, frozenset(live_on), frozenset(pulling_on))
+        first = next(iter(session.kernels.values()), None)
+        if first is not None and first.status_history:
+            at = first.status_history[0].at  # enqueued
+            image = session.image
+            if at > self.image_last_used.get(image, at) or image not in self.image_last_used:
+                self.image_last_used[image] = at
+            if at < self.image_first_seen.get(image, at) or image not in self.image_first_seen:
+                self.image_first_seen[image] = at
         self.sessions[sid] = session
         self._set_footprint(sid, session.owner, new)
         if is_settled(session):
@@ -368,7 +403,8 @@ class Fleet:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[session_id].append(fut)
         try:
-            await asyncio.wait_for(fut, within_s)
+            async with asyncio.timeout(within_s):  # wait_for can lose a cancel on 3.11
+                await fut
         except TimeoutError:
             pass
         finally:

@@ -53,6 +53,7 @@ class ManagerConfig:
     # Agent resource sync (seed 002): triggers, heartbeat reconciliation, lost agents' kernels.
     sync_triggers: frozenset[str] = DEFAULT_TRIGGERS
     reconcile_interval_s: float = 5.0
+    reconcile_grace_s: float = 2.0  # a heartbeat this much newer than a change can judge it
     lost_grace_s: float = 15.0  # RUNNING kernels of an agent lost this long: TERMINATED
     prepull_interval_s: float = 10.0
     prepull_parallelism: int = 16  # agents asked to converge at a time
@@ -104,6 +105,7 @@ class Manager:
             self.liveness,
             triggers=config.sync_triggers,
             interval_s=config.reconcile_interval_s,
+            grace_s=config.reconcile_grace_s,
             lost_grace_s=config.lost_grace_s,
         )
         self.scheduler.on_scheduled = self._scheduled

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -105,6 +105,11 @@ class Reactors:
         self._again: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._later: dict[str, asyncio.TimerHandle] = {}
+        # Agent resource sync triggers (services.agent_sync): sync these agents before
+        # create-kernel; after insufficient-resources refusals, sync the refusing agents (all
+        # at once: a multi-kernel session can fail on several) and retry those creates once.
+        self.before_create: Callable[[set[str]], Awaitable[None]] | None = None
+        self.on_create_refused: Callable[[set[str]], Awaitable[None]] | None = None
 
     # -- waking --------------------------------------------------------------------------
 
@@ -352,7 +357,18 @@ class Reactors:
             except (AgentUnreachable, AgentRefused) as e:
                 return k.kernel_id, e
 
+        if self.before_create is not None:
+            await self.before_create({k.agent_id for k in creating if k.agent_id is not None})
         results = dict(await asyncio.gather(*(one(k) for k in creating)))
+        refused = [
+            k
+            for k in creating
+            if isinstance(r := results[k.kernel_id], AgentRefused)
+            and r.code == "insufficient-resources"
+        ]
+        if refused and self.on_create_refused is not None:
+            await self.on_create_refused({k.agent_id for k in refused if k.agent_id is not None})
+            results.update(await asyncio.gather(*(one(k) for k in refused)))
         if any(isinstance(r, AgentUnreachable) for r in results.values()):
             self.kick_later(session.id)
 

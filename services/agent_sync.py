@@ -1,0 +1,330 @@
+"""Agent resource sync (seed 002) and continuous reconciliation from heartbeats.
+
+The manager's view is the truth: ``sync(agent)`` sends the agent its kernels by status
+(``sync-kernels``); the agent destroys containers of kernels the manager does not know (or that
+are over) and answers which listed running ones have no live container, which the manager then
+records TERMINATED ``container-gone: not found on agent X`` (``container-exited: ...`` when the
+heartbeat saw the process end).
+
+When it runs:
+- ``hoist.admin.agent.sync {agent_ids?}`` (none: every live agent) -> ``{"agents": {id:
+  {"running", "terminated", "destroyed", "repaired": [kernel ids recorded TERMINATED]} |
+  {"error"}}}``;
+- the configurable triggers ``after-scheduling`` (the placed agents, right after a session is
+  scheduled), ``before-kernel-creation`` (the agents of a session's creates, first) and
+  ``on-creation-failure`` (the default: every agent that refused a create with
+  insufficient-resources, all at once, then those creates are retried once; so a
+  multi-kernel session failing on several agents is handled, which the original was not);
+- without any trigger, every ``interval_s``: each live agent's last heartbeat is compared with
+  the view, and an agent that drifted is synced: a running kernel with no container (killed
+  outside Hoist), a container of a kernel the manager does not know or ended. A kernel
+  CREATING that the agent never got (no container after ``create_grace_s``) gets its
+  create-kernel asked again (idempotent). A difference younger than ``grace_s`` (the beat
+  may predate the change) is left for the next round.
+
+The same round tells each agent which images its kernels are about to use (``pin-images``
+``expected``), for image GC, and ends RUNNING kernels on agents lost for ``lost_grace_s``
+(TERMINATED ``agent-lost: X (heartbeat-timeout: ...)``): after the liveness deadline and this
+grace the manager stops counting on them, frees their room, and a returning agent's leftover
+containers are destroyed by the next sync (the manager no longer knows them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from domain import rpc
+from domain.events import NonEmpty
+from domain.rpc import RequestError, decode
+from domain.session import Session
+from domain.status import KernelStatus
+from domain.subjects import ADMIN
+from services.fleet import Fleet
+from services.liveness import LivenessWatcher
+from services.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
+
+log = logging.getLogger(__name__)
+
+S = KernelStatus
+AGENT_SYNC = f"{ADMIN}.agent.sync"
+TRIGGERS = ("after-scheduling", "before-kernel-creation", "on-creation-failure")
+DEFAULT_TRIGGERS = frozenset({"on-creation-failure"})
+# Kernels whose image the agent is about to need (image GC must keep it).
+ABOUT_TO_USE = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING})
+
+
+class SyncAgents(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    agent_ids: list[NonEmpty] | None = None  # None: every live agent
+
+
+def check_triggers(triggers: Iterable[str]) -> frozenset[str]:
+    out = frozenset(triggers)
+    unknown = out - set(TRIGGERS)
+    if unknown:
+        raise ValueError(
+            f"agent resource sync trigger must be among {list(TRIGGERS)}, got {sorted(unknown)}"
+        )
+    return out
+
+
+class AgentSync:
+    def __init__(
+        self,
+        fleet: Fleet,
+        agents: AgentRpc,
+        reactors: Reactors,
+        liveness: LivenessWatcher,
+        *,
+        triggers: Iterable[str] = DEFAULT_TRIGGERS,
+        interval_s: float = 5.0,
+        grace_s: float = 2.0,
+        create_grace_s: float = 30.0,
+        lost_grace_s: float = 15.0,
+    ) -> None:
+        self.fleet = fleet
+        self.agents = agents
+        self.reactors = reactors
+        self.liveness = liveness
+        self.triggers = check_triggers(triggers)
+        self.interval_s = interval_s
+        self.grace = timedelta(seconds=grace_s)
+        self.create_grace = timedelta(seconds=create_grace_s)
+        self.lost_grace = timedelta(seconds=lost_grace_s)
+        self.syncs = 0  # sync-kernels calls made (tests, logs)
+        self._expected_sent: dict[str, frozenset[str]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._spawned: set[asyncio.Task[Any]] = set()
+        if "before-kernel-creation" in self.triggers:
+            reactors.before_create = self._sync_quietly
+        if "on-creation-failure" in self.triggers:
+            reactors.on_create_refused = self._sync_quietly
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._spawned) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def after_scheduling(self, session_id: str) -> None:
+        """The scheduler placed a session: sync its agents when that trigger is on."""
+        session = self.fleet.sessions.get(session_id)
+        if "after-scheduling" not in self.triggers or session is None:
+            return
+        agents = {k.agent_id for k in session.kernels.values() if k.agent_id is not None}
+        task = asyncio.create_task(self._sync_quietly(agents))
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    # -- the command ---------------------------------------------------------------------
+
+    async def handle(self, data: bytes) -> dict[str, Any]:
+        req = decode(data, SyncAgents, what=AGENT_SYNC)
+        if req.agent_ids is None:
+            ids = [a for a, s in self.fleet.agents.items() if s.live]
+        else:
+            unknown = [a for a in req.agent_ids if a not in self.fleet.agents]
+            if unknown:
+                raise RequestError(
+                    "not-found", f"agent_ids: no agent {unknown}; list them with hoist agents"
+                )
+            ids = list(dict.fromkeys(req.agent_ids))
+        results = await asyncio.gather(*(self.sync(a) for a in ids))
+        return {"agents": dict(zip(ids, results, strict=True))}
+
+    async def _sync_quietly(self, agent_ids: set[str]) -> None:
+        await asyncio.gather(*(self.sync(a) for a in agent_ids))
+
+    # -- one agent -----------------------------------------------------------------------
+
+    def truth(self, agent_id: str) -> rpc.SyncKernels:
+        """This agent's kernels as the manager knows them, by status."""
+        lists: dict[str, list[str]] = {
+            "preparing": [],
+            "pulling": [],
+            "creating": [],
+            "running": [],
+            "terminating": [],
+        }
+        where = {
+            S.SCHEDULED: "preparing",
+            S.PREPARING: "preparing",
+            S.PULLING: "pulling",
+            S.PREPARED: "creating",
+            S.CREATING: "creating",
+            S.RUNNING: "running",
+            S.TERMINATING: "terminating",
+        }
+        for k in self._kernels_on(agent_id):
+            lists[where[k[1].status]].append(k[1].kernel_id)
+        return rpc.SyncKernels(**lists)
+
+    def _kernels_on(self, agent_id: str) -> list[tuple[Session, Any]]:
+        out = []
+        for sid in self.fleet.sessions_on(agent_id):
+            session = self.fleet.sessions[sid]
+            for k in session.kernels.values():
+                if k.agent_id == agent_id and k.status in ABOUT_TO_USE | {S.RUNNING, S.TERMINATING}:
+                    out.append((session, k))
+        return out
+
+    async def sync(self, agent_id: str, exited: Iterable[str] = ()) -> dict[str, Any]:
+        """sync-kernels with the view's truth, then record what the agent no longer runs."""
+        self.syncs += 1
+        try:
+            reply = msgspec.convert(
+                await self.agents.call(agent_id, rpc.SYNC_KERNELS, self.truth(agent_id)),
+                rpc.KernelsSynced,
+            )
+        except (AgentUnreachable, AgentRefused) as e:
+            return {"error": str(e)}
+        if reply.destroyed:
+            log.warning("agent %s: sync destroyed unknown containers %s", agent_id, reply.destroyed)
+        repaired = await self._record_gone(agent_id, reply.terminated, set(exited))
+        return {
+            "running": reply.running,
+            "terminated": reply.terminated,
+            "destroyed": reply.destroyed,
+            "repaired": repaired,
+        }
+
+    async def _record_gone(
+        self, agent_id: str, kernel_ids: list[str], exited: set[str]
+    ) -> list[str]:
+        repaired: list[str] = []
+        by_session: dict[str, list[str]] = {}
+        for kid in kernel_ids:
+            sid = self.fleet.kernel_session.get(kid)
+            if sid is not None:
+                by_session.setdefault(sid, []).append(kid)
+        for sid, kids in by_session.items():
+
+            def decide(session: Session, kids: list[str] = kids) -> None:
+                for kid in kids:
+                    k = session.kernels[kid]
+                    if k.agent_id != agent_id:
+                        continue
+                    if k.status is S.RUNNING:
+                        what = "container-exited" if kid in exited else "container-gone"
+                        info = f"{what}: not found on agent {agent_id}"
+                        if kid in exited:
+                            info = f"{what}: its process ended on agent {agent_id}"
+                        session.mark_terminated(kid, info, "repaired by agent resource sync")
+                        repaired.append(kid)
+                    elif k.status is S.TERMINATING:
+                        session.mark_terminated(kid, k.status_info, "no container was left")
+                        repaired.append(kid)
+
+            if await self.reactors.record(sid, decide):
+                self.reactors.kick(sid)
+        return repaired
+
+    # -- reconciliation ------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("agent reconciliation")
+
+    async def reconcile(self) -> list[str]:
+        """One round: sync every drifted agent, re-ask lost creates, pin expected images,
+        end running kernels of long-lost agents; return the agents synced."""
+        now = datetime.now(UTC)
+        drifted: dict[str, set[str]] = {}
+        pins = []
+        for agent_id, state in list(self.fleet.agents.items()):
+            if not state.live:
+                await self._end_on_lost(agent_id, now)
+                continue
+            beat = self.liveness.last_beat.get(agent_id)
+            kernels = self._kernels_on(agent_id)
+            pins.append(self._pin_expected(agent_id, kernels))
+            if beat is None:
+                continue
+            drift = self._drift(agent_id, beat, kernels)
+            if drift is not None:
+                drifted[agent_id] = drift
+        await asyncio.gather(*pins)
+        await asyncio.gather(*(self.sync(a, exited) for a, exited in drifted.items()))
+        return sorted(drifted)
+
+    def _drift(
+        self, agent_id: str, beat: rpc.Heartbeat, kernels: list[tuple[Session, Any]]
+    ) -> set[str] | None:
+        """The kernels whose process exited, if the beat disagrees with the view; else None."""
+        live = {k.kernel_id: k for k in beat.kernels}
+        drift = False
+        exited: set[str] = set()
+        mine = set()
+        for session, k in kernels:
+            mine.add(k.kernel_id)
+            settled = beat.sent_at - k.status_history[-1].at > self.grace
+            container = live.get(k.kernel_id)
+            if k.status in (S.RUNNING, S.TERMINATING) and settled:
+                if container is None or container.status == "exited":
+                    drift = True
+                    if container is not None:
+                        exited.add(k.kernel_id)
+            elif k.status is S.CREATING and container is None:
+                if beat.sent_at - k.status_history[-1].at > self.create_grace:
+                    self.reactors.kick(session.id)  # its create-kernel is asked again
+        for kid in live.keys() - mine:
+            sid = self.fleet.kernel_session.get(kid)
+            session = self.fleet.sessions.get(sid) if sid else None
+            if session is None:
+                drift = True  # a container of a kernel the manager never knew
+                continue
+            k = session.kernels[kid]
+            if beat.sent_at - k.status_history[-1].at > self.grace:
+                drift = True  # a container of a kernel that is over or elsewhere
+        return exited if drift else None
+
+    async def _pin_expected(self, agent_id: str, kernels: list[tuple[Session, Any]]) -> None:
+        expected = frozenset(s.image for s, k in kernels if k.status in ABOUT_TO_USE)
+        if self._expected_sent.get(agent_id) == expected:
+            return
+        try:
+            await self.agents.call(
+                agent_id, rpc.PIN_IMAGES, rpc.PinImages(expected=sorted(expected))
+            )
+        except (AgentUnreachable, AgentRefused) as e:
+            log.info("agent %s: expected images not pinned (%s)", agent_id, e)
+            return
+        self._expected_sent[agent_id] = expected
+
+    def forget_pins(self, agent_id: str) -> None:
+        """The agent restarted: it lost what it was told."""
+        self._expected_sent.pop(agent_id, None)
+
+    async def _end_on_lost(self, agent_id: str, now: datetime) -> None:
+        agent = self.fleet.agents[agent_id].agent
+        if agent.modified_on is None or now - agent.modified_on < self.lost_grace:
+            return
+        for session, k in self._kernels_on(agent_id):
+            if k.status is not S.RUNNING:
+                continue
+            kid = k.kernel_id
+
+            def decide(s: Session, kid: str = kid) -> None:
+                k = s.kernels[kid]
+                if k.status is S.RUNNING and k.agent_id == agent_id:
+                    s.mark_terminated(
+                        kid,
+                        f"agent-lost: {agent_id} ({agent.status_info})",
+                        f"no heartbeat for {self.lost_grace.total_seconds():g}s after it was"
+                        " marked lost: the kernel is given up",
+                    )
+
+            if await self.reactors.record(session.id, decide):
+                self.reactors.kick(session.id)

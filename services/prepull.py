@@ -1,0 +1,379 @@
+"""Prepull policies on the manager: the commands, and the loop that converges the fleet.
+
+Commands (admin):
+- ``hoist.admin.image.policy.set {name, rules, resource_groups=[], priority=0, dry_run=false}``
+  records PrepullPolicySet (unless ``dry_run``) and answers the plan with it:
+  ``{"policy": {...}, "recorded": bool, "plans": {agent: plan}}``;
+- ``hoist.admin.image.policy.remove {name, dry_run=false}`` records PrepullPolicyRemoved;
+- ``hoist.admin.image.policy.list {}`` -> ``{"policies": [...]}``;
+- ``hoist.admin.image.policy.plan {}`` -> ``{"plans": {...}, "converged": bool}``.
+A plan is ``{"budget", "bytes", "desired": [{"image", "size_bytes", "policy", "why"}],
+"to_pull": [...], "skipped": [{"image", "why"}]}`` (domain.prepull.plan_agent).
+
+Convergence (on every policy change, agent (re)registration, and every ``interval_s``): for
+each live agent, the plan's images are pinned on the agent (``pin-images`` ``policy``: image GC
+keeps them while the policy wants them), the missing ones preloaded (unpinned, reason
+``prepull-policy: <names>``) with at most ``parallelism`` agents asked at a time.  When the
+images held would go over the GC high watermark with the new ones, held images no kernel uses,
+no job pinned and no policy wants are unloaded first (largest first, ImageRemoved
+``prepull-policy: room for <image>``), so a policy change never fills a disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import msgspec
+
+from domain import events as ev
+from domain import rpc
+from domain.errors import DomainError
+from domain.events import NonEmpty
+from domain.prepull import (
+    DEFAULT_FILL,
+    AgentDisk,
+    AgentPlan,
+    KnownImage,
+    Policy,
+    PrepullPolicy,
+    plan_fleet,
+)
+from domain.rpc import RequestError, decode
+from domain.status import TERMINAL
+from domain.subjects import ADMIN
+from services.eventstore.repository import Repository
+from services.eventstore.store import ConcurrencyError
+from services.fleet import Fleet
+from services.reactors import AgentRefused, AgentRpc, AgentUnreachable
+
+log = logging.getLogger(__name__)
+
+POLICY_SET = f"{ADMIN}.image.policy.set"
+POLICY_REMOVE = f"{ADMIN}.image.policy.remove"
+POLICY_LIST = f"{ADMIN}.image.policy.list"
+POLICY_PLAN = f"{ADMIN}.image.policy.plan"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class SetPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: NonEmpty
+    rules: Annotated[list[ev.Rule], msgspec.Meta(min_length=1, max_length=64)]
+    resource_groups: list[NonEmpty] = []
+    priority: int = 0
+    dry_run: bool = False
+
+
+class RemovePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: NonEmpty
+    dry_run: bool = False
+
+
+class NoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+def plan_view(plan: AgentPlan) -> dict[str, Any]:
+    return {
+        "budget": plan.budget,
+        "bytes": plan.bytes,
+        "desired": [
+            {"image": w.image, "size_bytes": w.size_bytes, "policy": w.policy, "why": w.why}
+            for w in plan.desired
+        ],
+        "to_pull": plan.to_pull,
+        "skipped": [{"image": i, "why": why} for i, why in plan.skipped],
+    }
+
+
+def policy_view(p: PrepullPolicy) -> dict[str, Any]:
+    return {
+        "name": p.id,
+        "resource_groups": p.resource_groups,
+        "rules": msgspec.to_builtins(p.rules),
+        "priority": p.priority,
+        "removed": p.removed,
+        "reason": p.reason,
+    }
+
+
+class PrepullLoop:
+    def __init__(
+        self,
+        fleet: Fleet,
+        repository: Repository,
+        agents: AgentRpc,
+        *,
+        interval_s: float = 10.0,
+        parallelism: int = 16,
+        fill: float = DEFAULT_FILL,
+        high: float = 0.85,
+    ) -> None:
+        self.fleet = fleet
+        self.repository = repository
+        self.agents = agents
+        self.interval_s = interval_s
+        self.parallelism = parallelism
+        self.fill = fill
+        self.high = high
+        self.plans: dict[str, AgentPlan] = {}  # the last converge pass's plans
+        self.passes = 0
+        self._pins_sent: dict[str, tuple[str, ...]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+        self.wake()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def on_agent_event(self, agent_id: str, event: ev.Event) -> None:
+        if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
+            self._pins_sent.pop(agent_id, None)  # a restarted agent forgot its pins
+            self.wake()
+
+    # -- planning ------------------------------------------------------------------------
+
+    def live_policies(self) -> list[Policy]:
+        return [Policy.of(p) for p in self.fleet.policies.values() if not p.removed]
+
+    def catalog(self) -> dict[str, KnownImage]:
+        sizes: dict[str, int] = {}
+        for state in self.fleet.agents.values():
+            for image, held in state.agent.images.items():
+                sizes[image] = max(sizes.get(image, 0), held.size_bytes)
+        names = sizes.keys() | self.fleet.image_first_seen.keys()
+        return {
+            image: KnownImage(
+                image,
+                sizes.get(image),
+                self.fleet.image_last_used.get(image),
+                self.fleet.image_first_seen.get(image, _EPOCH),
+            )
+            for image in names
+        }
+
+    def disks(self) -> list[AgentDisk]:
+        out = []
+        for agent_id, state in self.fleet.agents.items():
+            if not state.live:
+                continue
+            agent = state.agent
+            kept = {image for image, pinned in agent.preloaded.items() if pinned}
+            for sid in self.fleet.sessions_on(agent_id):
+                session = self.fleet.sessions[sid]
+                if any(
+                    k.agent_id == agent_id and k.status not in TERMINAL
+                    for k in session.kernels.values()
+                ):
+                    kept.add(session.image)
+            held = {image: h.size_bytes for image, h in agent.images.items()}
+            out.append(
+                AgentDisk(
+                    agent_id,
+                    agent.resource_group,
+                    agent.capacity.disk,
+                    held,
+                    frozenset(kept & held.keys()),
+                )
+            )
+        return out
+
+    def plan(self, policies: list[Policy] | None = None) -> dict[str, AgentPlan]:
+        return plan_fleet(
+            self.disks(),
+            self.live_policies() if policies is None else policies,
+            self.catalog(),
+            datetime.now(UTC),
+            self.fill,
+        )
+
+    def pins(self, agent_id: str) -> dict[str, str]:
+        """Image -> policy for what the policies want on the agent (unload refuses those)."""
+        plan = self.plans.get(agent_id)
+        return {w.image: w.policy for w in plan.desired} if plan else {}
+
+    def converged(self) -> bool:
+        """Every live agent holds its plan's images (as of now)."""
+        plans = self.plan()
+        return all(not p.to_pull for p in plans.values())
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def set_policy(self, data: bytes) -> dict[str, Any]:
+        req = decode(data, SetPolicy, what=POLICY_SET)
+        existing = self.fleet.policies.get(req.name)
+        try:
+            policy = PrepullPolicy.set(
+                None if existing is None else _copy(existing),
+                name=req.name,
+                resource_groups=req.resource_groups,
+                rules=req.rules,
+                priority=req.priority,
+            )
+        except ValueError as e:
+            raise RequestError("invalid-request", str(e)) from None
+        others = [p for p in self.live_policies() if p.name != req.name]
+        candidate = Policy(req.name, policy.resource_groups, policy.rules, policy.priority)
+        plans = self.plan([*others, candidate])
+        recorded = False
+        if not req.dry_run and policy.pending_events:
+            await self._save(policy)
+            recorded = True
+        elif not req.dry_run:
+            policy.collect_events()
+        return {
+            "policy": policy_view(policy),
+            "recorded": recorded,
+            "dry_run": req.dry_run,
+            "plans": {a: plan_view(p) for a, p in plans.items()},
+        }
+
+    async def remove_policy(self, data: bytes) -> dict[str, Any]:
+        req = decode(data, RemovePolicy, what=POLICY_REMOVE)
+        existing = self.fleet.policies.get(req.name)
+        if existing is None or existing.removed:
+            raise RequestError(
+                "not-found", f"name: no prepull policy {req.name!r}; list them with policy list"
+            )
+        plans = self.plan([p for p in self.live_policies() if p.name != req.name])
+        if not req.dry_run:
+            policy = _copy(existing)
+            try:
+                policy.remove()
+            except DomainError as e:
+                raise RequestError("conflict", str(e)) from None
+            await self._save(policy)
+        return {
+            "policy": req.name,
+            "recorded": not req.dry_run,
+            "dry_run": req.dry_run,
+            "plans": {a: plan_view(p) for a, p in plans.items()},
+        }
+
+    async def list_policies(self, data: bytes) -> dict[str, Any]:
+        decode(data, NoRequest, what=POLICY_LIST)
+        return {"policies": [policy_view(p) for p in self.fleet.policies.values()]}
+
+    async def show_plan(self, data: bytes) -> dict[str, Any]:
+        decode(data, NoRequest, what=POLICY_PLAN)
+        plans = self.plan()
+        return {
+            "plans": {a: plan_view(p) for a, p in plans.items()},
+            "converged": all(not p.to_pull for p in plans.values()),
+        }
+
+    async def _save(self, policy: PrepullPolicy) -> None:
+        try:
+            await self.repository.save(policy)
+        except ConcurrencyError:
+            raise RequestError(
+                "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"
+            ) from None
+        self.fleet.put_policy(policy)
+        self.wake()
+
+    # -- convergence ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.converge()
+            except Exception:
+                log.exception("prepull convergence")
+
+    async def converge(self) -> int:
+        """One pass; the number of agents asked to pull something."""
+        self.passes += 1
+        if not self.fleet.policies and not self._pins_sent:
+            return 0
+        plans = self.plan()
+        self.plans = plans
+        names = ", ".join(sorted(p.name for p in self.live_policies())) or "none"
+        slots = asyncio.Semaphore(self.parallelism)
+
+        async def one(agent_id: str, plan: AgentPlan) -> bool:
+            async with slots:
+                return await self._converge_agent(agent_id, plan, names)
+
+        asked = await asyncio.gather(*(one(a, p) for a, p in plans.items()))
+        return sum(asked)
+
+    async def _converge_agent(self, agent_id: str, plan: AgentPlan, names: str) -> bool:
+        state = self.fleet.agents[agent_id]
+        pins = tuple(plan.images)
+        try:
+            if self._pins_sent.get(agent_id) != pins:
+                await self.agents.call(agent_id, rpc.PIN_IMAGES, rpc.PinImages(policy=list(pins)))
+                self._pins_sent[agent_id] = pins
+            missing = [i for i in plan.to_pull if i not in state.agent.pulls]
+            if not missing:
+                return False
+            await self._make_room(agent_id, plan, missing)
+            await self.agents.call(
+                agent_id,
+                rpc.PRELOAD,
+                rpc.Preload(images=missing, reason=f"prepull-policy: {names}", pinned=False),
+            )
+        except (AgentUnreachable, AgentRefused) as e:
+            log.info("agent %s: prepull not converged (%s); next pass retries", agent_id, e)
+            return False
+        return True
+
+    async def _make_room(self, agent_id: str, plan: AgentPlan, missing: list[str]) -> None:
+        agent = self.fleet.agents[agent_id].agent
+        sizes = {w.image: w.size_bytes for w in plan.desired}
+        need = sum(h.size_bytes for h in agent.images.values()) + sum(sizes[i] for i in missing)
+        limit = int(agent.capacity.disk * self.high)
+        if need <= limit:
+            return
+        wanted = set(plan.images)
+        busy = {self.fleet.sessions[sid].image for sid in self.fleet.sessions_on(agent_id)} | {
+            image for image, pinned in agent.preloaded.items() if pinned
+        }
+        spare = sorted(
+            (i for i in agent.images if i not in wanted and i not in busy),
+            key=lambda i: -agent.images[i].size_bytes,
+        )
+        drop = []
+        for image in spare:
+            if need <= limit:
+                break
+            drop.append(image)
+            need -= agent.images[image].size_bytes
+        if drop:
+            await self.agents.call(
+                agent_id,
+                rpc.UNLOAD,
+                rpc.Unload(images=drop, reason=f"prepull-policy: room for {', '.join(missing)}"),
+            )
+
+    async def wait_converged(self, within_s: float) -> float:
+        """Seconds until every live agent holds its plan (for tests and benchmarks)."""
+        start = time.monotonic()
+        while not self.converged():
+            if time.monotonic() - start > within_s:
+                raise TimeoutError(f"the fleet did not converge within {within_s:g}s")
+            await asyncio.sleep(0.05)
+        return time.monotonic() - start
+
+
+def _copy(policy: PrepullPolicy) -> PrepullPolicy:
+    """A working copy to record on: the view's aggregate changes only once stored."""
+    return copy.deepcopy(policy)
