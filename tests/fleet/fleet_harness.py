@@ -1,0 +1,54 @@
+"""Helpers for the fleet tests: dummy agents with their own disks and slower heartbeats (100 fit
+in one process), admin requests, and reading events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+from nats.aio.client import Client
+
+from agent.gc import GcPolicy
+from agent.pulls import PullPolicy
+from agent.server import Agent
+from services.eventstore.store import EventStore
+from tests.agent.agent_harness import config, running
+from tests.manager.harness import GB, dummy, request
+
+
+@asynccontextmanager
+async def fleet(
+    nc: Client,
+    store: EventStore,
+    disks: dict[str, int],
+    *,
+    cpu: float = 4,
+    resource_group: str = "default",
+    heartbeat_s: float = 0.2,
+    gc: GcPolicy | None = None,
+    **dummy_cfg: Any,
+) -> AsyncIterator[dict[str, Agent]]:
+    """Dummy agents, one per ``disks`` entry (agent id -> disk bytes)."""
+    async with AsyncExitStack() as stack:
+        out = {}
+        for agent_id, disk in disks.items():
+            cfg = config(
+                agent_id,
+                cpu=cpu,
+                mem=8 * GB,
+                disk=disk,
+                resource_group=resource_group,
+                heartbeat_interval_s=heartbeat_s,
+                pulls=PullPolicy(backoff_s=0.05, stall_timeout_s=60, max_parallel=4),
+                gc=gc or GcPolicy(interval_s=3600),
+            )
+            runtime = dummy(agent_id, **dummy_cfg)
+            out[agent_id] = await stack.enter_async_context(running(nc, store, runtime, cfg))
+        yield out
+
+
+async def admin(nc: Client, subject: str, payload: Any, within: float = 30) -> Any:
+    reply = await request(nc, subject, payload, within)
+    assert "error" not in reply, reply
+    return reply
