@@ -242,7 +242,8 @@ class Agent:
             started.append(task.recorded.wait())
         # Reply once ImagePullStarted is stored, so the manager can follow the task in the log.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*started), RECORD_WAIT_S)
+            async with asyncio.timeout(RECORD_WAIT_S):  # wait_for can lose a cancel on 3.11
+                await asyncio.gather(*started)
         return out
 
     async def preload(self, request: rpc.Preload) -> dict[str, rpc.ImagePresent | rpc.PullTask]:

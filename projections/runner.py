@@ -161,7 +161,8 @@ class Runner:
             if remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._event().wait(), remaining)
+                async with asyncio.timeout(remaining):  # wait_for can lose a cancel on 3.11
+                    await self._event().wait()
             except TimeoutError:
                 return False
 

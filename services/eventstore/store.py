@@ -416,7 +416,8 @@ class EventStore:
                 req = {**req, "batch": want}
                 await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
                 try:
-                    error = await asyncio.wait_for(done, self.timeout)
+                    async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                        error = await done
                 except TimeoutError:
                     raise StoreError(
                         f"stream {self.stream} did not answer a direct get in {self.timeout}s:"
@@ -477,7 +478,12 @@ class EventStore:
         try:
             seq = from_seq
             settle = 0  # quick re-reads left after a signal (its message may not be stored yet)
+            task = asyncio.current_task()
             while True:
+                if task is not None and task.cancelling():
+                    # nats-py swallows a CancelledError in places (e.g. _flush_pending); a
+                    # cancel lost there must still end a follow that would otherwise run on.
+                    raise asyncio.CancelledError
                 head = None
                 if bounded and ahead is None:
                     head = (await self.js.stream_info(self.stream)).state.last_seq
@@ -511,8 +517,7 @@ class EventStore:
                     await asyncio.sleep(_SETTLE[-settle])
                     settle -= 1
                     continue
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
-                # lands as the wait ends, and this loop would then follow for ever.
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_FOLLOW_POLL):
                         await woke.wait()
