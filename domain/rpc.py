@@ -168,9 +168,9 @@ class GcReport(_Reply, kw_only=True):
     disk: int  # bytes for images
     used_before: int
     used_after: int
-    removed: list[GcRemoval] = []
-    kept: dict[str, str] = {}  # image -> why GC may not remove it
-    note: str = ""  # e.g. why the low watermark was not reached
+    removed: list[GcRemoval]
+    kept: dict[str, str]  # image -> why GC may not remove it
+    note: str  # e.g. why the low watermark was not reached; "" when it was (or no GC was due)
 
 
 class UnloadResult(_Reply, kw_only=True):
