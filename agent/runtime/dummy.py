@@ -138,8 +138,15 @@ class DummyRuntime:
         step = max(1, int(bandwidth * cfg.tick_s)) if bandwidth is not None else None
         fail_at = int(size * failure.stall_at) if failure else None
         done = 0
-        for i, layer_size in enumerate(self._layer_sizes(size)):
-            layer = f"{hashlib.sha256(f'{image}/{i}'.encode()).hexdigest()[:12]}"
+        layers = [
+            (f"{hashlib.sha256(f'{image}/{i}'.encode()).hexdigest()[:12]}", layer_size)
+            for i, layer_size in enumerate(self._layer_sizes(size))
+        ]
+        # Announce every layer with its size first (Docker announces them too, sizes later), so
+        # a progress view knows the whole pull from the start and its percentage never drops.
+        for layer, layer_size in layers:
+            on_progress(PullProgress(image, layer, "Waiting", 0, layer_size))
+        for layer, layer_size in layers:
             current = 0
             while current < layer_size:
                 chunk = layer_size - current if step is None else min(step, layer_size - current)
