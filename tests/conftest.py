@@ -14,6 +14,7 @@ from services.natsserver import NatsServer
 from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     big_image,
     docker_engine,
+    progress_image,
     registry,
     slow_proxy,
     small_image,

@@ -104,6 +104,15 @@ def big_image(docker_engine: str, registry: Registry) -> str:
 
 
 @pytest.fixture(scope="session")
+def progress_image(docker_engine: str, registry: Registry) -> str:
+    """``127.0.0.1:PORT/hoist/progress:1``: 60 MB of random bytes in 4 layers and nothing else,
+    pulled by one test only: dockerd lets a new pull join a download another test abandoned,
+    and then the registry never sees that layer's fetch, so a test that counts the registry's
+    requests needs layers nobody else pulls."""
+    return _image(docker_engine, registry, "hoist/progress", BIG_PAD_MB, 4, busybox=False)
+
+
+@pytest.fixture(scope="session")
 def stall_image(docker_engine: str, registry: Registry) -> str:
     """``127.0.0.1:PORT/hoist/stall:1``: 8 MB of random bytes in 2 layers and nothing else, for
     stalled pulls. dockerd goes on retrying a stalled layer download after the pull is
