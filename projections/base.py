@@ -30,16 +30,12 @@ class Projection:
 
     def __init__(self) -> None:
         self.seq = 0  # the last stream sequence folded (committed once the runner commits)
+        # Event class -> fold; the runner calls the fold of each event it gets (exact class).
         self.handlers: dict[type[Event], Handler] = {}
         self.changes: dict[str, Changes] = {t.name: Changes() for t in self.tables}
 
     def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
         """Restore memory from the tables (``names``: base name -> physical name)."""
-
-    def apply(self, event: Event, seq: int) -> None:
-        handler = self.handlers.get(type(event))
-        if handler is not None:
-            handler(event, seq)
 
     def take_changes(self) -> dict[str, Changes]:
         """The batch's changes, handed to the writer; the next batch starts empty."""

@@ -19,6 +19,7 @@ runner and the query handlers, which read through cursors of the same connection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -26,9 +27,10 @@ from datetime import datetime
 import duckdb
 
 from domain import codec
+from domain.events import EVENT_TYPES, type_name
 from projections import ALL
 from projections.agents import HEARTBEATS
-from projections.base import Projection
+from projections.base import Handler, Projection
 from projections.table import Changes, write
 from services.eventstore.store import EventStore, Recorded
 
@@ -37,7 +39,6 @@ log = logging.getLogger(__name__)
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 5000  # events per transaction while catching up (NOTES: 1k-5k rows per batch)
-READ_CHUNK = 20_000  # events per catch-up consumer (what the runner holds ahead of the fold)
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -65,8 +66,9 @@ class Runner:
         self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
         self.building: dict[str, list[str]] = {}  # projection -> its old tables, to drop on swap
         self.committed: dict[str, int] = {}  # projection -> seq its *visible* tables reflect
+        # Wire event type name -> the handlers that take it, in projection order.
+        self._dispatch: dict[str, list[tuple[Projection, Handler]]] = {}
         self._changed: asyncio.Event | None = None
-        self._target = 0  # the stream's last sequence when run() started (or its until_seq)
         self.open()
 
     # -- setup ------------------------------------------------------------------------------------
@@ -94,6 +96,10 @@ class Runner:
             for p in self.projections:
                 if p.name not in self.building:
                     _create_views(cur, p)
+            self._dispatch = {}
+            for p in self.projections:
+                for cls, handler in p.handlers.items():
+                    self._dispatch.setdefault(type_name(cls), []).append((p, handler))
             cur.commit()
         except BaseException:
             cur.rollback()
@@ -189,26 +195,21 @@ class Runner:
         stored at or before it), or for ever with ``follow``.  Returns the last sequence folded.
         On an exception, memory may be ahead of the database: call ``open()`` before running
         again (``serve`` does)."""
-        head = (await self.store.js.stream_info(self.store.stream)).state.last_seq
-        if until_seq is not None:
-            head = min(head, until_seq)
-        self._target = head
         await self._commit_batch()  # swaps a rebuild that has nothing to catch up
         from_seq = min(p.seq for p in self.projections) + 1
         if until_seq is not None and until_seq < from_seq:
             return from_seq - 1
-        # Unbounded, but _read stays at most about one chunk ahead: a reader blocked on a full
-        # queue would let the client's consumer buffer overflow instead.
-        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue()
-        drained = asyncio.Event()  # set when the fold has taken most of what was read
-        reader = asyncio.create_task(self._read(queue, drained, from_seq, until_seq, follow))
+        # Bounded: a full queue only makes the reader wait (replay reads at our pace), and it
+        # holds up to two batches, so the next batch is read while this one is committed.
+        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue(2 * self.max_batch)
+        reader = asyncio.create_task(self._read(queue, from_seq, until_seq, follow))
         last = from_seq - 1
         try:
             done = False
             while not done:
                 item = await queue.get()
                 batch: list[Recorded] = []
-                while True:
+                while True:  # what has arrived, up to max_batch
                     if item is None:
                         done = True
                         break
@@ -218,24 +219,16 @@ class Runner:
                         done = True
                         break
                     batch.append(item)
-                    if len(batch) >= self.max_batch:
+                    if len(batch) >= self.max_batch or queue.empty():
                         break
-                    try:
-                        item = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        break
-                if queue.qsize() <= READ_CHUNK // 2:
-                    drained.set()
+                    item = queue.get_nowait()
                 if batch:
                     self._fold(batch)
                     last = batch[-1].seq
                     await self._commit_batch()
         finally:
             reader.cancel()
-            try:
-                await reader
-            except (asyncio.CancelledError, Exception):
-                pass
+            await asyncio.wait([reader])  # it ends by itself; raises nothing of its own
         return last
 
     async def serve(self) -> None:
@@ -255,69 +248,63 @@ class Runner:
     async def _read(
         self,
         queue: asyncio.Queue[Recorded | BaseException | None],
-        drained: asyncio.Event,
         from_seq: int,
         until_seq: int | None,
         follow: bool,
     ) -> None:
-        """Catch up in chunks, then follow.  Messages are moved to ``queue`` as they arrive,
-        never waiting for the fold, so the client's consumer buffer (65,536 messages) does not
-        overflow (nats-py would drop messages as a slow consumer and the ordered consumer
-        start over); the next chunk starts once the fold has taken most of the last."""
+        """Move the replay into ``queue``, then None (the end) or the exception that ended it."""
         try:
-            head = self._target
-            while True:
-                while from_seq <= head:
-                    if queue.qsize() > READ_CHUNK // 2:
-                        drained.clear()
-                        await drained.wait()
-                    last = min(from_seq + READ_CHUNK - 1, head)
-                    async for rec in self.store.replay(from_seq=from_seq, until_seq=last):
-                        queue.put_nowait(rec)
-                    from_seq = last + 1
-                if until_seq is not None and from_seq > until_seq:
-                    break
-                info = await self.store.js.stream_info(self.store.stream)
-                if info.state.last_seq < from_seq:
-                    if follow:
-                        async for rec in self.store.replay(from_seq=from_seq, follow=True):
-                            queue.put_nowait(rec)
-                    break
-                head = (
-                    info.state.last_seq
-                    if until_seq is None
-                    else min(until_seq, info.state.last_seq)
-                )
-            queue.put_nowait(None)
+            replay = self.store.replay(from_seq=from_seq, until_seq=until_seq, follow=follow)
+            async with contextlib.aclosing(replay) as records:
+                async for rec in records:
+                    await queue.put(rec)
+            await queue.put(None)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            queue.put_nowait(e)
+            await queue.put(e)
 
     def _fold(self, batch: list[Recorded]) -> None:
         projections = self.projections
+        dispatch = self._dispatch
+        decode = codec.decode
         if batch[0].seq > max(p.seq for p in projections):
             for rec in batch:  # the usual case: every projection takes every event
-                event = codec.decode(rec.data, rec.headers)
-                for p in projections:
-                    p.apply(event, rec.seq)
+                name = rec.headers.get(codec.TYPE_HEADER, "")
+                handlers = dispatch.get(name)
+                if handlers is None:
+                    if name not in EVENT_TYPES:
+                        decode(rec.data, rec.headers)  # raises, naming what is wrong
+                    continue  # no model takes it
+                event = decode(rec.data, rec.headers)
+                seq = rec.seq
+                for _, handler in handlers:
+                    handler(event, seq)
             for p in projections:
                 p.seq = batch[-1].seq
         else:  # a rebuild runs behind the others: they skip what they have
             for rec in batch:
-                behind = [p for p in projections if p.seq < rec.seq]
+                seq = rec.seq
+                behind = [p for p in projections if p.seq < seq]
                 if behind:
-                    event = codec.decode(rec.data, rec.headers)
+                    name = rec.headers.get(codec.TYPE_HEADER, "")
+                    handlers = dispatch.get(name)
+                    if handlers is not None or name not in EVENT_TYPES:
+                        event = decode(rec.data, rec.headers)
+                        for p, handler in handlers or ():
+                            if p.seq < seq:
+                                handler(event, seq)
                     for p in behind:
-                        p.apply(event, rec.seq)
-                        p.seq = rec.seq
+                        p.seq = seq
         self.fault("folded")
 
     async def _commit_batch(self) -> None:
         changes = [(p, p.take_changes()) for p in self.projections]
-        swaps = [
-            p for p in self.projections if p.name in self.building and p.seq >= self._swap_target(p)
-        ]
+        # A rebuilt model replaces the old one once it reflects as much as every visible one.
+        visible = max(
+            self.committed[p.name] if p.name in self.building else p.seq for p in self.projections
+        )
+        swaps = [p for p in self.projections if p.name in self.building and p.seq >= visible]
         await asyncio.to_thread(self._commit, changes, swaps)
         for p in swaps:
             del self.building[p.name]
@@ -326,10 +313,6 @@ class Runner:
             if p.name not in self.building:
                 self.committed[p.name] = p.seq
         self._notify()
-
-    def _swap_target(self, p: Projection) -> int:
-        others = [q.seq for q in self.projections if q.name not in self.building]
-        return max([self._target, *others])
 
     def _commit(
         self, changes: list[tuple[Projection, dict[str, Changes]]], swaps: list[Projection]
