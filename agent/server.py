@@ -125,10 +125,11 @@ class Agent:
                 await self._sub.unsubscribe()
             self._sub = None
         for loop in (self._heartbeats, self._gc):
-            if loop is not None:
+            # Cancel until it ends: on Python 3.11 a cancel landing as an inner wait_for (nats-py
+            # requests use one) completes is swallowed, and the loop would go on for ever.
+            while loop is not None and not loop.done():
                 loop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+                await asyncio.wait({loop}, timeout=0.5)
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
