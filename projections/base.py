@@ -55,8 +55,9 @@ class Projection:
     def delete(self, table: str, key: Any) -> None:
         self.changes[table].rows[key] = None
 
-    def append(self, table: str, row: Row) -> None:
-        self.changes[table].appended.append(row)
+    def append(self, table: str, values: tuple[Any, ...]) -> None:
+        """Add a row to an append-only table: its values in column order."""
+        self.changes[table].appended.append(values)
 
 
 def fetch_rows(

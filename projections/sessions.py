@@ -77,32 +77,31 @@ def _in(statuses: frozenset[KernelStatus]) -> str:
     return ", ".join(f"'{s.value}'" for s in sorted(statuses))
 
 
-class _StatusView:
-    """Lets the Session aggregate's own rule derive a session's status from kernel rows."""
+class _KernelView:
+    """What the session's status rule reads of a kernel."""
+
+    __slots__ = ("status", "status_info")
+
+    def __init__(self, status: KernelStatus, status_info: str) -> None:
+        self.status = status
+        self.status_info = status_info
+
+
+class _Live:
+    """A session with a kernel not yet final: its row, its kernels' rows in enqueue order, and
+    their statuses, from which the Session aggregate's own rule derives the session's."""
+
+    __slots__ = ("kernels", "row", "rows")
 
     status = Session.status
     status_info = Session.status_info
 
-    def __init__(self, kernels: dict[str, Row]) -> None:
-        self.kernels = {k: _KernelView(r) for k, r in kernels.items()}
-
-
-class _KernelView:
-    __slots__ = ("status", "status_info")
-
-    def __init__(self, row: Row) -> None:
-        self.status = KernelStatus(row["status"])
-        self.status_info = row["status_info"]
-
-
-class _Live:
-    """A session with a kernel not yet final: its row and its kernels' rows, in enqueue order."""
-
-    __slots__ = ("kernels", "row")
-
-    def __init__(self, row: Row, kernels: dict[str, Row]) -> None:
+    def __init__(self, row: Row, rows: dict[str, Row]) -> None:
         self.row = row
-        self.kernels = kernels
+        self.rows = rows
+        self.kernels = {
+            k: _KernelView(KernelStatus(r["status"]), r["status_info"]) for k, r in rows.items()
+        }
 
 
 class SessionsProjection(Projection):
@@ -132,13 +131,14 @@ class SessionsProjection(Projection):
     def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
         kernels, sessions = names["kernels"], names["sessions"]
         live = f"SELECT DISTINCT session_id FROM {kernels} WHERE status NOT IN ({_in(TERMINAL)})"
-        for row in fetch_rows(cur, f"SELECT * FROM {sessions} WHERE session_id IN ({live})"):
-            self.live[row["session_id"]] = _Live(row, {})
+        rows: dict[str, dict[str, Row]] = {}
         # Enqueue order matters: a session's status_info is its first kernel's in that status.
         for row in fetch_rows(
             cur, f"SELECT * FROM {kernels} WHERE session_id IN ({live}) ORDER BY kernel_index"
         ):
-            self.live[row["session_id"]].kernels[row["kernel_id"]] = row
+            rows.setdefault(row["session_id"], {})[row["kernel_id"]] = row
+        for row in fetch_rows(cur, f"SELECT * FROM {sessions} WHERE session_id IN ({live})"):
+            self.live[row["session_id"]] = _Live(row, rows[row["session_id"]])
 
     # -- folds ----------------------------------------------------------------------------------
 
@@ -155,6 +155,7 @@ class SessionsProjection(Projection):
             "created_at": e.timestamp,
         }
         kernels: dict[str, Row] = {}
+        status, info = KernelStatus.PENDING, e.status_info
         for index, kernel_id in enumerate(e.kernel_ids):
             kernels[kernel_id] = {
                 "kernel_id": kernel_id,
@@ -165,17 +166,19 @@ class SessionsProjection(Projection):
                 "resource_group": e.resource_group,
                 "cpu": e.resources.cpu,
                 "mem": e.resources.mem,
+                "status": status,
+                "status_info": info,
             }
         live = self.live[e.originator_id] = _Live(row, kernels)
         for kernel in kernels.values():
-            self._move(live, kernel, KernelStatus.PENDING, e.status_info, e.timestamp, seq, True)
+            self._move(live, kernel, status, info, e.timestamp, seq, True)
         self._session_changed(live, e.timestamp, seq, fresh=True)
 
     def _scheduling_failed(self, e: ev.SessionSchedulingFailed, seq: int) -> None:
         live = self.live.get(e.originator_id)
         if live is None:
             return
-        for kernel in live.kernels.values():
+        for kernel in live.rows.values():
             self._move(live, kernel, KernelStatus.PENDING, e.status_info, e.timestamp, seq)
         self._session_changed(live, e.timestamp, seq)
 
@@ -184,16 +187,16 @@ class SessionsProjection(Projection):
         if live is None:
             return
         for kernel_id, agent_id in e.placements.items():
-            kernel = live.kernels[kernel_id]
+            kernel = live.rows[kernel_id]
             kernel["agent_id"] = agent_id
             self._move(live, kernel, KernelStatus.SCHEDULED, e.status_info, e.timestamp, seq)
         self._session_changed(live, e.timestamp, seq)
 
     def _kernel_event(self, e: ev.KernelEvent, seq: int) -> None:
         live = self.live.get(e.originator_id)
-        if live is None or e.kernel_id not in live.kernels:
+        kernel = None if live is None else live.rows.get(e.kernel_id)
+        if live is None or kernel is None:
             return  # not a live kernel: the domain never records this, skip it alike everywhere
-        kernel = live.kernels[e.kernel_id]
         if isinstance(e, ev.KernelPulling):
             kernel["pull_task_id"] = e.task_id
         elif isinstance(e, ev.KernelCreated):
@@ -214,33 +217,28 @@ class SessionsProjection(Projection):
         seq: int,
         fresh: bool = False,
     ) -> None:
-        kernel["status"] = status.value
+        kernel_id = kernel["kernel_id"]
+        view = live.kernels[kernel_id]
+        view.status, view.status_info = status, status_info
+        kernel["status"] = status  # a StrEnum: Arrow takes it as the string it is
         kernel["status_info"] = status_info
         kernel["status_changed_at"] = at
         kernel[STATUS_TIME[status]] = at
         kernel["last_seq"] = seq
-        self.put("kernels", kernel["kernel_id"], kernel, fresh=fresh)
+        self.put("kernels", kernel_id, kernel, fresh=fresh)
         self.append(
             "kernel_status_history",
-            {
-                "seq": seq,
-                "kernel_id": kernel["kernel_id"],
-                "session_id": kernel["session_id"],
-                "status": status.value,
-                "status_info": status_info,
-                "changed_at": at,
-            },
+            (seq, kernel_id, kernel["session_id"], status, status_info, at),
         )
 
     def _session_changed(self, live: _Live, at: datetime, seq: int, fresh: bool = False) -> None:
-        view = _StatusView(live.kernels)
         row = live.row
-        row["status"] = view.status.value
-        row["status_info"] = view.status_info
+        row["status"] = live.status
+        row["status_info"] = live.status_info
         row["updated_at"] = at
         row["last_seq"] = seq
         self.put("sessions", row["session_id"], row, fresh=fresh)
-        if all(k["status"] in TERMINAL for k in live.kernels.values()):
+        if all(k.status in TERMINAL for k in live.kernels.values()):
             del self.live[row["session_id"]]
 
 

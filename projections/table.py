@@ -47,24 +47,34 @@ class Table:
         return f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}{actual} ({cols})"
 
     def arrow(self, rows: Iterable[Row]) -> pa.Table:
+        """Rows as dicts (a missing column is NULL), built column by column."""
         rows = list(rows)
         return pa.Table.from_arrays(
-            [
-                pa.array([r.get(c) for r in rows], type=self.schema.field(c).type)
-                for c in self.column_names
-            ],
+            [pa.array([r.get(c) for r in rows], type=f.type) for c, f in self._fields()],
             schema=self.schema,
         )
+
+    def arrow_values(self, rows: list[tuple[Any, ...]]) -> pa.Table:
+        """Rows as tuples of values in column order."""
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(self.columns)
+        return pa.Table.from_arrays(
+            [pa.array(c, type=f.type) for c, (_, f) in zip(columns, self._fields(), strict=True)],
+            schema=self.schema,
+        )
+
+    def _fields(self) -> list[tuple[str, pa.Field]]:
+        return [(c, self.schema.field(c)) for c in self.column_names]
 
 
 @dataclass
 class Changes:
     """One table's changes in a batch: rows by key (None = deleted), keys new in this batch
-    (nothing to delete for them), and appended rows of an append-only table."""
+    (nothing to delete for them), and appended rows of an append-only table (values in column
+    order)."""
 
     rows: dict[Any, Row | None] = field(default_factory=dict)
     fresh: set[Any] = field(default_factory=set)
-    appended: list[Row] = field(default_factory=list)
+    appended: list[tuple[Any, ...]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.appended)
@@ -74,7 +84,7 @@ def write(cur: duckdb.DuckDBPyConnection, table: Table, actual: str, changes: Ch
     """Apply ``changes`` to ``actual`` (the table's current physical name) inside the caller's
     transaction."""
     if changes.appended:
-        _insert(cur, table, actual, table.arrow(changes.appended))
+        _insert(cur, table, actual, table.arrow_values(changes.appended))
     if not changes.rows:
         return
     stale = [k for k in changes.rows if k not in changes.fresh]
