@@ -461,12 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--session", help="only this session's events")
     events.set_defaults(func=cmd_events)
 
-    try:  # the audit commands (replay, verify) live with the projections
-        from services import audit_cli
-    except ImportError:
-        pass
-    else:
-        audit_cli.register(sub)
+    # Commands that live beside what they drive: the audit commands with the projections, the
+    # image-fleet commands with the image admin handlers.
+    from services import audit_cli, image_cli
+
+    audit_cli.register(sub)
+    image_cli.register(sub)
     return parser
 
 

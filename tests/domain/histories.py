@@ -7,6 +7,7 @@ from collections.abc import Callable
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
+from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus
 
@@ -107,6 +108,7 @@ def full_agent_history() -> list[ev.Event]:
     agent = new_agent()
     agent.pull_started("127.0.0.1:5000/busybox:1", "pull-1")
     agent.pulled("127.0.0.1:5000/busybox:1", "pull-1", "sha256:bb", 2_000_000, 3.25)
+    agent.mark_preloaded("127.0.0.1:5000/busybox:1", "preload: job j1", True)
     agent.pull_started("127.0.0.1:5000/big:1", "pull-2")
     agent.pull_failed("127.0.0.1:5000/big:1", "pull-2", "manifest unknown")
     agent.image_removed("127.0.0.1:5000/base:1", "gc-disk-pressure")
@@ -118,6 +120,14 @@ def full_agent_history() -> list[ev.Event]:
         images={"127.0.0.1:5000/busybox:1": {"digest": "sha256:bb", "size_bytes": 2_000_000}},
     )
     return list(agent.collect_events())
+
+
+def full_policy_history() -> list[ev.Event]:
+    policy = PrepullPolicy.set(
+        None, name="p", resource_groups=[], rules=[{"kind": "images", "images": ["a:1"]}]
+    )
+    policy.remove()
+    return list(policy.collect_events())
 
 
 # ImagePulled as schema 1 wrote it (duration in integer milliseconds), event 3 of agent-1.

@@ -12,9 +12,14 @@ from hypothesis import strategies as st
 from domain import events as ev
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER, decode, encode
 from domain.errors import EventDecodeError
-from tests.domain.histories import V1_PULLED, full_agent_history, full_session_history
+from tests.domain.histories import (
+    V1_PULLED,
+    full_agent_history,
+    full_policy_history,
+    full_session_history,
+)
 
-SAMPLES = full_session_history() + full_agent_history()
+SAMPLES = full_session_history() + full_agent_history() + full_policy_history()
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 
 
@@ -66,7 +71,7 @@ FIELDS = [(name, field) for name, e in ONE_OF_EACH.items() for field in e.__stru
 
 # Values no field accepts, except where noted.
 BAD_VALUES: list[object] = [True, [True], {"k": True}, None, ""]
-VALID_ODDITIES = [("request_id", None), ("detail", "")]
+VALID_ODDITIES = [("request_id", None), ("detail", ""), ("pinned", True)]
 
 
 @pytest.mark.parametrize(("name", "field"), FIELDS)
