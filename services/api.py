@@ -226,11 +226,11 @@ class Api:
                     raise RequestError("unavailable", "the event store did not take it; retry")
         self.on_enqueued()
         await self.fleet.wait_settled(sid, req.max_wait)
-        return session_view(self.fleet.sessions[sid])
+        return await self._view(sid)
 
     async def get(self, data: bytes) -> SessionView:
         req = decode(data, GetSession, what=SESSION_GET)
-        return session_view(self._session(req.session_id))
+        return await self._view(req.session_id)
 
     async def destroy(self, data: bytes) -> SessionView:
         req = decode(data, DestroySession, what=SESSION_DESTROY)
@@ -249,7 +249,7 @@ class Api:
                     self.reactors.force_destroy.add(k.kernel_id)
 
         await self._record(req.session_id, decide)
-        return session_view(self.fleet.sessions[req.session_id])
+        return await self._view(req.session_id)
 
     async def cancel_kernel(self, data: bytes) -> SessionView:
         req = decode(data, CancelKernel, what=KERNEL_CANCEL)
@@ -270,9 +270,16 @@ class Api:
             s.cancel(req.kernel_id, f"force-cancelled: {req.reason or 'by a superadmin'}")
 
         await self._record(sid, decide)
-        return session_view(self.fleet.sessions[sid])
+        return await self._view(sid)
 
     # -- helpers -------------------------------------------------------------------------
+
+    async def _view(self, session_id: str) -> SessionView:
+        """What the log holds of the session (never a change still being saved)."""
+        session = await self.fleet.committed(session_id)
+        if session is None:
+            raise RequestError("not-found", f"session_id: no session {session_id!r}; check the id")
+        return session_view(session)
 
     def _session(self, session_id: str) -> Session:
         session = self.fleet.sessions.get(session_id)

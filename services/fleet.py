@@ -355,6 +355,14 @@ class Fleet:
         finally:
             self._held.pop(session_id).set()
 
+    async def committed(self, session_id: str) -> Session | None:
+        """The session as the log has it. A change applies its events to the cached session
+        before they are saved, so a reader waits out a change in flight: no reply ever shows
+        a status the log might never get (a crash before the append)."""
+        while (held := self._held.get(session_id)) is not None:
+            await held.wait()
+        return self.sessions.get(session_id)
+
     @asynccontextmanager
     async def locked(self, session_id: str) -> AsyncIterator[Session | None]:
         """Hold the session's lock; yields the cached session (None if unknown)."""
