@@ -63,7 +63,9 @@ async def test_pull_streams_monotonic_layer_progress_to_the_total(
         assert seq[-1].status == "Pull complete"
         assert seq[-1].current == seq[-1].total > 0, seq[-1]
     downloading = [p for p in updates if p.status == "Downloading"]
-    assert len(downloading) >= 5, "a 60 MB pull should report progress several times"
+    # Straight from a local registry dockerd reports a layer only a few times (throttled); the
+    # slow-registry test below shows the many updates of a real download.
+    assert {p.layer for p in downloading} == set(per_layer), "every layer reports its bytes"
     summed = ImageProgress()
     for p in updates:
         summed.add(p)

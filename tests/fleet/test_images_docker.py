@@ -22,7 +22,7 @@ from services.eventstore.store import EventStore
 from services.images_admin import JOB, PRELOAD, UNLOAD
 from tests.agent.agent_harness import agent_events, call, config, event_of, running
 from tests.fleet.fleet_harness import admin
-from tests.infra.images import remove_local
+from tests.infra.images import remove_all_local, remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.manager.harness import GB, MB, create, manager, until
 
@@ -130,8 +130,7 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
     cleanup: None,
 ) -> None:
     oldest, older, used = stall_image, small_image, big_image
-    for image in (oldest, older, used):
-        remove_local(docker_engine, image)
+    remove_all_local(docker_engine)  # only these three take part
     runtime = DockerRuntime(agent_id, base_url=docker_engine)
     async with running(nc, store, runtime, docker_agent(agent_id)) as agent:  # type: ignore[arg-type]
 

@@ -109,3 +109,17 @@ def remove_local(engine: str, ref: str) -> None:
                     pass
     finally:
         client.close()
+
+
+def remove_all_local(engine: str) -> None:
+    """Remove every image from the daemon, for a test that counts what the engine holds (image
+    GC): images other tests pulled would otherwise take part."""
+    client = docker.APIClient(base_url=engine, version=API_VERSION)
+    try:
+        for image in client.images():
+            try:
+                client.remove_image(image["Id"], force=True)
+            except docker.errors.ImageNotFound:
+                pass
+    finally:
+        client.close()
