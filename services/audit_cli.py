@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from projections import ALL
 from projections.runner import Runner
-from services import cli, queries, stack
+from services import cli, cli_nats, queries, stack
 
 VERIFY_TIMEOUT_S = 600.0
 
@@ -158,19 +156,5 @@ async def cmd_sql(args: argparse.Namespace) -> None:
 async def _ask(
     args: argparse.Namespace, role: str, subject: str, request: dict[str, Any], wait_s: float
 ) -> dict[str, Any]:
-    nc = await stack.connect(cli._stack_url(args, role), "hoist-cli")
-    try:
-        msg = await nc.request(subject, json.dumps(request).encode(), timeout=wait_s)
-    except NoRespondersError:
-        raise cli.CliError(
-            f"nobody serves {subject}: is the manager running (`hoist up`)?"
-        ) from None
-    except NatsTimeoutError:
-        raise cli.CliError(f"no answer on {subject} within {wait_s:g}s: retry later") from None
-    finally:
-        await nc.close()
-    reply: dict[str, Any] = json.loads(msg.data)
-    error = reply.get("error")
-    if error:
-        raise cli.CliError(f"{error['message']} ({error['code']})")
+    reply: dict[str, Any] = await cli_nats.ask(cli._stack_url(args, role), subject, request, wait_s)
     return reply

@@ -127,6 +127,15 @@ class Connection:
         return reply
 
 
+async def ask(url: str, subject: str, payload: dict[str, Any], wait_s: float = 10.0) -> Any:
+    """One request on a connection of its own, for a command that sends just one."""
+    conn = await Connection.open(url)
+    try:
+        return await conn.request(subject, payload, wait_s)
+    finally:
+        await conn.close()
+
+
 def permission_denied(subject: str) -> CliError:
     if subject.startswith("hoist.admin."):
         return CliError(

@@ -11,10 +11,7 @@ import json
 import re
 from typing import Any
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
-
-from services import cli, stack
+from services import cli, cli_nats
 from services.agent_sync import AGENT_SYNC
 from services.images_admin import JOB, PRELOAD, UNLOAD
 from services.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
@@ -131,21 +128,7 @@ def _gib(n: int) -> str:
 
 
 async def _ask(subject: str, request: dict[str, Any], args: argparse.Namespace) -> Any:
-    nc = await stack.connect(cli._stack_url(args, "admin"), "hoist-image")
-    try:
-        msg = await nc.request(subject, json.dumps(request).encode(), timeout=60)
-    except NoRespondersError:
-        raise cli.CliError(
-            f"nobody serves {subject}: is the manager running (`hoist up`)?"
-        ) from None
-    except NatsTimeoutError:
-        raise cli.CliError(f"no answer on {subject} within 60s: retry later") from None
-    finally:
-        await nc.close()
-    reply = json.loads(msg.data)
-    if isinstance(reply, dict) and reply.get("error"):
-        raise cli.CliError(f"{reply['error']['message']} ({reply['error']['code']})")
-    return reply
+    return await cli_nats.ask(cli._stack_url(args, "admin"), subject, request, 60)
 
 
 def print_job(job: dict[str, Any]) -> None:
