@@ -2,6 +2,7 @@
 
 from projections.agents import AgentsProjection, ImagesProjection, PullsProjection
 from projections.base import Projection
+from projections.policies import PoliciesProjection
 from projections.sessions import SessionsProjection
 
 # Every read model the manager keeps, in the order their views are created (a view may read
@@ -11,4 +12,5 @@ ALL: tuple[type[Projection], ...] = (
     AgentsProjection,
     ImagesProjection,
     PullsProjection,
+    PoliciesProjection,
 )

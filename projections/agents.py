@@ -45,8 +45,12 @@ AGENT_IMAGES = Table(
         ("size_bytes", "BIGINT"),
         ("pulled_at", "TIMESTAMPTZ"),  # NULL: reported at registration, not pulled since
         ("reported_at", "TIMESTAMPTZ"),  # when the agent last reported or pulled it
-        # Seed 000's preload mapping: no event says an image was preloaded yet, so always false.
+        # Seed 000's preload mapping, from ImagePreloaded: held ahead of any kernel; pinned by a
+        # preload job (image GC keeps it until it is unloaded); the reason of the latest mark.
         ("preloaded", "BOOLEAN"),
+        ("pinned", "BOOLEAN"),
+        ("preload_reason", "VARCHAR"),
+        ("preloaded_at", "TIMESTAMPTZ"),
         ("last_seq", "BIGINT"),
     ),
     key=("agent_id", "image"),
@@ -143,7 +147,7 @@ class ImagesProjection(Projection):
     """Which images each agent holds (seed 000 step 4's mapping table)."""
 
     name: ClassVar[str] = "images"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # v2: preload marks (pinned, reason, time) from ImagePreloaded
     tables: ClassVar[tuple[Table, ...]] = (AGENT_IMAGES,)
     views: ClassVar[Mapping[str, str]] = {
         # In use: kernels on that agent with that image holding the agent's resources; last
@@ -151,7 +155,7 @@ class ImagesProjection(Projection):
         "agent_images_view": f"""
             SELECT i.agent_id, i.image, i.digest, i.size_bytes, i.pulled_at, i.reported_at,
                    u.last_used_at, coalesce(u.kernels_using, 0) AS kernels_using, i.preloaded,
-                   i.last_seq
+                   i.pinned, i.preload_reason, i.preloaded_at, i.last_seq
             FROM agent_images i
             LEFT JOIN (SELECT agent_id, image, max(status_changed_at) AS last_used_at,
                               count(*) FILTER (WHERE status IN ({_in(AGENT_RESOURCE_OCCUPYING)}))
@@ -168,6 +172,7 @@ class ImagesProjection(Projection):
             ev.AgentReregistered: self._reported,
             ev.ImagePulled: self._pulled,
             ev.ImageRemoved: self._removed,
+            ev.ImagePreloaded: self._preloaded,
         }
 
     def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
@@ -175,7 +180,8 @@ class ImagesProjection(Projection):
         self.images = {(r["agent_id"], r["image"]): r for r in rows}
 
     def _reported(self, e: ev.AgentRegistered | ev.AgentReregistered, seq: int) -> None:
-        """The report replaces the agent's inventory."""
+        """The report replaces the agent's inventory; as in the Agent aggregate, a restarted
+        agent keeps the preload marks of the images it still holds (by name)."""
         agent = e.originator_id
         for key in [k for k in self.images if k[0] == agent and k[1] not in e.images]:
             del self.images[key]
@@ -186,7 +192,8 @@ class ImagesProjection(Projection):
             fresh = False
             if row is None or row["digest"] != held.digest:
                 fresh = row is None and key not in self.changes["agent_images"].rows
-                row = self.images[key] = {"agent_id": agent, "image": image, "preloaded": False}
+                marks = _NOT_PRELOADED if row is None else {c: row[c] for c in _NOT_PRELOADED}
+                row = self.images[key] = {"agent_id": agent, "image": image, **marks}
             row.update(digest=held.digest, size_bytes=held.size_bytes, reported_at=e.timestamp)
             row["last_seq"] = seq
             self.put("agent_images", key, row, fresh=fresh)
@@ -197,7 +204,7 @@ class ImagesProjection(Projection):
         fresh = row is None and key not in self.changes["agent_images"].rows
         if row is None:
             row = self.images[key] = {"agent_id": e.originator_id, "image": e.image}
-            row["preloaded"] = False
+            row.update(_NOT_PRELOADED)
         row.update(
             digest=e.digest,
             size_bytes=e.size_bytes,
@@ -211,6 +218,30 @@ class ImagesProjection(Projection):
         key = (e.originator_id, e.image)
         if self.images.pop(key, None) is not None:
             self.delete("agent_images", key)
+
+    def _preloaded(self, e: ev.ImagePreloaded, seq: int) -> None:
+        key = (e.originator_id, e.image)
+        row = self.images.get(key)
+        if row is None:
+            return  # the domain marks only held images: never recorded
+        # A pin stays until the image goes (the aggregate's rule): an unpinned mark keeps it.
+        row.update(
+            preloaded=True,
+            pinned=e.pinned or bool(row["pinned"]),
+            preload_reason=e.reason,
+            preloaded_at=e.timestamp,
+            last_seq=seq,
+        )
+        self.put("agent_images", key, row)
+
+
+# The preload columns of an image no one preloaded.
+_NOT_PRELOADED: Row = {
+    "preloaded": False,
+    "pinned": False,
+    "preload_reason": None,
+    "preloaded_at": None,
+}
 
 
 class PullsProjection(Projection):

@@ -13,11 +13,13 @@ that returned its event sequences.
 - ``hoist.query.occupancy`` ``by``: "owner" (default; charged statuses exclude PULLING) or
   "agent"; filters owner / agent_id
 - ``hoist.query.agents``    filters agent_id, resource_group, alive
-- ``hoist.query.images``    filters agent_id, image, preloaded
+- ``hoist.query.images``    filters agent_id, image, preloaded, pinned
 - ``hoist.query.pulls``     filters agent_id, task_id, image, outcome
-  Text filters take a string or a list of strings (any of them); ``alive``/``preloaded`` a
-  boolean.  Also ``limit`` (1-10000, default 1000; the reply has ``"truncated": true`` when
-  more rows matched).
+- ``hoist.query.policies``  filters name, removed (prepull policies; ``resource_groups`` and
+  ``rules`` come as JSON lists)
+  Text filters take a string or a list of strings (any of them); ``alive``/``preloaded``/
+  ``pinned``/``removed`` a boolean.  Also ``limit`` (1-10000, default 1000; the reply has
+  ``"truncated": true`` when more rows matched).
 - ``hoist.admin.query.sql`` ``{"sql": "SELECT ..."}``: one read-only SELECT; reply
   ``{"seq", "columns": [...], "rows": [[...], ...], "truncated"}``.  Anything else (INSERT,
   UPDATE, DROP, ATTACH, COPY, SET, ...) is refused with code ``read-only``.
@@ -42,6 +44,7 @@ from nats.aio.subscription import Subscription
 
 from domain import subjects
 from domain.status import KernelStatus
+from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.runner import META, Runner
 from projections.verify import verify
 
@@ -73,6 +76,7 @@ class Query:
     filters: dict[str, str]  # field -> "text" | "status" | "outcome" | "bool"
     order: str
     variants: dict[str, str] = field(default_factory=dict)  # occupancy: by -> source
+    json_columns: tuple[str, ...] = ()  # stored as JSON text, sent decoded
 
 
 _TEXT = "text"
@@ -119,7 +123,7 @@ QUERIES: dict[str, Query] = {
     "images": Query(
         "agent_images_view",
         ("images", "sessions"),
-        {"agent_id": _TEXT, "image": _TEXT, "preloaded": "bool"},
+        {"agent_id": _TEXT, "image": _TEXT, "preloaded": "bool", "pinned": "bool"},
         "agent_id, image",
     ),
     "pulls": Query(
@@ -127,6 +131,13 @@ QUERIES: dict[str, Query] = {
         ("pulls",),
         {"agent_id": _TEXT, "task_id": _TEXT, "image": _TEXT, "outcome": "outcome"},
         "started_at, agent_id, task_id",
+    ),
+    "policies": Query(
+        "prepull_policies",
+        ("policies",),
+        {"name": _TEXT, "removed": "bool"},
+        "name",
+        json_columns=POLICY_JSON_COLUMNS,
     ),
 }
 COMMON = ("min_seq", "timeout", "limit")
@@ -289,7 +300,11 @@ async def _answer_query(
 ) -> dict[str, Any]:
     sql, params, limit = _parse(name, query, request)
     await _wait(runner, request, query.projections)
-    return await asyncio.to_thread(_read, runner.con, query.projections, sql, params, limit, True)
+    reply = await asyncio.to_thread(_read, runner.con, query.projections, sql, params, limit, True)
+    for row in reply["rows"]:
+        for column in query.json_columns:
+            row[column] = msgspec.json.decode(row[column])
+    return reply
 
 
 async def _answer_sql(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:

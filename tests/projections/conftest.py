@@ -12,6 +12,7 @@ from nats.aio.client import Client
 
 from domain import subjects
 from domain.agent import Agent
+from domain.prepull import PrepullPolicy
 from domain.session import Session
 from projections.runner import Runner
 from services.eventstore.repository import Repository
@@ -48,7 +49,8 @@ async def scripted_history(
     repo: Repository, sessions: int = 12, seed: int = 7, prefix: str = "agent"
 ) -> int:
     """Agents and sessions through many lives (run, pull, pull failure, cancel, error,
-    agent lost and back); returns the last stream sequence."""
+    preload marks, agent lost and back) and a prepull policy set, replaced, removed and set
+    again; returns the last stream sequence."""
     rng = random.Random(seed)
     agents = []
     for i in range(2):
@@ -62,8 +64,22 @@ async def scripted_history(
         await repo.save(agent)
         agents.append(agent)
     last = 0
+    policy: PrepullPolicy | None = None
     for n in range(sessions):
         agent = agents[n % 2]
+        if n < 4:  # interleaved with the rest, so crashes and batches cut through them
+            policy = PrepullPolicy.set(
+                policy,
+                name=f"{prefix}-policy",
+                resource_groups=["default"] if n % 2 else [],
+                rules=[{"kind": "images", "images": [f"img:{n}"]}],
+                priority=n,
+            )
+            if n == 2:
+                policy.remove()
+            await repo.save(policy)
+            # agent-0: unpinned then pinned; agent-1: pinned.
+            agent.mark_preloaded("base:1", f"preload: job j{n}", pinned=n > 0)
         image = f"img:{n % 3}"
         session = Session.enqueue(
             owner=f"user-{n % 3}",

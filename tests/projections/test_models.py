@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 
 from domain.agent import Agent
+from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus as S
 from projections.runner import Runner
+from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from tests.projections.conftest import rows
+from tests.projections.conftest import rebuilt, rows
 
 GIB = 2**30
 
@@ -142,3 +146,144 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == ["img:9"]
     [t3] = rows(con, "SELECT outcome, reason FROM pulls WHERE task_id = 't3'")
     assert t3 == {"outcome": "abandoned", "reason": "agent-reregistered"}
+
+
+async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repository) -> None:
+    images = {
+        "a:1": {"digest": "sha256:a", "size_bytes": 100},
+        "b:1": {"digest": "sha256:b", "size_bytes": 200},
+        "c:1": {"digest": "sha256:c", "size_bytes": 300},
+        "d:1": {"digest": "sha256:d", "size_bytes": 400},
+    }
+    agent = Agent.register(
+        agent_id="agent-p",
+        resource_group="rg",
+        capacity={"cpu": 8, "mem": 8 * GIB, "disk": 10_000},
+        runtime="dummy",
+        images=images,
+    )
+    agent.mark_preloaded("a:1", "prepull-policy: p1", pinned=False)
+    agent.mark_preloaded("b:1", "preload: job j1", pinned=True)
+    agent.mark_preloaded("c:1", "prepull-policy: p1", pinned=False)
+    agent.mark_preloaded("d:1", "prepull-policy: p2", pinned=False)
+    await repo.save(agent)
+    con = duckdb.connect()
+    runner = Runner(con, store)
+    await runner.run(follow=False)
+
+    def marks() -> dict[str, tuple[bool, bool, str | None]]:
+        return {
+            r["image"]: (r["preloaded"], r["pinned"], r["preload_reason"])
+            for r in rows(con, "SELECT * FROM agent_images_view")
+        }
+
+    assert marks() == {
+        "a:1": (True, False, "prepull-policy: p1"),
+        "b:1": (True, True, "preload: job j1"),
+        "c:1": (True, False, "prepull-policy: p1"),
+        "d:1": (True, False, "prepull-policy: p2"),
+    }
+    # A preload job pins what a policy had preloaded; the pin is the aggregate's too.
+    agent.mark_preloaded("a:1", "preload: job j2", pinned=True)
+    agent.image_removed("c:1", "gc: disk 91% > 85%")
+    await repo.save(agent)
+    await runner.run(follow=False)
+    assert marks() == {
+        "a:1": (True, True, "preload: job j2"),
+        "b:1": (True, True, "preload: job j1"),
+        "d:1": (True, False, "prepull-policy: p2"),
+    }
+    assert agent.preloaded == {"a:1": True, "b:1": True, "d:1": False}
+
+    # Restarted: a:1 and d:1 still held (d:1 with a new digest: marks go by name, as in the
+    # aggregate), b:1 gone, c:1 back from elsewhere and not preloaded.  The runner restarts
+    # from its checkpoint.
+    agent.reregister(
+        resource_group="rg",
+        capacity={"cpu": 8, "mem": 8 * GIB, "disk": 10_000},
+        runtime="dummy",
+        images={
+            "a:1": images["a:1"],
+            "c:1": images["c:1"],
+            "d:1": {"digest": "sha256:d2", "size_bytes": 450},
+        },
+    )
+    await repo.save(agent)
+    runner = Runner(con, store)
+    await runner.run(follow=False)
+    assert marks() == {
+        "a:1": (True, True, "preload: job j2"),
+        "c:1": (False, False, None),
+        "d:1": (True, False, "prepull-policy: p2"),
+    }
+    assert agent.preloaded == {"a:1": True, "d:1": False}
+    [d1] = rows(con, "SELECT digest, preloaded_at FROM agent_images WHERE image = 'd:1'")
+    assert d1["digest"] == "sha256:d2" and d1["preloaded_at"] is not None
+
+    # Removed images lose their mark: pulled again, they are not preloaded.
+    agent.image_removed("a:1", "unload-requested: by an admin")
+    agent.pull_started("a:1", "t1")
+    agent.pulled("a:1", "t1", "sha256:a3", 150, 1.0)
+    await repo.save(agent)
+    await runner.run(follow=False)
+    assert marks()["a:1"] == (False, False, None)
+    assert compare(snapshot(con)[1], await rebuilt(store)) == []
+
+
+async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repository) -> None:
+    gpu = PrepullPolicy.set(
+        None,
+        name="gpu",
+        resource_groups=["gpu", "a100"],
+        rules=[{"kind": "newest-tags", "repository": "ml/torch", "count": 3}],
+        priority=5,
+    )
+    everywhere = PrepullPolicy.set(
+        None, name="base", resource_groups=[], rules=[{"kind": "images", "images": ["base:1"]}]
+    )
+    await repo.save(gpu, everywhere)
+    con = duckdb.connect()
+    runner = Runner(con, store)
+    await runner.run(follow=False)
+    policies = {r["name"]: r for r in rows(con, "SELECT * FROM prepull_policies")}
+    assert set(policies) == {"gpu", "base"}
+    assert json.loads(policies["gpu"]["resource_groups"]) == ["a100", "gpu"]
+    assert json.loads(policies["gpu"]["rules"]) == [
+        {"kind": "newest-tags", "repository": "ml/torch", "count": 3}
+    ]
+    assert policies["gpu"]["priority"] == 5 and not policies["gpu"]["removed"]
+    assert policies["gpu"]["reason"] == "set-by-admin"
+    assert json.loads(policies["base"]["resource_groups"]) == []
+    created = policies["gpu"]["created_at"]
+
+    PrepullPolicy.set(
+        gpu,
+        name="gpu",
+        resource_groups=["gpu"],
+        rules=[{"kind": "large-recent", "min_bytes": 10**9, "days": 7}],
+        priority=1,
+        reason="tuned",
+    )
+    everywhere.remove("no longer needed")
+    await repo.save(gpu, everywhere)
+    runner = Runner(con, store)  # restarted: the policies come back from the table
+    await runner.run(follow=False)
+    policies = {r["name"]: r for r in rows(con, "SELECT * FROM prepull_policies")}
+    gpu_row = policies["gpu"]
+    assert json.loads(gpu_row["rules"]) == [
+        {"kind": "large-recent", "min_bytes": 10**9, "days": 7.0}
+    ]
+    assert (gpu_row["priority"], gpu_row["reason"], gpu_row["removed"]) == (1, "tuned", False)
+    assert gpu_row["created_at"] == created < gpu_row["updated_at"]
+    assert (policies["base"]["removed"], policies["base"]["reason"]) == (True, "no longer needed")
+    assert json.loads(policies["base"]["rules"]) == [{"kind": "images", "images": ["base:1"]}]
+
+    # Set again after its removal: live once more.
+    PrepullPolicy.set(
+        everywhere, name="base", resource_groups=[], rules=[{"kind": "images", "images": ["b:2"]}]
+    )
+    await repo.save(everywhere)
+    await runner.run(follow=False)
+    [base] = rows(con, "SELECT removed, rules FROM prepull_policies WHERE name = 'base'")
+    assert not base["removed"] and json.loads(base["rules"])[0]["images"] == ["b:2"]
+    assert compare(snapshot(con)[1], await rebuilt(store)) == []

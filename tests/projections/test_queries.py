@@ -71,6 +71,21 @@ async def test_every_query_and_its_filters(nc: Client, repo: Repository, runner:
     )
     assert {"owner", "kernels", "cpu", "mem"} == set(by_owner["rows"][0])
     assert [r["agent_id"] for r in by_agent["rows"]] == ["agent-1"]
+    preloaded = await ask(nc, "hoist.query.images", {**base, "preloaded": True})
+    assert [(i["agent_id"], i["image"], i["pinned"]) for i in preloaded["rows"]] == [
+        ("agent-1", "base:1", True)
+    ]
+    assert preloaded["rows"][0]["preload_reason"] == "preload: job j1"
+    unpinned = await ask(nc, "hoist.query.images", {**base, "pinned": False})
+    assert {i["image"] for i in unpinned["rows"]} >= {"img:0-0"}
+    assert not any(i["preloaded"] for i in unpinned["rows"])
+    policies = await ask(nc, "hoist.query.policies", {**base, "name": ["agent-policy", "x"]})
+    [policy] = policies["rows"]
+    assert policies["seq"] == last and not policies["truncated"]
+    assert policy["resource_groups"] == ["default"] and policy["priority"] == 3
+    assert policy["rules"] == [{"kind": "images", "images": ["img:3"]}]
+    assert not policy["removed"] and policy["updated_at"] > policy["created_at"]
+    assert (await ask(nc, "hoist.query.policies", {**base, "removed": True}))["rows"] == []
     limited = await ask(nc, "hoist.query.kernels", {**base, "limit": 2})
     assert len(limited["rows"]) == 2 and limited["truncated"] and limited["seq"] == last
 
@@ -78,6 +93,8 @@ async def test_every_query_and_its_filters(nc: Client, repo: Repository, runner:
         ("hoist.query.kernels", {"status": "RUNING"}, "status"),
         ("hoist.query.kernels", {"colour": "red"}, "colour"),
         ("hoist.query.agents", {"alive": "yes"}, "alive"),
+        ("hoist.query.policies", {"removed": "no"}, "removed"),
+        ("hoist.query.policies", {"resource_group": "rg"}, "resource_group"),
         ("hoist.query.sessions", {"owner": 3}, "owner"),
         ("hoist.query.pulls", {"limit": 0}, "limit"),
         ("hoist.query.occupancy", {"by": "image"}, "by"),

@@ -129,3 +129,40 @@ async def test_replay_to_a_point_equals_the_state_at_that_point(
     await Runner(by_time, store).run(follow=False, until_time=record.time)
     assert compare(expected, by_time) == []
     assert compare(expected, await rebuilt(store)) != []  # the later events do change it
+
+
+async def test_a_database_from_before_preload_marks_is_rebuilt(
+    store: EventStore, repo: Repository
+) -> None:
+    """Images v1 (no pinned column) and no policies model: opened by this code, the images
+    model rebuilds and swaps, the policies model is built from the first event."""
+    last = await scripted_history(repo, sessions=6)
+    con = duckdb.connect()
+    await Runner(con, store).run(follow=False)
+    for sql in [  # what the previous release left
+        f"UPDATE {META} SET version = 1 WHERE projection = 'images'",
+        "DROP VIEW agent_images_view",
+        "ALTER TABLE agent_images DROP COLUMN pinned",
+        "ALTER TABLE agent_images DROP COLUMN preload_reason",
+        "ALTER TABLE agent_images DROP COLUMN preloaded_at",
+        "UPDATE agent_images SET preloaded = false",
+        f"DELETE FROM {META} WHERE projection = 'policies'",
+        "DROP TABLE prepull_policies",
+    ]:
+        con.execute(sql)
+
+    runner = Runner(con, store)
+    assert runner.building == {"images": ["agent_images"]}
+    assert runner.committed["images"] == last and runner.committed["policies"] == 0
+    await runner.run(follow=False)
+    assert rows(con, f"SELECT version, seq FROM {META} WHERE projection = 'images'") == [
+        {"version": 2, "seq": last}
+    ]
+    assert rows(
+        con, "SELECT agent_id, pinned, preload_reason FROM agent_images_view WHERE preloaded"
+    ) == [{"agent_id": "agent-1", "pinned": True, "preload_reason": "preload: job j1"}]
+    assert rows(con, "SELECT name, removed FROM prepull_policies") == [
+        {"name": "agent-policy", "removed": False}
+    ]
+    seq, live = snapshot(con)
+    assert seq == last and compare(live, await rebuilt(store)) == []
