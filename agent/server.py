@@ -61,7 +61,9 @@ class Agent:
         self.id = config.agent_id
         self.runtime = runtime
         self.store = store or EventStore(nc, EVENT_STREAM, [EVENTS_ALL])
-        self.facts = AgentFacts(Repository(self.store), self.id, self._report)
+        self.facts = AgentFacts(
+            Repository(self.store, actor=f"agent:{self.id}"), self.id, self._report
+        )
         self.pulls = PullManager(
             self.id, runtime, self, self._publish_progress, config.pulls, config.auth_for
         )

@@ -18,6 +18,8 @@ from domain.events import EVENT_TYPES, Event, type_name
 TYPE_HEADER = "Hoist-Event"
 SCHEMA_HEADER = "Hoist-Schema"
 VERSION_HEADER = "Hoist-Version"
+# Who caused an event, for the audit trail: "manager", "agent:<id>", "client", "admin".
+ACTOR_HEADER = "Hoist-Actor"
 
 _encoder = msgspec.json.Encoder()
 # One typed decoder per event type: the header picks it, so decoding never tries the union.

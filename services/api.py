@@ -222,7 +222,10 @@ class Api:
                 # original's sequences while we hold other kernel ids. The derived session id
                 # and "subject must be empty" make the retry a conflict instead, and we load
                 # what the first attempt stored.
-                if not await self.fleet.commit(session) and sid not in self.fleet.sessions:
+                if (
+                    not await self.fleet.commit(session, actor="client")
+                    and sid not in self.fleet.sessions
+                ):
                     raise RequestError("unavailable", "the event store did not take it; retry")
         self.on_enqueued()
         await self.fleet.wait_settled(sid, req.max_wait)
@@ -248,7 +251,7 @@ class Api:
                     )
                     self.reactors.force_destroy.add(k.kernel_id)
 
-        await self._record(req.session_id, decide)
+        await self._record(req.session_id, decide, actor="client")
         return await self._view(req.session_id)
 
     async def cancel_kernel(self, data: bytes) -> SessionView:
@@ -269,7 +272,7 @@ class Api:
                 )
             s.cancel(req.kernel_id, f"force-cancelled: {req.reason or 'by a superadmin'}")
 
-        await self._record(sid, decide)
+        await self._record(sid, decide, actor="admin")
         return await self._view(sid)
 
     # -- helpers -------------------------------------------------------------------------
@@ -287,12 +290,12 @@ class Api:
             raise RequestError("not-found", f"session_id: no session {session_id!r}; check the id")
         return session
 
-    async def _record(self, session_id: str, decide: Callable[[Session], None]) -> None:
+    async def _record(self, session_id: str, decide: Callable[[Session], None], actor: str) -> None:
         for _ in range(5):
             async with self.fleet.locked(session_id) as session:
                 assert session is not None
                 decide(session)
-                if not session.pending_events or await self.fleet.commit(session):
+                if not session.pending_events or await self.fleet.commit(session, actor=actor):
                     break
         else:
             raise RequestError("unavailable", "the session kept changing; retry")

@@ -205,8 +205,9 @@ def _format_event(rec: Recorded) -> str:
     }
     when = rec.time.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
+    actor = rec.headers.get(codec.ACTOR_HEADER, "-")
     return (
-        f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}"
+        f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}  by {actor}"
         f"  {msgspec.json.encode(payload).decode()}"
     )
 

@@ -372,13 +372,15 @@ class Fleet:
         finally:
             await self.unlock(session_id)
 
-    async def commit(self, session: Session, request_id: str | None = None) -> bool:
+    async def commit(
+        self, session: Session, request_id: str | None = None, actor: str | None = None
+    ) -> bool:
         """Save the session's pending events (the caller holds its lock); True if stored.
 
         On a conflict or a store error the session is reloaded from the log and False
         returned: the caller decides again on what is really there."""
         try:
-            await self.repository.save(session, request_id=request_id)
+            await self.repository.save(session, request_id=request_id, actor=actor)
         except (ConcurrencyError, StoreError) as e:
             log.warning("session %s not saved (%s): reloading it", session.id, e)
             await self.reload(session.id)

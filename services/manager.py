@@ -69,7 +69,7 @@ class Manager:
         self.nc = nc
         self.config = config = config or ManagerConfig()
         self.store = event_store(nc)
-        self.repository = Repository(self.store)
+        self.repository = Repository(self.store, actor="manager")
         self.fleet = Fleet(self.store, self.repository)
         self.rpc = AgentRpc(nc)
         self.reactors = Reactors(self.fleet, self.rpc, retry_s=config.retry_s)

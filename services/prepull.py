@@ -276,7 +276,7 @@ class PrepullLoop:
 
     async def _save(self, policy: PrepullPolicy) -> None:
         try:
-            await self.repository.save(policy)
+            await self.repository.save(policy, actor="admin")  # set over hoist.admin
         except ConcurrencyError:
             raise RequestError(
                 "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"

@@ -12,7 +12,7 @@ from typing import Any, TypeVar, overload
 
 from eventsourcing.domain import BaseAggregate
 
-from domain.codec import decode, encode
+from domain.codec import ACTOR_HEADER, decode, encode
 from domain.subjects import aggregate_subject
 from services.eventstore.store import EventStore, Message, Write
 
@@ -59,8 +59,9 @@ def apply(aggregate: Any, event: Any, seq: int) -> Any:
 class Repository:
     """Domain aggregates in an EventStore."""
 
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore, actor: str | None = None) -> None:
         self.store = store
+        self.actor = actor  # recorded with each event as Hoist-Actor (who caused it)
 
     @overload
     async def get(self, kind: type[A], aggregate_id: str) -> A: ...
@@ -85,7 +86,10 @@ class Repository:
         return aggregate
 
     async def save(
-        self, *aggregates: BaseAggregate[str], request_id: str | None = None
+        self,
+        *aggregates: BaseAggregate[str],
+        request_id: str | None = None,
+        actor: str | None = None,
     ) -> list[int]:
         """Append the pending events of all ``aggregates`` atomically; return their sequences.
 
@@ -105,7 +109,7 @@ class Repository:
             events = aggregate.collect_events()
             if not events:
                 continue
-            messages = [Message(*encode(event)) for event in events]  # type: ignore[arg-type]
+            messages = [_message(event, actor or self.actor) for event in events]
             writes.append(Write(subject, messages, expected_last_seq=loaded_seq(aggregate)))
             saved.append(aggregate)
         seqs = await self.store.append(writes, idempotency_key=request_id)
@@ -114,3 +118,10 @@ class Repository:
             end += len(write.messages)
             setattr(aggregate, _SEQ_ATTR, seqs[end - 1])
         return seqs
+
+
+def _message(event: Any, actor: str | None) -> Message:
+    data, headers = encode(event)
+    if actor:
+        headers[ACTOR_HEADER] = actor
+    return Message(data, headers)

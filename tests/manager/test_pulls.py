@@ -13,6 +13,8 @@ from nats.aio.client import Client
 
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyHost, PullFailure
+from domain import subjects
+from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
 from services import natsauth
 from services.api import KERNEL_CANCEL
@@ -158,6 +160,16 @@ async def _force_cancel(conns: dict[str, Client], creds: natsauth.Credentials) -
             assert "kernel_id" in again["error"]["message"]
             unknown = await request(conns["admin"], KERNEL_CANCEL, {"kernel_id": "nope"})
             assert unknown["error"]["code"] == "not-found"
+            # The audit trail says who caused each event.
+            store = event_store(conns["manager"])
+            by = {
+                r.headers[TYPE_HEADER]: r.headers.get(ACTOR_HEADER)
+                for r in await store.read_subject(subjects.session_events(sid))
+            }
+            assert by["SessionEnqueued"] == "client" and by["SessionScheduled"] == "manager"
+            assert by["KernelCancelled"] == "admin"
+            agent_records = await store.read_subject(subjects.agent_events("a1"))
+            assert {r.headers.get(ACTOR_HEADER) for r in agent_records} == {"agent:a1"}
 
 
 async def test_a_pulling_session_does_not_count_against_its_owner(
