@@ -23,6 +23,7 @@ ImagePreloaded); a restarted manager forgets the job views, not the preloads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -230,10 +231,9 @@ class ImagesAdmin:
         req = decode(data, PreloadRequest, what=PRELOAD)
         job = self.start_job(req)
         if req.wait > 0:
-            try:
-                await asyncio.wait_for(job.done.wait(), req.wait)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(req.wait):  # wait_for can lose a cancel on 3.11
+                    await job.done.wait()
         return job.view()
 
     def start_job(self, req: PreloadRequest) -> Job:
@@ -348,9 +348,9 @@ class ImagesAdmin:
         while True:
             pull.attempts += 1
             try:
-                failure = await asyncio.wait_for(
-                    self._attempt(job, agent_id), max(0.0, deadline - time.monotonic())
-                )
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    failure = await self._attempt(job, agent_id)
             except TimeoutError:
                 pull.state = "failed"
                 pull.reason = f"timeout: not done after {req.timeout:g}s"

@@ -22,6 +22,7 @@ no job pinned and no policy wants are unloaded first (largest first, ImageRemove
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -288,10 +289,10 @@ class PrepullLoop:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.converge()
