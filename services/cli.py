@@ -253,6 +253,8 @@ async def cmd_creds(args: argparse.Namespace) -> None:
             f"no Hoist stack runs in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
         )
     creds = natsauth.load_credentials(data_dir)
+    if args.role == "agent" and args.agent_id and args.agent_id not in creds.agents:
+        creds = stack.add_agent_user(data_dir, info, args.agent_id)  # an agent joining later
     try:
         print(natsauth.role_url(info.url, args.role, creds, agent_id=args.agent_id))
     except KeyError as e:

@@ -68,6 +68,7 @@ class StackInfo:
     pid: int
     runtime: str = ""
     agents: list[str] = field(default_factory=list)
+    nats_pid: int = 0  # signalled to reload its users when an agent is added
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -80,6 +81,7 @@ class StackInfo:
             pid=raw["pid"],
             runtime=raw.get("runtime", ""),
             agents=list(raw.get("agents", [])),
+            nats_pid=raw.get("nats_pid", 0),
         )
 
     def write(self, data_dir: Path) -> None:
@@ -94,6 +96,22 @@ class StackInfo:
         except PermissionError:
             return True
         return True
+
+
+def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> natsauth.Credentials:
+    """Give a new agent (one on another host, say) its NATS user on the running stack: new
+    credentials, a rewritten auth.conf, and nats-server told to reload its config."""
+    creds = natsauth.generate_credentials(data_dir, [agent_id])
+    natsauth.write_server_config(data_dir, creds, data_dir / "jetstream")
+    log = data_dir / "nats-server.log"
+    reloads = log.read_text(errors="replace").count("Reloaded server configuration")
+    os.kill(info.nats_pid, signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while log.read_text(errors="replace").count("Reloaded server configuration") <= reloads:
+        if time.monotonic() > deadline:
+            raise StackError(f"nats-server did not reload its users within 5 s; see {log}")
+        time.sleep(0.05)
+    return creds
 
 
 def start_nats(
@@ -240,7 +258,10 @@ class Stack:
                 f"nats-server did not start on port {self.nats_port} (in use? pick another with"
                 f" --nats-port); its log: {self.data_dir / 'nats-server.log'}"
             ) from e
-        StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids).write(self.data_dir)
+        assert self.server.proc is not None
+        StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, self.server.proc.pid).write(
+            self.data_dir
+        )
         # The streams exist before any agent registers (agents may not create streams).
         nc = await connect(self.role_url("manager"), "hoist-up")
         try:

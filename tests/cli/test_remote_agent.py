@@ -1,0 +1,36 @@
+"""An agent on another host joins a running stack: `hoist creds agent --agent-id NEW` gives it a
+NATS user (the server reloads its users), and `hoist agent` with that URL registers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.cli.stack_harness import HOIST, Stack, wait_for
+
+
+def test_a_new_agent_gets_credentials_and_joins(hoist_stack: Stack) -> None:
+    got = hoist_stack.hoist("creds", "agent", "--agent-id", "remote-1")
+    assert got.returncode == 0, got.stderr
+    url = got.stdout.strip()
+    assert url.startswith("nats://agent-remote-1:")
+    # Asked again, the same credentials: nothing is regenerated.
+    assert hoist_stack.hoist("creds", "agent", "--agent-id", "remote-1").stdout.strip() == url
+    agent = subprocess.Popen(
+        [HOIST, "agent", "--id", "remote-1", "--runtime", "dummy", "--resource-group", "default",
+         "--nats-url", url, "--cpu", "2", "--mem", "1g", "--disk", "10g"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert agent.stdout is not None
+        assert agent.stdout.readline().strip() == "agent remote-1 ready"
+
+        def listed() -> bool:
+            reply = hoist_stack.hoist("agents", "--json")
+            rows = json.loads(reply.stdout)["rows"] if reply.returncode == 0 else []
+            return any(r["agent_id"] == "remote-1" and r["alive"] for r in rows)
+
+        wait_for(listed, 20)
+    finally:
+        agent.terminate()
+        assert agent.wait(20) == 0
