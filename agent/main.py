@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import nats
+import nats.errors
 
 from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
 from agent.gc import GcPolicy
@@ -98,7 +99,18 @@ def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
 async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
     runtime = make_runtime(args, config.agent_id)
-    nc = await nats.connect(args.nats_url, name=f"hoist-agent-{config.agent_id}")
+
+    async def on_error(e: Exception) -> None:  # one line, not nats-py's traceback per attempt
+        log.warning("nats: %s", e)
+
+    # Reconnect for ever, like the manager: nats-py's default gives up after 2 minutes and the
+    # agent would live on without NATS.
+    nc = await nats.connect(
+        args.nats_url,
+        name=f"hoist-agent-{config.agent_id}",
+        error_cb=on_error,
+        max_reconnect_attempts=-1,
+    )
     agent = Agent(nc, config, runtime)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,4 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"hoist agent: {e}", file=sys.stderr)
         return 2
+    except (OSError, nats.errors.Error) as e:  # the message names the address, not the password
+        print(
+            f"hoist agent: cannot connect to NATS ({e}): check --nats-url and that nats-server"
+            " runs",
+            file=sys.stderr,
+        )
+        return 1
     return 0
