@@ -470,7 +470,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit_cli.register(sub)
     image_cli.register(sub)
+    _accept_data_dir_after(sub)
     return parser
+
+
+def _accept_data_dir_after(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`hoist up --data-dir D` works like `hoist --data-dir D up` (what the error messages and
+    the README write); SUPPRESS keeps the top-level value when the option is not repeated."""
+    seen: set[int] = set()
+    for name, p in sub.choices.items():
+        if name in PROCESSES or id(p) in seen:  # processes parse their own options; aliases
+            continue
+        seen.add(id(p))
+        p.add_argument("--data-dir", default=argparse.SUPPRESS, help="as before the command")
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_data_dir_after(action)
 
 
 def _default_owner() -> str:
