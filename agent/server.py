@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,7 +78,10 @@ class Agent:
         self._gc_lock = asyncio.Lock()
         self._gc: asyncio.Task[None] | None = None
         self.terminating: set[str] = set()  # kernels whose destroy is in flight
-        self._kernel_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # One lock per kernel with a create or destroy in flight, with how many hold or wait for
+        # it: the entry goes with the last of them (an agent sees kernels without end).
+        self._kernel_locks: dict[str, asyncio.Lock] = {}
+        self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._sub: Subscription | None = None
         self._heartbeats: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -307,7 +310,7 @@ class Agent:
         kernel_id = request.kernel_id
         _check_id(kernel_id, "kernel_id")
         _check_id(request.session_id, "session_id")
-        async with self._kernel_locks[kernel_id]:
+        async with self._kernel_lock(kernel_id):
             existing = await self._container(kernel_id)
             if existing is not None:
                 return rpc.KernelCreated(container_id=existing.container_id, existed=True)
@@ -337,13 +340,25 @@ class Agent:
         return rpc.KernelDestroyed(destroyed=await self._destroy(request.kernel_id))
 
     async def _destroy(self, kernel_id: str) -> bool:
-        async with self._kernel_locks[kernel_id]:
+        async with self._kernel_lock(kernel_id):
             self.terminating.add(kernel_id)
             try:
                 return await self.runtime.destroy(kernel_id)
             finally:
                 self.terminating.discard(kernel_id)
                 self.reserved.pop(kernel_id, None)
+
+    @contextlib.asynccontextmanager
+    async def _kernel_lock(self, kernel_id: str) -> AsyncIterator[None]:
+        lock = self._kernel_locks.setdefault(kernel_id, asyncio.Lock())
+        self._kernel_lock_users[kernel_id] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._kernel_lock_users[kernel_id] -= 1
+            if not self._kernel_lock_users[kernel_id]:
+                del self._kernel_lock_users[kernel_id], self._kernel_locks[kernel_id]
 
     async def _container(self, kernel_id: str) -> KernelContainer | None:
         for k in await self.runtime.list_kernels():
