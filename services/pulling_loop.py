@@ -82,6 +82,7 @@ class PullingLoop:
         """One round over every PULLING kernel."""
         now = datetime.now(UTC)
         tasks: defaultdict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+        pulling: set[str] = set()
         for agent_id, sids in list(self.fleet.pulling_on_agent.items()):
             state = self.fleet.agents.get(agent_id)
             for sid in list(sids):
@@ -89,6 +90,7 @@ class PullingLoop:
                 for k in session.kernels.values():
                     if k.status is not S.PULLING or k.agent_id != agent_id:
                         continue
+                    pulling.add(k.kernel_id)
                     if state is not None and session.image in state.agent.images:
                         self.reactors.kick(sid)
                         continue
@@ -103,6 +105,9 @@ class PullingLoop:
         alive = set(tasks)
         for key in [k for k in self._progress if k not in alive]:
             del self._progress[key]
+        # A kernel that left PULLING (prepared by the pull, cancelled) needs no retask any more.
+        for kid in [k for k in self.reactors.retask if k not in pulling]:
+            del self.reactors.retask[kid]
 
     async def _follow(self, agent_id: str, task_id: str, kernels: list[tuple[str, str]]) -> None:
         key = (agent_id, task_id)
