@@ -268,8 +268,16 @@ def _url(args: argparse.Namespace) -> str:
 
 async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
+
+    async def on_error(e: Exception) -> None:  # one line, not nats-py's traceback per attempt
+        log.warning("nats: %s", e)
+
     nc = await nats.connect(
-        _url(args), name="hoist-manager", max_reconnect_attempts=-1, reconnect_time_wait=0.5
+        _url(args),
+        name="hoist-manager",
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        error_cb=on_error,
     )
     manager = Manager(nc, config)
     stop = asyncio.Event()
