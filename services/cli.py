@@ -21,13 +21,10 @@ from rich.console import Console
 
 from domain import codec, subjects
 from services import cli_read, natsauth, stack
+from services.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.cli_nats import CliError, Connection
 from services.eventstore.store import Recorded
 from services.progress_view import FAILED, Outcome, watch
-
-SESSION_CREATE = f"{subjects.API}.session.create"
-SESSION_DESTROY = f"{subjects.API}.session.destroy"
-KERNEL_CANCEL = f"{subjects.ADMIN}.kernel.cancel"
 
 # --- where to connect ---------------------------------------------------------------------------
 
