@@ -30,7 +30,7 @@ def test_a_new_agent_gets_credentials_and_joins(hoist_stack: Stack) -> None:
             rows = json.loads(reply.stdout)["rows"] if reply.returncode == 0 else []
             return any(r["agent_id"] == "remote-1" and r["alive"] for r in rows)
 
-        wait_for(listed, 20)
+        wait_for(listed, 45)
     finally:
         agent.terminate()
         assert agent.wait(20) == 0
