@@ -20,6 +20,7 @@ from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import Agent
+from services.eventstore.connection import connect_for_ever
 
 log = logging.getLogger("agent")
 
@@ -100,17 +101,7 @@ async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
     runtime = make_runtime(args, config.agent_id)
 
-    async def on_error(e: Exception) -> None:  # one line, not nats-py's traceback per attempt
-        log.warning("nats: %s", e)
-
-    # Reconnect for ever, like the manager: nats-py's default gives up after 2 minutes and the
-    # agent would live on without NATS.
-    nc = await nats.connect(
-        args.nats_url,
-        name=f"hoist-agent-{config.agent_id}",
-        error_cb=on_error,
-        max_reconnect_attempts=-1,
-    )
+    nc = await connect_for_ever(args.nats_url, f"hoist-agent-{config.agent_id}", log)
     agent = Agent(nc, config, runtime)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import nats
 from nats.aio.client import Client
 
 from domain import events as ev
@@ -27,6 +26,7 @@ from services import natsauth
 from services.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
 from services.api import Api
 from services.eventstore import progress
+from services.eventstore.connection import connect_for_ever
 from services.eventstore.repository import Repository
 from services.fleet import Fleet
 from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
@@ -269,16 +269,7 @@ def _url(args: argparse.Namespace) -> str:
 async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
 
-    async def on_error(e: Exception) -> None:  # one line, not nats-py's traceback per attempt
-        log.warning("nats: %s", e)
-
-    nc = await nats.connect(
-        _url(args),
-        name="hoist-manager",
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        error_cb=on_error,
-    )
+    nc = await connect_for_ever(_url(args), "hoist-manager", log)
     manager = Manager(nc, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -9,6 +9,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,3 +369,25 @@ def _answer(nc: Client) -> Callable[[Msg], Awaitable[None]]:
         await nc.publish(msg.reply, b"ok")
 
     return answer
+
+
+@pytest.mark.parametrize("process", ["agent", "manager"])
+async def test_a_process_with_a_wrong_password_stops_at_once_saying_so(
+    stack: Stack, process: str
+) -> None:
+    # Manager and agent reconnect for ever after an outage; refused credentials end them.
+    url = stack.url.replace(
+        "nats://", f"nats://{'agent-A' if process == 'agent' else 'manager'}:wrong@"
+    )
+    args = {
+        "agent": ["agent", "--id", "A", "--runtime", "dummy", "--resource-group", "g",
+                  "--cpu", "1", "--mem", "1g", "--disk", "1g"],
+        "manager": ["services.manager"],
+    }[process]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", *args, "--nats-url", url,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert "refused the credentials" in err.decode() and "wrong" not in err.decode()

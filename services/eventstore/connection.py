@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+import nats
 from nats.aio.client import Client
 
 
@@ -15,3 +19,39 @@ async def subscriptions_ready(nc: Client) -> None:
     """
     await nc.flush()
     await nc.flush()
+
+
+class CredentialsRefused(ValueError):
+    """The NATS server refused this process's user or password: retrying cannot help."""
+
+
+async def connect_for_ever(url: str, name: str, log: logging.Logger) -> Client:
+    """Connect a long-running process (manager, agent): reconnect for ever after an outage
+    (nats-py's default gives up after about 2 minutes and the process would live on without
+    NATS), one log line per failed attempt instead of nats-py's traceback, and refused
+    credentials end the attempt at once with CredentialsRefused: that retry would never work."""
+    refused = asyncio.Event()
+
+    async def on_error(e: Exception) -> None:
+        if "authorization violation" in str(e).lower():
+            refused.set()
+        log.warning("nats: %s", e)
+
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            url,
+            name=name,
+            error_cb=on_error,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+    )
+    denied = asyncio.ensure_future(refused.wait())
+    done, _ = await asyncio.wait({connecting, denied}, return_when=asyncio.FIRST_COMPLETED)
+    denied.cancel()
+    if connecting not in done:
+        connecting.cancel()
+        raise CredentialsRefused(
+            f"NATS refused the credentials of {name}: get current ones with `hoist creds`"
+        )
+    return connecting.result()
