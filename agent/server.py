@@ -108,6 +108,10 @@ class Agent:
             mem=cfg.mem if cfg.mem is not None else measured.mem_bytes,
             disk=cfg.disk if cfg.disk is not None else measured.disk_bytes,
         )
+        # Containers that outlived a restart of this agent still hold what they were given.
+        for k in await self.runtime.list_kernels():
+            if k.cpu and k.mem_bytes:
+                self.reserved[k.kernel_id] = ev.Resources(cpu=k.cpu, mem=k.mem_bytes)
         self.first_registration = await self.facts.register()
         if (aggregate := self.facts.aggregate) is not None:  # pins survive a restart
             self.preloaded = {image for image, pinned in aggregate.preloaded.items() if pinned}

@@ -16,6 +16,9 @@ from typing import Protocol
 LABEL_KERNEL = "hoist.kernel"
 LABEL_SESSION = "hoist.session"
 LABEL_AGENT = "hoist.agent"
+# What a container was given, so a restarted agent counts it against its capacity again.
+LABEL_CPU = "hoist.cpu"
+LABEL_MEM = "hoist.mem"
 
 DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
 
@@ -46,6 +49,8 @@ class KernelContainer:
     container_id: str
     image: str
     running: bool
+    cpu: float = 0.0  # cores it was given
+    mem_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ from docker.utils import parse_repository_tag
 from agent.runtime.base import (
     DEFAULT_COMMAND,
     LABEL_AGENT,
+    LABEL_CPU,
     LABEL_KERNEL,
+    LABEL_MEM,
     LABEL_SESSION,
     Capacity,
     ImageInUse,
@@ -292,7 +294,13 @@ class DockerRuntime:
             network_mode="none",
             init=True,  # an init as PID 1: signals work and zombies are reaped
         )
-        labels = {LABEL_KERNEL: kernel_id, LABEL_SESSION: session_id, LABEL_AGENT: self.agent_id}
+        labels = {
+            LABEL_KERNEL: kernel_id,
+            LABEL_SESSION: session_id,
+            LABEL_AGENT: self.agent_id,
+            LABEL_CPU: str(cpu),
+            LABEL_MEM: str(mem_bytes),
+        }
         try:
             created = await self._call(
                 self.api.create_container,
@@ -332,6 +340,8 @@ class DockerRuntime:
                 container_id=c["Id"],
                 image=c["Image"],
                 running=c["State"] == "running",
+                cpu=float(c["Labels"].get(LABEL_CPU, 0)),
+                mem_bytes=int(c["Labels"].get(LABEL_MEM, 0)),
             )
             for c in await self._containers()
             if LABEL_KERNEL in c["Labels"]

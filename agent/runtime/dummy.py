@@ -202,7 +202,7 @@ class DummyRuntime:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
         container_id = f"{self.rng.getrandbits(256):064x}"
         self.kernels[kernel_id] = KernelContainer(
-            kernel_id, session_id, container_id, image, running=True
+            kernel_id, session_id, container_id, image, running=True, cpu=cpu, mem_bytes=mem_bytes
         )
         return container_id
 

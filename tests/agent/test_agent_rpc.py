@@ -229,6 +229,10 @@ async def test_a_restarted_agent_reports_what_it_has_and_forgets_old_tasks(
         assert set(rereg.images) == {"base:1"}  # the interrupted pull left nothing
         beat = await second.send_heartbeat()
         assert [k.kernel_id for k in beat.kernels] == ["k1"]
+        # The surviving container still holds what it was given.
+        k1 = KERNEL["resources"]
+        assert beat.free.cpu == second.capacity.cpu - k1["cpu"]
+        assert beat.free.mem == second.capacity.mem - k1["mem"]
         status = await call(nc, "a1", rpc.PULL_STATUS, {"task_id": old_task})
         assert status["known"] is False
         # The container is still known to the agent: a sync keeps it, a second create returns it.

@@ -170,6 +170,7 @@ async def test_create_runs_a_limited_labelled_container_and_destroy_removes_it(
 
     [k] = await runtime.list_kernels()
     assert (k.kernel_id, k.session_id, k.container_id, k.running) == ("k1", "s1", cid, True)
+    assert (k.cpu, k.mem_bytes) == (0.5, 64 * MiB)  # from its labels, for a restarted agent
     with pytest.raises(KernelExists) as err:
         await runtime.create("k1", "s1", small_image, cpu=0.5, mem_bytes=64 * MiB)
     assert err.value.container_id == cid
