@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import Agent
-from services.eventstore.connection import connect_for_ever
+from services.eventstore.connection import connect_for_ever, serve_until_signalled
 
 log = logging.getLogger("agent")
 
@@ -103,17 +102,7 @@ async def run(args: argparse.Namespace) -> None:
 
     nc = await connect_for_ever(args.nats_url, f"hoist-agent-{config.agent_id}", log)
     agent = Agent(nc, config, runtime)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await agent.start()
-        print(f"agent {config.agent_id} ready", flush=True)  # for supervisors and tests
-        await stop.wait()
-    finally:
-        await agent.stop()
-        await nc.drain()
+    await serve_until_signalled(nc, agent, f"agent {config.agent_id} ready")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from services import natsauth
 from services.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
 from services.api import Api
 from services.eventstore import progress
-from services.eventstore.connection import connect_for_ever
+from services.eventstore.connection import connect_for_ever, serve_until_signalled
 from services.eventstore.repository import Repository
 from services.fleet import Fleet
 from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
@@ -270,18 +269,7 @@ async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
 
     nc = await connect_for_ever(_url(args), "hoist-manager", log)
-    manager = Manager(nc, config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await manager.start()
-        print("manager ready", flush=True)  # for supervisors and tests
-        await stop.wait()
-    finally:
-        await manager.stop()
-        await nc.drain()
+    await serve_until_signalled(nc, Manager(nc, config), "manager ready")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

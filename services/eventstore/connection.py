@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+from typing import Protocol
 
 import nats
 from nats.aio.client import Client
@@ -55,3 +57,24 @@ async def connect_for_ever(url: str, name: str, log: logging.Logger) -> Client:
             f"NATS refused the credentials of {name}: get current ones with `hoist creds`"
         )
     return connecting.result()
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signalled(nc: Client, service: Service, ready: str) -> None:
+    """Run a long-running process's ``service`` on ``nc`` until SIGTERM or SIGINT: start it,
+    print ``ready`` (supervisors and tests wait for that line), then stop it and drain."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.start()
+        print(ready, flush=True)
+        await stop.wait()
+    finally:
+        await service.stop()
+        await nc.drain()
