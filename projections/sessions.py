@@ -11,7 +11,7 @@ from typing import ClassVar
 import duckdb
 
 from domain import events as ev
-from domain.session import Session
+from domain.session import session_status
 from domain.status import AGENT_RESOURCE_OCCUPYING, TERMINAL, USER_RESOURCE_OCCUPYING, KernelStatus
 from projections.base import Projection, fetch_rows
 from projections.table import Row, Table
@@ -92,9 +92,6 @@ class _Live:
     their statuses, from which the Session aggregate's own rule derives the session's."""
 
     __slots__ = ("kernels", "row", "rows")
-
-    status = Session.status
-    status_info = Session.status_info
 
     def __init__(self, row: Row, rows: dict[str, Row]) -> None:
         self.row = row
@@ -233,8 +230,7 @@ class SessionsProjection(Projection):
 
     def _session_changed(self, live: _Live, at: datetime, seq: int, fresh: bool = False) -> None:
         row = live.row
-        row["status"] = live.status
-        row["status_info"] = live.status_info
+        row["status"], row["status_info"] = session_status(live.kernels.values())
         row["updated_at"] = at
         row["last_seq"] = seq
         self.put("sessions", row["session_id"], row, fresh=fresh)
