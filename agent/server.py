@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -43,6 +42,7 @@ from domain.subjects import (
     check_token,
     heartbeat,
 )
+from services.eventstore.client import Client
 from services.eventstore.connection import subscriptions_ready
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore

@@ -20,10 +20,9 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import nats
-from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore, Message, Write
 from services.natsserver import NatsServer
 
@@ -110,7 +109,7 @@ async def timed(fn: Callable[[], Awaitable[object]]) -> float:
 
 async def main(events: int, aggregates: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
-        nc = await nats.connect(server.url)
+        nc = await connect(server.url)
         store = EventStore(nc, "BENCH", ["bench.>"])
         await store.ensure_stream()
         total = events // aggregates * aggregates

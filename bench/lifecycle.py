@@ -27,9 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import nats
-from nats.aio.client import Client
-
 from agent.config import AgentConfig
 from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
@@ -37,6 +34,7 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import Agent
 from services.api import SESSION_CREATE
 from services.eventstore import progress
+from services.eventstore.client import Client, connect
 from services.natsserver import NatsServer
 from services.stack import event_store
 
@@ -47,7 +45,7 @@ SCRIPT = str(Path(__file__).resolve())
 
 async def run_agents(url: str, count: int) -> None:
     """The agents' process: ``count`` dummy agents with zero delays, until SIGTERM."""
-    nc = await nats.connect(url, name="bench-agents", pending_size=256 * 1024 * 1024)
+    nc = await connect(url, name="bench-agents", pending_size=256 * 1024 * 1024)
     store = event_store(nc)
     await store.ensure_stream()
     await progress.ensure(nc.jetstream())
@@ -155,7 +153,7 @@ async def main(args: argparse.Namespace) -> None:
                 "-m", "services.manager", "--nats-url", server.url, "--log-level", "WARNING",
                 ready="manager ready", log=log,
             )  # fmt: skip
-            nc = await nats.connect(server.url, name="bench-client")
+            nc = await connect(server.url, name="bench-client")
             try:
                 await burst(nc, 50)  # warm up: imports, first subscriptions, JIT-free caches
                 rate = await burst(nc, args.burst)

@@ -11,13 +11,13 @@ import asyncio
 import logging
 from datetime import datetime
 
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from domain import rpc, subjects
 from projections.agents import HEARTBEATS
 from projections.runner import Runner
 from projections.table import Changes, write
+from services.eventstore.client import Client
 
 log = logging.getLogger(__name__)
 

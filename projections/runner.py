@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
+_PAGE = 1000  # events per page the store reads (a queue of pages holds about two batches)
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -200,28 +201,32 @@ class Runner:
         if until_seq is not None and until_seq < from_seq:
             return from_seq - 1
         # Bounded: a full queue only makes the reader wait (replay reads at our pace), and it
-        # holds up to two batches, so the next batch is read while this one is committed.
-        queue: asyncio.Queue[Recorded | BaseException | None] = asyncio.Queue(2 * self.max_batch)
+        # holds about two batches, so the next batch is read while this one is committed.
+        queue: asyncio.Queue[list[Recorded] | BaseException | None] = asyncio.Queue(
+            max(2, 2 * self.max_batch // _PAGE)
+        )
         reader = asyncio.create_task(self._read(queue, from_seq, until_seq, follow))
         last = from_seq - 1
+        pending: list[Recorded] = []  # read, not yet folded
+        done = False
         try:
-            done = False
-            while not done:
-                item = await queue.get()
-                batch: list[Recorded] = []
-                while True:  # what has arrived, up to max_batch
-                    if item is None:
-                        done = True
-                        break
-                    if isinstance(item, BaseException):
-                        raise item
-                    if until_time is not None and item.time > until_time:
-                        done = True
-                        break
-                    batch.append(item)
-                    if len(batch) >= self.max_batch or queue.empty():
-                        break
-                    item = queue.get_nowait()
+            while not done or pending:
+                if not pending:
+                    item = await queue.get()
+                    while True:  # what has arrived, up to max_batch
+                        if item is None:
+                            done = True
+                            break
+                        if isinstance(item, BaseException):
+                            raise item
+                        pending.extend(item)
+                        if len(pending) >= self.max_batch or queue.empty():
+                            break
+                        item = queue.get_nowait()
+                batch, pending = pending[: self.max_batch], pending[self.max_batch :]
+                if until_time is not None and batch and batch[-1].time > until_time:
+                    batch = [r for r in batch if r.time <= until_time]
+                    pending, done = [], True
                 if batch:
                     self._fold(batch)
                     last = batch[-1].seq
@@ -247,17 +252,18 @@ class Runner:
 
     async def _read(
         self,
-        queue: asyncio.Queue[Recorded | BaseException | None],
+        queue: asyncio.Queue[list[Recorded] | BaseException | None],
         from_seq: int,
         until_seq: int | None,
         follow: bool,
     ) -> None:
-        """Move the replay into ``queue``, then None (the end) or the exception that ended it."""
+        """Move the replay's pages into ``queue``, then None (the end) or the exception that
+        ended it."""
         try:
-            replay = self.store.replay(from_seq=from_seq, until_seq=until_seq, follow=follow)
-            async with contextlib.aclosing(replay) as records:
-                async for rec in records:
-                    await queue.put(rec)
+            pages = self.store.replay_pages(from_seq=from_seq, until_seq=until_seq, follow=follow)
+            async with contextlib.aclosing(pages):
+                async for page in pages:
+                    await queue.put(page)
             await queue.put(None)
         except asyncio.CancelledError:
             raise

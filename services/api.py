@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -43,6 +42,7 @@ from domain.rpc import RequestError, decode, encode
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, API
+from services.eventstore.client import Client
 from services.eventstore.connection import subscriptions_ready
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.fleet import Fleet

@@ -14,11 +14,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
-import nats
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
+
+from services.eventstore.client import Client, connect
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
 
@@ -63,7 +63,7 @@ class Connection:
                 violations.put_nowait(m.group(2))
 
         try:
-            nc = await nats.connect(
+            nc = await connect(
                 url,
                 name=name,
                 connect_timeout=3,

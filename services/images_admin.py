@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import msgspec
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -42,6 +41,7 @@ from domain.events import NonEmpty
 from domain.rpc import RequestError, decode
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, PROGRESS
+from services.eventstore.client import Client
 from services.fleet import Fleet
 from services.reactors import AgentRefused, AgentRpc, AgentUnreachable
 

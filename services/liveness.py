@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Iterable
 
 import msgspec
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain.agent import Agent
 from domain.rpc import Heartbeat
 from domain.subjects import HEARTBEAT
+from services.eventstore.client import Client
 from services.eventstore.repository import NotFound, Repository
 from services.eventstore.store import ConcurrencyError
 

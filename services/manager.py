@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from nats.aio.client import Client
-
 from domain import events as ev
 from domain.scheduling import Limits, Policy
 from services import natsauth
 from services.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
 from services.api import Api
 from services.eventstore import progress
+from services.eventstore.client import Client
 from services.eventstore.connection import connect_for_ever, serve_until_signalled
 from services.eventstore.repository import Repository
 from services.fleet import Fleet

@@ -38,7 +38,6 @@ from typing import Any
 
 import duckdb
 import msgspec
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -47,6 +46,7 @@ from domain.status import KernelStatus
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.runner import META, Runner
 from projections.verify import verify
+from services.eventstore.client import Client
 
 log = logging.getLogger(__name__)
 

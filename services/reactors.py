@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -39,6 +38,7 @@ from domain.errors import DomainError
 from domain.session import Session
 from domain.status import Kernel, KernelStatus
 from domain.subjects import agent_rpc
+from services.eventstore.client import Client
 from services.fleet import Fleet
 
 log = logging.getLogger(__name__)

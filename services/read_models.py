@@ -9,11 +9,11 @@ import contextlib
 from pathlib import Path
 
 import duckdb
-from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.queries import serve_queries
 

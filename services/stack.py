@@ -20,12 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import nats
-from nats.aio.client import Client
-
 from domain import subjects
 from services import natsauth
-from services.eventstore import progress
+from services.eventstore import client, progress
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer, nats_server_binary, wait_for_port
 
@@ -158,7 +156,7 @@ class _OwnSessionNatsServer(NatsServer):
 
 
 async def connect(url: str, name: str) -> Client:
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    return await client.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
 
 
 def event_store(nc: Client) -> EventStore:

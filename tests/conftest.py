@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
-from nats.aio.client import Client
 
+from services.eventstore.client import Client, connect
 from services.natsserver import NatsServer
 from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     big_image,
@@ -32,6 +31,6 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 @pytest.fixture
 async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
-    client = await nats.connect(nats_server.url)
+    client = await connect(nats_server.url)
     yield client
     await client.drain()

@@ -14,14 +14,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
 import pytest
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS, PROGRESS_STREAM
+from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore, Message, Write
 from services.natsauth import (
     CREDENTIALS_FILE,
@@ -287,9 +286,7 @@ async def test_wrong_password_and_anonymous_are_refused(stack: Stack) -> None:
         stack.url.replace("nats://", "nats://agent-A:" + stack.creds.client + "@"),
     ):
         with pytest.raises(NatsError):
-            await nats.connect(
-                url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0
-            )
+            await connect(url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0)
 
 
 async def test_an_agent_added_later_connects_after_a_reload(stack: Stack) -> None:
@@ -304,7 +301,7 @@ async def test_an_agent_added_later_connects_after_a_reload(stack: Stack) -> Non
         await asyncio.sleep(0.01)
     else:
         pytest.fail(f"nats-server did not reload its config in 2 s; see {log}")
-    nc = await nats.connect(
+    nc = await connect(
         role_url(stack.url, "agent", creds, "D"), allow_reconnect=False, connect_timeout=2
     )
     ack = await nc.jetstream().publish("hoist.events.agent.D", b"registered", timeout=2)

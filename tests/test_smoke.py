@@ -1,4 +1,4 @@
-from nats.aio.client import Client
+from services.eventstore.client import Client
 
 
 async def test_nats_server_has_jetstream(nc: Client) -> None:

@@ -7,8 +7,7 @@ import logging
 import signal
 from typing import Protocol
 
-import nats
-from nats.aio.client import Client
+from services.eventstore.client import Client, connect
 
 
 async def subscriptions_ready(nc: Client) -> None:
@@ -40,7 +39,7 @@ async def connect_for_ever(url: str, name: str, log: logging.Logger) -> Client:
         log.warning("nats: %s", e)
 
     connecting = asyncio.ensure_future(
-        nats.connect(
+        connect(
             url,
             name=name,
             error_cb=on_error,

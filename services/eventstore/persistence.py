@@ -32,7 +32,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 from uuid import UUID
 
-import nats
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
@@ -47,9 +46,9 @@ from eventsourcing.persistence import (
     TrackingRecorder,
 )
 from eventsourcing.utils import Environment, EnvType, resolve_topic
-from nats.aio.client import Client
 
 from domain.subjects import check_token
+from services.eventstore.client import Client, connect
 from services.eventstore.store import ConcurrencyError, EventStore, Message, Recorded, Write
 
 T = TypeVar("T")
@@ -180,7 +179,7 @@ class JetStreamDatastore:
         try:
             # nats-py keeps retrying a first connect for minutes: bound it, then say why.
             self._nc = await asyncio.wait_for(
-                nats.connect(
+                connect(
                     self.url,
                     name=f"eventsourcing-{self.stream}",
                     connect_timeout=2,

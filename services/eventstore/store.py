@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
@@ -40,6 +39,8 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.errors import NotFoundError
+
+from services.eventstore.client import Client, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
 
@@ -63,6 +64,7 @@ _DIRECT_HEADERS = (
     "Nats-Num-Pending",
     "Nats-Last-Sequence",
 )
+_NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
 _DIRECT_BATCH = 1000  # messages per batched direct get request
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
 # After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
@@ -132,6 +134,11 @@ class EventStore:
     ) -> None:
         if duplicate_window <= 0:
             raise ValueError(f"duplicate_window must be > 0 seconds, got {duplicate_window}")
+        if not isinstance(nc, Client):  # replay reads through Client.subscribe_raw
+            raise TypeError(
+                f"the event store needs services.eventstore.client.Client, got {type(nc).__name__}:"
+                " connect with services.eventstore.client.connect"
+            )
         self.nc = nc
         self.js = nc.jetstream()
         self.stream = stream
@@ -334,6 +341,10 @@ class EventStore:
 
     # -- read ------------------------------------------------------------------------------------
 
+    async def head(self) -> int:
+        """The stream's last sequence (0 while empty)."""
+        return int((await self.js.stream_info(self.stream)).state.last_seq)
+
     async def last(self, subject: str) -> Recorded | None:
         """The subject's last message (``subject`` may hold wildcards), None if it has none."""
         try:
@@ -395,21 +406,32 @@ class EventStore:
         done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         pending = 0
 
-        async def on_msg(msg: Msg) -> None:
+        def on_msg(block: bytes | None, data: bytes) -> None:
             nonlocal pending
-            headers = msg.headers
-            if headers and "Nats-Sequence" in headers:
-                pending = int(headers["Nats-Num-Pending"])
-                out.append(_from_direct(msg))
-            elif not done.done():
-                # End of batch (204), nothing found (404), or an error status.
-                status = (headers or {}).get("Status")
-                done.set_result(None if status in ("204", "404") else _status(msg))
+            if done.done():
+                return  # a failed page: the rest is ignored
+            try:
+                if block is None:
+                    raise ValueError("a reply without headers")
+                if block.startswith(_NO_STATUS):  # a stored message
+                    headers = parse_header_lines(block[len(_NO_STATUS) :])
+                    pending = int(headers.get("Nats-Num-Pending", 0))
+                    out.append(_record(headers, data))
+                else:  # end of batch (204), nothing found (404), or an error status
+                    status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
+                    code = status.decode(errors="replace")
+                    done.set_result(
+                        None
+                        if code in ("204", "404")
+                        else f"status {code} {description.decode(errors='replace')}".strip()
+                    )
+            except Exception as e:  # never into nats-py's reader; the page fails instead
+                done.set_exception(StoreError(f"bad direct get reply from {self.stream}: {e!r}"))
 
         # The request goes out on the same connection after the SUB, so the server has the
         # subscription before it answers; no flush() needed (nor trusted: its PING can overtake
         # buffered SUBs in nats-py 2.16).
-        sub = await self.nc.subscribe(inbox, cb=on_msg)
+        sub = await self.nc.subscribe_raw(inbox, on_msg)
         try:
             while True:
                 want = _DIRECT_BATCH if limit is None else min(_DIRECT_BATCH, limit - len(out))
@@ -442,8 +464,26 @@ class EventStore:
         subject_filter: str | None = None,
         follow: bool = False,
     ) -> AsyncIterator[Recorded]:
-        """Every message from ``from_seq`` in stream order; stops when caught up (or at
-        ``until_seq``) unless ``follow``, then waits for new ones.
+        """Every message from ``from_seq`` in stream order, one at a time: see replay_pages."""
+        pages = self.replay_pages(
+            from_seq=from_seq, until_seq=until_seq, subject_filter=subject_filter, follow=follow
+        )
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                for record in page:
+                    yield record
+
+    async def replay_pages(
+        self,
+        *,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        subject_filter: str | None = None,
+        follow: bool = False,
+    ) -> AsyncIterator[list[Recorded]]:
+        """Every message from ``from_seq`` in stream order, in pages of up to 1,000 (never
+        empty); stops when caught up (or at ``until_seq``) unless ``follow``, then waits for
+        new ones.
 
         Pulled in pages of read() at the caller's pace (the next page is fetched while the
         caller takes this one), so a slow caller holds at most two pages and never loses a
@@ -486,7 +526,7 @@ class EventStore:
                     raise asyncio.CancelledError
                 head = None
                 if bounded and ahead is None:
-                    head = (await self.js.stream_info(self.stream)).state.last_seq
+                    head = await self.head()
                 page = await (ahead or fetch(seq))
                 ahead = None
                 full = len(page) == limit(seq)
@@ -494,10 +534,10 @@ class EventStore:
                     seq = page[-1].seq + 1
                     if full and (until_seq is None or seq <= until_seq):
                         ahead = fetch(seq)
-                for record in page:
-                    if until_seq is not None and record.seq > until_seq:
-                        return
-                    yield record
+                if until_seq is not None and page and page[-1].seq > until_seq:
+                    page = [r for r in page if r.seq <= until_seq]
+                if page:
+                    yield page
                 if until_seq is not None and seq > until_seq:
                     return
                 if full:
@@ -539,13 +579,17 @@ def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
 
 
 def _from_direct(msg: Msg) -> Recorded:
-    headers = dict(msg.headers or {})
+    return _record(dict(msg.headers or {}), msg.data)
+
+
+def _record(headers: dict[str, str], data: bytes) -> Recorded:
+    """The stored message a direct get reply carries; ``headers`` loses the reply's own."""
     seq = int(headers["Nats-Sequence"])
     subject = headers["Nats-Subject"]
     time = datetime.fromisoformat(headers["Nats-Time-Stamp"])
     for name in _DIRECT_HEADERS:
         headers.pop(name, None)
-    return Recorded(seq, subject, headers, msg.data, time)
+    return Recorded(seq, subject, headers, data, time)
 
 
 def _status(msg: Msg) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.config import AgentConfig
@@ -23,6 +22,7 @@ from domain import events as ev
 from domain import rpc, subjects
 from domain.codec import decode
 from services.eventstore import progress
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 
 

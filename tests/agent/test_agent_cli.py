@@ -6,10 +6,9 @@ import asyncio
 import signal
 import sys
 
-from nats.aio.client import Client
-
 from domain import events as ev
 from domain import rpc
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer
 from tests.agent.agent_harness import (

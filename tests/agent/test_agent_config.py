@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from nats.aio.client import Client
 from nats.js.api import StorageType
 
 from agent.config import AgentConfig, load_registry_auth, parse_size, registry_of
 from domain import rpc
 from domain.subjects import PROGRESS_STREAM, agent_progress
 from services.eventstore import progress
+from services.eventstore.client import Client
 
 
 def test_sizes_take_units_and_name_the_option() -> None:

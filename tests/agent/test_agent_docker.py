@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import docker
 import pytest
-from nats.aio.client import Client
 
 from agent.pulls import PullPolicy
 from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION
@@ -18,6 +17,7 @@ from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
 from services.eventstore import progress
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import (
     agent_events,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.aio.client import Client
-
 from agent.runtime.dummy import DummyRuntime
 from domain import events as ev
+from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.liveness import LivenessWatcher

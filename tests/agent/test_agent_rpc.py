@@ -6,12 +6,12 @@ import asyncio
 
 import msgspec
 import pytest
-from nats.aio.client import Client
 
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from domain import events as ev
 from domain import rpc, subjects
 from services.eventstore import progress
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import (
     agent_events,

@@ -9,11 +9,11 @@ import json
 from collections.abc import AsyncIterator
 
 import duckdb
-import nats
 import pytest
 
 from domain import subjects
 from projections.runner import Runner
+from services.eventstore.client import connect
 from services.eventstore.store import EventStore
 from services.queries import serve_queries
 from tests.cli.stack_harness import HOIST, Stack
@@ -21,7 +21,7 @@ from tests.cli.stack_harness import HOIST, Stack
 
 @pytest.fixture
 async def read_models(hoist_stack: Stack) -> AsyncIterator[None]:
-    nc = await nats.connect(hoist_stack.creds("manager"))
+    nc = await connect(hoist_stack.creds("manager"))
     runner = Runner(duckdb.connect(), EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL]))
     task = asyncio.create_task(runner.run(follow=True))
     subs = await serve_queries(nc, runner)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from nats.aio.client import Client
 
 from domain import subjects
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
-import nats
 import pytest
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate, event
@@ -22,6 +21,7 @@ from eventsourcing.system import ProcessApplication, SingleThreadedRunner, Syste
 from eventsourcing.tests.projection import Counters
 
 from services.eventstore import Factory
+from services.eventstore.client import connect
 from services.eventstore.persistence import JetStreamProcessRecorder, id_token, token_id
 from services.natsserver import NatsServer, free_port
 
@@ -333,7 +333,7 @@ async def test_events_are_plain_jetstream_messages(env: dict[str, str]) -> None:
         dog_id = await asyncio.to_thread(school.register_dog, "Fido")
     finally:
         await asyncio.to_thread(school.close)
-    nc = await nats.connect(env["NATS_URL"])
+    nc = await connect(env["NATS_URL"])
     try:
         msg = await nc.jetstream().get_last_msg("dogs", f"es.dogs.events.{id_token(dog_id)}")
         assert msg.seq == 1

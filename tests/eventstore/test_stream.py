@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from nats.aio.client import Client
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import APIError
 
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore, StoreError
 
 

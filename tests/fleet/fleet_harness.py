@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from nats.aio.client import Client
-
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.server import Agent
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import config, running
 from tests.manager.harness import GB, dummy, request

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from nats.aio.client import Client
 
 from services import cli, image_cli
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer
 from tests.fleet.fleet_harness import fleet

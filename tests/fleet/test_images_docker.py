@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import docker
 import pytest
-from nats.aio.client import Client
 
 from agent.gc import GcPolicy
 from agent.runtime.base import LABEL_AGENT
@@ -18,6 +17,7 @@ from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
 from services.api import SESSION_DESTROY
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.images_admin import JOB, PRELOAD, UNLOAD
 from tests.agent.agent_harness import agent_events, call, config, event_of, running

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.aio.client import Client
-
 from agent.runtime.base import PulledImage
 from agent.runtime.dummy import PullFailure
 from domain import events as ev
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD
 from tests.agent.agent_harness import agent_events, wait_for

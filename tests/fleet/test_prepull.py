@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from nats.aio.client import Client
 
 from domain import events as ev
 from domain.errors import InvalidField
 from domain.prepull import AgentDisk, KnownImage, Policy, PrepullPolicy, plan_agent
+from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET

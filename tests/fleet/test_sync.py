@@ -4,10 +4,10 @@ command, and drift repaired from heartbeats alone."""
 from __future__ import annotations
 
 import pytest
-from nats.aio.client import Client
 
 from domain import rpc
 from services.agent_sync import AGENT_SYNC
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import call, wait_for
 from tests.fleet.fleet_harness import admin, fleet

@@ -9,13 +9,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-from nats.aio.client import Client
-
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import Agent
 from domain.scheduling import Limits, Policy
 from services.api import SESSION_CREATE, SESSION_GET
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.manager import Manager, ManagerConfig
 from tests.agent.agent_harness import config, running, wait_for

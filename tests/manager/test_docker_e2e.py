@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import docker
 import pytest
-from nats.aio.client import Client
 
 from agent.pulls import PullPolicy
 from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL
 from agent.runtime.docker import DockerRuntime
 from services.api import SESSION_DESTROY
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import config, running
 from tests.infra.images import remove_local

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from nats.aio.client import Client
-
 from domain import subjects
 from services.api import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.manager.harness import (
     MB,

@@ -9,7 +9,6 @@ from typing import Any
 
 import nats
 import pytest
-from nats.aio.client import Client
 
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyHost, PullFailure
@@ -18,6 +17,7 @@ from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
 from services import natsauth
 from services.api import KERNEL_CANCEL
+from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer
 from services.stack import event_store
@@ -126,8 +126,8 @@ async def test_only_a_superadmin_force_cancels_a_pulling_kernel(tmp_path: Path) 
     with NatsServer(tmp_path / "js", config=conf) as server:
         conns = {}
         for role in ("manager", "client", "admin"):
-            conns[role] = await nats.connect(natsauth.role_url(server.url, role, creds))
-        conns["a1"] = await nats.connect(natsauth.role_url(server.url, "agent", creds, "a1"))
+            conns[role] = await connect(natsauth.role_url(server.url, role, creds))
+        conns["a1"] = await connect(natsauth.role_url(server.url, "agent", creds, "a1"))
         try:
             await _force_cancel(conns, creds)
         finally:

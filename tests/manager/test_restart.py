@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -19,6 +18,7 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from domain import events as ev
 from domain.codec import decode
 from services.api import SESSION_CREATE, SESSION_GET
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer
 from tests.agent.agent_harness import config, running, wait_for

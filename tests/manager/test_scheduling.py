@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from nats.aio.client import Client
-
 from domain import rpc
 from domain.scheduling import Limits, Policy
 from services.api import SESSION_CREATE, SESSION_DESTROY
+from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import (

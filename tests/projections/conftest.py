@@ -8,13 +8,13 @@ from typing import Any
 
 import duckdb
 import pytest
-from nats.aio.client import Client
 
 from domain import subjects
 from domain.agent import Agent
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from projections.runner import Runner
+from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-import nats
 import pytest
 
 from domain import subjects
 from projections.runner import Runner
 from projections.verify import snapshot
 from services import audit_cli, cli
+from services.eventstore.client import connect
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer
@@ -43,7 +43,7 @@ def manager(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterato
     stop = asyncio.Event()
 
     async def serve() -> None:
-        nc = await nats.connect(nats_server.url)
+        nc = await connect(nats_server.url)
         store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
         await store.ensure_stream()
         holder["last"] = await scripted_history(Repository(store), sessions=6)  # type: ignore[assignment]

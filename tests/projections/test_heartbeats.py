@@ -6,12 +6,12 @@ import asyncio
 from datetime import UTC, datetime
 
 import duckdb
-from nats.aio.client import Client
 
 from domain import rpc, subjects
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
 from projections.verify import compare, snapshot
+from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from tests.projections.conftest import rebuilt, rows, scripted_history

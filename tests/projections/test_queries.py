@@ -9,10 +9,10 @@ from typing import Any
 
 import duckdb
 import pytest
-from nats.aio.client import Client
 
 from domain.session import Session
 from projections.runner import Runner
+from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.queries import SQL_SUBJECT, VERIFY_SUBJECT, serve_queries
