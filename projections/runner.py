@@ -32,13 +32,15 @@ from projections import ALL
 from projections.agents import HEARTBEATS
 from projections.base import Handler, Projection
 from projections.table import Changes, write
-from services.eventstore.store import EventStore, Recorded
+from services.eventstore.bulk import BulkReader
+from services.eventstore.store import EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
 
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
+BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
 _PAGE = 1000  # events per page the store reads (a queue of pages holds about two batches)
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
@@ -54,6 +56,8 @@ class Runner:
         projections: Sequence[type[Projection]] = ALL,
         *,
         max_batch: int = MAX_BATCH,
+        bulk: BulkReader | None = None,
+        bulk_min: int = BULK_MIN,
         fault: Fault | None = None,
     ) -> None:
         if max_batch < 1:
@@ -62,6 +66,8 @@ class Runner:
         self.store = store
         self.types = tuple(projections)
         self.max_batch = max_batch
+        self.bulk = bulk
+        self.bulk_min = bulk_min
         self.fault = fault or (lambda point: None)
         self.projections: list[Projection] = []
         self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
@@ -258,8 +264,25 @@ class Runner:
         follow: bool,
     ) -> None:
         """Move the replay's pages into ``queue``, then None (the end) or the exception that
-        ended it."""
+        ended it.  Far behind, the stretch up to the stream's head is read by the bulk reader's
+        child process (if the runner has one), so reading and folding run on two cores."""
         try:
+            if self.bulk is not None:
+                head = await self.store.head()
+                if until_seq is not None:
+                    head = min(head, until_seq)
+                if head - from_seq + 1 >= self.bulk_min:
+                    try:
+                        pages = self.bulk.pages(from_seq, head)
+                        async with contextlib.aclosing(pages):
+                            async for page in pages:
+                                await queue.put(page)
+                                from_seq = page[-1].seq + 1
+                    except StoreError as e:  # slower in-process, but never stuck on the child
+                        log.warning("%s; reading on in-process from %s", e, from_seq)
+                    if until_seq is not None and from_seq > until_seq:
+                        await queue.put(None)
+                        return
             pages = self.store.replay_pages(from_seq=from_seq, until_seq=until_seq, follow=follow)
             async with contextlib.aclosing(pages):
                 async for page in pages:

@@ -13,6 +13,7 @@ import pyarrow as pa
 from projections import ALL
 from projections.base import Projection, fetch_rows
 from projections.runner import META, Runner
+from services.eventstore.bulk import BulkReader
 from services.eventstore.store import EventStore
 
 EXAMPLES = 5  # differing rows shown per table and side
@@ -80,12 +81,15 @@ def compare(live: dict[str, pa.Table], rebuilt: duckdb.DuckDBPyConnection) -> li
     return out
 
 
-async def verify(con: duckdb.DuckDBPyConnection, store: EventStore) -> tuple[int, list[Difference]]:
-    """Rebuild every model in memory up to the sequence the live ones reflect and compare."""
+async def verify(
+    con: duckdb.DuckDBPyConnection, store: EventStore, bulk: BulkReader | None = None
+) -> tuple[int, list[Difference]]:
+    """Rebuild every model in memory up to the sequence the live ones reflect and compare
+    (reading through ``bulk`` if given, as the live runner does)."""
     seq, live = await asyncio.to_thread(snapshot, con)
     scratch = duckdb.connect()
     try:
-        await Runner(scratch, store).run(follow=False, until_seq=seq)
+        await Runner(scratch, store, bulk=bulk).run(follow=False, until_seq=seq)
         return seq, await asyncio.to_thread(compare, live, scratch)
     finally:
         scratch.close()

@@ -69,13 +69,13 @@ def parse_until(value: str) -> tuple[int | None, datetime | None]:
 async def cmd_replay(args: argparse.Namespace) -> None:
     until_seq, until_time = parse_until(args.until)
     db = _new_file(args.db)
-    nc = await stack.connect(cli._stack_url(args, "client"), "hoist-replay")
+    url = cli._stack_url(args, "client")
+    nc = await stack.connect(url, "hoist-replay")
     try:
         con = duckdb.connect(str(db))
         try:
-            last = await Runner(con, stack.event_store(nc)).run(
-                follow=False, until_seq=until_seq, until_time=until_time
-            )
+            runner = Runner(con, stack.event_store(nc), bulk=stack.bulk_reader(url))
+            last = await runner.run(follow=False, until_seq=until_seq, until_time=until_time)
             counts = {
                 t.name: con.execute(f"SELECT count(*) FROM {t.name}").fetchall()[0][0]
                 for p in ALL

@@ -34,7 +34,7 @@ from services.pulling_loop import PullingLoop
 from services.reactors import AgentRpc, Reactors
 from services.read_models import IN_MEMORY, ReadModels
 from services.scheduler_loop import Plan, SchedulerLoop
-from services.stack import event_store
+from services.stack import bulk_reader, event_store
 
 log = logging.getLogger("manager")
 
@@ -56,6 +56,8 @@ class ManagerConfig:
     prepull_interval_s: float = 10.0
     prepull_parallelism: int = 16  # agents asked to converge at a time
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
+    # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
+    bulk_read_url: str | None = None
 
 
 class Manager:
@@ -119,7 +121,12 @@ class Manager:
             POLICY_PLAN: self.prepull.show_plan,
         }.items():
             self.api.register(subject, handler)
-        self.read_models = ReadModels(nc, self.store, config.read_models or IN_MEMORY)
+        self.read_models = ReadModels(
+            nc,
+            self.store,
+            config.read_models or IN_MEMORY,
+            bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
+        )
         self.fleet.on_room = self.scheduler.wake
         self.fleet.on_agent_event = self._agent_event
         self.fleet.on_policy_event = lambda name: self.prepull.wake()
@@ -255,6 +262,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         prepull_interval_s=args.prepull_interval,
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
+        bulk_read_url=_url(args),
     )
 
 

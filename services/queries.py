@@ -328,7 +328,7 @@ async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, A
     if request:
         raise InvalidRequest(f"unknown field {', '.join(sorted(request))}; verify takes none: {{}}")
     try:
-        seq, differences = await verify(runner.con, runner.store)
+        seq, differences = await verify(runner.con, runner.store, runner.bulk)
     except ValueError as e:
         raise InvalidRequest(str(e), code="busy") from None
     return {

@@ -13,6 +13,7 @@ from nats.aio.subscription import Subscription
 
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
+from services.eventstore.bulk import BulkReader
 from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.queries import serve_queries
@@ -23,9 +24,16 @@ IN_MEMORY = ":memory:"
 class ReadModels:
     """``await ReadModels(nc, store, path).start()`` ... ``await read_models.stop()``."""
 
-    def __init__(self, nc: Client, store: EventStore, path: Path | str = IN_MEMORY) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        store: EventStore,
+        path: Path | str = IN_MEMORY,
+        bulk: BulkReader | None = None,
+    ) -> None:
         self.nc = nc
         self.store = store
+        self.bulk = bulk
         self.path = str(path)
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -36,7 +44,7 @@ class ReadModels:
         if self.path != IN_MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(self.path)
-        self.runner = Runner(self._con, self.store)
+        self.runner = Runner(self._con, self.store, bulk=self.bulk)
         self._tasks = [
             asyncio.create_task(self.runner.serve(), name="projections"),
             asyncio.create_task(listen_heartbeats(self.nc, self.runner), name="heartbeats"),

@@ -23,6 +23,7 @@ from typing import Literal
 from domain import subjects
 from services import natsauth
 from services.eventstore import client, progress
+from services.eventstore.bulk import BulkReader
 from services.eventstore.client import Client
 from services.eventstore.store import EventStore
 from services.natsserver import NatsServer, nats_server_binary, wait_for_port
@@ -161,6 +162,11 @@ async def connect(url: str, name: str) -> Client:
 
 def event_store(nc: Client) -> EventStore:
     return EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+
+
+def bulk_reader(url: str) -> BulkReader:
+    """Long replays of the event stream in a child process connected to ``url``."""
+    return BulkReader(url, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
 
 
 def docker_reachable(docker_host: str | None) -> tuple[bool, str]:

@@ -1,0 +1,114 @@
+"""Catch-up through the bulk reader's child process: the same records, the same read models,
+a clear error when the child cannot read, and no child left behind."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from domain import subjects
+from projections.runner import Runner
+from projections.verify import compare, snapshot
+from services.eventstore.bulk import BulkReader
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore, Recorded, StoreError
+from services.natsserver import NatsServer
+from tests.projections.conftest import rebuilt, scripted_history
+
+
+def _bulk_children() -> list[str]:
+    """Command lines of running bulk reader processes."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if b"services.eventstore.bulk" in args:
+                out.append(b" ".join(args).decode(errors="replace"))
+    return out
+
+
+class CountingBulk(BulkReader):
+    """A bulk reader that counts the stretches it was asked for."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+        self.stretches: list[tuple[int, int]] = []
+
+    async def pages(self, from_seq: int, until_seq: int) -> AsyncIterator[list[Recorded]]:
+        self.stretches.append((from_seq, until_seq))
+        async for page in super().pages(from_seq, until_seq):
+            yield page
+
+
+async def test_bulk_pages_hold_what_replay_reads(
+    nats_server: NatsServer, store: EventStore, repo: Repository
+) -> None:
+    last = await scripted_history(repo, sessions=150)
+    assert last > 1000  # more than one page
+    bulk = CountingBulk(nats_server.url)
+    for from_seq, until_seq in ((1, last), (7, last - 300), (last, last)):
+        want = [r async for r in store.replay(from_seq=from_seq, until_seq=until_seq)]
+        got = [r async for page in bulk.pages(from_seq, until_seq) for r in page]
+        assert got == want
+        assert got[0].seq == from_seq and got[-1].seq == until_seq
+    assert [r async for page in bulk.pages(5, 4) for r in page] == []
+
+
+async def test_a_runner_catching_up_through_the_bulk_reader_builds_the_same_models(
+    nats_server: NatsServer, store: EventStore, repo: Repository
+) -> None:
+    await scripted_history(repo, sessions=30)
+    in_process = duckdb.connect()
+    last = await Runner(in_process, store).run(follow=False)
+
+    bulk = CountingBulk(nats_server.url)
+    through_child = duckdb.connect()
+    runner = Runner(through_child, store, bulk=bulk, bulk_min=100, max_batch=333)
+    assert await runner.run(follow=False) == last
+    assert bulk.stretches == [(1, last)]  # the whole way behind: all of it through the child
+    seq, tables = snapshot(through_child)
+    assert seq == last
+    assert compare(tables, in_process) == []
+
+    # A little behind (less than bulk_min), the runner reads in-process.
+    await scripted_history(repo, sessions=1, seed=99, prefix="late")
+    assert await runner.run(follow=False) > last
+    assert bulk.stretches == [(1, last)]
+
+
+async def test_a_bulk_reader_that_cannot_read_says_why_and_the_runner_reads_in_process(
+    store: EventStore, repo: Repository
+) -> None:
+    bulk = BulkReader("nats://127.0.0.1:1", subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
+    with pytest.raises(
+        StoreError,
+        match=r"bulk reader of stream HOIST stopped \(exit code 1\): .*cannot connect to NATS",
+    ):
+        async for _ in bulk.pages(1, 10):
+            pass
+    assert _bulk_children() == []
+
+    last = await scripted_history(repo, sessions=5)
+    con = duckdb.connect()
+    assert await Runner(con, store, bulk=bulk, bulk_min=1).run(follow=False) == last
+    assert compare(snapshot(con)[1], await rebuilt(store)) == []
+
+
+async def test_stopping_early_ends_the_child_and_its_password_is_not_in_ps(
+    nats_server: NatsServer, store: EventStore, repo: Repository
+) -> None:
+    last = await scripted_history(repo, sessions=40)
+    url = nats_server.url.replace("nats://", "nats://reader:s3cret@")  # an open server lets it in
+    pages = BulkReader(url, subjects.EVENT_STREAM, [subjects.EVENTS_ALL]).pages(1, last)
+    async with contextlib.aclosing(pages):
+        async for page in pages:
+            assert page[0].seq == 1
+            running = _bulk_children()
+            assert len(running) == 1
+            assert "s3cret" not in running[0]
+            break
+    assert _bulk_children() == []
