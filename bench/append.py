@@ -20,9 +20,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats
+from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.eventstore.client import Client, connect
+from services.eventstore.client import connect
 from services.eventstore.store import EventStore, Message, Write
 from services.natsserver import NatsServer
 
@@ -109,7 +111,8 @@ async def timed(fn: Callable[[], Awaitable[object]]) -> float:
 
 async def main(events: int, aggregates: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
-        nc = await connect(server.url)
+        raw_nc = await nats.connect(server.url)  # stock nats-py: the baseline
+        nc = await connect(server.url)  # Hoist's client, as every Hoist process uses
         store = EventStore(nc, "BENCH", ["bench.>"])
         await store.ensure_stream()
         total = events // aggregates * aggregates
@@ -123,7 +126,7 @@ async def main(events: int, aggregates: int, rounds: int) -> None:
             raw, via = f"bench.raw{r}", f"bench.store{r}"
             record(
                 "append raw",
-                await timed(lambda p=raw: append_raw(nc, p, events, aggregates)),
+                await timed(lambda p=raw: append_raw(raw_nc, p, events, aggregates)),
                 total,
             )
             record(
@@ -137,7 +140,7 @@ async def main(events: int, aggregates: int, rounds: int) -> None:
 
                 async def do_raw(p: str = prefix) -> None:
                     nonlocal n_raw
-                    n_raw = await raw_ordered_read(nc, "BENCH", f"{p}.>")
+                    n_raw = await raw_ordered_read(raw_nc, "BENCH", f"{p}.>")
 
                 async def do_store(p: str = prefix) -> None:
                     nonlocal n_store
@@ -148,7 +151,7 @@ async def main(events: int, aggregates: int, rounds: int) -> None:
                 assert n_raw == n_store == total, (n_raw, n_store, total)
                 record(
                     "load raw",
-                    await timed(lambda p=prefix: load_raw(nc, "BENCH", p, aggregates)),
+                    await timed(lambda p=prefix: load_raw(raw_nc, "BENCH", p, aggregates)),
                     total,
                 )
                 record(
@@ -157,6 +160,7 @@ async def main(events: int, aggregates: int, rounds: int) -> None:
                     total,
                 )
         await nc.close()
+        await raw_nc.close()
 
     print(f"{total} events over {aggregates} aggregates, best of {rounds} rounds (events/s)")
     print(f"{'':8} {'raw nats-py':>12} {'EventStore':>12} {'ratio':>7}")
