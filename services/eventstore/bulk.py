@@ -128,11 +128,16 @@ def _write(frames: queue.Queue[bytes | None]) -> None:
     out = sys.stdout.buffer
     with contextlib.suppress(OSError):  # a bigger pipe lets the parent take pages in bulk
         fcntl.fcntl(out.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    while (frame := frames.get()) is not None:
-        out.write(_LEN.pack(len(frame)))
-        out.write(frame)
-    out.write(_LEN.pack(0))
-    out.flush()
+    try:
+        while (frame := frames.get()) is not None:
+            out.write(_LEN.pack(len(frame)))
+            out.write(frame)
+        out.write(_LEN.pack(0))
+        out.flush()
+    except OSError:
+        # The parent is gone or stopped reading: end now, or the reader would wait for ever
+        # on a full queue. The server drops the connection.
+        os._exit(1)
 
 
 def main(argv: Sequence[str]) -> int:

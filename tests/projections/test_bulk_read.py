@@ -3,7 +3,9 @@ a clear error when the child cannot read, and no child left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from projections.runner import Runner
 from projections.verify import compare, snapshot
 from services.eventstore.bulk import BulkReader
 from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Recorded, StoreError
+from services.eventstore.store import EventStore, Message, Recorded, StoreError, Write
 from services.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
@@ -111,4 +113,37 @@ async def test_stopping_early_ends_the_child_and_its_password_is_not_in_ps(
             assert len(running) == 1
             assert "s3cret" not in running[0]
             break
+    assert _bulk_children() == []
+
+
+async def test_a_killed_parent_leaves_no_bulk_reader_behind(
+    nats_server: NatsServer, store: EventStore
+) -> None:
+    filler = Message(b"x" * 1000, {"Hoist-Event": "Filler"})
+    for i in range(20):  # 20 MB: more than the child's read-ahead and the pipe hold
+        await store.append([Write(subjects.session_events(f"s{i}"), [filler] * 1000)])
+    script = (
+        "import asyncio\n"
+        "from services.eventstore.bulk import BulkReader\n"
+        "async def main():\n"
+        f"    bulk = BulkReader({nats_server.url!r}, 'HOIST', ['hoist.events.>'])\n"
+        "    async for page in bulk.pages(1, 20000):\n"
+        "        print('page', flush=True)\n"
+        "        await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n"
+    )
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert parent.stdout is not None
+        assert await parent.stdout.readline() == b"page\n"
+        assert len(_bulk_children()) == 1
+    finally:
+        parent.kill()  # SIGKILL: no finally of the parent runs
+        await parent.wait()
+    for _ in range(100):
+        if not _bulk_children():
+            break
+        await asyncio.sleep(0.1)
     assert _bulk_children() == []
