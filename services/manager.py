@@ -235,6 +235,12 @@ def parser() -> argparse.ArgumentParser:
         help="the read models' DuckDB file (default: DATA_DIR/readmodels.duckdb with --data-dir,"
         " else in memory)",
     )
+    p.add_argument(
+        "--no-bulk-read",
+        action="store_true",
+        help="catch up the read models in this process only, without a reader child process"
+        " (it helps only with a second core)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -262,7 +268,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         prepull_interval_s=args.prepull_interval,
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
-        bulk_read_url=_url(args),
+        bulk_read_url=None if args.no_bulk_read else _url(args),
     )
 
 

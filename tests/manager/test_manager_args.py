@@ -1,0 +1,12 @@
+"""The manager's command line: what reaches its configuration."""
+
+from __future__ import annotations
+
+from services.manager import config_from, parser
+
+
+def test_the_read_models_catch_up_through_a_child_unless_told_not_to() -> None:
+    url = "nats://manager:pw@127.0.0.1:4222"
+    assert config_from(parser().parse_args(["--nats-url", url])).bulk_read_url == url
+    no_bulk = parser().parse_args(["--nats-url", url, "--no-bulk-read"])
+    assert config_from(no_bulk).bulk_read_url is None
