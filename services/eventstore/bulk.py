@@ -89,7 +89,7 @@ class BulkReader:
 
 
 async def _serve(url: str, stream: str, from_seq: int, until_seq: int, subjects: list[str]) -> None:
-    # Two attempts, then the parent reports why; its runner retries (Runner.serve).
+    # Two attempts, then the parent reports why (and its runner reads on in-process).
     errors: list[Exception] = []
 
     async def on_error(e: Exception) -> None:  # instead of nats-py's traceback per attempt
