@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from agent.runtime.base import Runtime
 from agent.server import Agent
 from services.eventstore.connection import connect_for_ever, serve_until_signalled
 
+URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
+
 log = logging.getLogger("agent")
 
 
@@ -31,7 +34,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--id", required=True, help="agent id (letters, digits, '_', '-')")
     p.add_argument("--runtime", required=True, choices=RUNTIMES)
     p.add_argument("--resource-group", required=True, help="the resource group it serves")
-    p.add_argument("--nats-url", required=True, help="e.g. nats://agent-ID:PASSWORD@host:4222")
+    p.add_argument(
+        "--nats-url",
+        default=os.environ.get(URL_ENV),
+        help=f"e.g. nats://agent-ID:PASSWORD@host:4222 (default: ${URL_ENV}, which keeps the"
+        " password out of `ps`)",
+    )
     cap = p.add_argument_group("capacity offered (default: what the host has)")
     cap.add_argument("--cpu", type=float, help="cores")
     cap.add_argument("--mem", help="bytes, or a size like 512m, 16g")
@@ -100,6 +108,11 @@ async def run(args: argparse.Namespace) -> None:
     config = config_from(args)
     runtime = make_runtime(args, config.agent_id)
 
+    if not args.nats_url:
+        raise ValueError(
+            f"no NATS URL: set {URL_ENV} (or give --nats-url),"
+            " e.g. nats://agent-ID:PASSWORD@host:4222"
+        )
     nc = await connect_for_ever(args.nats_url, f"hoist-agent-{config.agent_id}", log)
     agent = Agent(nc, config, runtime)
     await serve_until_signalled(nc, agent, f"agent {config.agent_id} ready")
@@ -117,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (OSError, nats.errors.Error) as e:  # the message names the address, not the password
         print(
-            f"hoist agent: cannot connect to NATS ({e}): check --nats-url and that nats-server"
-            " runs",
+            f"hoist agent: cannot connect to NATS ({e}): check {URL_ENV} (or --nats-url) and"
+            " that nats-server runs",
             file=sys.stderr,
         )
         return 1

@@ -286,16 +286,19 @@ class Stack:
             args = [
                 "agent",
                 *("--id", agent_id, "--runtime", self.runtime, "--resource-group", "default"),
-                *("--nats-url", self.role_url("agent", agent_id)),
             ]
             if self.runtime == "dummy":
                 args += ["--dummy-config", str(dummy_config)]
             elif self.docker_host:
                 args += ["--docker-host", self.docker_host]
-            self._spawn(agent_id, args, f"agent {agent_id} ready")
+            # The agent's URL and password go through its environment: none in `ps` output.
+            url = {"HOIST_NATS_URL": self.role_url("agent", agent_id)}
+            self._spawn(agent_id, args, f"agent {agent_id} ready", url)
         await self._wait_ready()
 
-    def _spawn(self, name: str, module_args: list[str], ready_line: str) -> None:
+    def _spawn(
+        self, name: str, module_args: list[str], ready_line: str, env: dict[str, str] | None = None
+    ) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
         log = logs / f"{name}.log"
@@ -307,6 +310,7 @@ class Stack:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         self.children.append(Child(name, proc, log, ready_line))
 

@@ -4,7 +4,10 @@ NATS user (the server reloads its users), and `hoist agent` with that URL regist
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+from pathlib import Path
 
 from tests.cli.stack_harness import HOIST, Stack, wait_for
 
@@ -18,12 +21,14 @@ def test_a_new_agent_gets_credentials_and_joins(hoist_stack: Stack) -> None:
     assert hoist_stack.hoist("creds", "agent", "--agent-id", "remote-1").stdout.strip() == url
     agent = subprocess.Popen(
         [HOIST, "agent", "--id", "remote-1", "--runtime", "dummy", "--resource-group", "default",
-         "--nats-url", url, "--cpu", "2", "--mem", "1g", "--disk", "10g"],
+         "--cpu", "2", "--mem", "1g", "--disk", "10g"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "HOIST_NATS_URL": url},  # as the README says: not in `ps`
     )  # fmt: skip
     try:
         assert agent.stdout is not None
         assert agent.stdout.readline().strip() == "agent remote-1 ready"
+        assert url.encode() not in Path(f"/proc/{agent.pid}/cmdline").read_bytes()
 
         def listed() -> bool:
             reply = hoist_stack.hoist("agents", "--json")
@@ -34,3 +39,17 @@ def test_a_new_agent_gets_credentials_and_joins(hoist_stack: Stack) -> None:
     finally:
         agent.terminate()
         assert agent.wait(20) == 0
+
+
+def test_no_process_of_the_stack_shows_a_password(hoist_stack: Stack) -> None:
+    mine = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # ended meanwhile
+        if str(hoist_stack.data_dir) in args:
+            mine.append(args)
+            assert not re.search(r"nats://[^\s/@]+:[^\s/@]+@", args), args
+    assert sum(" agent " in a for a in mine) == 2  # the stack's agents were looked at
+    assert any("services.manager" in a for a in mine)
