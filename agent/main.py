@@ -1,5 +1,6 @@
-"""The agent's command line: ``python -m agent --id ID --runtime docker|dummy --resource-group G
---nats-url URL [options]`` (``hoist agent ...`` runs the same).  Runs until SIGTERM or SIGINT."""
+"""The agent's command line: ``HOIST_NATS_URL=URL python -m agent --id ID --runtime docker|dummy
+--resource-group G [options]`` (or ``--nats-url URL``, which ``ps`` shows; ``hoist agent ...``
+runs the same).  Runs until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -55,3 +56,14 @@ async def test_bad_options_exit_2_naming_the_option(nats_server: NatsServer) -> 
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"--mem must be bytes or a size like 512m" in err
+
+
+async def test_no_nats_url_anywhere_exits_2_saying_where_to_put_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HOIST_NATS_URL"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "--id", "cli-3", "--runtime", "dummy",
+        "--resource-group", "rg", stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert b"no NATS URL: set HOIST_NATS_URL (or give --nats-url)" in err
