@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from domain import rpc, subjects
 from projections.agents import HEARTBEATS
 from projections.runner import Runner
-from projections.table import Changes, write
+from projections.table import Changes, transaction, write
 from services.eventstore.client import Client
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,5 @@ async def listen_heartbeats(nc: Client, runner: Runner, *, flush_s: float = FLUS
 
 def _flush(runner: Runner, beats: dict[str, datetime]) -> None:
     changes = Changes(rows={a: {"agent_id": a, "last_heartbeat_at": at} for a, at in beats.items()})
-    cur = runner.con.cursor()
-    cur.begin()
-    try:
+    with transaction(runner.con) as cur:
         write(cur, HEARTBEATS, HEARTBEATS.name, changes)
-        cur.commit()
-    except BaseException:
-        cur.rollback()
-        raise
-    finally:
-        cur.close()

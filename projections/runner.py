@@ -31,9 +31,9 @@ from domain.events import EVENT_TYPES, type_name
 from projections import ALL
 from projections.agents import HEARTBEATS
 from projections.base import Handler, Projection
-from projections.table import Changes, write
+from projections.table import Changes, transaction, write
 from services.eventstore.bulk import BulkReader
-from services.eventstore.store import EventStore, Recorded, StoreError
+from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,6 @@ META = "projection_meta"
 BUILD_SUFFIX = "__build"
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
 BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
-_PAGE = 1000  # events per page the store reads (a queue of pages holds about two batches)
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -82,9 +81,7 @@ class Runner:
 
     def open(self) -> None:
         """(Re)load every projection from its committed state; memory ahead of it is dropped."""
-        cur = self.con.cursor()
-        cur.begin()
-        try:
+        with transaction(self.con) as cur:
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {META} (projection VARCHAR, version INTEGER,"
                 " seq BIGINT, tables VARCHAR, build_version INTEGER, build_seq BIGINT)"
@@ -107,12 +104,6 @@ class Runner:
             for p in self.projections:
                 for cls, handler in p.handlers.items():
                     self._dispatch.setdefault(type_name(cls), []).append((p, handler))
-            cur.commit()
-        except BaseException:
-            cur.rollback()
-            raise
-        finally:
-            cur.close()
 
     def _open_one(
         self,
@@ -209,7 +200,7 @@ class Runner:
         # Bounded: a full queue only makes the reader wait (replay reads at our pace), and it
         # holds about two batches, so the next batch is read while this one is committed.
         queue: asyncio.Queue[list[Recorded] | BaseException | None] = asyncio.Queue(
-            max(2, 2 * self.max_batch // _PAGE)
+            max(2, 2 * self.max_batch // PAGE)  # pages
         )
         reader = asyncio.create_task(self._read(queue, from_seq, until_seq, follow))
         last = from_seq - 1
@@ -346,9 +337,7 @@ class Runner:
     def _commit(
         self, changes: list[tuple[Projection, dict[str, Changes]]], swaps: list[Projection]
     ) -> None:
-        cur = self.con.cursor()
-        cur.begin()
-        try:
+        with transaction(self.con) as cur:
             self.fault("begun")
             for p, tables in changes:
                 names = self.names[p.name]
@@ -365,12 +354,6 @@ class Runner:
             for p in swaps:
                 self._swap(cur, p)
             self.fault("checkpointed")
-            cur.commit()
-        except BaseException:
-            cur.rollback()
-            raise
-        finally:
-            cur.close()
         self.fault("committed")
 
     def _swap(self, cur: duckdb.DuckDBPyConnection, p: Projection) -> None:

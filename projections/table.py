@@ -7,7 +7,8 @@ statement per event runs at ~150 rows/s, one per batch at 100k+ (NOTES.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,22 @@ class Changes:
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.appended)
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A cursor of ``con`` inside one transaction: committed when the block ends, rolled back
+    if it raises (a cancel too), closed either way."""
+    cur = con.cursor()
+    cur.begin()
+    try:
+        yield cur
+        cur.commit()
+    except BaseException:
+        cur.rollback()
+        raise
+    finally:
+        cur.close()
 
 
 def write(cur: duckdb.DuckDBPyConnection, table: Table, actual: str, changes: Changes) -> None:

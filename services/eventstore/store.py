@@ -65,7 +65,7 @@ _DIRECT_HEADERS = (
     "Nats-Last-Sequence",
 )
 _NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
-_DIRECT_BATCH = 1000  # messages per batched direct get request
+PAGE = 1000  # messages per batched direct get request: the most a replay page holds
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
 # After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
 # a message before the stream has stored it.
@@ -434,7 +434,7 @@ class EventStore:
         sub = await self.nc.subscribe_raw(inbox, on_msg)
         try:
             while True:
-                want = _DIRECT_BATCH if limit is None else min(_DIRECT_BATCH, limit - len(out))
+                want = PAGE if limit is None else min(PAGE, limit - len(out))
                 req = {**req, "batch": want}
                 await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
                 try:
@@ -513,7 +513,7 @@ class EventStore:
 
         def limit(seq: int) -> int:
             # No more than until_seq - seq + 1 messages can lie in seq..until_seq.
-            return _DIRECT_BATCH if until_seq is None else min(_DIRECT_BATCH, until_seq - seq + 1)
+            return PAGE if until_seq is None else min(PAGE, until_seq - seq + 1)
 
         try:
             seq = from_seq
