@@ -131,7 +131,10 @@ class ImageInUse(Exception):
 ProgressCallback = Callable[[PullProgress], None]
 
 
-def validate_resources(cpu: float, mem_bytes: int) -> None:
+def validate_create(kernel_id: str, session_id: str, cpu: float, mem_bytes: int) -> None:
+    """What every runtime checks before it creates a container (ValueError naming the field)."""
+    if not kernel_id or not session_id:
+        raise ValueError("kernel_id and session_id must be non-empty")
     if not cpu > 0:
         raise ValueError(f"cpu must be > 0 (cores), got {cpu!r}")
     if mem_bytes < 6 * 1024 * 1024:  # Docker's minimum memory limit

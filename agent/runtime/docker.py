@@ -42,7 +42,7 @@ from agent.runtime.base import (
     PullProgress,
     TransientPullError,
     Unauthorized,
-    validate_resources,
+    validate_create,
 )
 
 API_VERSION = "1.41"  # Docker 20.10+; pinned so that making a client does no I/O
@@ -281,9 +281,7 @@ class DockerRuntime:
         mem_bytes: int,
         command: Sequence[str] | None = None,
     ) -> str:
-        validate_resources(cpu, mem_bytes)
-        if not kernel_id or not session_id:
-            raise ValueError("kernel_id and session_id must be non-empty")
+        validate_create(kernel_id, session_id, cpu, mem_bytes)
         split_ref(image)
         if existing := await self._containers(kernel_id):
             raise KernelExists(kernel_id, existing[0]["Id"])

@@ -27,7 +27,7 @@ from agent.runtime.base import (
     PullProgress,
     TransientPullError,
     Unauthorized,
-    validate_resources,
+    validate_create,
 )
 
 FailureKind = Literal["not-found", "unauthorized", "transient", "stall"]
@@ -186,9 +186,7 @@ class DummyRuntime:
         mem_bytes: int,
         command: Sequence[str] | None = None,
     ) -> str:
-        validate_resources(cpu, mem_bytes)
-        if not kernel_id or not session_id:
-            raise ValueError("kernel_id and session_id must be non-empty")
+        validate_create(kernel_id, session_id, cpu, mem_bytes)
         if kernel_id in self.kernels:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
         if image not in self.images:
