@@ -1,0 +1,70 @@
+"""The bounds of every value Hoist accepts: at the door (commands, queries, agent RPCs) and in the
+log (events).  One place, so a value a command accepts is one every reader of the log can hold.
+
+Why these numbers: an id is a NATS subject token; cpu and mem are far beyond any host that
+exists (so no real request is refused) yet far inside what DuckDB's BIGINT/DOUBLE and msgspec's
+int64 hold, also when thousands of them are summed; texts are long enough for any registry's
+error message and short enough that a reply quoting one fits in a NATS message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+MAX_ID = 128  # session, kernel, agent, task, request ids; resource groups (subject tokens)
+MAX_OWNER = 128
+MAX_IMAGE = 512  # Docker: 255 for the name, 128 for the tag, 71 for a digest, separators
+MAX_REASON = 1024  # status_info, reasons
+MAX_DETAIL = 16 * 1024  # a longer error text for a human
+MAX_CPU = 4096.0  # cores of one kernel or one agent
+MAX_MEM = 2**48  # bytes (256 TiB) of one kernel or one agent
+MAX_BYTES = 2**60  # disk and image sizes
+MAX_CLUSTER = 128  # kernels of one session
+MAX_LIST = 1024  # items of any other list or map in a request
+MAX_AGENT_IMAGES = 100_000  # images one agent reports holding
+MAX_DEPTH = 16  # nesting of a JSON request
+MAX_REQUEST = 256 * 1024  # bytes of one request
+MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
+QUOTE = 80  # characters of a bad value an error message quotes
+
+_TOKEN = r"^[A-Za-z0-9_-]+$"
+# Printable text: no control characters (they would corrupt terminals and logs).
+_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=_TOKEN)]
+Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=_PRINTABLE)]
+Image = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_IMAGE, pattern=_PRINTABLE)]
+Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REASON)]
+Detail = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL)]
+Cpu = Annotated[float, msgspec.Meta(gt=0, le=MAX_CPU)]
+Mem = Annotated[int, msgspec.Meta(gt=0, le=MAX_MEM)]
+Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
+ClusterSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_CLUSTER)]
+
+
+def quote(value: object, limit: int = QUOTE) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error names a bad value, never echoes a
+    megabyte of it back."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def depth(value: object, limit: int = MAX_DEPTH) -> int:
+    """How deeply ``value`` (decoded JSON) nests, counting up to ``limit + 1`` at most and
+    without recursion, so a hostile document cannot exhaust the stack."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        deepest = max(deepest, level)
+        if deepest > limit:
+            return deepest
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children)
+    return deepest
