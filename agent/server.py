@@ -33,7 +33,7 @@ from agent.runtime.base import (
     Runtime,
 )
 from domain import events as ev
-from domain import rpc
+from domain import limits, rpc
 from domain.subjects import (
     AGENT_RPC,
     EVENT_STREAM,
@@ -219,9 +219,10 @@ class Agent:
             reply = e.reply()
         except Exception as e:
             log.exception("agent %s: %s", self.id, verb)
-            reply = rpc.RequestError("internal", f"{verb} failed: {type(e).__name__}: {e}").reply()
+            message = f"{verb} failed: {type(e).__name__}: {limits.quote(str(e))}"
+            reply = rpc.RequestError("internal", message).reply()
         if msg.reply:
-            await msg.respond(rpc.encode(reply))
+            await msg.respond(rpc.encode_reply(reply))
 
     async def check_and_pull(
         self, request: rpc.CheckAndPull | rpc.Preload

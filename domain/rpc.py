@@ -10,13 +10,18 @@ field instead of a silently ignored option.  Every failure reply is
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from domain.events import AwareTime, Bytes, NonEmpty, Resources
+from domain import limits
+from domain.events import AwareTime, Bytes, Resources
+from domain.limits import MAX_LIST, Id, Image, Reason
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # --- verbs: hoist.agent.<agent id>.<verb> -------------------------------------------------
 CHECK_AND_PULL = "check-and-pull"
@@ -47,8 +52,9 @@ ERROR_CODES = (
     "internal",  # a bug or an unreachable runtime: see the agent's log
 )
 
-Images = Annotated[list[NonEmpty], msgspec.Meta(min_length=1, max_length=256)]
-KernelIds = list[NonEmpty]
+Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
+KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
+ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
 
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,7 +80,7 @@ class Preload(_Request, kw_only=True):
     preloads unpinned and pins with pin-images only while it wants the image."""
 
     images: Images
-    reason: NonEmpty = "preload: requested"
+    reason: Reason = "preload: requested"
     pinned: bool = True
 
 
@@ -93,9 +99,9 @@ class PullTask(_Reply, kw_only=True):
 class CreateKernel(_Request, kw_only=True):
     """Start a container for the kernel; idempotent (a kernel never gets two containers)."""
 
-    kernel_id: NonEmpty
-    session_id: NonEmpty
-    image: NonEmpty
+    kernel_id: Id
+    session_id: Id
+    image: Image
     resources: Resources
 
 
@@ -105,7 +111,7 @@ class KernelCreated(_Reply, kw_only=True):
 
 
 class DestroyKernel(_Request, kw_only=True):
-    kernel_id: NonEmpty
+    kernel_id: Id
 
 
 class KernelDestroyed(_Reply, kw_only=True):
@@ -137,7 +143,7 @@ class Unload(_Request, kw_only=True):
     """Remove images no kernel uses or is about to use; their preload pins go with them."""
 
     images: Images
-    reason: NonEmpty = "unload-requested"
+    reason: Reason = "unload-requested"
 
 
 class PinImages(_Request, kw_only=True):
@@ -145,8 +151,8 @@ class PinImages(_Request, kw_only=True):
     (None: unchanged).  ``policy``: images prepull policies want here; ``expected``: images
     of this agent's kernels that are scheduled, pulling, prepared or being created."""
 
-    policy: list[NonEmpty] | None = None
-    expected: list[NonEmpty] | None = None
+    policy: ImageList | None = None
+    expected: ImageList | None = None
 
 
 class ImagesPinned(_Reply, kw_only=True):
@@ -179,7 +185,7 @@ class UnloadResult(_Reply, kw_only=True):
 
 
 class PullStatus(_Request, kw_only=True):
-    task_id: NonEmpty
+    task_id: Id
 
 
 PullState = Literal["queued", "pulling", "done", "failed"]
@@ -268,9 +274,13 @@ class PullProgress(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
-# --- encoding -----------------------------------------------------------------------------
+# --- encoding: the one way every request is decoded and every reply encoded ----------------
 
 _encoder = msgspec.json.Encoder()
+# Replies may hold values JSON lacks (SQL intervals, UUIDs, blobs): send their text.
+_reply_encoder = msgspec.json.Encoder(enc_hook=str)
+_LONG_QUOTED = re.compile(rf"`([^`]{{{limits.QUOTE},}})`")
+REPLY_HINT = "the reply was cut to fit one NATS message: ask for fewer rows with limit"
 
 
 class RequestError(ValueError):
@@ -289,19 +299,96 @@ def decode_request(verb: str, data: bytes) -> Any:
     """The request struct for ``verb``, or RequestError("invalid-request") naming the field."""
     cls = REQUESTS.get(verb)
     if cls is None:
-        raise RequestError("invalid-request", f"unknown verb {verb!r}; use one of {VERBS}")
+        raise RequestError(
+            "invalid-request", f"unknown verb {limits.quote(verb)}; use one of {VERBS}"
+        )
     return decode(data, cls, what=verb)
 
 
-def decode(data: bytes, cls: type[T], what: str = "") -> T:
+def decode(data: bytes, cls: type[T], what: str = "", *, max_bytes: int = limits.MAX_REQUEST) -> T:
+    """``data`` as ``cls``, or RequestError("invalid-request") naming the field (msgspec's
+    path, e.g. ``$.resources.mem``).  Size and nesting are bounded first, so no payload can
+    exhaust memory or the stack, and the message never echoes more than a short quote."""
+    name = what or cls.__name__
+    if len(data) > max_bytes:
+        raise RequestError(
+            "invalid-request", f"{name} request is {len(data)} bytes, more than {max_bytes}"
+        )
+    too_deep = RequestError(
+        "invalid-request", f"{name} request nests deeper than {limits.MAX_DEPTH}"
+    )
     try:
-        return msgspec.json.decode(data or b"{}", type=cls)
+        value = msgspec.json.decode(data or b"{}", type=cls)
+    except RecursionError:  # msgspec gave up on the nesting: deeper than any limit
+        raise too_deep from None
     except msgspec.ValidationError as e:
         # msgspec says e.g. "Expected `array`, got `str` - at `$.images`": the field is named.
-        raise RequestError("invalid-request", f"{what or cls.__name__} request: {e}") from None
+        raise RequestError("invalid-request", f"{name} request: {_cut(str(e))}") from None
     except msgspec.DecodeError as e:
-        raise RequestError("invalid-request", f"{what} request is not valid JSON: {e}") from None
+        raise RequestError(
+            "invalid-request", f"{name} request is not valid JSON: {_cut(str(e))}"
+        ) from None
+    # Only untyped parts (a dict of filters) can nest freely; typed fields fail validation.
+    if limits.depth(value) > limits.MAX_DEPTH:
+        raise too_deep
+    return value
+
+
+def _cut(message: str) -> str:
+    """msgspec's message with any long name it quotes (an unknown field, say) cut short."""
+    return _LONG_QUOTED.sub(lambda m: limits.quote(m.group(1)), message)
 
 
 def encode(value: object) -> bytes:
     return _encoder.encode(value)
+
+
+def encode_reply(reply: object, hint: str = REPLY_HINT) -> bytes:
+    """The bytes of one reply, at most ``MAX_REPLY``: a larger one keeps the first items of
+    its largest list or map that fit, with ``"truncated": true`` and ``hint``; it is never
+    dropped, and a value JSON cannot hold becomes an ``internal`` error (a bug)."""
+    try:
+        data = _reply_encoder.encode(reply)
+        if len(data) <= limits.MAX_REPLY:
+            return data
+        return _truncated(msgspec.to_builtins(reply, enc_hook=str), len(data), hint)
+    except Exception as e:
+        log.exception("encoding a reply")
+        return _encoder.encode(
+            RequestError("internal", f"the reply could not be encoded: {type(e).__name__}").reply()
+        )
+
+
+def _truncated(reply: object, size: int, hint: str) -> bytes:
+    if isinstance(reply, dict):
+        sizes = {k: len(_reply_encoder.encode(v)) for k, v in reply.items()}
+        key = max(
+            (k for k, v in reply.items() if isinstance(v, list | dict) and v),
+            key=sizes.__getitem__,
+            default=None,
+        )
+        if key is not None:
+            items = reply[key]
+            whole = list(items.items()) if isinstance(items, dict) else items
+
+            def fitted(n: int) -> bytes:
+                kept = dict(whole[:n]) if isinstance(items, dict) else whole[:n]
+                return _reply_encoder.encode({**reply, key: kept, "truncated": True, "hint": hint})
+
+            low, high = 0, len(whole) - 1  # the most items that fit: binary search
+            while low < high:
+                mid = (low + high + 1) // 2
+                if len(fitted(mid)) <= limits.MAX_REPLY:
+                    low = mid
+                else:
+                    high = mid - 1
+            data = fitted(low)
+            if len(data) <= limits.MAX_REPLY:
+                return data
+    return _encoder.encode(
+        RequestError(
+            "too-large",
+            f"the reply would be {size} bytes, more than {limits.MAX_REPLY} even cut short;"
+            " select less (fewer or shorter columns)",
+        ).reply()
+    )
