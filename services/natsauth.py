@@ -4,8 +4,10 @@ subjects it needs, and the server config the local stack runs.
 Roles (one NATS user each; one user per agent, named ``agent-<id>``):
 
 - manager: the control plane. Owns the streams (JetStream API), appends events, serves
-  ``hoist.api|query|admin.>``, calls agents, watches heartbeats and progress. It may not delete
-  or purge the event stream: events are never removed, not even by the manager.
+  ``hoist.api|query|admin.>``, calls agents, watches heartbeats and progress. It creates the
+  event stream when it is absent but may not update, delete, purge or restore it, nor delete a
+  message of it: events are never removed, not even by the manager. It may repair the progress
+  stream (a disposable view of the latest state per pull, which it can overwrite anyway).
 - agent: publishes only its own facts, progress and heartbeats, serves its own RPC subjects,
   and reads the event stream (direct gets) to load its own aggregate. The event store's reads
   are direct-get batches on ``$JS.API.DIRECT.GET.HOIST`` whose subject does not name the
@@ -16,7 +18,8 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
   changes streams, never pulls from or deletes consumers (the manager's durables).
 - admin: a client that may also publish ``hoist.admin.>``. It does not append events either:
   admin commands go through the manager, which validates them and records their events, so the
-  log holds only events the domain accepted.
+  log holds only events the domain accepted. Nor may it change a stream: no Hoist credential
+  can erase the log; only the server's operator, with access to its store dir, can.
 
 Passwords are stored in plaintext in two 0600 files in the data dir (credentials.json and
 auth.conf). nats-server accepts bcrypt hashes, but hashing needs a dependency we do not ship,
@@ -155,11 +158,9 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     f"{QUERY}.>",
                     _INBOX,
                 ],
-                "deny": [
-                    f"{_JS}.STREAM.DELETE.{EVENT_STREAM}",
-                    f"{_JS}.STREAM.PURGE.{EVENT_STREAM}",
-                    f"{_JS}.STREAM.MSG.DELETE.{EVENT_STREAM}",
-                ],
+                # The log is only ever appended to: the manager creates the event stream when
+                # it is absent and never changes it (an update to max_msgs: 1 erases it too).
+                "deny": _NO_LOG_CHANGES,
             },
             "subscribe": {
                 "allow": [
@@ -254,13 +255,26 @@ def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None 
     return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
 
 
+# What would erase or rewrite the event log. The stream name is the last token, so a publish
+# to a wildcard form ($JS.API.STREAM.UPDATE.*) names no stream the API would act on.
+_NO_LOG_CHANGES = [
+    f"{_JS}.STREAM.UPDATE.{EVENT_STREAM}",
+    f"{_JS}.STREAM.DELETE.{EVENT_STREAM}",
+    f"{_JS}.STREAM.PURGE.{EVENT_STREAM}",
+    f"{_JS}.STREAM.MSG.DELETE.{EVENT_STREAM}",
+    f"{_JS}.STREAM.RESTORE.{EVENT_STREAM}",
+    f"{_JS}.ACCOUNT.PURGE.>",  # every stream of the account at once
+]
+
 # Stream changes no role but the manager may make (deny beats allow; listed for clarity).
 _NO_STREAM_CHANGES = [
+    *_NO_LOG_CHANGES,
     f"{_JS}.STREAM.CREATE.>",
     f"{_JS}.STREAM.UPDATE.>",
     f"{_JS}.STREAM.DELETE.>",
     f"{_JS}.STREAM.PURGE.>",
     f"{_JS}.STREAM.MSG.DELETE.>",
+    f"{_JS}.STREAM.RESTORE.>",
     f"{_JS}.CONSUMER.DELETE.>",
     f"{_JS}.CONSUMER.DURABLE.CREATE.>",
     f"{_JS}.CONSUMER.MSG.NEXT.>",

@@ -19,7 +19,8 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
-from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS, PROGRESS_STREAM
+from domain.subjects import EVENT_STREAM, EVENTS_ALL
+from services.eventstore import progress
 from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore, Message, Write
 from services.natsauth import (
@@ -102,10 +103,9 @@ async def _connect(stack: Stack, role: str, agent_id: str | None = None) -> Conn
 @pytest.fixture
 async def manager(stack: Stack) -> AsyncIterator[Conn]:
     conn = await _connect(stack, "manager")
-    js = conn.nc.jetstream()
-    # Idempotent: same config, so a second add is a no-op.
-    await js.add_stream(StreamConfig(name=EVENT_STREAM, subjects=[EVENTS_ALL], allow_direct=True))
-    await js.add_stream(StreamConfig(name=PROGRESS_STREAM, subjects=[f"{PROGRESS}.>"]))
+    # The streams as the manager makes them: created when absent, verified (never updated) after.
+    await EventStore(conn.nc, EVENT_STREAM, [EVENTS_ALL]).ensure_stream()
+    await progress.ensure(conn.nc.jetstream())
     yield conn
     await conn.nc.close()
 
@@ -388,3 +388,90 @@ async def test_a_process_with_a_wrong_password_stops_at_once_saying_so(
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert "refused the credentials" in err.decode() and "wrong" not in err.decode()
+
+
+# --- the log cannot be erased: role x stream operation ----------------------------------------
+
+_ERASE = {  # operation: (JetStream API subject prefix, request)
+    "stream update": ("$JS.API.STREAM.UPDATE", None),  # the stream's own config, max_msgs: 1
+    "stream delete": ("$JS.API.STREAM.DELETE", None),
+    "purge": ("$JS.API.STREAM.PURGE", {}),
+    "message delete": ("$JS.API.STREAM.MSG.DELETE", {"seq": 1, "no_erase": True}),
+}
+
+
+async def _attempt(conn: Conn, subject: str, request: object) -> str:
+    """Send a JetStream API request; "permission violation", the API's error, or "ok"."""
+    replies: list[bytes] = []
+
+    async def on_reply(msg: Msg) -> None:
+        replies.append(msg.data)
+
+    inbox = conn.nc.new_inbox()
+    sub = await conn.nc.subscribe(inbox, cb=on_reply)
+    await _synced(conn.nc)
+    payload = b"" if request is None else json.dumps(request).encode()
+    await conn.nc.publish(subject, payload, reply=inbox)
+    try:
+        for _ in range(300):
+            if any(f'publish to "{subject.lower()}"' in e for e in conn.errors):
+                return "permission violation"
+            if replies:
+                error = json.loads(replies[0]).get("error")
+                return "ok" if error is None else f"error: {error.get('description')}"
+            await asyncio.sleep(0.01)
+        return "no reply"
+    finally:
+        await sub.unsubscribe()
+
+
+@pytest.fixture
+async def log_intact(manager: Conn) -> AsyncIterator[None]:
+    """A few events in the log; afterwards the stream, its settings and every event are there."""
+    js = manager.nc.jetstream()
+    for i in range(3):
+        await js.publish(f"hoist.events.session.keep{i}", b"keep")
+    before = await js.stream_info(EVENT_STREAM)
+    yield
+    after = await js.stream_info(EVENT_STREAM)
+    assert after.state.messages == before.state.messages >= 3
+    assert (after.state.first_seq, after.state.last_seq) == (
+        before.state.first_seq,
+        before.state.last_seq,
+    )
+    assert after.config == before.config
+    assert after.config.max_msgs == -1
+
+
+@pytest.mark.parametrize("operation", list(_ERASE))
+@pytest.mark.parametrize("role", ["manager", "agent", "client", "admin"])
+async def test_no_role_can_erase_the_log(
+    stack: Stack, manager: Conn, log_intact: None, role: str, operation: str
+) -> None:
+    agent_id = "A" if role == "agent" else None
+    conn = manager if role == "manager" else await _connect(stack, role, agent_id)
+    prefix, request = _ERASE[operation]
+    info = await manager.nc.jetstream().stream_info(EVENT_STREAM)
+    if operation == "stream update":  # what the issue found accepted: keeps one message
+        request = {**info.config.as_dict(), "max_msgs": 1}
+    if operation == "message delete":
+        request = {"seq": info.state.first_seq, "no_erase": True}
+    try:
+        # The server refuses the stream's own subject, whatever the role.
+        assert await _attempt(conn, f"{prefix}.{EVENT_STREAM}", request) == "permission violation"
+        # A wildcard in the stream's token names no stream the API acts on; where the role may
+        # publish there at all, the API answers with an error.
+        for wildcard in ("*", ">"):
+            outcome = await _attempt(conn, f"{prefix}.{wildcard}", request)
+            assert outcome != "ok" and outcome != "no reply", (wildcard, outcome)
+    finally:
+        if conn is not manager:
+            await conn.nc.close()
+
+
+async def test_the_attempt_sees_a_change_that_is_allowed(manager: Conn) -> None:
+    # The matrix above can fail: the same request on a stream the manager may change succeeds.
+    await manager.nc.jetstream().add_stream(StreamConfig(name="SCRATCH", subjects=["scratch.>"]))
+    request = {"name": "SCRATCH", "subjects": ["scratch.>"], "storage": "file", "max_msgs": 1}
+    assert await _attempt(manager, "$JS.API.STREAM.UPDATE.SCRATCH", request) == "ok"
+    assert await _attempt(manager, "$JS.API.STREAM.DELETE.SCRATCH", None) == "ok"

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -169,34 +170,28 @@ class EventStore:
         )
 
     async def ensure_stream(self) -> None:
-        """Create the stream if missing (file storage, deny delete/purge, atomic batches on).
+        """Create the stream if missing (file storage, deny delete/purge, atomic batches on); of
+        an existing one, verify every setting that keeps the log whole.
 
-        An existing stream with other settings is updated; settings JetStream cannot change
-        (storage) or refuses to change are reported by name."""
+        Never updates a stream: an update is a way to erase the log (``max_msgs: 1``), so no
+        Hoist role may send one. A difference is a StoreError naming each setting, both values
+        and what to do."""
         want = self.stream_config()
         try:
             info = await self.js.stream_info(self.stream)
         except NotFoundError:
             await self.js.add_stream(want)
             return
-        have = info.config
-        if have.storage != want.storage:
+        differs = _stream_differences(info.config, want)
+        if differs:
             raise StoreError(
-                f"stream {self.stream} uses {have.storage} storage, the event store needs file"
-                " storage and JetStream cannot change it: move the events to a new stream"
+                f"stream {self.stream} is not the append-only log the event store needs: "
+                + "; ".join(differs)
+                + ". Hoist creates the stream only when it is absent and never changes it (no"
+                " Hoist role may: an update could erase the log). Change it with the server's"
+                " operator access (nats-server on its store dir, e.g. `nats stream edit"
+                f" {self.stream}`), or point Hoist at a new stream"
             )
-        differs = _config_differences(have, want)
-        if not differs:
-            return
-        have_dict = have.as_dict()
-        have_dict.update({name: getattr(want, name) for name in differs})
-        try:
-            await self.js.update_stream(StreamConfig.from_response(have_dict))
-        except Exception as err:
-            raise StoreError(
-                f"stream {self.stream} differs from what the event store needs in"
-                f" {', '.join(differs)} and JetStream refused the update ({err}); fix it by hand"
-            ) from err
 
     # -- append ----------------------------------------------------------------------------------
 
@@ -597,29 +592,51 @@ def _status(msg: Msg) -> str:
     return f"status {headers.get('Status')} {headers.get('Description', '')}".strip()
 
 
-def _config_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
-    names = [
-        "subjects",
-        "retention",
-        "discard",
-        "max_msgs",
-        "max_bytes",
-        "max_age",
-        "max_msgs_per_subject",
-        "deny_delete",
-        "deny_purge",
-        "allow_atomic",
-        "allow_direct",
-        "duplicate_window",
-    ]
-    return [n for n in names if _norm(getattr(have, n)) != _norm(getattr(want, n))]
+# Every setting that decides whether the stream keeps each event for ever, answers the store's
+# reads and takes its atomic, deduplicated appends. (name, default when the server omits it)
+_VERIFIED: tuple[tuple[str, Any], ...] = (
+    ("subjects", None),
+    ("storage", None),
+    ("retention", None),
+    ("discard", None),
+    ("max_msgs", -1),
+    ("max_bytes", -1),
+    ("max_age", 0),
+    ("max_msgs_per_subject", -1),
+    ("num_replicas", 1),
+    ("deny_delete", False),
+    ("deny_purge", False),
+    ("allow_rollup_hdrs", False),  # a rollup header purges a subject or the whole stream
+    ("allow_msg_ttl", False),  # a per-message TTL expires an event
+    ("sealed", False),
+    ("mirror", None),  # a mirror takes no appends
+    ("allow_atomic", False),
+    ("allow_direct", False),
+    ("duplicate_window", None),
+)
 
 
-def _norm(value: Any) -> Any:
+def _stream_differences(have: StreamConfig, want: StreamConfig) -> list[str]:
+    """``"<setting> is <have>, needs <want>"`` for every verified setting that differs."""
+    out = []
+    for name, default in _VERIFIED:
+        got, need = _norm(getattr(have, name), default), _norm(getattr(want, name), default)
+        if got != need:
+            out.append(f"{name} is {_show(got)}, needs {_show(need)}")
+    return out
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def _norm(value: Any, default: Any = None) -> Any:
+    if isinstance(value, Enum):  # the server's answer may hold the plain string
+        return value.value
     if isinstance(value, list):
         return sorted(value)
     if value is None:
-        return None
+        return default
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
