@@ -35,12 +35,12 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from domain import rpc
-from domain.events import NonEmpty
+from domain.limits import MAX_LIST, Id
 from domain.rpc import RequestError, decode
 from domain.session import Session
 from domain.status import KernelStatus
@@ -59,8 +59,11 @@ DEFAULT_TRIGGERS = frozenset({"on-creation-failure"})
 ABOUT_TO_USE = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING})
 
 
+AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
+
+
 class SyncAgents(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    agent_ids: list[NonEmpty] | None = None  # None: every live agent
+    agent_ids: AgentIds | None = None  # None: every live agent
 
 
 def check_triggers(triggers: Iterable[str]) -> frozenset[str]:

@@ -37,8 +37,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain.errors import InvalidField
-from domain.events import NonEmpty, Resources
-from domain.rpc import RequestError, decode, encode
+from domain.events import Resources
+from domain.limits import ClusterSize, Id, Image, Owner, Reason, quote
+from domain.rpc import RequestError, decode, encode_reply
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, API
@@ -62,27 +63,27 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class CreateSession(_Request, kw_only=True):
-    owner: NonEmpty
-    image: NonEmpty
+    owner: Owner
+    image: Image
     resources: Resources  # per kernel
-    cluster_size: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
-    resource_group: NonEmpty = "default"
+    cluster_size: ClusterSize = 1
+    resource_group: Id = "default"
     max_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0  # seconds
-    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    request_id: Id | None = None
 
 
 class GetSession(_Request, kw_only=True):
-    session_id: NonEmpty
+    session_id: Id
 
 
 class DestroySession(_Request, kw_only=True):
-    session_id: NonEmpty
+    session_id: Id
     forced: bool = False
 
 
 class CancelKernel(_Request, kw_only=True):
-    kernel_id: NonEmpty
-    reason: NonEmpty | None = None
+    kernel_id: Id
+    reason: Reason | None = None
 
 
 class KernelView(msgspec.Struct, frozen=True, kw_only=True):
@@ -189,10 +190,10 @@ class Api:
             reply = RequestError("unavailable", f"{e}; retry the request").reply()
         except Exception as e:
             log.exception("%s", msg.subject)
-            reply = RequestError("internal", f"{type(e).__name__}: {e}; see the manager log")
-            reply = reply.reply()
+            message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
+            reply = RequestError("internal", message).reply()
         if msg.reply:
-            await msg.respond(encode(reply))
+            await msg.respond(encode_reply(reply))
 
     # -- handlers ------------------------------------------------------------------------
 

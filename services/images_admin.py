@@ -37,7 +37,7 @@ from nats.aio.subscription import Subscription
 
 from domain import events as ev
 from domain import rpc
-from domain.events import NonEmpty
+from domain.limits import MAX_LIST, Id, Image
 from domain.rpc import RequestError, decode
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, PROGRESS
@@ -57,13 +57,14 @@ ABOUT_TO_USE = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CRE
 _PERMANENT = ("not found", "manifest unknown", "unauthorized", "denied")
 MAX_JOBS = 200  # finished job views kept
 
-Images = Annotated[list[NonEmpty], msgspec.Meta(min_length=1, max_length=256)]
+Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
+AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 
 
 class _Targets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     images: Images
-    agents: list[NonEmpty] | None = None
-    resource_group: NonEmpty | None = None
+    agents: AgentIds | None = None
+    resource_group: Id | None = None
     all: bool = False
 
 
@@ -80,7 +81,7 @@ class UnloadRequest(_Targets, frozen=True, kw_only=True):
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    job_id: NonEmpty
+    job_id: Id
 
 
 class NoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -34,7 +34,7 @@ import msgspec
 from domain import events as ev
 from domain import rpc
 from domain.errors import DomainError
-from domain.events import NonEmpty
+from domain.limits import MAX_LIST, Id
 from domain.prepull import (
     DEFAULT_FILL,
     AgentDisk,
@@ -62,15 +62,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class SetPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: NonEmpty
+    name: Id  # a subject token: hoist.events.prepull-policy.<name>
     rules: Annotated[list[ev.Rule], msgspec.Meta(min_length=1, max_length=64)]
-    resource_groups: list[NonEmpty] = []
-    priority: int = 0
+    resource_groups: Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)] = []
+    priority: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] = 0  # as PrepullPolicySet
     dry_run: bool = False
 
 
 class RemovePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: NonEmpty
+    name: Id
     dry_run: bool = False
 
 
