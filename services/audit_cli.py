@@ -47,6 +47,9 @@ def register(subparsers: Any) -> None:
     sql = subparsers.add_parser("sql", help="one read-only SELECT over the read models (admin)")
     sql.add_argument("sql")
     sql.add_argument("--limit", type=int)
+    sql.add_argument(
+        "--time-limit", type=float, help="seconds before the query is interrupted (default 10)"
+    )
     sql.set_defaults(func=cmd_sql)
 
 
@@ -143,6 +146,8 @@ async def cmd_sql(args: argparse.Namespace) -> None:
     request: dict[str, Any] = {"sql": args.sql}
     if args.limit is not None:
         request["limit"] = args.limit
+    if args.time_limit is not None:
+        request["time_limit"] = args.time_limit
     reply = await _ask(args, "admin", queries.SQL_SUBJECT, request, 35.0)
     print("\t".join(reply["columns"]))
     for row in reply["rows"]:

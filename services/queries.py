@@ -22,7 +22,9 @@ that returned its event sequences.
   ``"truncated": true`` when more rows matched).
 - ``hoist.admin.query.sql`` ``{"sql": "SELECT ..."}``: one read-only SELECT; reply
   ``{"seq", "columns": [...], "rows": [[...], ...], "truncated"}``.  Anything else (INSERT,
-  UPDATE, DROP, ATTACH, COPY, SET, ...) is refused with code ``read-only``.
+  UPDATE, DROP, ATTACH, COPY, SET, file access, ...) is refused with code ``read-only``;
+  ``time_limit`` (seconds, default 10, at most 30) interrupts it with code ``timeout``
+  (``services/admin_sql.py``).
 - ``hoist.admin.verify`` ``{}``: rebuild every model in memory up to the live sequence and
   compare; reply ``{"seq", "ok", "differences": [...]}``.
 """
@@ -41,11 +43,14 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from domain import subjects
+from domain import rpc, subjects
+from domain.limits import MAX_IMAGE, MAX_LIST, quote
+from domain.rpc import RequestError
 from domain.status import KernelStatus
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.runner import META, Runner
 from projections.verify import verify
+from services import admin_sql
 from services.eventstore.client import Client
 
 log = logging.getLogger(__name__)
@@ -58,12 +63,13 @@ DEFAULT_LIMIT = 1000
 MAX_WAIT_S = 30.0
 DEFAULT_WAIT_S = 5.0
 PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")
+HINT = "the reply was cut to fit one NATS message: ask for fewer rows with limit"
+Request = dict[str, Any]  # checked field by field below, after rpc.decode bounded its size and depth
 
 
-class InvalidRequest(Exception):
+class InvalidRequest(RequestError):
     def __init__(self, message: str, code: str = "invalid-request") -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
 
 
 @dataclass(frozen=True)
@@ -152,16 +158,18 @@ async def serve_queries(
 
     def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
+            reply: object
             try:
-                request = _request(msg.data)
+                request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
                 reply = await answer(request)
-            except InvalidRequest as e:
-                reply = {"error": {"code": e.code, "message": str(e)}}
+            except RequestError as e:
+                reply = e.reply()
             except Exception as e:
                 log.exception("query on %s failed", msg.subject)
-                reply = {"error": {"code": "internal", "message": f"{type(e).__name__}: {e}"}}
+                message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
+                reply = RequestError("internal", message).reply()
             if msg.reply:
-                await msg.respond(_encode(reply))
+                await msg.respond(rpc.encode_reply(reply, hint=HINT))
 
         async def spawn(msg: Msg) -> None:
             task = asyncio.create_task(handle(msg))
@@ -193,22 +201,12 @@ async def serve_queries(
 # -- requests ------------------------------------------------------------------------------------
 
 
-def _request(data: bytes) -> dict[str, Any]:
-    if not data.strip():
-        return {}
-    try:
-        request = msgspec.json.decode(data)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"the request is not JSON ({e}); send a JSON object") from None
-    if not isinstance(request, dict):
-        raise InvalidRequest("the request must be a JSON object of filters, e.g. {}")
-    return request
-
-
 def _int(request: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
     value = request.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(f"{name} must be an integer from {low} to {high}, got {value!r}")
+        raise InvalidRequest(
+            f"{name} must be an integer from {low} to {high}, got {quote(value)}"
+        )
     return value
 
 
@@ -219,16 +217,19 @@ def _wait_s(request: dict[str, Any]) -> float:
         or not isinstance(value, int | float)
         or not 0 <= value <= MAX_WAIT_S
     ):
-        raise InvalidRequest(f"timeout must be seconds from 0 to {MAX_WAIT_S:g}, got {value!r}")
+        raise InvalidRequest(
+            f"timeout must be seconds from 0 to {MAX_WAIT_S:g}, got {quote(value)}"
+        )
     return float(value)
 
 
 async def _wait(runner: Runner, request: dict[str, Any], projections: tuple[str, ...]) -> None:
     """Read-your-writes: hold the query until the models reflect ``min_seq``."""
-    if "min_seq" not in request:
-        return
+    # Both checked even without min_seq: a wrong-typed option is an error, never ignored.
     min_seq = _int(request, "min_seq", 0, 0, 2**63 - 1)
     wait_s = _wait_s(request)
+    if "min_seq" not in request:
+        return
     if not await runner.wait_for(min_seq, wait_s, projections):
         raise InvalidRequest(
             f"the read model reflects sequence {runner.seq}, not yet min_seq {min_seq}, after"
@@ -241,18 +242,22 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
     """A WHERE clause and its parameters for one filter."""
     if kind == "bool":
         if not isinstance(value, bool):
-            raise InvalidRequest(f"{name} must be true or false, got {value!r}")
+            raise InvalidRequest(f"{name} must be true or false, got {quote(value)}")
         return f"{name} = ?", [value]
     values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, str) and v for v in values):
+    # No stored text is longer than an image reference: a longer value could match nothing.
+    if not 0 < len(values) <= MAX_LIST or not all(
+        isinstance(v, str) and 0 < len(v) <= MAX_IMAGE for v in values
+    ):
         raise InvalidRequest(
-            f"{name} must be a non-empty string or a non-empty list of them, got {value!r}"
+            f"{name} must be a string of 1 to {MAX_IMAGE} characters or a list of 1 to"
+            f" {MAX_LIST} of them, got {quote(value)}"
         )
     allowed = {"status": [s.value for s in KernelStatus], "outcome": list(PULL_OUTCOMES)}.get(kind)
     if allowed is not None:
         bad = [v for v in values if v not in allowed]
         if bad:
-            raise InvalidRequest(f"{name} {bad} unknown: use any of {', '.join(allowed)}")
+            raise InvalidRequest(f"{name} {quote(bad)} unknown: use any of {', '.join(allowed)}")
     return f"{name} IN ({', '.join('?' for _ in values)})", values
 
 
@@ -262,14 +267,16 @@ def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[
     unknown = sorted(set(request) - known)
     if unknown:
         raise InvalidRequest(
-            f"unknown field {', '.join(unknown)} for {subjects.QUERY}.{name}; fields:"
+            f"unknown field {quote(', '.join(unknown))} for {subjects.QUERY}.{name}; fields:"
             f" {', '.join(sorted(known))}"
         )
     filters = dict(query.filters)
     if query.variants:
         by = request.get("by", next(iter(query.variants)))
         if by not in query.variants:
-            raise InvalidRequest(f"by must be one of {', '.join(query.variants)}, got {by!r}")
+            raise InvalidRequest(
+                f"by must be one of {', '.join(query.variants)}, got {quote(by)}"
+            )
         source = query.variants[by]
         other = "agent_id" if by == "owner" else "owner"
         if other in request:
@@ -308,20 +315,12 @@ async def _answer_query(
 
 
 async def _answer_sql(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(request) - {"sql", "limit", "min_seq", "timeout"})
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field {', '.join(unknown)}; fields: sql, limit, min_seq, timeout"
-        )
-    sql = request.get("sql")
-    if not isinstance(sql, str) or not sql.strip():
-        raise InvalidRequest(
-            'sql must be a non-empty string, e.g. {"sql": "SELECT * FROM kernels"}'
-        )
-    check_read_only(runner.con, sql)
-    limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    await _wait(runner, request, ())
-    return await asyncio.to_thread(_read, runner.con, (), sql, [], limit, False)
+    try:
+        parsed = admin_sql.parse(request)
+        await _wait(runner, request, ())
+        return await asyncio.to_thread(admin_sql.run, runner.con, parsed)
+    except admin_sql.Refused as e:
+        raise InvalidRequest(str(e), code=e.code) from None
 
 
 async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
@@ -336,23 +335,6 @@ async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, A
         "ok": not differences,
         "differences": [dataclasses.asdict(d) for d in differences],
     }
-
-
-def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Allow exactly one SELECT statement; anything else could change the models."""
-    try:
-        statements = con.cursor().extract_statements(sql)
-    except duckdb.Error as e:
-        raise InvalidRequest(f"sql does not parse: {e}") from None
-    if len(statements) != 1:
-        raise InvalidRequest(
-            f"sql must be exactly one statement, got {len(statements)}", code="read-only"
-        )
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise InvalidRequest(
-            f"sql is read-only: only a SELECT is allowed, got {kind.name}", code="read-only"
-        )
 
 
 def _read(

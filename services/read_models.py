@@ -13,6 +13,7 @@ from nats.aio.subscription import Subscription
 
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
+from services.admin_sql import lock_down
 from services.eventstore.bulk import BulkReader
 from services.eventstore.client import Client
 from services.eventstore.store import EventStore
@@ -44,6 +45,7 @@ class ReadModels:
         if self.path != IN_MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(self.path)
+        lock_down(self._con)  # admin SQL reads this instance: no files, network, extensions
         self.runner = Runner(self._con, self.store, bulk=self.bulk)
         self._tasks = [
             asyncio.create_task(self.runner.serve(), name="projections"),
