@@ -63,8 +63,8 @@ DEFAULT_LIMIT = 1000
 MAX_WAIT_S = 30.0
 DEFAULT_WAIT_S = 5.0
 PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")
-HINT = "the reply was cut to fit one NATS message: ask for fewer rows with limit"
-Request = dict[str, Any]  # checked field by field below, after rpc.decode bounded its size and depth
+# Checked field by field below, once rpc.decode has bounded its size and depth.
+Request = dict[str, Any]
 
 
 class InvalidRequest(RequestError):
@@ -169,7 +169,7 @@ async def serve_queries(
                 message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
                 reply = RequestError("internal", message).reply()
             if msg.reply:
-                await msg.respond(rpc.encode_reply(reply, hint=HINT))
+                await msg.respond(rpc.encode_reply(reply))
 
         async def spawn(msg: Msg) -> None:
             task = asyncio.create_task(handle(msg))
@@ -204,9 +204,7 @@ async def serve_queries(
 def _int(request: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
     value = request.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(
-            f"{name} must be an integer from {low} to {high}, got {quote(value)}"
-        )
+        raise InvalidRequest(f"{name} must be an integer from {low} to {high}, got {quote(value)}")
     return value
 
 
@@ -274,9 +272,7 @@ def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[
     if query.variants:
         by = request.get("by", next(iter(query.variants)))
         if by not in query.variants:
-            raise InvalidRequest(
-                f"by must be one of {', '.join(query.variants)}, got {quote(by)}"
-            )
+            raise InvalidRequest(f"by must be one of {', '.join(query.variants)}, got {quote(by)}")
         source = query.variants[by]
         other = "agent_id" if by == "owner" else "owner"
         if other in request:
@@ -325,7 +321,9 @@ async def _answer_sql(runner: Runner, request: dict[str, Any]) -> dict[str, Any]
 
 async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
     if request:
-        raise InvalidRequest(f"unknown field {', '.join(sorted(request))}; verify takes none: {{}}")
+        raise InvalidRequest(
+            f"unknown field {quote(', '.join(sorted(request)))}; verify takes none: {{}}"
+        )
     try:
         seq, differences = await verify(runner.con, runner.store, runner.bulk)
     except ValueError as e:
@@ -371,8 +369,3 @@ def _read(
         reply["rows"] = [list(r) for r in rows]
     reply["truncated"] = truncated
     return reply
-
-
-def _encode(reply: dict[str, Any]) -> bytes:
-    # SQL may select types JSON lacks (intervals, UUIDs, blobs): send their text.
-    return msgspec.json.encode(reply, enc_hook=str)
