@@ -27,6 +27,7 @@ from typing import Any
 
 import duckdb
 
+from domain.limits import quote
 from projections.runner import META
 
 DEFAULT_LIMIT = 1000
@@ -67,7 +68,8 @@ def parse(request: Mapping[str, Any]) -> SqlRequest:
     unknown = sorted(set(request) - set(FIELDS))
     if unknown:
         raise Refused(
-            "invalid-request", f"unknown field {', '.join(unknown)}; fields: {', '.join(FIELDS)}"
+            "invalid-request",
+            f"unknown field {quote(', '.join(unknown))}; fields: {', '.join(FIELDS)}",
         )
     sql = request.get("sql")
     if not isinstance(sql, str) or not sql.strip():
@@ -78,7 +80,7 @@ def parse(request: Mapping[str, Any]) -> SqlRequest:
     limit = request.get("limit", DEFAULT_LIMIT)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise Refused(
-            "invalid-request", f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}"
+            "invalid-request", f"limit must be an integer from 1 to {MAX_LIMIT}, got {quote(limit)}"
         )
     time_limit = request.get("time_limit", DEFAULT_TIME_LIMIT_S)
     if (
@@ -89,7 +91,7 @@ def parse(request: Mapping[str, Any]) -> SqlRequest:
         raise Refused(
             "invalid-request",
             f"time_limit must be seconds above 0 and at most {MAX_TIME_LIMIT_S:g},"
-            f" got {time_limit!r}",
+            f" got {quote(time_limit)}",
         )
     return SqlRequest(sql, limit, float(time_limit))
 

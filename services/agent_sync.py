@@ -40,7 +40,7 @@ from typing import Annotated, Any
 import msgspec
 
 from domain import rpc
-from domain.limits import MAX_LIST, Id
+from domain.limits import MAX_LIST, Id, quote
 from domain.rpc import RequestError, decode
 from domain.session import Session
 from domain.status import KernelStatus
@@ -137,7 +137,8 @@ class AgentSync:
             unknown = [a for a in req.agent_ids if a not in self.fleet.agents]
             if unknown:
                 raise RequestError(
-                    "not-found", f"agent_ids: no agent {unknown}; list them with hoist agents"
+                    "not-found",
+                    f"agent_ids: no agent {quote(unknown)}; list them with hoist agents",
                 )
             ids = list(dict.fromkeys(req.agent_ids))
         results = await asyncio.gather(*(self.sync(a) for a in ids))

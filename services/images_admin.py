@@ -37,7 +37,7 @@ from nats.aio.subscription import Subscription
 
 from domain import events as ev
 from domain import rpc
-from domain.limits import MAX_LIST, Id, Image
+from domain.limits import MAX_LIST, Id, Image, quote
 from domain.rpc import RequestError, decode
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, PROGRESS
@@ -170,7 +170,7 @@ def target_agents(fleet: Fleet, req: _Targets) -> tuple[list[str], dict[str, str
         unknown = [a for a in req.agents if a not in fleet.agents]
         if unknown:
             raise RequestError(
-                "not-found", f"agents: no agent {unknown}; list them with hoist agents"
+                "not-found", f"agents: no agent {quote(unknown)}; list them with hoist agents"
             )
         ids = list(dict.fromkeys(req.agents))
         lost = {
