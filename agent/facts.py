@@ -1,9 +1,11 @@
 """The agent's own facts on its aggregate (``hoist.events.agent.<id>``).
 
-The manager appends to the same subject (AgentLost), so every write may meet a concurrency
-conflict: reload and apply the command again.  Writes of one agent are serialized, so its own
-facts never race each other.  An agent that finds itself marked lost while alive re-registers
-before recording anything else: it is back, and says so.
+Only this agent writes its subject, and its writes are serialized, so its own facts never race
+each other (a conflict still reloads and applies the command again).  The manager records a loss
+on the agent's liveness subject (``hoist.events.liveness.<id>``); the agent reads it (a direct
+get of its last message) and, marked lost while alive, re-registers before recording anything
+else: it is back, and says so.  Lost means: the latest AgentLost is later in the stream than the
+agent's latest (re)registration (domain.liveness.is_lost).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from dataclasses import dataclass
 
 from agent.runtime.base import PulledImage
 from domain import events as ev
+from domain.admission import Inadmissible, admit
 from domain.agent import Agent
-from domain.subjects import agent_events
-from services.eventstore.repository import NotFound, Repository, loaded_seq
+from domain.liveness import is_lost
+from domain.subjects import liveness_events
+from services.eventstore.repository import NotFound, Repository
 from services.eventstore.store import ConcurrencyError
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ class AgentFacts:
         self.agent_id = agent_id
         self.report = report  # what the agent has now, for (re)registration
         self._aggregate: Agent | None = None
+        self._registered_seq = 0  # stream sequence of this process's latest (re)registration
         self._lock = asyncio.Lock()
 
     async def register(self) -> bool:
@@ -72,7 +77,7 @@ class AgentFacts:
             for _ in range(ATTEMPTS):
                 agent = await self._load(missing_ok=True)
                 agent = command(agent, await self.report())
-                if await self._save(agent):
+                if await self._save(agent, registering=True):
                     return first
         raise RuntimeError(f"agent {self.agent_id}: registration kept conflicting; retry later")
 
@@ -83,36 +88,43 @@ class AgentFacts:
                 agent = self._aggregate or await self._load()
                 assert agent is not None
                 try:
-                    if agent.lost:
-                        await self._reregister(agent)
+                    why = await self._lost()
+                    if why is not None:
+                        await self._reregister(agent, why)
                     command(agent)
                 except BaseException:
                     self._aggregate = None  # it may hold unsaved events now
                     raise
-                if await self._save(agent):
+                if await self._save(agent, registering=why is not None):
                     return
         raise RuntimeError(f"agent {self.agent_id}: its subject kept changing; retry later")
 
     async def refresh(self) -> bool:
-        """Reload if someone else appended (e.g. AgentLost) and re-register if marked lost;
-        True if the agent re-registered."""
+        """Re-register if the manager marked this agent lost since it last registered; True if
+        the agent re-registered."""
         async with self._lock:
-            store = self.repository.store
-            last = await store.last_seq(agent_events(self.agent_id))
-            if self._aggregate is not None and loaded_seq(self._aggregate) == last:
+            why = await self._lost()
+            if why is None:
                 return False
-            agent = await self._load()
+            agent = self._aggregate or await self._load()
             assert agent is not None
-            if not agent.lost:
-                return False
-            await self._reregister(agent)
-            return await self._save(agent)
+            await self._reregister(agent, why)
+            return await self._save(agent, registering=True)
 
-    async def _reregister(self, agent: Agent) -> None:
+    async def _lost(self) -> str | None:
+        """Why the manager marked this agent lost after its latest registration, else None."""
+        last = await self.repository.store.last(liveness_events(self.agent_id))
+        if last is None or not is_lost(self._registered_seq, last.seq):
+            return None
+        try:
+            event = admit(last.subject, last.headers, last.data)
+        except Inadmissible as e:  # still a loss: the subject is the manager's alone
+            return f"unreadable AgentLost: {e.reason}"
+        return getattr(event, "status_info", "lost")
+
+    async def _reregister(self, agent: Agent, why: str) -> None:
         reg = await self.report()
-        log.warning(
-            "agent %s was marked lost (%s): re-registering", self.agent_id, agent.status_info
-        )
+        log.warning("agent %s was marked lost (%s): re-registering", self.agent_id, why)
         agent.reregister(
             resource_group=reg.resource_group,
             capacity=reg.capacity,
@@ -129,15 +141,18 @@ class AgentFacts:
             self._aggregate = None
         return self._aggregate
 
-    async def _save(self, agent: Agent) -> bool:
+    async def _save(self, agent: Agent, registering: bool = False) -> bool:
+        """Save; ``registering``: its first pending event is a (re)registration."""
         try:
-            await self.repository.save(agent)
+            seqs = await self.repository.save(agent)
         except ConcurrencyError:
             self._aggregate = None  # someone else appended: load again and decide again
             return False
         except BaseException:
             self._aggregate = None
             raise
+        if registering and seqs:
+            self._registered_seq = seqs[0]
         self._aggregate = agent
         return True
 

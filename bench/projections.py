@@ -102,7 +102,6 @@ def _agent_events(i: int) -> tuple[str, list[Message]]:
             a.pull_failed(f"registry.local/img:{j}", f"t{j}", "manifest unknown")
         else:
             a.pulled(f"registry.local/img:{j}", f"t{j}", f"sha256:{j}", 10**7 * j, 1.5)
-    a.mark_lost("heartbeat-timeout")
     a.reregister(
         resource_group="default", capacity={"cpu": 64, "mem": 2**38, "disk": 2**40}, runtime="dummy"
     )

@@ -15,6 +15,7 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField, convert, require_text
+from domain.limits import MAX_REASON, clip
 from domain.subjects import check_token
 
 _CAPACITY = "{cpu: cores > 0, mem: bytes > 0, disk: bytes >= 0}"
@@ -29,8 +30,7 @@ class Agent(BaseAggregate[str]):
         images: dict[str, ev.HeldImage]  # image -> what is on disk
         pulls: dict[str, str]  # image -> task id of the pull in flight
         preloaded: dict[str, bool]  # image held ahead of kernels -> pinned (a preload job)
-        lost: bool
-        status_info: str
+        status_info: str  # registered, reregistered (a loss is on its liveness: domain.liveness)
 
     @classmethod
     def register(
@@ -67,12 +67,6 @@ class Agent(BaseAggregate[str]):
             images=convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES),
         )
 
-    def mark_lost(self, status_info: str) -> None:
-        """No-op if already lost: one loss is one fact."""
-        require_text(status_info, "status_info")
-        if not self.lost:
-            self.trigger_event(ev.AgentLost, status_info=status_info)
-
     def pull_started(self, image: str, task_id: str) -> None:
         require_text(image, "image")
         check_token(task_id, "task_id")
@@ -104,11 +98,14 @@ class Agent(BaseAggregate[str]):
     def pull_failed(self, image: str, task_id: str, reason: str) -> None:
         self._check_pull(image, task_id)
         self.trigger_event(
-            ev.ImagePullFailed, image=image, task_id=task_id, reason=require_text(reason, "reason")
+            ev.ImagePullFailed,
+            image=image,
+            task_id=task_id,
+            reason=clip(require_text(reason, "reason"), MAX_REASON),  # a registry's words
         )
 
     def image_removed(self, image: str, reason: str) -> None:
-        require_text(reason, "reason")
+        reason = clip(require_text(reason, "reason"), MAX_REASON)
         if image not in self.images:
             raise DomainError(
                 f"agent {self.id} holds no image {image!r}; nothing to remove"
@@ -118,7 +115,7 @@ class Agent(BaseAggregate[str]):
 
     def mark_preloaded(self, image: str, reason: str, pinned: bool) -> None:
         """Record that ``image`` was preloaded; nothing if that is known already (one fact)."""
-        require_text(reason, "reason")
+        reason = clip(require_text(reason, "reason"), MAX_REASON)
         if image not in self.images:
             raise DomainError(
                 f"agent {self.id} holds no image {image!r}; preload marks only images it holds"

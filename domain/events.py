@@ -7,7 +7,14 @@ dict into the next version's, so old history still loads (see domain.codec).
 
 Events mix in eventsourcing's CanMutateAggregate / CanInitAggregate, so aggregates use the
 library's ``_create`` and ``trigger_event``; ``apply`` folds an event into its aggregate and
-trusts it (commands check before recording).
+trusts what commands check before recording, except what a reader must not trust from a
+stored record: the kernel and transition a session event names (a poison event fails to apply
+and is quarantined, see domain.admission).
+
+Bounds: every field uses the bounds of domain.limits, so an event any reader accepts fits the
+read models (DuckDB BIGINT/DOUBLE, msgspec int64) and a reply.  Tightening them did not bump
+any ``schema_version``: no event Hoist ever recorded exceeds them (commands never took values
+near them), and an event that would is quarantined rather than upcast.
 """
 
 from __future__ import annotations
@@ -19,38 +26,61 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 import msgspec
 from eventsourcing.domain import BaseAggregate, CanInitAggregate, CanMutateAggregate
 
-from domain.status import Kernel, KernelStatus
+from domain.limits import (
+    MAX_AGENT_IMAGES,
+    MAX_CLUSTER,
+    MAX_ID,
+    MAX_LIST,
+    ClusterSize,
+    Cpu,
+    Detail,
+    Id,
+    Image,
+    Mem,
+    Owner,
+    Reason,
+    Size,
+)
+from domain.status import Kernel, KernelStatus, check_transition
 
 if TYPE_CHECKING:
     from domain.agent import Agent
+    from domain.liveness import AgentLiveness
     from domain.prepull import PrepullPolicy
     from domain.session import Session
 
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]  # unbounded: for other modules' requests
 AwareTime = Annotated[datetime, msgspec.Meta(tz=True)]
-Bytes = Annotated[int, msgspec.Meta(ge=0)]
+Bytes = Size
+Topic = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Digest = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID * 2)]
+Runtime = Id
+KernelIds = Annotated[list[Id], msgspec.Meta(min_length=1, max_length=MAX_CLUSTER)]
 
 
 class Resources(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What one kernel asks for."""
 
-    cpu: Annotated[float, msgspec.Meta(gt=0)]  # cores
-    mem: Annotated[int, msgspec.Meta(gt=0)]  # bytes
+    cpu: Cpu  # cores
+    mem: Mem  # bytes
 
 
 class Capacity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What one agent offers."""
 
-    cpu: Annotated[float, msgspec.Meta(gt=0)]  # cores
-    mem: Annotated[int, msgspec.Meta(gt=0)]  # bytes
+    cpu: Cpu  # cores
+    mem: Mem  # bytes
     disk: Bytes  # bytes for images
 
 
 class HeldImage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """An image present on an agent."""
 
-    digest: NonEmpty
-    size_bytes: Bytes
+    digest: Digest
+    size_bytes: Size
+
+
+HeldImages = Annotated[dict[Image, HeldImage], msgspec.Meta(max_length=MAX_AGENT_IMAGES)]
 
 
 class _Rule(
@@ -62,7 +92,7 @@ class _Rule(
 class NewestTags(_Rule, frozen=True, kw_only=True, tag="newest-tags"):
     """The newest ``count`` tags of ``repository`` (e.g. ``pytorch/pytorch``) Hoist knows."""
 
-    repository: NonEmpty
+    repository: Image
     count: Annotated[int, msgspec.Meta(ge=1, le=100)]
 
 
@@ -76,15 +106,15 @@ class LargeRecent(_Rule, frozen=True, kw_only=True, tag="large-recent"):
 class ListedImages(_Rule, frozen=True, kw_only=True, tag="images"):
     """These images, in this order."""
 
-    images: Annotated[list[NonEmpty], msgspec.Meta(min_length=1, max_length=256)]
+    images: Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
 
 
 Rule = NewestTags | LargeRecent | ListedImages
 
 
 class Event(msgspec.Struct, CanMutateAggregate[str], frozen=True, kw_only=True, tag_field="type"):
-    originator_id: NonEmpty
-    originator_version: Annotated[int, msgspec.Meta(ge=1)]
+    originator_id: Id  # also the subject's last token (domain.admission checks they agree)
+    originator_version: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
     timestamp: AwareTime
 
     schema_version: ClassVar[int] = 1
@@ -101,15 +131,15 @@ class SessionEnqueued(
 ):
     """A user asked for a session: its kernels exist, PENDING, until the scheduler places them."""
 
-    originator_topic: NonEmpty
-    owner: NonEmpty
-    image: NonEmpty
+    originator_topic: Topic
+    owner: Owner
+    image: Image
     resources: Resources  # per kernel
-    cluster_size: Annotated[int, msgspec.Meta(ge=1)]
-    resource_group: NonEmpty
-    kernel_ids: list[NonEmpty]
-    status_info: NonEmpty
-    request_id: NonEmpty | None = None  # the client's idempotency key
+    cluster_size: ClusterSize
+    resource_group: Id
+    kernel_ids: KernelIds
+    status_info: Reason
+    request_id: Id | None = None  # the client's idempotency key
 
     def __post_init__(self) -> None:
         if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
@@ -137,7 +167,7 @@ class SessionSchedulingFailed(Event, frozen=True, kw_only=True, tag="SessionSche
     """A scheduling attempt found no place; the kernels stay PENDING with the reason, e.g.
     ``no-available-instances`` or ``predicate-checks-failed: <which>``."""
 
-    status_info: NonEmpty
+    status_info: Reason
 
     def apply(self, aggregate: Session) -> None:
         for kernel in aggregate.kernels.values():
@@ -147,10 +177,17 @@ class SessionSchedulingFailed(Event, frozen=True, kw_only=True, tag="SessionSche
 class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled"):
     """Every kernel was placed on an agent (its capacity is reserved from now on)."""
 
-    placements: dict[NonEmpty, NonEmpty]  # kernel id -> agent id
-    status_info: NonEmpty
+    # kernel id -> agent id
+    placements: Annotated[dict[Id, Id], msgspec.Meta(min_length=1, max_length=MAX_CLUSTER)]
+    status_info: Reason
 
     def apply(self, aggregate: Session) -> None:
+        # Check every kernel before changing any: a poison event must leave the session as it
+        # was (the reader quarantines it and goes on).
+        for kernel_id in self.placements:
+            if kernel_id not in aggregate.kernels:
+                raise KeyError(f"session {aggregate.id} has no kernel {kernel_id}")
+            check_transition(aggregate.kernels[kernel_id].status, KernelStatus.SCHEDULED, kernel_id)
         for kernel_id, agent_id in self.placements.items():
             kernel = aggregate.kernels[kernel_id]
             kernel.agent_id = agent_id
@@ -160,13 +197,17 @@ class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled")
 class KernelEvent(Event, frozen=True, kw_only=True):
     """One kernel moved to ``status`` (the class's target status)."""
 
-    kernel_id: NonEmpty
-    status_info: NonEmpty
+    kernel_id: Id
+    status_info: Reason
 
     status: ClassVar[KernelStatus]
 
     def apply(self, aggregate: Session) -> None:
-        kernel = aggregate.kernels[self.kernel_id]
+        kernel = aggregate.kernels.get(self.kernel_id)
+        if kernel is None:
+            raise KeyError(f"session {aggregate.id} has no kernel {self.kernel_id}")
+        # Commands check this too; checked again here so a stored illegal move is refused.
+        check_transition(kernel.status, self.status, self.kernel_id)
         kernel.move_to(self.status, self.status_info, self.timestamp)
         self.apply_details(kernel)
 
@@ -183,7 +224,7 @@ class KernelPreparing(KernelEvent, frozen=True, kw_only=True, tag="KernelPrepari
 class KernelPulling(KernelEvent, frozen=True, kw_only=True, tag="KernelPulling"):
     """The agent lacks the image and pulls it in the background as ``task_id``."""
 
-    task_id: NonEmpty
+    task_id: Id
 
     status: ClassVar[KernelStatus] = KernelStatus.PULLING
 
@@ -206,7 +247,7 @@ class KernelCreating(KernelEvent, frozen=True, kw_only=True, tag="KernelCreating
 class KernelCreated(KernelEvent, frozen=True, kw_only=True, tag="KernelCreated"):
     """The container runs."""
 
-    container_id: NonEmpty
+    container_id: Id
 
     status: ClassVar[KernelStatus] = KernelStatus.RUNNING
 
@@ -217,7 +258,7 @@ class KernelCreated(KernelEvent, frozen=True, kw_only=True, tag="KernelCreated")
 class KernelCreationFailed(KernelEvent, frozen=True, kw_only=True, tag="KernelCreationFailed"):
     """The container could not be started (status_info ``failed-to-start``)."""
 
-    detail: str = ""  # the error, for a human
+    detail: Detail = ""  # the error, for a human
 
     status: ClassVar[KernelStatus] = KernelStatus.ERROR
 
@@ -225,7 +266,7 @@ class KernelCreationFailed(KernelEvent, frozen=True, kw_only=True, tag="KernelCr
 class KernelCancelled(KernelEvent, frozen=True, kw_only=True, tag="KernelCancelled"):
     """Given up before it ran: user cancel, pull failure, superadmin force-cancel."""
 
-    detail: str = ""
+    detail: Detail = ""
 
     status: ClassVar[KernelStatus] = KernelStatus.CANCELLED
 
@@ -233,7 +274,7 @@ class KernelCancelled(KernelEvent, frozen=True, kw_only=True, tag="KernelCancell
 class KernelTerminating(KernelEvent, frozen=True, kw_only=True, tag="KernelTerminating"):
     """Asked to stop."""
 
-    detail: str = ""
+    detail: Detail = ""
 
     status: ClassVar[KernelStatus] = KernelStatus.TERMINATING
 
@@ -241,7 +282,7 @@ class KernelTerminating(KernelEvent, frozen=True, kw_only=True, tag="KernelTermi
 class KernelTerminated(KernelEvent, frozen=True, kw_only=True, tag="KernelTerminated"):
     """The container is gone (stopped, exited, or its agent was lost)."""
 
-    detail: str = ""
+    detail: Detail = ""
 
     status: ClassVar[KernelStatus] = KernelStatus.TERMINATED
 
@@ -254,15 +295,14 @@ class AgentRegistered(
 ):
     """An agent joined for the first time, with what it offers and the images it already has."""
 
-    originator_topic: NonEmpty
-    resource_group: NonEmpty
+    originator_topic: Topic
+    resource_group: Id
     capacity: Capacity
-    runtime: NonEmpty  # "docker", "dummy"
-    images: dict[NonEmpty, HeldImage] = {}
+    runtime: Runtime  # "docker", "dummy"
+    images: HeldImages = {}
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.pulls = {}
-        aggregate.lost = False
         aggregate.status_info = "registered"
         aggregate.preloaded = {}
         _apply_registration(aggregate, self)
@@ -272,14 +312,13 @@ class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered
     """A known agent started again: its report replaces capacity and image inventory, and the
     pulls of its previous process are gone with it."""
 
-    resource_group: NonEmpty
+    resource_group: Id
     capacity: Capacity
-    runtime: NonEmpty
-    images: dict[NonEmpty, HeldImage] = {}
+    runtime: Runtime
+    images: HeldImages = {}
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.pulls = {}
-        aggregate.lost = False
         aggregate.status_info = "reregistered"
         _apply_registration(aggregate, self)
 
@@ -297,19 +336,9 @@ def _apply_registration(aggregate: Agent, event: AgentRegistered | AgentReregist
     }
 
 
-class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
-    """The manager stopped hearing from the agent (e.g. ``heartbeat-timeout``)."""
-
-    status_info: NonEmpty
-
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.lost = True
-        aggregate.status_info = self.status_info
-
-
 class ImagePullStarted(Event, frozen=True, kw_only=True, tag="ImagePullStarted"):
-    image: NonEmpty
-    task_id: NonEmpty
+    image: Image
+    task_id: Id
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.pulls[self.image] = self.task_id
@@ -318,11 +347,11 @@ class ImagePullStarted(Event, frozen=True, kw_only=True, tag="ImagePullStarted")
 class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
     """A pull finished; the agent now holds ``image``."""
 
-    image: NonEmpty
-    task_id: NonEmpty
-    digest: NonEmpty
-    size_bytes: Bytes
-    duration_s: Annotated[float, msgspec.Meta(ge=0)]
+    image: Image
+    task_id: Id
+    digest: Digest
+    size_bytes: Size
+    duration_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400)]
 
     # v2: duration in seconds (float) instead of v1's integer milliseconds, the unit of every
     # other duration in Hoist (pull timeouts, stall limits, progress rates).
@@ -342,18 +371,18 @@ class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
 
 
 class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed"):
-    image: NonEmpty
-    task_id: NonEmpty
-    reason: NonEmpty
+    image: Image
+    task_id: Id
+    reason: Reason
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.pulls.pop(self.image, None)
 
 
 class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):
-    image: NonEmpty
+    image: Image
     # e.g. "unload-requested: job J", "gc: disk 91% > 85%, least recently used (...)"
-    reason: NonEmpty
+    reason: Reason
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.images.pop(self.image, None)
@@ -366,12 +395,43 @@ class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):
     pinned by this fact: the policy pins it only while it still wants it).  Recorded once the
     image is present (after its ImagePulled, or at once when it already was)."""
 
-    image: NonEmpty
-    reason: NonEmpty  # "preload: job <id>", "prepull-policy: <names>"
+    image: Image
+    reason: Reason  # "preload: job <id>", "prepull-policy: <names>"
     pinned: bool
 
     def apply(self, aggregate: Agent) -> None:
         aggregate.preloaded[self.image] = self.pinned or aggregate.preloaded.get(self.image, False)
+
+
+# --- agent liveness (subject hoist.events.liveness.<agent id>, the manager's only) ----------
+
+
+class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
+    """The manager stopped hearing from the agent (e.g. ``heartbeat-timeout``).
+
+    Recorded on the agent's liveness subject, which only the manager may write.  Earlier
+    Hoist recorded it on the agent's own subject, where an agent could forge it: such an event
+    is now quarantined like any forgery (the liveness watcher marks a silent agent lost again
+    after a restart anyway)."""
+
+    status_info: Reason
+
+    def mutate(self, aggregate: Any) -> Any:
+        # The first loss creates the liveness aggregate, without an originator_topic field
+        # (adding one would change the event's schema for no reader's benefit).
+        if aggregate is None:
+            from domain.liveness import AgentLiveness  # it imports this module
+
+            aggregate = AgentLiveness.__new__(AgentLiveness)
+            aggregate.__base_init__(self.originator_id, self.originator_version, self.timestamp)
+            self.apply(aggregate)
+            return aggregate
+        return CanMutateAggregate.mutate(self, aggregate)
+
+    def apply(self, aggregate: AgentLiveness) -> None:
+        aggregate.losses = getattr(aggregate, "losses", 0) + 1
+        aggregate.status_info = self.status_info
+        aggregate.lost_at = self.timestamp
 
 
 # --- prepull policies (subject hoist.events.prepull-policy.<name>) -------------------------
@@ -384,11 +444,11 @@ class PrepullPolicySet(
     agents of ``resource_groups`` (empty: every group).  One event for create and change, so a
     policy's history reads as the list of its versions."""
 
-    originator_topic: NonEmpty
-    resource_groups: list[NonEmpty]
-    rules: list[Rule]
-    priority: int  # higher first when budgets are short
-    reason: NonEmpty  # e.g. "set-by-admin"
+    originator_topic: Topic
+    resource_groups: Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
+    rules: Annotated[list[Rule], msgspec.Meta(max_length=MAX_LIST)]
+    priority: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]  # higher first
+    reason: Reason  # e.g. "set-by-admin"
 
     def mutate(self, aggregate: Any) -> Any:
         if aggregate is None:
@@ -406,7 +466,7 @@ class PrepullPolicySet(
 class PrepullPolicyRemoved(Event, frozen=True, kw_only=True, tag="PrepullPolicyRemoved"):
     """The policy no longer applies: its images lose their pins (image GC may take them)."""
 
-    reason: NonEmpty
+    reason: Reason
 
     def apply(self, aggregate: PrepullPolicy) -> None:
         aggregate.removed = True

@@ -44,6 +44,12 @@ Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 ClusterSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_CLUSTER)]
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (an ellipsis marks the cut): for outside text (a
+    runtime's error, a registry's message) put into an event, so no reader refuses the event."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def quote(value: object, limit: int = QUOTE) -> str:
     """``repr(value)`` cut to ``limit`` characters: an error names a bad value, never echoes a
     megabyte of it back."""

@@ -14,6 +14,7 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import IllegalTransition, InvalidField, UnknownKernel, convert, require_text
+from domain.limits import MAX_DETAIL, MAX_REASON, clip
 from domain.status import TERMINAL, Kernel, KernelStatus, check_transition
 from domain.subjects import check_token
 
@@ -110,7 +111,7 @@ class Session(BaseAggregate[str]):
     def scheduling_failed(self, status_info: str) -> None:
         """Record why no placement was found; the kernels stay PENDING.  Repeating the same
         reason records nothing, so a scheduler retrying every tick does not flood history."""
-        require_text(status_info, "status_info")
+        status_info = clip(require_text(status_info, "status_info"), MAX_REASON)
         for kernel in self.kernels.values():
             if kernel.status != S.PENDING:
                 raise IllegalTransition(kernel.status, S.PENDING, frozenset(), kernel.kernel_id)
@@ -180,9 +181,11 @@ class Session(BaseAggregate[str]):
     ) -> None:
         kernel = self.kernel(kernel_id)
         check_transition(kernel.status, event_class.status, kernel_id)
+        if "detail" in fields:  # often a runtime's error text: cut to what readers accept
+            fields["detail"] = clip(fields["detail"], MAX_DETAIL)
         self.trigger_event(
             event_class,
             kernel_id=kernel_id,
-            status_info=require_text(status_info, "status_info"),
+            status_info=clip(require_text(status_info, "status_info"), MAX_REASON),
             **fields,
         )

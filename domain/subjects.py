@@ -1,7 +1,8 @@
 """Every NATS subject and stream name Hoist uses: the one place agent, manager and clients agree on.
 
 Events live in one JetStream stream, one subject per aggregate:
-``hoist.events.<kind>.<id>`` (``kind`` is ``session`` or ``agent``).  An agent publishes only
+``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness`` or
+``prepull-policy``; domain.admission says which events each may hold).  An agent publishes only
 under its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``); nats.conf enforces it.
 """
 
@@ -43,6 +44,17 @@ def aggregate_subject(kind: str, aggregate_id: str) -> str:
 
 def agent_events(agent_id: str) -> str:
     return aggregate_subject("agent", agent_id)
+
+
+# Facts about an agent that only the manager records (AgentLost), on a subject of their own:
+# the agent's NATS user may publish only ``hoist.events.agent.<id>``, so nothing an agent writes
+# can say an agent (itself or another) was lost.  Manager-only facts per agent (e.g. issue 17's
+# reservations) get subjects of this shape too: ``hoist.events.<manager kind>.<agent id>``.
+LIVENESS = "liveness"
+
+
+def liveness_events(agent_id: str) -> str:
+    return aggregate_subject(LIVENESS, agent_id)
 
 
 def session_events(session_id: str) -> str:

@@ -3,6 +3,7 @@
 from projections.agents import AgentsProjection, ImagesProjection, PullsProjection
 from projections.base import Projection
 from projections.policies import PoliciesProjection
+from projections.quarantine import QuarantineProjection
 from projections.sessions import SessionsProjection
 
 # Every read model the manager keeps, in the order their views are created (a view may read
@@ -13,4 +14,5 @@ ALL: tuple[type[Projection], ...] = (
     ImagesProjection,
     PullsProjection,
     PoliciesProjection,
+    QuarantineProjection,
 )

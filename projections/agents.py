@@ -13,6 +13,7 @@ from typing import ClassVar
 import duckdb
 
 from domain import events as ev
+from domain.limits import MAX_BYTES
 from domain.status import AGENT_RESOURCE_OCCUPYING
 from projections.base import Projection, fetch_rows
 from projections.sessions import _in
@@ -81,10 +82,13 @@ HEARTBEATS = Table(
 
 class AgentsProjection(Projection):
     name: ClassVar[str] = "agents"
-    version: ClassVar[int] = 1
+    # v2: AgentLost only from the manager's liveness subject (one on an agent's own subject is
+    # quarantined), so a model built before is rebuilt.
+    version: ClassVar[int] = 2
     tables: ClassVar[tuple[Table, ...]] = (AGENTS,)
     views: ClassVar[Mapping[str, str]] = {
-        "agents_view": """
+        # The images' sum is capped at MAX_BYTES (like the disk): BIGINT never overflows.
+        "agents_view": f"""
             SELECT a.agent_id, a.resource_group, a.runtime, a.alive, a.status_info,
                    a.cpu, a.mem, a.disk,
                    a.cpu - coalesce(o.cpu, 0) AS free_cpu,
@@ -94,7 +98,8 @@ class AgentsProjection(Projection):
                    h.last_heartbeat_at, a.registered_at, a.reregistered_at, a.lost_at, a.last_seq
             FROM agents a
             LEFT JOIN occupancy_by_agent o USING (agent_id)
-            LEFT JOIN (SELECT agent_id, sum(size_bytes)::BIGINT AS bytes FROM agent_images
+            LEFT JOIN (SELECT agent_id, least(sum(size_bytes), {MAX_BYTES})::BIGINT AS bytes
+                       FROM agent_images
                        GROUP BY agent_id) i USING (agent_id)
             LEFT JOIN agent_heartbeats h USING (agent_id)""",
     }

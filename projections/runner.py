@@ -12,6 +12,10 @@ A projection whose ``version`` differs from the stored one is rebuilt from the f
 others, one transaction drops the old tables and renames the new ones, so readers see the old
 model or the new one, never a half-built one.
 
+A record domain.admission refuses, or that a model cannot fold (a handler raises) or store (its
+batch's write fails on a value: the batch is then written event by event to find it), is
+quarantined: a row in the ``quarantine`` model, logged once, skipped; the runner goes on.
+
 One process owns the DuckDB file (DuckDB allows one writer process): the manager runs the
 runner and the query handlers, which read through cursors of the same connection.
 """
@@ -25,14 +29,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import duckdb
+import pyarrow as pa
 
 from domain import codec
-from domain.events import EVENT_TYPES, type_name
+from domain.admission import Inadmissible, admit
+from domain.events import type_name
 from projections import ALL
 from projections.agents import HEARTBEATS
 from projections.base import Handler, Projection
+from projections.quarantine import QuarantineProjection
 from projections.table import Changes, transaction, write
 from services.eventstore.bulk import BulkReader
+from services.eventstore.quarantine import quarantined
 from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,20 @@ MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arri
 BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
+
+# A write that fails on a value (not on the disk or the database): the batch holds a record the
+# models cannot store.  domain.limits' bounds should make this impossible; it is a safety net.
+_VALUE_ERRORS = (
+    duckdb.ConversionException,
+    duckdb.OutOfRangeException,
+    duckdb.InvalidInputException,
+    duckdb.ConstraintException,
+    duckdb.TypeMismatchException,
+    pa.ArrowException,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
 
 
 class Runner:
@@ -74,6 +96,7 @@ class Runner:
         self.committed: dict[str, int] = {}  # projection -> seq its *visible* tables reflect
         # Wire event type name -> the handlers that take it, in projection order.
         self._dispatch: dict[str, list[tuple[Projection, Handler]]] = {}
+        self._quarantine: QuarantineProjection | None = None
         self._changed: asyncio.Event | None = None
         self.open()
 
@@ -101,6 +124,9 @@ class Runner:
                 if p.name not in self.building:
                     _create_views(cur, p)
             self._dispatch = {}
+            self._quarantine = next(
+                (p for p in self.projections if isinstance(p, QuarantineProjection)), None
+            )
             for p in self.projections:
                 for cls, handler in p.handlers.items():
                     self._dispatch.setdefault(type_name(cls), []).append((p, handler))
@@ -227,7 +253,10 @@ class Runner:
                 if batch:
                     self._fold(batch)
                     last = batch[-1].seq
-                    await self._commit_batch()
+                    try:
+                        await self._commit_batch()
+                    except _VALUE_ERRORS as e:
+                        await self._write_one_by_one(batch, e)
         finally:
             reader.cancel()
             await asyncio.wait([reader])  # it ends by itself; raises nothing of its own
@@ -284,22 +313,13 @@ class Runner:
         except Exception as e:
             await queue.put(e)
 
-    def _fold(self, batch: list[Recorded]) -> None:
+    def _fold(self, batch: list[Recorded], poison: dict[int, str] | None = None) -> None:
+        """Fold ``batch`` into the models behind it; ``poison``: records to quarantine
+        whatever they hold (seq -> reason)."""
         projections = self.projections
-        dispatch = self._dispatch
-        decode = codec.decode
         if batch[0].seq > max(p.seq for p in projections):
             for rec in batch:  # the usual case: every projection takes every event
-                name = rec.headers.get(codec.TYPE_HEADER, "")
-                handlers = dispatch.get(name)
-                if handlers is None:
-                    if name not in EVENT_TYPES:
-                        decode(rec.data, rec.headers)  # raises, naming what is wrong
-                    continue  # no model takes it
-                event = decode(rec.data, rec.headers)
-                seq = rec.seq
-                for _, handler in handlers:
-                    handler(event, seq)
+                self._fold_one(rec, None, poison)
             for p in projections:
                 p.seq = batch[-1].seq
         else:  # a rebuild runs behind the others: they skip what they have
@@ -307,16 +327,65 @@ class Runner:
                 seq = rec.seq
                 behind = [p for p in projections if p.seq < seq]
                 if behind:
-                    name = rec.headers.get(codec.TYPE_HEADER, "")
-                    handlers = dispatch.get(name)
-                    if handlers is not None or name not in EVENT_TYPES:
-                        event = decode(rec.data, rec.headers)
-                        for p, handler in handlers or ():
-                            if p.seq < seq:
-                                handler(event, seq)
+                    self._fold_one(rec, behind, poison)
                     for p in behind:
                         p.seq = seq
         self.fault("folded")
+
+    def _fold_one(
+        self, rec: Recorded, behind: list[Projection] | None, poison: dict[int, str] | None
+    ) -> None:
+        """One record into the models (``behind``: only these; None: all)."""
+        seq = rec.seq
+        reason = poison.get(seq) if poison else None
+        if reason is None:
+            try:
+                event = admit(rec.subject, rec.headers, rec.data)
+            except Inadmissible as e:
+                reason = e.reason
+            else:
+                for p, handler in self._dispatch.get(rec.headers[codec.TYPE_HEADER], ()):
+                    if behind is not None and p not in behind:
+                        continue
+                    try:
+                        handler(event, seq)
+                    except Exception as e:  # the others still take it; this model skips it
+                        if reason is None:
+                            why = (
+                                e.reason
+                                if isinstance(e, Inadmissible)
+                                else f"{type(e).__name__}: {e}"
+                            )
+                            reason = f"read model {p.name} cannot fold it: {why}"
+        if reason is None:
+            return
+        quarantined(seq, rec.subject, rec.headers, reason, "projection runner")
+        q = self._quarantine
+        if q is not None and (behind is None or q in behind):
+            q.add(seq, rec.subject, rec.headers, rec.time, reason)
+
+    async def _write_one_by_one(self, batch: list[Recorded], error: BaseException) -> None:
+        """A batch failed to write on a value: write it again a record at a time and
+        quarantine the records whose write fails (their models' rows are never written)."""
+        log.error(
+            "the read models could not store events %s-%s (%s: %s): writing them one by one",
+            batch[0].seq,
+            batch[-1].seq,
+            type(error).__name__,
+            error,
+        )
+        await asyncio.to_thread(self.open)  # memory back to the last commit
+        for rec in batch:
+            if min(p.seq for p in self.projections) >= rec.seq:
+                continue
+            self._fold([rec])
+            try:
+                await self._commit_batch()
+            except _VALUE_ERRORS as e:
+                await asyncio.to_thread(self.open)
+                why = f"read model write failed: {type(e).__name__}: {e}"
+                self._fold([rec], poison={rec.seq: why})
+                await self._commit_batch()  # failing again: not this record's fault; raise
 
     async def _commit_batch(self) -> None:
         changes = [(p, p.take_changes()) for p in self.projections]

@@ -4,15 +4,22 @@ explicit occupying-status sets, so they can never disagree with the kernel statu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import ClassVar
 
 import duckdb
 
 from domain import events as ev
+from domain.admission import Inadmissible
 from domain.session import session_status
-from domain.status import AGENT_RESOURCE_OCCUPYING, TERMINAL, USER_RESOURCE_OCCUPYING, KernelStatus
+from domain.status import (
+    AGENT_RESOURCE_OCCUPYING,
+    TERMINAL,
+    USER_RESOURCE_OCCUPYING,
+    KernelStatus,
+    check_transition,
+)
 from projections.base import Projection, fetch_rows
 from projections.table import Row, Table
 
@@ -180,9 +187,7 @@ class SessionsProjection(Projection):
         self._session_changed(live, e.timestamp, seq)
 
     def _scheduled(self, e: ev.SessionScheduled, seq: int) -> None:
-        live = self.live.get(e.originator_id)
-        if live is None:
-            return
+        live = self._live_kernels(e, e.placements, KernelStatus.SCHEDULED)
         for kernel_id, agent_id in e.placements.items():
             kernel = live.rows[kernel_id]
             kernel["agent_id"] = agent_id
@@ -190,10 +195,8 @@ class SessionsProjection(Projection):
         self._session_changed(live, e.timestamp, seq)
 
     def _kernel_event(self, e: ev.KernelEvent, seq: int) -> None:
-        live = self.live.get(e.originator_id)
-        kernel = None if live is None else live.rows.get(e.kernel_id)
-        if live is None or kernel is None:
-            return  # not a live kernel: the domain never records this, skip it alike everywhere
+        live = self._live_kernels(e, (e.kernel_id,), e.status)
+        kernel = live.rows[e.kernel_id]
         if isinstance(e, ev.KernelPulling):
             kernel["pull_task_id"] = e.task_id
         elif isinstance(e, ev.KernelCreated):
@@ -203,6 +206,20 @@ class SessionsProjection(Projection):
             kernel["detail"] = detail
         self._move(live, kernel, e.status, e.status_info, e.timestamp, seq)
         self._session_changed(live, e.timestamp, seq)
+
+    def _live_kernels(self, e: ev.Event, kernel_ids: Iterable[str], status: KernelStatus) -> _Live:
+        """The live session of ``e`` if each of ``kernel_ids`` may move to ``status``, else
+        Inadmissible: the Session aggregate refuses the same (quarantined by every reader;
+        a final session is not live, and a final kernel may move nowhere)."""
+        live = self.live.get(e.originator_id)
+        if live is None:
+            raise Inadmissible(f"session {e.originator_id} is unknown or final")
+        for kernel_id in kernel_ids:
+            view = live.kernels.get(kernel_id)
+            if view is None:
+                raise Inadmissible(f"session {e.originator_id} has no kernel {kernel_id}")
+            check_transition(view.status, status, kernel_id)
+        return live
 
     def _move(
         self,

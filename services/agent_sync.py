@@ -312,8 +312,8 @@ class AgentSync:
         self._expected_sent.pop(agent_id, None)
 
     async def _end_on_lost(self, agent_id: str, now: datetime) -> None:
-        agent = self.fleet.agents[agent_id].agent
-        if agent.modified_on is None or now - agent.modified_on < self.lost_grace:
+        state = self.fleet.agents[agent_id]
+        if state.lost_at is None or now - state.lost_at < self.lost_grace:
             return
         for session, k in self._kernels_on(agent_id):
             if k.status is not S.RUNNING:
@@ -325,7 +325,7 @@ class AgentSync:
                 if k.status is S.RUNNING and k.agent_id == agent_id:
                     s.mark_terminated(
                         kid,
-                        f"agent-lost: {agent_id} ({agent.status_info})",
+                        f"agent-lost: {agent_id} ({state.status_info})",
                         f"no heartbeat for {self.lost_grace.total_seconds():g}s after it was"
                         " marked lost: the kernel is given up",
                     )

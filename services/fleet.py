@@ -11,6 +11,11 @@ Only the manager writes session subjects, and each session is changed under its 
 concurrency from the sequence it was loaded at, so no event is re-read after our own write.
 An event on a session subject we did not write (another manager, a write that landed after a
 timeout) makes the session reload from the store.
+
+A record domain.admission refuses (it does not decode, is not bound to its subject, or cannot
+apply) is logged once and skipped; the fold goes on.  An agent is lost when its latest
+AgentLost (on its liveness subject, the manager's) is later in the stream than its latest
+(re)registration.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from domain import events as ev
+from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
-from domain.codec import decode
-from domain.errors import EventDecodeError
+from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.scheduling import AgentView, PendingSession
 from domain.session import Session
@@ -36,16 +42,14 @@ from domain.status import (
     USER_RESOURCE_OCCUPYING,
     KernelStatus,
 )
-from domain.subjects import EVENTS
-from services.eventstore.repository import NotFound, Repository, apply, loaded_seq
+from domain.subjects import LIVENESS
+from services.eventstore.quarantine import quarantined
+from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-_SESSION_PREFIX = f"{EVENTS}.session."
-_AGENT_PREFIX = f"{EVENTS}.agent."
-_POLICY_PREFIX = f"{EVENTS}.{PrepullPolicy.KIND}."
 
 
 @dataclass
@@ -57,10 +61,24 @@ class AgentState:
     reserved_mem: int = 0
     # image -> (task id, reason) of its last failed pull, until a new pull starts or succeeds
     failed_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
+    registered_seq: int = 0  # stream sequence of its latest (re)registration
+    liveness: AgentLiveness | None = None  # its losses (the manager's subject)
 
     @property
     def live(self) -> bool:
-        return not self.agent.lost
+        lost_seq = 0 if self.liveness is None else loaded_seq(self.liveness)
+        return not is_lost(self.registered_seq, lost_seq)
+
+    @property
+    def status_info(self) -> str:
+        """Why it is lost, or how it last registered."""
+        if not self.live and self.liveness is not None:
+            return self.liveness.status_info
+        return self.agent.status_info
+
+    @property
+    def lost_at(self) -> datetime | None:
+        return None if self.live or self.liveness is None else self.liveness.lost_at
 
 
 @dataclass
@@ -95,6 +113,7 @@ class Fleet:
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
         self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
+        self.liveness: dict[str, AgentLiveness] = {}  # agent id -> its losses
         # Per image: when a session last asked for it and when one first did (prepull rules).
         self.image_last_used: dict[str, datetime] = {}
         self.image_first_seen: dict[str, datetime] = {}
@@ -151,24 +170,36 @@ class Fleet:
 
     def fold(self, rec: Recorded) -> None:
         try:
-            event = decode(rec.data, rec.headers)
-        except EventDecodeError as e:
-            log.error("event %s on %s skipped: %s", rec.seq, rec.subject, e)
-            return
-        if rec.subject.startswith(_SESSION_PREFIX):
-            self._fold_session(rec.subject.removeprefix(_SESSION_PREFIX), rec.seq, event)
-        elif rec.subject.startswith(_AGENT_PREFIX):
-            self._fold_agent(rec.subject.removeprefix(_AGENT_PREFIX), event)
-        elif rec.subject.startswith(_POLICY_PREFIX):
-            self._fold_policy(rec.subject.removeprefix(_POLICY_PREFIX), rec.seq, event)
+            kind, aggregate_id = binding(rec.subject)
+            event = admit(rec.subject, rec.headers, rec.data)
+            if kind == "session":
+                self._fold_session(aggregate_id, rec.seq, event)
+            elif kind == "agent":
+                self._fold_agent(aggregate_id, rec.seq, event)
+            elif kind == LIVENESS:
+                self._fold_liveness(aggregate_id, rec.seq, event)
+            else:
+                self._fold_policy(aggregate_id, rec.seq, event)
+        except Inadmissible as e:
+            quarantined(rec.seq, rec.subject, rec.headers, e.reason, "manager")
 
     def _fold_policy(self, name: str, seq: int, event: ev.Event) -> None:
         policy = self.policies.get(name)
         if policy is not None and seq <= loaded_seq(policy):
             return  # our own write, kept by put_policy
-        self.policies[name] = apply(policy, event, seq)
+        self.policies[name] = _applied(policy, event, seq, PrepullPolicy.KIND)
         if self.caught_up.is_set():
             self.on_policy_event(name)
+
+    def _fold_liveness(self, agent_id: str, seq: int, event: ev.Event) -> None:
+        liveness = _applied(self.liveness.get(agent_id), event, seq, LIVENESS)
+        self.liveness[agent_id] = liveness
+        state = self.agents.get(agent_id)
+        if state is None:
+            return  # lost before it registered: nothing to mark (never recorded by Hoist)
+        state.liveness = liveness
+        if self.caught_up.is_set():
+            self.on_agent_event(agent_id, event)
 
     def put_policy(self, policy: PrepullPolicy) -> None:
         """A policy this manager just saved (its sequence is remembered: not folded twice)."""
@@ -180,7 +211,12 @@ class Fleet:
         if session is not None and seq <= loaded_seq(session):
             return  # our own write, already applied when we made it
         if not self.caught_up.is_set():
-            session = apply(session, event, seq)
+            try:
+                session = _applied(session, event, seq, "session")
+            except Inadmissible:
+                if session is not None:
+                    passed(session, seq)  # the subject moved on: a save must expect that
+                raise
             self.reindex(session)
             return
         # Someone else wrote this session (or our write's ack is not back yet): if the lock
@@ -189,12 +225,14 @@ class Fleet:
         if session_id not in self._held:
             self._spawn(self._reload_locked(session_id))
 
-    def _fold_agent(self, agent_id: str, event: ev.Event) -> None:
+    def _fold_agent(self, agent_id: str, seq: int, event: ev.Event) -> None:
         state = self.agents.get(agent_id)
-        agent = event.mutate(state.agent if state else None)  # type: ignore[arg-type]
+        agent = _applied(state.agent if state else None, event, seq, "agent")
         if state is None:
-            state = self.agents[agent_id] = AgentState(agent)
+            state = self.agents[agent_id] = AgentState(agent, liveness=self.liveness.get(agent_id))
         state.agent = agent
+        if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
+            state.registered_seq = seq
         if isinstance(event, ev.ImagePullFailed):
             state.failed_pulls[event.image] = (event.task_id, event.reason)
         elif isinstance(event, ev.ImagePullStarted | ev.ImagePulled):
@@ -428,3 +466,10 @@ class Fleet:
         task = asyncio.create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _applied(aggregate: Any, event: ev.Event, seq: int, kind: str) -> Any:
+    """``event`` (stored at ``seq``) folded into ``aggregate``; Inadmissible if it cannot be."""
+    aggregate = fold(aggregate, event, kind)
+    passed(aggregate, seq)
+    return aggregate

@@ -174,9 +174,7 @@ def target_agents(fleet: Fleet, req: _Targets) -> tuple[list[str], dict[str, str
             )
         ids = list(dict.fromkeys(req.agents))
         lost = {
-            a: f"agent-lost: {fleet.agents[a].agent.status_info}"
-            for a in ids
-            if not fleet.agents[a].live
+            a: f"agent-lost: {fleet.agents[a].status_info}" for a in ids if not fleet.agents[a].live
         }
         return [a for a in ids if a not in lost], lost
     ids = [

@@ -1,8 +1,10 @@
 """The manager's liveness watcher: an agent whose heartbeats stop for ``deadline_s`` is lost.
 
 Heartbeats (``hoist.heartbeat.<id>``, core NATS) are not stored, so only the loss is a fact:
-AgentLost with ``status_info`` like ``heartbeat-timeout: no heartbeat for 15s``.  An agent that
-comes back re-registers itself (agent.facts); its next heartbeat re-arms the watch here.
+AgentLost with ``status_info`` like ``heartbeat-timeout: no heartbeat for 15s``, on the agent's
+liveness subject (``hoist.events.liveness.<id>``, domain.liveness), which only the manager may
+write.  An agent that comes back re-registers itself (agent.facts); its next heartbeat re-arms
+the watch here.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain.agent import Agent
+from domain.liveness import AgentLiveness
 from domain.rpc import Heartbeat
 from domain.subjects import HEARTBEAT
 from services.eventstore.client import Client
-from services.eventstore.repository import NotFound, Repository
+from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError
 
 log = logging.getLogger(__name__)
@@ -117,13 +120,19 @@ class LivenessWatcher:
             except NotFound:
                 log.warning("agent %s sent heartbeats but never registered: ignored", agent_id)
                 return False
-            if agent.lost:
-                return False
-            agent.mark_lost(f"heartbeat-timeout: {detail}")
             try:
-                await self.repository.save(agent)
+                liveness: AgentLiveness | None = await self.repository.get(AgentLiveness, agent_id)
+            except NotFound:
+                liveness = None
+            # Already lost when the agent wrote nothing since its last loss (one loss is one
+            # fact; an agent back re-registers before anything else).
+            if liveness is not None and loaded_seq(liveness) > loaded_seq(agent):
+                return False
+            liveness = AgentLiveness.mark_lost(liveness, agent_id, f"heartbeat-timeout: {detail}")
+            try:
+                await self.repository.save(liveness)
             except ConcurrencyError:
-                continue  # the agent wrote meanwhile (maybe it is back): decide again
+                continue  # another writer of the liveness subject: decide again
             log.warning("agent %s lost: heartbeat-timeout: %s", agent_id, detail)
             return True
         raise RuntimeError(f"agent {agent_id} kept changing while being marked lost; retry")

@@ -237,7 +237,7 @@ class Reactors:
     def _cancel_on_lost_agents(self, session: Session) -> None:
         for k in session.kernels.values():
             if k.status in PRE_RUNNING and k.agent_id is not None and self._lost(k.agent_id):
-                info = self.fleet.agents[k.agent_id].agent.status_info
+                info = self.fleet.agents[k.agent_id].status_info
                 session.cancel(k.kernel_id, f"agent-lost: {k.agent_id} ({info})")
 
     def _wind_down(self, session: Session) -> None:

@@ -4,6 +4,9 @@
 stream sequence it was loaded up to; ``save`` appends the pending events of one command (of one
 or several aggregates) in one atomic append expecting those sequences.  On ConcurrencyError the
 caller loads again and decides again: the events of the refused save are dropped with it.
+
+A record ``get`` cannot admit or apply (domain.admission) is logged once and skipped, and the
+aggregate is rebuilt from the rest: one poison event never makes an aggregate unloadable.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import Any, TypeVar, overload
 
 from eventsourcing.domain import BaseAggregate
 
-from domain.codec import ACTOR_HEADER, decode, encode
+from domain.admission import Inadmissible, admit, fold
+from domain.codec import ACTOR_HEADER, encode
 from domain.subjects import aggregate_subject
+from services.eventstore.quarantine import quarantined
 from services.eventstore.store import EventStore, Message, Write
 
 A = TypeVar("A", bound=BaseAggregate[str])
@@ -56,6 +61,12 @@ def apply(aggregate: Any, event: Any, seq: int) -> Any:
     return aggregate
 
 
+def passed(aggregate: BaseAggregate[str], seq: int) -> None:
+    """The record at ``seq`` on the aggregate's subject was skipped (quarantined): a later
+    save() must still expect the subject's real last sequence."""
+    setattr(aggregate, _SEQ_ATTR, seq)
+
+
 class Repository:
     """Domain aggregates in an EventStore."""
 
@@ -73,11 +84,16 @@ class Repository:
         ``kind`` is the aggregate class (the result is checked to be one) or its subject kind."""
         kind_name = kind if isinstance(kind, str) else kind_of(kind)
         records = await self.store.read_subject(aggregate_subject(kind_name, aggregate_id))
-        if not records:
-            raise NotFound(kind_name, aggregate_id)
         aggregate: Any = None
         for record in records:
-            aggregate = apply(aggregate, decode(record.data, record.headers), record.seq)
+            try:
+                event = admit(record.subject, record.headers, record.data)
+                aggregate = fold(aggregate, event, kind_name)
+            except Inadmissible as e:
+                quarantined(record.seq, record.subject, record.headers, e.reason, "repository")
+        if aggregate is None:
+            raise NotFound(kind_name, aggregate_id)
+        setattr(aggregate, _SEQ_ATTR, records[-1].seq)  # also past a skipped last record
         if not isinstance(kind, str) and not isinstance(aggregate, kind):
             raise TypeError(
                 f"{kind_name} {aggregate_id!r} was rebuilt as a {type(aggregate).__name__},"

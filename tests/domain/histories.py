@@ -7,6 +7,7 @@ from collections.abc import Callable
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
+from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus
@@ -112,7 +113,6 @@ def full_agent_history() -> list[ev.Event]:
     agent.pull_started("127.0.0.1:5000/big:1", "pull-2")
     agent.pull_failed("127.0.0.1:5000/big:1", "pull-2", "manifest unknown")
     agent.image_removed("127.0.0.1:5000/base:1", "gc-disk-pressure")
-    agent.mark_lost("heartbeat-timeout")
     agent.reregister(
         resource_group="default",
         capacity={"cpu": 8, "mem": 16 * 2**30, "disk": 100 * 2**30},
@@ -120,6 +120,12 @@ def full_agent_history() -> list[ev.Event]:
         images={"127.0.0.1:5000/busybox:1": {"digest": "sha256:bb", "size_bytes": 2_000_000}},
     )
     return list(agent.collect_events())
+
+
+def full_liveness_history() -> list[ev.Event]:
+    liveness = AgentLiveness.mark_lost(None, "agent-1", "heartbeat-timeout: no heartbeat for 15s")
+    AgentLiveness.mark_lost(liveness, "agent-1", "heartbeat-timeout: no heartbeat for 15s")
+    return list(liveness.collect_events())
 
 
 def full_policy_history() -> list[ev.Event]:

@@ -8,6 +8,7 @@ from domain import events as ev
 from domain.agent import Agent
 from domain.codec import decode, encode
 from domain.errors import DomainError, IllegalTransition, InvalidField, UnknownKernel
+from domain.liveness import AgentLiveness
 from domain.session import Session
 from domain.status import KernelStatus
 from tests.domain.histories import (
@@ -204,7 +205,6 @@ def test_agent_history_rebuilds() -> None:
     assert isinstance(agent, Agent)
     assert agent == ev.rebuild(events)
     assert agent.version == len(events)
-    assert not agent.lost
     assert agent.status_info == "reregistered"
     assert agent.pulls == {}
     assert agent.images == {
@@ -230,17 +230,23 @@ def test_agent_pulls_and_images() -> None:
     assert image not in agent.images
     with pytest.raises(DomainError, match="holds no image"):
         agent.image_removed(image, "unload-requested")
-    agent.mark_lost("heartbeat-timeout")
-    agent.mark_lost("heartbeat-timeout")
     events = agent.collect_events()
     assert [type(e).__name__ for e in events] == [
         "AgentRegistered",
         "ImagePullStarted",
         "ImagePulled",
         "ImageRemoved",
-        "AgentLost",
     ]
-    assert agent.lost
+
+
+def test_agent_liveness_counts_losses_and_rebuilds() -> None:
+    liveness = AgentLiveness.mark_lost(None, "agent-1", "heartbeat-timeout: no heartbeat")
+    AgentLiveness.mark_lost(liveness, "agent-1", "x" * 5000)  # outside text is cut, not refused
+    events = liveness.collect_events()
+    assert [e.originator_version for e in events] == [1, 2]
+    rebuilt = ev.rebuild(stored(events))
+    assert isinstance(rebuilt, AgentLiveness) and rebuilt.losses == 2
+    assert len(rebuilt.status_info) == 1024 and rebuilt.status_info.endswith("\u2026")
 
 
 @pytest.mark.parametrize(

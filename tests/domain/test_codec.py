@@ -15,11 +15,14 @@ from domain.errors import EventDecodeError
 from tests.domain.histories import (
     V1_PULLED,
     full_agent_history,
+    full_liveness_history,
     full_policy_history,
     full_session_history,
 )
 
-SAMPLES = full_session_history() + full_agent_history() + full_policy_history()
+SAMPLES = (
+    full_session_history() + full_agent_history() + full_liveness_history() + full_policy_history()
+)
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 
 

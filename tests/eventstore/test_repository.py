@@ -66,7 +66,7 @@ async def test_save_of_several_aggregates_is_one_atomic_append(store: EventStore
 
     # Someone else changes the agent meanwhile: the whole save is refused, the session too.
     other = await repo.get(Agent, agent.id)
-    other.mark_lost("heartbeat missed")
+    other.pull_started("python:3.11", "task-0")
     await repo.save(other)
     with pytest.raises(ConcurrencyError) as caught:
         await repo.save(session, agent)
@@ -81,7 +81,10 @@ async def test_save_of_several_aggregates_is_one_atomic_append(store: EventStore
     seqs = await repo.save(session, agent)
     assert len(seqs) == 2
     assert (await repo.get(Session, session.id)).status == KernelStatus.SCHEDULED
-    assert (await repo.get(Agent, agent.id)).pulls == {"python:3.12": "task-1"}
+    assert (await repo.get(Agent, agent.id)).pulls == {
+        "python:3.11": "task-0",
+        "python:3.12": "task-1",
+    }
 
 
 async def test_two_copies_racing_one_wins_the_other_reloads(store: EventStore) -> None:

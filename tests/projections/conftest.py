@@ -11,6 +11,7 @@ import pytest
 
 from domain import subjects
 from domain.agent import Agent
+from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from projections.runner import Runner
@@ -128,7 +129,7 @@ async def scripted_history(
                 session.mark_terminated(k, "exited")
         seqs = await repo.save(session, agent)
         last = seqs[-1] if seqs else last
-    agents[0].mark_lost("heartbeat-timeout")
+    await repo.save(AgentLiveness.mark_lost(None, agents[0].id, "heartbeat-timeout"))
     agents[0].image_removed("base:1", "gc-disk-pressure")
     await repo.save(agents[0])
     agents[0].reregister(

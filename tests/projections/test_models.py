@@ -7,6 +7,7 @@ import json
 import duckdb
 
 from domain.agent import Agent
+from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus as S
@@ -124,8 +125,8 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     assert pulls["t3"]["outcome"] == "pulling" and pulls["t3"]["finished_at"] is None
 
     agent.image_removed("base:1", "gc-disk-pressure")
-    agent.mark_lost("heartbeat-timeout")
     await repo.save(agent)
+    await repo.save(AgentLiveness.mark_lost(None, agent.id, "heartbeat-timeout"))
     await runner.run(follow=False)
     [a] = rows(con, "SELECT alive, status_info, lost_at FROM agents")
     assert not a["alive"] and a["status_info"] == "heartbeat-timeout" and a["lost_at"]

@@ -1,0 +1,138 @@
+"""What a reader of the log accepts: one rule for every reader (manager, projections, replay,
+verify, the repository, agents).
+
+``admit`` takes a stored record's subject, headers and data and returns the event, or raises
+``Inadmissible`` with a short readable reason: the event does not decode (unknown type, bad
+JSON, a field out of domain.limits' bounds), or it is not bound to its subject: each subject
+family holds only the event types its writer produces, and the event's originator must be the
+subject's id.  ``fold`` applies an admitted event to its aggregate, or raises ``Inadmissible``
+when it cannot apply (an unknown kernel, an illegal transition, a version gap).  Readers
+quarantine what either refuses, skip it, and go on.
+
+NATS permissions refuse at the server what they can (an agent may publish only its own
+``hoist.events.agent.<id>``); this rule catches the rest: what an agent writes on its own
+subject about someone else, and anything on a subject no writer should use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from eventsourcing.domain import CanInitAggregate
+
+from domain import events as ev
+from domain.codec import TYPE_HEADER, decode
+from domain.errors import DomainError, EventDecodeError
+from domain.limits import MAX_REASON, clip
+from domain.subjects import EVENTS, LIVENESS
+
+SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {
+        ev.SessionEnqueued,
+        ev.SessionSchedulingFailed,
+        ev.SessionScheduled,
+        ev.KernelPreparing,
+        ev.KernelPulling,
+        ev.KernelPrepared,
+        ev.KernelCreating,
+        ev.KernelCreated,
+        ev.KernelCreationFailed,
+        ev.KernelCancelled,
+        ev.KernelTerminating,
+        ev.KernelTerminated,
+    }
+)
+# What an agent appends about itself (agent.facts), and nothing else.
+AGENT_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {
+        ev.AgentRegistered,
+        ev.AgentReregistered,
+        ev.ImagePullStarted,
+        ev.ImagePulled,
+        ev.ImagePullFailed,
+        ev.ImageRemoved,
+        ev.ImagePreloaded,
+    }
+)
+LIVENESS_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.AgentLost})
+POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.PrepullPolicySet, ev.PrepullPolicyRemoved})
+
+# Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
+BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
+    "session": SESSION_EVENTS,
+    "agent": AGENT_EVENTS,
+    LIVENESS: LIVENESS_EVENTS,
+    "prepull-policy": POLICY_EVENTS,
+}
+# The event that starts each aggregate (its first event must be one of these).
+_FIRST: dict[str, tuple[type[ev.Event], ...]] = {
+    "session": (ev.SessionEnqueued,),
+    "agent": (ev.AgentRegistered,),
+    LIVENESS: (ev.AgentLost,),
+    "prepull-policy": (ev.PrepullPolicySet,),
+}
+_PREFIX = f"{EVENTS}."
+
+
+class Inadmissible(DomainError):
+    """A stored record no reader accepts: ``reason`` says why, ``event_type`` is its header's
+    type name (may be empty or unknown)."""
+
+    def __init__(self, reason: str, event_type: str = "") -> None:
+        self.reason = clip(reason, MAX_REASON)
+        self.event_type = event_type
+        super().__init__(self.reason)
+
+
+def binding(subject: str) -> tuple[str, str]:
+    """(kind, id) of an event subject, or Inadmissible if it is no aggregate subject."""
+    kind, _, aggregate_id = subject.removeprefix(_PREFIX).partition(".")
+    if not subject.startswith(_PREFIX) or kind not in BINDINGS or not aggregate_id:
+        raise Inadmissible(
+            f"subject {clip(subject, 200)!r} is not hoist.events.<kind>.<id> with a kind of"
+            f" {', '.join(BINDINGS)}"
+        )
+    if "." in aggregate_id:
+        raise Inadmissible(f"subject {clip(subject, 200)!r} has more than one id token")
+    return kind, aggregate_id
+
+
+def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:
+    """The event stored on ``subject``, decoded and checked against its subject."""
+    name = headers.get(TYPE_HEADER, "")
+    kind, aggregate_id = binding(subject)
+    try:
+        event = decode(data, headers)
+    except EventDecodeError as e:
+        raise Inadmissible(str(e), clip(name, 200)) from None
+    if type(event) not in BINDINGS[kind]:
+        allowed = ", ".join(sorted(ev.type_name(t) for t in BINDINGS[kind]))
+        raise Inadmissible(f"{name} may not be on a {kind} subject (only {allowed})", name)
+    if event.originator_id != aggregate_id:
+        raise Inadmissible(
+            f"{name} speaks of {kind} {event.originator_id!r} but is on the subject of"
+            f" {kind} {aggregate_id!r}",
+            name,
+        )
+    return event
+
+
+def fold(aggregate: Any, event: ev.Event, kind: str) -> Any:
+    """``event`` applied to ``aggregate`` (None before its first event) of subject ``kind``;
+    Inadmissible if it cannot apply.  A refused event leaves the aggregate as it was (each
+    ``apply`` checks before it changes anything)."""
+    name = ev.type_name(type(event))
+    first = _FIRST.get(kind, ())
+    if aggregate is None and not isinstance(event, first):
+        raise Inadmissible(
+            f"{name} cannot start a {kind}: its first event must be"
+            f" {', '.join(ev.type_name(t) for t in first)}",
+            name,
+        )
+    if aggregate is not None and isinstance(event, CanInitAggregate) and kind != "prepull-policy":
+        raise Inadmissible(f"{name} again: {kind} {aggregate.id!r} already exists", name)
+    try:
+        return event.mutate(aggregate)
+    except Exception as e:  # whatever a stored event makes apply raise, it is that event's
+        raise Inadmissible(f"{name} cannot apply: {type(e).__name__}: {e}", name) from None
