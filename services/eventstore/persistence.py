@@ -16,6 +16,17 @@ The library is synchronous and nats-py is asyncio: each Factory runs one private
 daemon thread with its own NATS connection, and every recorder call is a coroutine submitted to
 it. A synchronous call therefore never runs on (or blocks) the services' loop; calling from a
 thread that runs an event loop is refused with a clear error instead of stalling that loop.
+
+**Poison messages.** Anyone allowed to publish on the stream's subjects can put there a message
+that is no record of this module (no or bad ``Es-Version``/``Es-Topic``/``Es-Tracking-Id``
+headers, a subject that is not ``es.S.<kind>.<id token>``, garbage).  Every reader
+(``select_events``, ``select_notifications``, ``subscribe``, ``max_notification_id``, the
+version and tracking checks of an append, ``max_tracking_id``) skips it and goes on; it is
+logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason).
+A skipped message is a gap in the notification ids by design: ids are stream sequences, which
+already skip snapshots and tracking records, so readers see the valid notifications in order
+and never one they missed.  A message with well-formed headers whose state the application
+cannot decode is the application's to handle: its mapper raises as it would on any store.
 """
 
 from __future__ import annotations
@@ -26,9 +37,10 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -49,7 +61,7 @@ from eventsourcing.utils import Environment, EnvType, resolve_topic
 
 from domain.subjects import check_token
 from services.eventstore.client import Client, connect
-from services.eventstore.store import ConcurrencyError, EventStore, Message, Recorded, Write
+from services.eventstore.store import PAGE, ConcurrencyError, EventStore, Message, Recorded, Write
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -59,6 +71,7 @@ CONNECT_TIMEOUT = 10.0  # default seconds to reach NATS_URL when a Factory is co
 CALL_TIMEOUT = 60.0  # seconds a synchronous call waits for the private loop
 MAX_CONFLICT_RETRIES = 20  # re-reads after a subject moved under us without a real conflict
 MAX_TOPIC_PAGE = 1000  # most events read at once while looking for notifications of some topics
+MAX_QUARANTINED = 10_000  # poison messages listed (and logged); past that only counted
 
 TOPIC = "Es-Topic"
 VERSION = "Es-Version"
@@ -83,6 +96,15 @@ def token_id(token: str) -> UUID | str:
     if kind == "s":
         return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
     raise ValueError(f"not an originator id token: {token!r}")
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A message on the stream's subjects that is no record of this module: skipped."""
+
+    seq: int
+    subject: str
+    reason: str
 
 
 class _PrivateLoop:
@@ -169,6 +191,9 @@ class JetStreamDatastore:
         self.events_filter = f"{self.prefix}.events.>"
         self._loop = _PrivateLoop(name=f"eventsourcing-jetstream-{stream}")
         self._nc: Client | None = None
+        self._quarantined: dict[int, Quarantined] = {}  # seq -> why; also "logged already"
+        self.quarantined_count = 0  # distinct poison messages met, listed or not
+        self._quarantine_lock = threading.Lock()  # read from callers' threads
         try:
             self.store: EventStore = self._loop.run(self._open())
         except BaseException:
@@ -202,6 +227,34 @@ class JetStreamDatastore:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
 
+    def quarantine(self, record: Recorded, reason: str) -> None:
+        """Note a poison message; logged the first time only (readers meet it on every read)."""
+        with self._quarantine_lock:
+            if record.seq in self._quarantined:
+                return
+            self.quarantined_count += 1
+            if len(self._quarantined) >= MAX_QUARANTINED:
+                if self.quarantined_count == MAX_QUARANTINED + 1:
+                    log.warning(
+                        "stream %s: over %d poison messages; no longer listing them",
+                        self.stream,
+                        MAX_QUARANTINED,
+                    )
+                return
+            self._quarantined[record.seq] = Quarantined(record.seq, record.subject, reason)
+        log.warning(
+            "stream %s: message %d on %s is no eventsourcing record (%s): skipped",
+            self.stream,
+            record.seq,
+            record.subject[:200],
+            reason,
+        )
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        with self._quarantine_lock:
+            return sorted(self._quarantined.values(), key=lambda q: q.seq)
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         return self._loop.submit(coro)
 
@@ -220,15 +273,45 @@ class JetStreamDatastore:
         self._loop.close()
 
 
-def _version(record: Recorded) -> int:
-    return int(record.headers[VERSION])
+# Decoders of stored records: each raises ValueError, naming what is wrong, for a poison one.
+
+
+def _int_header(record: Recorded, name: str) -> int:
+    raw = record.headers.get(name)
+    if raw is None:
+        raise ValueError(f"no {name} header")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} {raw[:40]!r} is not an integer") from None
+
+
+def _originator_id(record: Recorded) -> UUID | str:
+    parts = record.subject.split(".")
+    if len(parts) != 4:
+        raise ValueError("the subject is not es.<stream>.<kind>.<id token>")
+    try:
+        originator_id = token_id(parts[3])
+    except ValueError:  # base64 and UTF-8 errors are ValueErrors too
+        originator_id = None
+    # Only the token id_token() makes (base64 decoding skips stray characters).
+    if originator_id is None or id_token(originator_id) != parts[3]:
+        raise ValueError(f"{parts[3][:40]!r} is not an originator id token")
+    return originator_id
+
+
+def _topic(record: Recorded) -> str:
+    topic = record.headers.get(TOPIC)
+    if not topic:
+        raise ValueError(f"no {TOPIC} header")
+    return topic
 
 
 def _stored_event(record: Recorded) -> StoredEvent:
     return StoredEvent(
-        originator_id=token_id(record.subject.rsplit(".", 1)[1]),
-        originator_version=_version(record),
-        topic=record.headers[TOPIC],
+        originator_id=_originator_id(record),
+        originator_version=_int_header(record, VERSION),
+        topic=_topic(record),
         state=record.data,
     )
 
@@ -236,11 +319,15 @@ def _stored_event(record: Recorded) -> StoredEvent:
 def _notification(record: Recorded) -> Notification:
     return Notification(
         id=record.seq,
-        originator_id=token_id(record.subject.rsplit(".", 1)[1]),
-        originator_version=_version(record),
-        topic=record.headers[TOPIC],
+        originator_id=_originator_id(record),
+        originator_version=_int_header(record, VERSION),
+        topic=_topic(record),
         state=record.data,
     )
+
+
+def _tracking_id(record: Recorded) -> int:
+    return _int_header(record, TRACKING_ID)
 
 
 class JetStreamRecorder:
@@ -252,6 +339,35 @@ class JetStreamRecorder:
 
     def _tracking_subject(self, application_name: str) -> str:
         return self.datastore.subject("tracking", id_token(application_name))
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """The poison messages this factory's readers skipped, in stream order."""
+        return self.datastore.quarantined
+
+    def _decode(self, record: Recorded, decode: Callable[[Recorded], T]) -> T | None:
+        """``decode(record)``, or None for a poison message (quarantined)."""
+        try:
+            return decode(record)
+        except ValueError as e:
+            self.datastore.quarantine(record, str(e))
+            return None
+
+    async def _last_valid(
+        self, subject: str, last: Recorded | None, decode: Callable[[Recorded], T]
+    ) -> T | None:
+        """The subject's last valid record, decoded; its whole history is read only when
+        poison lies at its end."""
+        if last is None:
+            return None
+        value = self._decode(last, decode)
+        if value is not None:
+            return value
+        for record in reversed(await self.datastore.store.read_subject(subject)):
+            value = self._decode(record, decode)
+            if value is not None:
+                return value
+        return None
 
     async def _append(
         self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
@@ -272,12 +388,28 @@ class JetStreamRecorder:
             return []
         for _ in range(MAX_CONFLICT_RETRIES):
             lasts = await asyncio.gather(*(self.datastore.store.last(s) for s in subjects))
+            # The versions to be after: the last VALID ones (poison is skipped), while the
+            # write stays conditional on each subject's last message, poison or not.
+            valid = await asyncio.gather(
+                *(
+                    self._last_valid(s, last, _stored_event)
+                    for s, last in zip(by_subject, lasts, strict=False)
+                )
+            )
             writes = [
-                self._event_write(subject, [stored_events[i] for i in indexes], last)
-                for (subject, indexes), last in zip(by_subject.items(), lasts, strict=False)
+                self._event_write(
+                    subject,
+                    [stored_events[i] for i in indexes],
+                    last,
+                    event.originator_version if event else None,
+                )
+                for (subject, indexes), last, event in zip(
+                    by_subject.items(), lasts, valid, strict=False
+                )
             ]
             if tracking is not None:
-                writes.append(_tracking_write(subjects[-1], tracking, lasts[-1]))
+                tracked = await self._last_valid(subjects[-1], lasts[-1], _tracking_id)
+                writes.append(_tracking_write(subjects[-1], tracking, lasts[-1], tracked))
             try:
                 seqs = await self.datastore.store.append(writes)
             except ConcurrencyError:
@@ -292,8 +424,9 @@ class JetStreamRecorder:
             f"gave up after {MAX_CONFLICT_RETRIES} concurrent writes to {subjects}; retry later"
         )
 
-    def _event_write(self, subject: str, events: list[StoredEvent], last: Recorded | None) -> Write:
-        previous = _version(last) if last else None
+    def _event_write(
+        self, subject: str, events: list[StoredEvent], last: Recorded | None, previous: int | None
+    ) -> Write:
         for event in events:
             if previous is not None and event.originator_version <= previous:
                 raise IntegrityError(
@@ -308,11 +441,13 @@ class JetStreamRecorder:
         return Write(subject, messages, expected_last_seq=last.seq if last else 0)
 
 
-def _tracking_write(subject: str, tracking: Tracking, last: Recorded | None) -> Write:
-    if last is not None and tracking.notification_id <= int(last.headers[TRACKING_ID]):
+def _tracking_write(
+    subject: str, tracking: Tracking, last: Recorded | None, tracked: int | None
+) -> Write:
+    if tracked is not None and tracking.notification_id <= tracked:
         raise IntegrityError(
             f"tracking id {tracking.notification_id} of {tracking.application_name!r} is not"
-            f" greater than the recorded {last.headers[TRACKING_ID]}"
+            f" greater than the recorded {tracked}"
         )
     message = Message(data=b"", headers={TRACKING_ID: str(tracking.notification_id)})
     return Write(subject, [message], expected_last_seq=last.seq if last else 0)
@@ -343,13 +478,17 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
         if desc and limit == 1 and lte is None:
             # The latest event or snapshot: what every repository.get() asks first.
             last = await self.datastore.store.last(subject)
-            records = [last] if last and (gt is None or _version(last) > gt) else []
-        else:
-            records = await self.datastore.store.read_subject(subject)
+            event = await self._last_valid(subject, last, _stored_event)
+            return [event] if event and (gt is None or event.originator_version > gt) else []
+        decoded = [
+            self._decode(r, _stored_event) for r in await self.datastore.store.read_subject(subject)
+        ]
         events = [
-            _stored_event(r)
-            for r in records
-            if (gt is None or _version(r) > gt) and (lte is None or _version(r) <= lte)
+            e
+            for e in decoded
+            if e is not None
+            and (gt is None or e.originator_version > gt)
+            and (lte is None or e.originator_version <= lte)
         ]
         if desc:
             events.reverse()
@@ -395,9 +534,10 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             for record in records:
                 if stop is not None and record.seq > stop:
                     return found
-                if wanted and record.headers[TOPIC] not in wanted:
+                notification = self._decode(record, _notification)
+                if notification is None or (wanted and notification.topic not in wanted):
                     continue
-                found.append(_notification(record))
+                found.append(notification)
                 if len(found) >= limit:
                     return found
             if len(records) < page:
@@ -406,9 +546,23 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         return found
 
     def max_notification_id(self) -> int | None:
-        return (
-            self.datastore.run(self.datastore.store.last_seq(self.datastore.events_filter)) or None
-        )
+        return self.datastore.run(self._max_notification_id())
+
+    async def _max_notification_id(self) -> int | None:
+        """The last VALID notification's id: poison at the head is walked back over."""
+        store, events = self.datastore.store, self.datastore.events_filter
+        last = await store.last(events)
+        if last is None or self._decode(last, _notification) is not None:
+            return last.seq if last else None
+        end = last.seq - 1
+        while end >= 1:
+            first = max(1, end - PAGE + 1)
+            records = [r for r in await store.read(first, end - first + 1, events) if r.seq <= end]
+            for record in reversed(records):
+                if self._decode(record, _notification) is not None:
+                    return record.seq
+            end = first - 1
+        return None
 
     def subscribe(
         self, gt: int | None = None, topics: Sequence[str] = ()
@@ -447,9 +601,10 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
         )
         try:
             async for record in replay:
-                if wanted and record.headers[TOPIC] not in wanted:
+                notification = self._recorder._decode(record, _notification)
+                if notification is None or (wanted and notification.topic not in wanted):
                     continue
-                await self._put(_notification(record))
+                await self._put(notification)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -494,8 +649,11 @@ class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
 
     def max_tracking_id(self, application_name: str) -> int | None:
         subject = self._tracking_subject(application_name)
-        last = self.datastore.run(self.datastore.store.last(subject))
-        return int(last.headers[TRACKING_ID]) if last else None
+        return self.datastore.run(self._max_tracking_id(subject))
+
+    async def _max_tracking_id(self, subject: str) -> int | None:
+        last = await self.datastore.store.last(subject)
+        return await self._last_valid(subject, last, _tracking_id)
 
 
 class JetStreamProcessRecorder(
