@@ -19,7 +19,8 @@ thread that runs an event loop is refused with a clear error instead of stalling
 
 **Poison messages.** Anyone allowed to publish on the stream's subjects can put there a message
 that is no record of this module (no or bad ``Es-Version``/``Es-Topic``/``Es-Tracking-Id``
-headers, a subject that is not ``es.S.<kind>.<id token>``, garbage).  Every reader
+headers, a subject that is not ``es.S.<kind>.<id token>``, garbage; in an aggregate's history
+also a version not after the one before it).  Every reader
 (``select_events``, ``select_notifications``, ``subscribe``, ``max_notification_id``, the
 version and tracking checks of an append, ``max_tracking_id``) skips it and goes on; it is
 logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason).
@@ -480,16 +481,20 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
             last = await self.datastore.store.last(subject)
             event = await self._last_valid(subject, last, _stored_event)
             return [event] if event and (gt is None or event.originator_version > gt) else []
-        decoded = [
-            self._decode(r, _stored_event) for r in await self.datastore.store.read_subject(subject)
-        ]
-        events = [
-            e
-            for e in decoded
-            if e is not None
-            and (gt is None or e.originator_version > gt)
-            and (lte is None or e.originator_version <= lte)
-        ]
+        events: list[StoredEvent] = []
+        previous: int | None = None
+        for record in await self.datastore.store.read_subject(subject):
+            event = self._decode(record, _stored_event)
+            if event is None:
+                continue
+            version = event.originator_version
+            if previous is not None and version <= previous:
+                # Appends only ever add later versions: this one was published around them.
+                self.datastore.quarantine(record, f"version {version} is not after {previous}")
+                continue
+            previous = version
+            if (gt is None or version > gt) and (lte is None or version <= lte):
+                events.append(event)
         if desc:
             events.reverse()
         return events if limit is None else events[:limit]

@@ -171,7 +171,15 @@ def test_recorders_skip_poison_in_tracking_and_snapshots(nats_server: NatsServer
         assert snapshots.select_events(a, desc=True, limit=1) == []
         snapshots.insert_events([StoredEvent(a, 2, "t", b"s")])
         assert [s.state for s in snapshots.select_events(a)] == [b"s"]
-        assert [q.seq for q in recorder.quarantined] == [3, 4]
+        # A well-formed event out of version order on an aggregate's subject.
+        publish_raw(
+            nats_server.url,
+            "rec",
+            (f"es.rec.events.{id_token(a)}", b"old", {"Es-Version": "1", "Es-Topic": "t"}),
+        )
+        assert [e.originator_version for e in recorder.select_events(a)] == [1, 2]
+        assert [q.seq for q in recorder.quarantined] == [3, 4, 8]
+        assert recorder.quarantined[-1].reason == "version 1 is not after 2"
         assert recorder.quarantined == snapshots.quarantined  # type: ignore[attr-defined]
     finally:
         factory.close()
