@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import ClassVar
 
+import duckdb
+
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.limits import MAX_REASON, clip
 from projections.base import Projection
@@ -50,3 +52,14 @@ class QuarantineProjection(Projection):
                 at,
             ),
         )
+
+
+def count(con: duckdb.DuckDBPyConnection) -> int:
+    """How many records the read models quarantined (0 before the model exists)."""
+    cur = con.cursor()
+    try:
+        return int(cur.execute("SELECT count(*) FROM quarantine").fetchall()[0][0])
+    except duckdb.CatalogException:
+        return 0
+    finally:
+        cur.close()

@@ -102,6 +102,11 @@ def _new_file(path: str) -> Path:
 
 async def cmd_verify(args: argparse.Namespace) -> None:
     reply = await _ask(args, "admin", queries.VERIFY_SUBJECT, {}, VERIFY_TIMEOUT_S)
+    if reply.get("quarantined"):
+        print(
+            f"{reply['quarantined']} events quarantined (skipped by every reader):"
+            " hoist query quarantine"
+        )
     if reply["ok"]:
         print(f"read models match a rebuild from the log (stream sequence {reply['seq']})")
         return

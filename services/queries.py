@@ -17,6 +17,8 @@ that returned its event sequences.
 - ``hoist.query.pulls``     filters agent_id, task_id, image, outcome
 - ``hoist.query.policies``  filters name, removed (prepull policies; ``resource_groups`` and
   ``rules`` come as JSON lists)
+- ``hoist.query.quarantine`` filters subject, event_type, actor: events every reader skips
+  (seq, subject, event_type, reason, actor, stored_at)
   Text filters take a string or a list of strings (any of them); ``alive``/``preloaded``/
   ``pinned``/``removed`` a boolean.  Also ``limit`` (1-10000, default 1000; the reply has
   ``"truncated": true`` when more rows matched).
@@ -48,6 +50,7 @@ from domain.limits import MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
+from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
 from projections.verify import verify
 from services import admin_sql
@@ -144,6 +147,13 @@ QUERIES: dict[str, Query] = {
         {"name": _TEXT, "removed": "bool"},
         "name",
         json_columns=POLICY_JSON_COLUMNS,
+    ),
+    # Records every reader skips (domain.admission): who appended what, and why refused.
+    "quarantine": Query(
+        "quarantine",
+        ("quarantine",),
+        {"subject": _TEXT, "event_type": _TEXT, "actor": _TEXT},
+        "seq",
     ),
 }
 COMMON = ("min_seq", "timeout", "limit")
@@ -331,6 +341,7 @@ async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, A
     return {
         "seq": seq,
         "ok": not differences,
+        "quarantined": await asyncio.to_thread(quarantine_count, runner.con),
         "differences": [dataclasses.asdict(d) for d in differences],
     }
 

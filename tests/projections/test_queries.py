@@ -136,7 +136,7 @@ async def test_verify_reports_differences(nc: Client, repo: Repository, runner: 
     last = await scripted_history(repo, sessions=4)
     assert await runner.wait_for(last, 5)
     clean = await ask(nc, VERIFY_SUBJECT, {})
-    assert clean == {"seq": last, "ok": True, "differences": []}
+    assert clean == {"seq": last, "ok": True, "differences": [], "quarantined": 0}
     runner.con.cursor().execute("UPDATE agents SET cpu = 99 WHERE agent_id = 'agent-1'")
     dirty = await ask(nc, VERIFY_SUBJECT, {})
     assert not dirty["ok"]
