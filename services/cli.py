@@ -263,6 +263,8 @@ async def cmd_creds(args: argparse.Namespace) -> None:
 
 async def cmd_up(args: argparse.Namespace) -> int:
     stop = _interrupt_event()
+    # Its terminal closed: stop the stack in order, as on Ctrl-C (the default would kill).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, stop.set)
     runtime = args.runtime
     if runtime != "dummy":
         reachable, where = await asyncio.to_thread(stack.docker_reachable, args.docker_host)
@@ -302,7 +304,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         local.stop()
-        print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
+            print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

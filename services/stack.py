@@ -4,6 +4,11 @@ generated credentials, the streams, the manager and N agents as child processes.
 Everything lives in one data dir: credentials (0600), the JetStream store (so the log survives
 a restart), each process's log, and ``stack.json`` while the stack runs, which tells the other
 `hoist` commands where to connect.
+
+Whatever ends `hoist up`, its processes end with it: Ctrl-C, SIGTERM and SIGHUP stop them in
+order; SIGKILL leaves that to the kernel (PR_SET_PDEATHSIG, ``services/pdeathsig.py``). They
+share the data dir's lock (``services/stack_lock.py``), so no second stack starts on the same
+store until the last of them is gone.
 """
 
 from __future__ import annotations
@@ -25,13 +30,16 @@ from services import natsauth
 from services.eventstore import client, progress
 from services.eventstore.bulk import BulkReader
 from services.eventstore.client import Client
-from services.eventstore.store import EventStore
+from services.eventstore.store import EventStore, StoreError
 from services.natsserver import NatsServer, nats_server_binary, wait_for_port
+from services.pdeathsig import NoParentDeathSignal, die_with_parent
+from services.stack_lock import DataDirLock
 
 DEFAULT_DATA_DIR = Path(".hoist")
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
 READY_TIMEOUT_S = 30.0
+LOCK_WAIT_S = 5.0  # how long a new `hoist up` waits for a dying stack's processes to end
 
 RuntimeName = Literal["docker", "dummy"]
 
@@ -68,6 +76,8 @@ class StackInfo:
     runtime: str = ""
     agents: list[str] = field(default_factory=list)
     nats_pid: int = 0  # signalled to reload its users when an agent is added
+    pids: dict[str, int] = field(default_factory=dict)  # every process of the stack, by name
+    stopping: bool = False  # a new `hoist up` waits for a stopping stack, refuses a running one
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -81,10 +91,14 @@ class StackInfo:
             runtime=raw.get("runtime", ""),
             agents=list(raw.get("agents", [])),
             nats_pid=raw.get("nats_pid", 0),
+            pids=dict(raw.get("pids", {})),
+            stopping=raw.get("stopping", False),
         )
 
     def write(self, data_dir: Path) -> None:
-        (data_dir / STATE_FILE).write_text(json.dumps(asdict(self)))
+        tmp = data_dir / f"{STATE_FILE}.tmp"  # readers never see half a file
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(data_dir / STATE_FILE)
 
     def alive(self) -> bool:
         """Whether the `hoist up` that wrote this still runs (a SIGKILLed one leaves the file)."""
@@ -114,10 +128,11 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> natsauth.C
 
 
 def start_nats(
-    data_dir: Path, port: int, agent_ids: list[str]
+    data_dir: Path, port: int, agent_ids: list[str], lock: DataDirLock
 ) -> tuple[NatsServer, natsauth.Credentials]:
     """Start nats-server on the project's nats.conf with this data dir's credentials (agents'
-    users included: they are generated before the server reads auth.conf)."""
+    users included: they are generated before the server reads auth.conf). It holds the data
+    dir's ``lock`` and ends with this process."""
     data_dir.mkdir(parents=True, exist_ok=True)
     creds = natsauth.generate_credentials(data_dir, agent_ids)
     store_dir = data_dir / "jetstream"
@@ -125,12 +140,18 @@ def start_nats(
     server = _OwnSessionNatsServer(
         store_dir, port=port, config=config, log_file=data_dir / "nats-server.log"
     )
+    assert lock.fd is not None
+    server.lock_fd = lock.fd
     return server.start(), creds
 
 
 class _OwnSessionNatsServer(NatsServer):
     """nats-server in its own session: Ctrl-C in the terminal reaches `hoist up` only, which
-    stops agents and manager before the server, so none of them sees the server vanish."""
+    stops agents and manager before the server, so none of them sees the server vanish. If
+    `hoist up` dies without stopping it, the kernel sends it SIGTERM (it shuts its store down
+    cleanly); it holds the data dir's lock until it is gone."""
+
+    lock_fd: int
 
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +167,12 @@ class _OwnSessionNatsServer(NatsServer):
         ]
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(self.lock_fd,),
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         try:
             wait_for_port("127.0.0.1", self.port)
@@ -191,6 +217,8 @@ def docker_reachable(docker_host: str | None) -> tuple[bool, str]:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As nats-server binds: sockets in TIME_WAIT from a stack just stopped must not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -236,6 +264,7 @@ class Stack:
         self.server: NatsServer | None = None
         self.creds: natsauth.Credentials | None = None
         self.children: list[Child] = []
+        self.lock = DataDirLock(self.data_dir)
 
     @property
     def url(self) -> str:
@@ -247,30 +276,34 @@ class Stack:
         return natsauth.role_url(self.url, role, self.creds, agent_id=agent_id)
 
     async def start(self) -> None:
-        info = StackInfo.read(self.data_dir)
-        if info is not None and info.alive() and info.pid != os.getpid():
-            raise StackError(
-                f"a stack already runs in {self.data_dir} (pid {info.pid}, {info.url});"
-                " stop it first, or use another --data-dir"
-            )
-        if not _port_free(self.nats_port):
-            raise StackError(f"port {self.nats_port} is in use: pick another with --nats-port")
         try:
-            self.server, self.creds = start_nats(self.data_dir, self.nats_port, self.agent_ids)
+            die_with_parent(signal.SIGKILL)  # fail before anything starts, not halfway
+        except NoParentDeathSignal as e:
+            raise StackError(str(e)) from None
+        waited = await self._lock()
+        # A dying stack's nats-server frees the port as it frees the lock: give it a moment.
+        deadline = time.monotonic() + (2.0 if waited else 0.0)
+        while not _port_free(self.nats_port):
+            if time.monotonic() >= deadline:
+                raise StackError(f"port {self.nats_port} is in use: pick another with --nats-port")
+            await asyncio.sleep(0.05)
+        try:
+            self.server, self.creds = start_nats(
+                self.data_dir, self.nats_port, self.agent_ids, self.lock
+            )
         except RuntimeError as e:
             raise StackError(
                 f"nats-server did not start on port {self.nats_port} (in use? pick another with"
                 f" --nats-port); its log: {self.data_dir / 'nats-server.log'}"
             ) from e
-        assert self.server.proc is not None
-        StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, self.server.proc.pid).write(
-            self.data_dir
-        )
+        self._write_info()
         # The streams exist before any agent registers (agents may not create streams).
         nc = await connect(self.role_url("manager"), "hoist-up")
         try:
             await event_store(nc).ensure_stream()
             await progress.ensure(nc.jetstream())
+        except StoreError as e:
+            raise StackError(str(e)) from None
         finally:
             await nc.close()
         # The manager reads its password from the data dir: none in `ps` output.
@@ -294,7 +327,51 @@ class Stack:
             # The agent's URL and password go through its environment: none in `ps` output.
             url = {"HOIST_NATS_URL": self.role_url("agent", agent_id)}
             self._spawn(agent_id, args, f"agent {agent_id} ready", url)
+        self._write_info()
         await self._wait_ready()
+
+    async def _lock(self) -> bool:
+        """Take the data dir's lock, waiting up to LOCK_WAIT_S for a stack that is ending;
+        whether it had to wait. Refuses with who holds it and how to stop them."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        waited = False
+        while not self.lock.try_lock():
+            info = StackInfo.read(self.data_dir)
+            running = info is not None and info.alive() and not info.stopping
+            if running or time.monotonic() >= deadline:
+                raise StackError(self._held_by())
+            waited = True
+            await asyncio.sleep(0.05)
+        return waited
+
+    def _held_by(self) -> str:
+        info = StackInfo.read(self.data_dir)
+        holder = self.lock.holder()
+        if info is not None and info.alive():
+            return (
+                f"a stack already runs in {self.data_dir} (hoist up pid {info.pid}, {info.url}):"
+                f" stop it with Ctrl-C in its terminal or `kill {info.pid}`, or use another"
+                " --data-dir"
+            )
+        left = sorted(p for p in (info.pids.values() if info else ()) if _running(p))
+        if left:
+            pids = " ".join(map(str, left))
+            return (
+                f"a stack already runs in {self.data_dir}: processes of a `hoist up` that ended"
+                f" still hold it after {LOCK_WAIT_S:g}s (pids {pids}); stop them with"
+                f" `kill {pids}` and start again"
+            )
+        return (
+            f"a stack already runs in {self.data_dir}: another `hoist up` (pid {holder}) is"
+            f" starting or stopping there; wait for it, or stop it with `kill {holder}`"
+        )
+
+    def _write_info(self) -> None:
+        assert self.server is not None and self.server.proc is not None
+        pids = {"nats-server": self.server.proc.pid, **{c.name: c.proc.pid for c in self.children}}
+        info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, pids["nats-server"])
+        info.pids = pids
+        info.write(self.data_dir)
 
     def _spawn(
         self, name: str, module_args: list[str], ready_line: str, env: dict[str, str] | None = None
@@ -302,8 +379,11 @@ class Stack:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
         log = logs / f"{name}.log"
+        assert self.lock.fd is not None
         with open(log, "ab") as out:
             # Own session: Ctrl-C reaches `hoist up` only, which stops the children in order.
+            # If `hoist up` dies without stopping them, the kernel kills them (the manager and
+            # agents recover from a kill by design); each holds the data dir's lock till then.
             proc = subprocess.Popen(
                 [sys.executable, "-m", *module_args],
                 stdout=out,
@@ -311,6 +391,8 @@ class Stack:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
+                pass_fds=(self.lock.fd,),
+                preexec_fn=die_with_parent(signal.SIGKILL),
             )
         self.children.append(Child(name, proc, log, ready_line))
 
@@ -342,6 +424,10 @@ class Stack:
 
     def stop(self) -> None:
         """Agents first (they finish what they publish), then the manager, then nats-server."""
+        info = StackInfo.read(self.data_dir)
+        if info is not None and info.pid == os.getpid():
+            info.stopping = True
+            info.write(self.data_dir)
         for group in (
             [c for c in self.children if c.name != "manager"],
             [c for c in self.children if c.name == "manager"],
@@ -361,3 +447,13 @@ class Stack:
         info = StackInfo.read(self.data_dir)
         if info is not None and info.pid == os.getpid():
             (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+        self.lock.close()  # the last holder: every child has ended
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
