@@ -281,7 +281,7 @@ def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[
     filters = dict(query.filters)
     if query.variants:
         by = request.get("by", next(iter(query.variants)))
-        if by not in query.variants:
+        if not isinstance(by, str) or by not in query.variants:
             raise InvalidRequest(f"by must be one of {', '.join(query.variants)}, got {quote(by)}")
         source = query.variants[by]
         other = "agent_id" if by == "owner" else "owner"
