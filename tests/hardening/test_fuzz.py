@@ -1,0 +1,82 @@
+"""Hypothesis over every documented request subject (commands, queries, admin) against a real
+`hoist up` stack with dummy agents, as the client, admin and agent NATS roles: every request
+gets exactly one reply, every invalid one an error that is never ``internal``, the event stream
+does not move, and afterwards the read models still follow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from domain import subjects
+from tests.hardening.fuzzing import ROLE_SUBJECTS, TEMPLATES, FuzzStack, bad_requests, check_bad
+
+EXAMPLES = 2500
+CREATE = f"{subjects.API}.session.create"
+
+
+@pytest.fixture(scope="module")
+def fuzz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzStack]:
+    with FuzzStack(tmp_path_factory.mktemp("fuzz") / "hoist") as stack:
+        yield stack
+
+
+def test_every_template_is_a_valid_request_that_appends_nothing(fuzz: FuzzStack) -> None:
+    # The fuzz changes one field of these: each must be valid as it stands, so the bad value
+    # is what gets refused.  (The create template is valid and appends: the last test sends it.)
+    before = fuzz.last_seq()
+    for subject, template in TEMPLATES.items():
+        if subject == CREATE:
+            continue
+        role = "admin" if subject.startswith(subjects.ADMIN) else "client"
+        reply = fuzz.ask(role, subject, json.dumps(template).encode())
+        assert reply.get("error", {}).get("code") in (None, "not-found"), (subject, reply)
+    assert fuzz.last_seq() == before
+
+
+def test_nats_refuses_what_a_role_may_not_send(fuzz: FuzzStack) -> None:
+    refusals = [
+        (role, subject)
+        for role, allowed in ROLE_SUBJECTS.items()
+        for subject in TEMPLATES
+        if subject not in allowed
+    ]
+    assert {r for r, _ in refusals} == {"client", "agent"}
+
+    async def all_refused() -> list[str]:
+        return list(await asyncio.gather(*(fuzz.refused(r, s) for r, s in refusals)))
+
+    # No responder sees the message, and nats-server sends no "no responders" for it either.
+    assert set(fuzz.run(all_refused())) == {"timeout"}
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(request=bad_requests())
+def test_bad_requests_get_one_error_reply_and_append_nothing(
+    fuzz: FuzzStack, request: tuple[str, str, bytes, str]
+) -> None:
+    check_bad(fuzz, check_stream=True)(request)
+
+
+def test_after_the_fuzz_the_read_models_still_follow(fuzz: FuzzStack) -> None:
+    # Runs after the fuzz (tests run in file order, on the module's stack).
+    assert fuzz.stats.replies >= EXAMPLES, fuzz.stats
+    assert "internal" not in fuzz.stats.codes
+    create = {**TEMPLATES[CREATE], "request_id": "after-fuzz"}
+    session = fuzz.ask("client", CREATE, json.dumps(create).encode())
+    assert "error" not in session, session
+    seq = fuzz.last_seq()
+    query = {"session_id": session["session_id"], "min_seq": seq, "timeout": 15}
+    reply = fuzz.ask("client", f"{subjects.QUERY}.sessions", json.dumps(query).encode())
+    assert reply["seq"] >= seq and [r["session_id"] for r in reply["rows"]] == [
+        session["session_id"]
+    ], reply
