@@ -20,11 +20,15 @@ import pytest
 
 from services.natsserver import free_port
 from services.stack import LOCK_WAIT_S, _running
-from tests.cli.stack_harness import HOIST, Stack, start_stack, stop_stack
+from tests.cli.stack_harness import HOIST, Stack, Terminal, start_stack, stop_stack, wait_for
 
 
 def _pids(stack: Stack) -> dict[str, int]:
-    return json.loads((stack.data_dir / "stack.json").read_text())["pids"]
+    return _pids_in(stack.data_dir)
+
+
+def _pids_in(data_dir: Path) -> dict[str, int]:
+    return json.loads((data_dir / "stack.json").read_text())["pids"]
 
 
 def _alive(pids: dict[str, int]) -> dict[str, int]:
@@ -83,6 +87,23 @@ def test_no_child_outlives_up_and_up_starts_again_at_once(
     finally:
         assert stop_stack(again) == 0, again.log.read_text()
     assert not _alive(recorded)
+
+
+def test_closing_its_terminal_stops_the_stack(tmp_path: Path, recorded: dict[str, int]) -> None:
+    data_dir = tmp_path / "data"
+    term = Terminal()
+    try:
+        term.type(
+            f"{HOIST} --data-dir {data_dir} up --runtime dummy --agents 1 --no-demo"
+            f" --nats-port {free_port()}"
+        )
+        wait_for(lambda: "Running; Ctrl-C" in term.screen(), timeout=60)
+        recorded.update(_pids_in(data_dir))
+        assert set(recorded) == {"nats-server", "manager", "agent-1"}
+    finally:
+        term.close()  # the terminal goes away: its processes get SIGHUP
+    wait_for(lambda: not _alive(recorded), timeout=15, interval=0.05)
+    assert not (data_dir / "stack.json").exists()  # stopped in order, not killed
 
 
 def test_a_clean_stop_then_a_restart_on_the_same_port_despite_time_wait(
