@@ -361,6 +361,11 @@ class Stack:
                 f" still hold it after {LOCK_WAIT_S:g}s (pids {pids}); stop them with"
                 f" `kill {pids}` and start again"
             )
+        if holder is None or not _running(holder):
+            return (
+                f"a stack already runs in {self.data_dir}: a process holds {self.lock.path};"
+                f" find it with `fuser {self.lock.path}` and stop it"
+            )
         return (
             f"a stack already runs in {self.data_dir}: another `hoist up` (pid {holder}) is"
             f" starting or stopping there; wait for it, or stop it with `kill {holder}`"

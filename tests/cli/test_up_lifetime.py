@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.natsserver import free_port
+from services.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.stack import LOCK_WAIT_S, _running
 from tests.cli.stack_harness import HOIST, Stack, Terminal, start_stack, stop_stack, wait_for
 
@@ -204,3 +205,21 @@ def _time_wait_on(port: int) -> bool:
         if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "06":
             return True
     return False
+
+
+def test_die_with_parent_refuses_what_it_cannot_keep(monkeypatch: pytest.MonkeyPatch) -> None:
+    errors: list[Exception] = []
+
+    def off_main() -> None:
+        try:
+            die_with_parent(signal.SIGKILL)
+        except NoParentDeathSignal as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=off_main)
+    thread.start()
+    thread.join()
+    assert errors and "spawn from the main thread" in str(errors[0])
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(NoParentDeathSignal, match="hoist up needs Linux"):
+        die_with_parent(signal.SIGKILL)
