@@ -108,7 +108,7 @@ def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:
         raise Inadmissible(str(e), clip(name, 200)) from None
     if type(event) not in BINDINGS[kind]:
         allowed = ", ".join(sorted(ev.type_name(t) for t in BINDINGS[kind]))
-        raise Inadmissible(f"{name} may not be on a {kind} subject (only {allowed})", name)
+        raise Inadmissible(f"{name} may not be on hoist.events.{kind}.* (only {allowed})", name)
     if event.originator_id != aggregate_id:
         raise Inadmissible(
             f"{name} speaks of {kind} {event.originator_id!r} but is on the subject of"

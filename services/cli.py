@@ -20,6 +20,7 @@ import msgspec
 from rich.console import Console
 
 from domain import codec, subjects
+from domain.admission import Inadmissible, admit
 from services import cli_read, natsauth, stack
 from services.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.cli_nats import CliError, Connection
@@ -194,15 +195,19 @@ async def cmd_read(args: argparse.Namespace) -> int:
 
 
 def _format_event(rec: Recorded) -> str:
-    event = codec.decode(rec.data, rec.headers)
+    when = rec.time.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
+    actor = rec.headers.get(codec.ACTOR_HEADER, "-")
+    try:
+        event = admit(rec.subject, rec.headers, rec.data)
+    except Inadmissible as e:  # history shows what every reader skipped, and who wrote it
+        name = e.event_type or "?"
+        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  by {actor}  QUARANTINED: {e}"
     payload = {
         k: v
         for k, v in msgspec.to_builtins(event).items()
         if k not in ("type", "originator_id", "originator_version", "timestamp", "originator_topic")
     }
-    when = rec.time.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
-    actor = rec.headers.get(codec.ACTOR_HEADER, "-")
     return (
         f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}  by {actor}"
         f"  {msgspec.json.encode(payload).decode()}"

@@ -24,7 +24,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from domain import codec, rpc, subjects
+from domain import admission, rpc, subjects
 from domain.events import Event
 from domain.session import Session
 from domain.status import TERMINAL, KernelStatus
@@ -94,7 +94,7 @@ class SessionState:
     clock: Callable[[], float] = time.monotonic
 
     def apply_event(self, event: Event) -> None:
-        self.session = event.mutate(self.session)
+        self.session = admission.fold(self.session, event, "session")
 
     def apply_progress(self, progress: rpc.PullProgress) -> None:
         key = (progress.agent_id, progress.task_id)
@@ -168,8 +168,13 @@ async def follow(
     progress_task = asyncio.create_task(_follow_progress(conn, state, changed))
     try:
         async for rec in store.replay(subject_filter=subject, follow=True):
-            state.apply_event(codec.decode(rec.data, rec.headers))
-            changed.set()
+            # The rule of every reader: what it refuses is skipped (hoist history shows it).
+            try:
+                state.apply_event(admission.admit(rec.subject, rec.headers, rec.data))
+            except admission.Inadmissible:
+                pass
+            else:
+                changed.set()
             if rec.seq >= last:
                 caught_up.set()
     finally:

@@ -1,0 +1,69 @@
+"""The CLI's readers of the log follow the admission rule: `hoist history` shows a forged event
+as QUARANTINED with the reason and who wrote it, and `hoist watch` skips what it cannot apply."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from domain import events as ev
+from domain.admission import Inadmissible
+from domain.codec import ACTOR_HEADER, encode
+from domain.session import Session
+from domain.status import KernelStatus
+from services.cli import _format_event
+from services.eventstore.store import Recorded
+from services.progress_view import SessionState
+
+MiB = 1024**2
+
+
+def _session() -> Session:
+    return Session.enqueue(
+        owner="ann",
+        image="img:1",
+        resources={"cpu": 1, "mem": MiB},
+        resource_group="default",
+        cluster_size=1,
+    )
+
+
+def _record(seq: int, subject: str, event: ev.Event, actor: str) -> Recorded:
+    data, headers = encode(event)
+    headers[ACTOR_HEADER] = actor
+    return Recorded(seq, subject, headers, data, datetime.now(UTC))
+
+
+def test_history_marks_a_forged_event_quarantined_and_names_its_writer() -> None:
+    session = _session()
+    (enqueued,) = session.collect_events()
+    # A session event on an agent's subject: what a hostile agent could append there.
+    forged = _record(7, "hoist.events.agent.a1", enqueued, "agent:a1")
+    line = _format_event(forged)
+    assert "QUARANTINED" in line
+    assert "SessionEnqueued may not be on hoist.events.agent.*" in line
+    assert "by agent:a1" in line
+    good = _record(8, f"hoist.events.session.{session.id}", enqueued, "manager")
+    assert "QUARANTINED" not in _format_event(good)
+    assert "SessionEnqueued  by manager" in _format_event(good)
+
+
+def test_watch_skips_an_event_it_cannot_apply() -> None:
+    session = _session()
+    (kernel,) = session.kernels
+    state = SessionState(session.id)
+    for event in session.collect_events():
+        state.apply_event(event)  # type: ignore[arg-type]
+    bogus = ev.KernelCreated(
+        originator_id=session.id,
+        originator_version=2,
+        timestamp=datetime.now(UTC),
+        kernel_id=kernel,
+        status_info="running",
+        container_id="c1",
+    )
+    # PENDING -> RUNNING is no transition: the view refuses it and keeps what it had.
+    with pytest.raises(Inadmissible, match="cannot apply"):
+        state.apply_event(bogus)
+    assert state.status == KernelStatus.PENDING
