@@ -57,6 +57,12 @@ def liveness_events(agent_id: str) -> str:
     return aggregate_subject(LIVENESS, agent_id)
 
 
+# The kinds of aggregate subject only the manager writes; an agent writes only its own
+# ``hoist.events.agent.<id>``.  services.natsauth grants exactly this at the server, so the
+# manager cannot write an agent's facts and an agent cannot write anything else.
+MANAGER_KINDS = ("session", LIVENESS, "prepull-policy")
+
+
 def session_events(session_id: str) -> str:
     return aggregate_subject("session", session_id)
 

@@ -43,8 +43,10 @@ from domain.subjects import (
     AGENT_RPC,
     API,
     EVENT_STREAM,
+    EVENTS,
     EVENTS_ALL,
     HEARTBEAT,
+    MANAGER_KINDS,
     PROGRESS,
     PROGRESS_STREAM,
     QUERY,
@@ -151,7 +153,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     f"{_JS}.>",
                     "$JS.ACK.>",
                     _FLOW_CONTROL,
-                    EVENTS_ALL,
+                    *(f"{EVENTS}.{kind}.>" for kind in MANAGER_KINDS),  # never an agent's facts
                     f"{PROGRESS}.>",
                     f"{AGENT_RPC}.>",
                     f"{API}.>",  # its own reactors may issue commands and queries

@@ -140,6 +140,14 @@ async def test_manager_appends_and_reads_events(manager: Conn) -> None:
     assert manager.errors == []
 
 
+async def test_manager_writes_its_own_subjects_never_an_agents_facts(manager: Conn) -> None:
+    js = manager.nc.jetstream()
+    for subject in ("hoist.events.liveness.A", "hoist.events.prepull-policy.p"):
+        assert (await js.publish(subject, b"fact")).stream == EVENT_STREAM
+    assert await manager.refused("hoist.events.agent.A")
+    assert await manager.refused("hoist.events.other.x")
+
+
 async def test_manager_cannot_delete_or_purge_the_event_stream(manager: Conn) -> None:
     assert await manager.refused(f"$JS.API.STREAM.DELETE.{EVENT_STREAM}")
     assert await manager.refused(f"$JS.API.STREAM.PURGE.{EVENT_STREAM}")
