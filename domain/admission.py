@@ -28,20 +28,7 @@ from domain.limits import MAX_REASON, clip
 from domain.subjects import EVENTS, LIVENESS
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
-    {
-        ev.SessionEnqueued,
-        ev.SessionSchedulingFailed,
-        ev.SessionScheduled,
-        ev.KernelPreparing,
-        ev.KernelPulling,
-        ev.KernelPrepared,
-        ev.KernelCreating,
-        ev.KernelCreated,
-        ev.KernelCreationFailed,
-        ev.KernelCancelled,
-        ev.KernelTerminating,
-        ev.KernelTerminated,
-    }
+    {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
 )
 # What an agent appends about itself (agent.facts), and nothing else.
 AGENT_EVENTS: frozenset[type[ev.Event]] = frozenset(

@@ -498,6 +498,19 @@ AnyEvent = (
     | PrepullPolicyRemoved
 )
 
+# Every kernel status change, in the order of the status machine.
+KERNEL_EVENTS: tuple[type[KernelEvent], ...] = (
+    KernelPreparing,
+    KernelPulling,
+    KernelPrepared,
+    KernelCreating,
+    KernelCreated,
+    KernelCreationFailed,
+    KernelCancelled,
+    KernelTerminating,
+    KernelTerminated,
+)
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in AnyEvent.__args__

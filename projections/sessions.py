@@ -129,7 +129,7 @@ class SessionsProjection(Projection):
             ev.SessionEnqueued: self._enqueued,
             ev.SessionSchedulingFailed: self._scheduling_failed,
             ev.SessionScheduled: self._scheduled,
-            **{cls: self._kernel_event for cls in _KERNEL_EVENTS},
+            **{cls: self._kernel_event for cls in ev.KERNEL_EVENTS},
         }
 
     def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
@@ -253,16 +253,3 @@ class SessionsProjection(Projection):
         self.put("sessions", row["session_id"], row, fresh=fresh)
         if all(k.status in TERMINAL for k in live.kernels.values()):
             del self.live[row["session_id"]]
-
-
-_KERNEL_EVENTS: tuple[type[ev.KernelEvent], ...] = (
-    ev.KernelPreparing,
-    ev.KernelPulling,
-    ev.KernelPrepared,
-    ev.KernelCreating,
-    ev.KernelCreated,
-    ev.KernelCreationFailed,
-    ev.KernelCancelled,
-    ev.KernelTerminating,
-    ev.KernelTerminated,
-)
