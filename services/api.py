@@ -179,9 +179,15 @@ class Api:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, msg: Msg) -> None:
+        handler = self._handlers.get(msg.subject)
+        if handler is None:
+            # Not a request: a JetStream delivery keeps its stream subject (a consumer aimed
+            # at a command subject; readers may create none, see natsauth). Nothing to answer.
+            log.warning("ignored a message on %s: not a command", msg.subject)
+            return
         reply: object
         try:
-            reply = await self._handlers[msg.subject](msg.data)
+            reply = await handler(msg.data)
         except RequestError as e:
             reply = e.reply()
         except InvalidField as e:

@@ -284,16 +284,13 @@ _NO_STREAM_CHANGES = [
 
 
 def _stream_reader(stream: str) -> list[str]:
-    # Direct gets and ephemeral ordered (push) consumers. No MSG.NEXT: a pull would take
-    # messages from the manager's durable consumers.
+    # Direct gets only, never a consumer: nats-server does not check a push consumer's deliver
+    # subject against its creator's permissions (nats-server issue 8274), so a reader allowed
+    # to create one could aim the whole stream at the manager's request subjects.
     return [
         f"{_JS}.STREAM.INFO.{stream}",
         f"{_JS}.DIRECT.GET.{stream}",
         f"{_JS}.DIRECT.GET.{stream}.>",
-        # Only the unnamed create subject: the server makes those consumers ephemeral, so a
-        # reader can never name (and so rewrite) the manager's durables.
-        f"{_JS}.CONSUMER.CREATE.{stream}",
-        f"{_JS}.CONSUMER.INFO.{stream}.*",
     ]
 
 

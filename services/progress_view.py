@@ -10,6 +10,7 @@ progress (stream HOIST_PROGRESS keeps the last message per pull, delivered LAST_
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TextIO
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.aio.msg import Msg
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -29,6 +30,7 @@ from domain.events import Event
 from domain.session import Session
 from domain.status import TERMINAL, KernelStatus
 from services.cli_nats import CliError, Connection
+from services.eventstore import progress as progress_stream
 from services.eventstore.store import EventStore
 
 S = KernelStatus
@@ -60,6 +62,9 @@ def human_duration(seconds: float | None) -> str:
         return "-:--:--"
     s = int(seconds + 0.5)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -165,7 +170,8 @@ async def follow(
     last = await store.last_seq(subject)
     if last == 0:
         raise CliError(f"unknown session {state.session_id}: list sessions with `hoist sessions`")
-    progress_task = asyncio.create_task(_follow_progress(conn, state, changed))
+    new_pulls = asyncio.Event()
+    progress_task = asyncio.create_task(_follow_progress(conn, state, changed, new_pulls))
     try:
         async for rec in store.replay(subject_filter=subject, follow=True):
             # The rule of every reader: what it refuses is skipped (hoist history shows it).
@@ -175,28 +181,49 @@ async def follow(
                 pass
             else:
                 changed.set()
+                new_pulls.set()
             if rec.seq >= last:
                 caught_up.set()
     finally:
         progress_task.cancel()
 
 
-async def _follow_progress(conn: Connection, state: SessionState, changed: asyncio.Event) -> None:
+async def _follow_progress(
+    conn: Connection, state: SessionState, changed: asyncio.Event, new_pulls: asyncio.Event
+) -> None:
+    """Pull progress: live from core NATS (``hoist.progress.<agent>.<task>``), and for each of
+    the session's pulls, once, the last message the progress stream kept (a direct get), so a
+    late watcher draws where every pull stands.  No JetStream consumer: readers may not create
+    one, since a consumer's deliver subject could aim the stream at the manager's request
+    subjects."""
     js = conn.nc.jetstream()
-    sub = await js.subscribe(
-        f"{subjects.PROGRESS}.>",
-        stream=subjects.PROGRESS_STREAM,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT),
-    )
+
+    async def on_progress(msg: Msg) -> None:
+        try:
+            progress = rpc.decode(msg.data, rpc.PullProgress)
+        except rpc.RequestError:
+            return  # a malformed message is someone else's bug; the view goes on
+        state.apply_progress(progress)
+        changed.set()
+
+    sub = await conn.nc.subscribe(f"{subjects.PROGRESS}.>", cb=on_progress)
+    fetched: set[tuple[str, str]] = set()
     try:
-        async for msg in sub.messages:
-            try:
-                progress = rpc.decode(msg.data, rpc.PullProgress)
-            except rpc.RequestError:
-                continue  # a malformed message is someone else's bug; the view goes on
-            state.apply_progress(progress)
-            changed.set()
+        while True:
+            await new_pulls.wait()
+            new_pulls.clear()
+            for key in state.pull_keys():
+                if key in fetched:
+                    continue
+                fetched.add(key)
+                try:
+                    last = await progress_stream.latest(js, *key)
+                except Exception as e:  # the live updates still come; only the snapshot is lost
+                    log.warning("no last progress of pull %s/%s: %s", *key, e)
+                    continue
+                if last is not None and key not in state.pulls:  # live news beat it: keep those
+                    state.apply_progress(last)
+                    changed.set()
     finally:
         await sub.unsubscribe()
 

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
-from domain.subjects import EVENT_STREAM, EVENTS_ALL
+from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS_STREAM
 from services.eventstore import progress
 from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore, Message, Write
@@ -191,19 +191,45 @@ async def test_client_cannot_serve_or_listen_to_service_subjects(client: Conn) -
         assert await client.reported(f'subscription to "{subject}"'), subject
 
 
-async def test_client_reads_history_with_an_ordered_consumer(client: Conn, manager: Conn) -> None:
+async def test_client_reads_history_with_direct_gets(client: Conn, manager: Conn) -> None:
     await manager.nc.jetstream().publish("hoist.events.session.read", b"e1")
-    sub = await client.nc.jetstream().subscribe(
-        "hoist.events.session.read", stream=EVENT_STREAM, ordered_consumer=True
-    )
-    msg = await sub.next_msg(timeout=2)
-    assert msg.data == b"e1"
-    await sub.unsubscribe()
     last = await client.nc.jetstream().get_last_msg(
         EVENT_STREAM, "hoist.events.session.read", direct=True
     )
     assert last.data == b"e1"
     assert client.errors == []
+
+
+@pytest.mark.parametrize("role", ["client", "admin", "agent"])
+@pytest.mark.parametrize("stream", [EVENT_STREAM, PROGRESS_STREAM])
+async def test_no_reader_creates_a_consumer_aimed_at_the_managers_subjects(
+    stack: Stack, manager: Conn, role: str, stream: str
+) -> None:
+    # nats-server does not check a push consumer's deliver subject against its creator's
+    # permissions: a reader allowed to create one could pour the stream into hoist.admin.>.
+    reader = await _connect(stack, role, "A" if role == "agent" else None)
+    served: list[str] = []
+
+    async def record(msg: Msg) -> None:
+        served.append(msg.subject)
+
+    sub = await manager.nc.subscribe("hoist.admin.>", cb=record)
+    await _synced(manager.nc)
+    try:
+        config = {
+            "deliver_subject": "hoist.admin.kernel.cancel",
+            "ack_policy": "none",
+            "deliver_policy": "all",
+        }
+        for api in (f"CONSUMER.CREATE.{stream}", f"CONSUMER.CREATE.{stream}.evil"):
+            subject = f"$JS.API.{api}"
+            await reader.nc.publish(subject, json.dumps({"config": config}).encode())
+            assert await reader.reported(f'publish to "{subject.lower()}"'), subject
+        await asyncio.sleep(0.3)
+        assert served == []
+    finally:
+        await sub.unsubscribe()
+        await reader.nc.close()
 
 
 @pytest.mark.parametrize("role", ["client", "manager"])
@@ -224,16 +250,6 @@ async def test_client_and_manager_follow_events(stack: Stack, manager: Conn, rol
     finally:
         if reader is not manager:
             await reader.nc.close()
-
-
-async def test_client_cannot_create_a_durable_through_the_ephemeral_api(client: Conn) -> None:
-    # The only consumer-create subject a client has takes no name; the server must refuse a
-    # durable there, or a client could rewrite the manager's durables.
-    req = {"stream_name": EVENT_STREAM, "config": {"durable_name": "reactor", "ack_policy": "none"}}
-    reply = await client.nc.request(
-        f"$JS.API.CONSUMER.CREATE.{EVENT_STREAM}", json.dumps(req).encode(), timeout=2
-    )
-    assert "error" in json.loads(reply.data)
 
 
 async def test_client_watches_progress(client: Conn, agent_a: Conn) -> None:

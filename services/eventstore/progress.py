@@ -63,7 +63,8 @@ async def ensure(
 async def latest(js: JetStreamContext, agent_id: str, task_id: str) -> PullProgress | None:
     """The last progress published for a pull, None if none (or it expired)."""
     try:
-        msg = await js.get_last_msg(PROGRESS_STREAM, agent_progress(agent_id, task_id))
+        # A direct get: what every reader role may do (no STREAM.MSG.GET for clients).
+        msg = await js.get_last_msg(PROGRESS_STREAM, agent_progress(agent_id, task_id), direct=True)
     except NotFoundError:
         return None
     return decode(msg.data or b"", PullProgress)
