@@ -25,7 +25,7 @@ from domain import events as ev
 from domain.codec import TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS
+from domain.subjects import EVENTS, LIVENESS, MANAGER_KINDS
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -83,6 +83,18 @@ def binding(subject: str) -> tuple[str, str]:
     if "." in aggregate_id:
         raise Inadmissible(f"subject {clip(subject, 200)!r} has more than one id token")
     return kind, aggregate_id
+
+
+def writer(subject: str) -> str:
+    """Who can have written a record on ``subject``, as NATS permissions allow it (the
+    ``Hoist-Actor`` header is only the writer's claim): ``agent:<id>`` on an agent's own
+    subject, ``manager`` on the subjects only it writes, ``unknown`` elsewhere."""
+    kind, _, aggregate_id = subject.removeprefix(_PREFIX).partition(".")
+    if not subject.startswith(_PREFIX) or not aggregate_id or "." in aggregate_id:
+        return "unknown"
+    if kind == "agent":
+        return f"agent:{aggregate_id}"
+    return "manager" if kind in MANAGER_KINDS else "unknown"
 
 
 def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from domain import events as ev
-from domain.admission import Inadmissible
+from domain.admission import Inadmissible, writer
 from domain.codec import ACTOR_HEADER, encode
 from domain.session import Session
 from domain.status import KernelStatus
@@ -67,3 +67,11 @@ def test_watch_skips_an_event_it_cannot_apply() -> None:
     with pytest.raises(Inadmissible, match="cannot apply"):
         state.apply_event(bogus)
     assert state.status == KernelStatus.PENDING
+
+
+def test_the_writer_comes_from_the_subject_not_the_actor_header() -> None:
+    assert writer("hoist.events.agent.a1") == "agent:a1"
+    for kind in ("session", "liveness", "prepull-policy"):
+        assert writer(f"hoist.events.{kind}.x") == "manager"
+    assert writer("hoist.events.other.x") == "unknown"
+    assert writer("hoist.events.agent.a.b") == "unknown"
