@@ -12,7 +12,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import msgspec
 from rich.console import Console
 
 from domain import codec, subjects
-from domain.admission import Inadmissible, admit
+from domain.admission import Inadmissible, admit, writer
 from services import cli_read, natsauth, stack
 from services.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.cli_nats import CliError, Connection
@@ -194,22 +194,32 @@ async def cmd_read(args: argparse.Namespace) -> int:
 # --- history, events -----------------------------------------------------------------------------
 
 
-def _format_event(rec: Recorded) -> str:
+def _format_event(rec: Recorded, quarantined: Mapping[int, str] | None = None) -> str:
+    """One line of history; ``quarantined``: seq -> reason of the records the read models
+    skipped (an event can decode and still not apply: its line says so too)."""
     when = rec.time.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
     actor = rec.headers.get(codec.ACTOR_HEADER, "-")
+    # The manager's Hoist-Actor names who caused its event (client, admin); anyone else's is
+    # only a claim, so the line names the writer the subject proves.
+    written = writer(rec.subject)
+    by = f"by {actor}" if written in ("manager", actor) else f"by {written} (claims {actor})"
     try:
         event = admit(rec.subject, rec.headers, rec.data)
     except Inadmissible as e:  # history shows what every reader skipped, and who wrote it
         name = e.event_type or "?"
-        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  by {actor}  QUARANTINED: {e}"
+        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  {by}  QUARANTINED: {e}"
+    skipped = (quarantined or {}).get(rec.seq)
+    if skipped is not None:
+        name = type(event).__name__
+        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  {by}  QUARANTINED: {skipped}"
     payload = {
         k: v
         for k, v in msgspec.to_builtins(event).items()
         if k not in ("type", "originator_id", "originator_version", "timestamp", "originator_topic")
     }
     return (
-        f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}  by {actor}"
+        f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}  {by}"
         f"  {msgspec.json.encode(payload).decode()}"
     )
 
@@ -223,9 +233,11 @@ async def _print_events(
         if subject_filter and not follow and await store.last_seq(subject_filter) == 0:
             raise CliError(f"no events under {subject_filter}: check the session id")
 
+        quarantined = await _quarantined(conn, subject_filter)
+
         async def printing() -> None:
             async for rec in store.replay(subject_filter=subject_filter, follow=follow):
-                print(_format_event(rec), flush=True)
+                print(_format_event(rec, quarantined), flush=True)
 
         task = asyncio.create_task(printing())
         stopped = asyncio.create_task(stop.wait())
@@ -235,6 +247,19 @@ async def _print_events(
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def _quarantined(conn: Connection, subject_filter: str | None) -> dict[int, str]:
+    """seq -> reason of the quarantined records under ``subject_filter`` (the read model's
+    word, for what decoding alone cannot tell); empty when the manager does not answer."""
+    payload: dict[str, Any] = {"limit": 10000}
+    if subject_filter:
+        payload["subject"] = subject_filter
+    try:
+        reply = await conn.request(f"{subjects.QUERY}.quarantine", payload, wait_s=5)
+    except CliError:
+        return {}
+    return {row["seq"]: row["reason"] for row in reply["rows"]}
 
 
 async def cmd_history(args: argparse.Namespace) -> None:

@@ -44,9 +44,15 @@ def test_history_marks_a_forged_event_quarantined_and_names_its_writer() -> None
     assert "QUARANTINED" in line
     assert "SessionEnqueued may not be on hoist.events.agent.*" in line
     assert "by agent:a1" in line
-    good = _record(8, f"hoist.events.session.{session.id}", enqueued, "manager")
+    # The Hoist-Actor header is the writer's claim; the subject says who wrote it.
+    spoofed = _format_event(_record(9, "hoist.events.agent.a1", enqueued, "manager"))
+    assert "by agent:a1 (claims manager)" in spoofed
+    good = _record(8, f"hoist.events.session.{session.id}", enqueued, "client")
     assert "QUARANTINED" not in _format_event(good)
-    assert "SessionEnqueued  by manager" in _format_event(good)
+    assert "SessionEnqueued  by client" in _format_event(good)
+    # An event that decodes but that the read models could not apply: history says so too.
+    skipped = _format_event(good, {8: "read model sessions cannot fold it: no kernel k"})
+    assert "SessionEnqueued  by client  QUARANTINED: read model sessions cannot fold it" in skipped
 
 
 def test_watch_skips_an_event_it_cannot_apply() -> None:
