@@ -42,8 +42,10 @@ def decode(data: bytes, headers: Mapping[str, str]) -> Event:
     if cls is None:
         raise EventDecodeError(
             name,
-            f"unknown event type in header {TYPE_HEADER} (known: {', '.join(EVENT_TYPES)});"
-            " a newer Hoist may have written it: upgrade this process",
+            # Short: a flood of such records is logged once each (the known types are in
+            # domain.events, not in every log line).
+            f"unknown event type in header {TYPE_HEADER}; a newer Hoist may have written it:"
+            " upgrade this process",
         )
     schema = _schema(name, cls, headers.get(SCHEMA_HEADER, ""))
     try:

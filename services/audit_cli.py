@@ -14,6 +14,7 @@ import duckdb
 from projections import ALL
 from projections.runner import Runner
 from services import cli, cli_nats, queries, stack
+from services.cli_read import truncation_note
 
 VERIFY_TIMEOUT_S = 600.0
 
@@ -141,10 +142,7 @@ async def cmd_query(args: argparse.Namespace) -> None:
     reply = await _ask(args, "client", f"hoist.query.{args.model}", request, 35.0)
     for row in reply["rows"]:
         print(json.dumps(row))
-    print(
-        f"# {len(reply['rows'])} rows at stream sequence {reply['seq']}"
-        f"{' (truncated: raise --limit)' if reply.get('truncated') else ''}"
-    )
+    print(f"# {len(reply['rows'])} rows at stream sequence {reply['seq']}{truncation_note(reply)}")
 
 
 async def cmd_sql(args: argparse.Namespace) -> None:
@@ -157,10 +155,7 @@ async def cmd_sql(args: argparse.Namespace) -> None:
     print("\t".join(reply["columns"]))
     for row in reply["rows"]:
         print("\t".join("" if v is None else str(v) for v in row))
-    print(
-        f"# {len(reply['rows'])} rows at stream sequence {reply['seq']}"
-        f"{' (truncated: raise --limit)' if reply.get('truncated') else ''}"
-    )
+    print(f"# {len(reply['rows'])} rows at stream sequence {reply['seq']}{truncation_note(reply)}")
 
 
 async def _ask(

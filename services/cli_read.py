@@ -150,8 +150,18 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
     return table
 
 
+def truncation_note(reply: dict[str, Any]) -> str:
+    """What a footer says of a cut reply: more rows matched than ``limit`` (raise it), or the
+    rows did not fit one NATS message (the reply's ``hint``: ask for fewer)."""
+    if not reply.get("truncated"):
+        return ""
+    if reply.get("hint"):
+        return " (truncated to fit one reply: ask for fewer rows with --limit)"
+    return " (truncated: raise --limit)"
+
+
 def _footer(console: Console, reply: dict[str, Any], count: int) -> None:
-    more = " (truncated: raise --limit)" if reply.get("truncated") else ""
+    more = truncation_note(reply)
     console.print(f"[dim]{count} row(s) as of event {reply.get('seq', '?')}{more}[/dim]")
 
 

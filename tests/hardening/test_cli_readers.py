@@ -13,6 +13,7 @@ from domain.codec import ACTOR_HEADER, encode
 from domain.session import Session
 from domain.status import KernelStatus
 from services.cli import _format_event
+from services.cli_read import truncation_note
 from services.eventstore.store import Recorded
 from services.progress_view import SessionState
 
@@ -81,3 +82,10 @@ def test_the_writer_comes_from_the_subject_not_the_actor_header() -> None:
         assert writer(f"hoist.events.{kind}.x") == "manager"
     assert writer("hoist.events.other.x") == "unknown"
     assert writer("hoist.events.agent.a.b") == "unknown"
+
+
+def test_a_footer_tells_a_row_cap_from_a_size_cut() -> None:
+    assert truncation_note({"truncated": False}) == ""
+    assert "raise --limit" in truncation_note({"truncated": True})
+    cut = truncation_note({"truncated": True, "hint": "ask for fewer rows with limit"})
+    assert "ask for fewer rows" in cut and "raise" not in cut
