@@ -333,9 +333,11 @@ async def cmd_up(args: argparse.Namespace) -> int:
     except stack.StackError as e:
         raise CliError(str(e)) from None
     finally:
+        started = local.lock.fd is not None  # refused before it started: nothing stopped
         local.stop()
-        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
-            print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
+        if started:
+            with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
+                print("Hoist stack stopped (the event log stays in the data dir)", flush=True)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

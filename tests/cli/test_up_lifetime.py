@@ -147,6 +147,7 @@ def test_a_second_up_on_a_running_data_dir_is_refused_and_the_first_unharmed(
         assert f"a stack already runs in {data_dir.resolve()} (hoist up pid {pid}," in second.stderr
         assert f"`kill {pid}`" in second.stderr
         assert "Traceback" not in second.stderr
+        assert "stopped" not in second.stdout  # it never started anything
         assert _alive(recorded) == recorded
         assert _pids(stack) == recorded  # its stack.json is still the first stack's
         agents = stack.hoist("agents")
