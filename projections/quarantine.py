@@ -1,23 +1,40 @@
-"""Quarantined events: every record of the log the readers skip (domain.admission refused it,
-a read model could not fold or store it), with why and who appended it.
+"""Quarantined events, and the runner's admission of each event into the models.
 
-Not dispatched by event type: the runner adds a row for each record it skips.  Rebuilt from
-the log like every model, so a rebuild shows the same rows (reasons come from the rule, not
-from when a record was first met).
+The ``quarantine`` table holds every record of the log the readers skip (domain.admission
+refused it, it does not follow its aggregate's history, a read model could not fold or store
+it), with why, who claims to have appended it (``actor``, the ``Hoist-Actor`` header) and who
+can have (``writer``, from the subject and the NATS grants).
+
+This projection is also the runner's single authority on admission: it keeps each aggregate's
+last admitted version (``aggregate_versions``, written with each batch, one row per aggregate
+touched) and refuses an event the domain fold refuses before it applies anything, with the
+same rule (domain.admission.fold, eventsourcing's version check): an aggregate's first event
+must be one that starts it, a starting event may not come again (a prepull policy may be set
+again), and every later event must be the last admitted version + 1.  A refused or otherwise
+quarantined event leaves the version as it was, as the domain fold leaves its aggregate, so
+the aggregate's next real event is still accepted.
+
+Not dispatched by event type: the runner asks ``check`` before it dispatches an event, tells
+``admitted`` after the models took it, and calls ``add`` for each record it skips.  Rebuilt
+from the log like every model, so a rebuild shows the same rows (reasons come from the rule,
+not from when a record was first met).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import duckdb
+from eventsourcing.domain import CanInitAggregate
 
+from domain.admission import _FIRST, binding, writer
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
+from domain.events import Event, type_name
 from domain.limits import MAX_REASON, clip
 from projections.base import Projection
-from projections.table import Table
+from projections.table import Changes, Table
 
 QUARANTINE = Table(
     "quarantine",
@@ -27,20 +44,83 @@ QUARANTINE = Table(
         ("event_type", "VARCHAR"),  # the Hoist-Event header, as written (may be unknown)
         ("reason", "VARCHAR"),
         ("actor", "VARCHAR"),  # the Hoist-Actor header: who appended it, as it claims
+        ("writer", "VARCHAR"),  # who can have: admission.writer (agent:<id>, manager, unknown)
         ("stored_at", "TIMESTAMPTZ"),  # when the stream stored it
     ),
 )
+# Each aggregate subject's last admitted originator_version.
+AGGREGATE_VERSIONS = Table(
+    "aggregate_versions", (("subject", "VARCHAR"), ("version", "BIGINT")), key=("subject",)
+)
 _HEADER_TEXT = 200  # header values are the writer's: keep what a human needs
+# Reasons the runner gives when a read model could not fold or store an admitted event (the
+# other reasons are admission's refusals: the event reached no model).
+MODEL_REASON = "read model "
 
 
 class QuarantineProjection(Projection):
     name: ClassVar[str] = "quarantine"
-    version: ClassVar[int] = 1
-    tables: ClassVar[tuple[Table, ...]] = (QUARANTINE,)
+    version: ClassVar[int] = 2  # 2: writer column, aggregate_versions (version gaps refused)
+    tables: ClassVar[tuple[Table, ...]] = (QUARANTINE, AGGREGATE_VERSIONS)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions: dict[str, int] = {}  # subject -> last admitted version
+        # Records admission refused (they reached no model), for the runner to skip them in a
+        # model rebuilt behind this one without deciding again.
+        self.refused: set[int] = set()
+        self._touched: set[str] = set()  # subjects whose version changed in this batch
+        self._new: set[str] = set()  # ... and had none before it (no row to replace)
+
+    def load(self, cur: duckdb.DuckDBPyConnection, names: Mapping[str, str]) -> None:
+        self.versions = dict(
+            cur.execute(f"SELECT subject, version FROM {names['aggregate_versions']}").fetchall()
+        )
+        self.refused = {
+            seq
+            for (seq,) in cur.execute(
+                f"SELECT seq FROM {names['quarantine']} WHERE NOT starts_with(reason, ?)",
+                [MODEL_REASON],
+            ).fetchall()
+        }
+        self._touched, self._new = set(), set()
+
+    def check(self, subject: str, event: Event) -> str | None:
+        """Why ``event`` (admitted on ``subject``) cannot follow its aggregate's admitted
+        events, as domain.admission.fold would refuse it; None if it can."""
+        last = self.versions.get(subject)
+        if last is None:
+            kind, _ = binding(subject)
+            first = _FIRST.get(kind, ())
+            if isinstance(event, first):
+                return None  # the domain starts the aggregate at the event's own version
+            return (
+                f"{type_name(type(event))} cannot start a {kind}: its first event must be"
+                f" {', '.join(type_name(t) for t in first)}"
+            )
+        if isinstance(event, CanInitAggregate):
+            kind, aggregate_id = binding(subject)
+            if kind != "prepull-policy":
+                return f"{type_name(type(event))} again: {kind} {aggregate_id!r} already exists"
+        if event.originator_version != last + 1:
+            return (
+                f"version gap: {type_name(type(event))} is version {event.originator_version},"
+                f" {clip(subject, _HEADER_TEXT)} is at {last}"
+            )
+        return None
+
+    def admitted(self, subject: str, event: Event) -> None:
+        """``event`` passed ``check`` and the models took it: its aggregate is at its version."""
+        if subject not in self.versions:
+            self._new.add(subject)
+        self.versions[subject] = event.originator_version
+        self._touched.add(subject)
 
     def add(
         self, seq: int, subject: str, headers: Mapping[str, str], at: datetime, reason: str
     ) -> None:
+        if not reason.startswith(MODEL_REASON):
+            self.refused.add(seq)
         self.append(
             "quarantine",
             (
@@ -49,9 +129,19 @@ class QuarantineProjection(Projection):
                 clip(headers.get(TYPE_HEADER, ""), _HEADER_TEXT),
                 clip(reason, MAX_REASON),
                 clip(headers.get(ACTOR_HEADER, ""), _HEADER_TEXT),
+                clip(writer(subject), _HEADER_TEXT),
                 at,
             ),
         )
+
+    def take_changes(self) -> dict[str, Changes]:
+        versions = self.changes["aggregate_versions"]
+        for subject in self._touched:  # one upsert per aggregate the batch touched
+            row: dict[str, Any] = {"subject": subject, "version": self.versions[subject]}
+            versions.rows[subject] = row
+        versions.fresh |= self._new
+        self._touched, self._new = set(), set()
+        return super().take_changes()
 
 
 def count(con: duckdb.DuckDBPyConnection) -> int:

@@ -12,9 +12,12 @@ A projection whose ``version`` differs from the stored one is rebuilt from the f
 others, one transaction drops the old tables and renames the new ones, so readers see the old
 model or the new one, never a half-built one.
 
-A record domain.admission refuses, or that a model cannot fold (a handler raises) or store (its
-batch's write fails on a value: the batch is then written event by event to find it), is
-quarantined: a row in the ``quarantine`` model, logged once, skipped; the runner goes on.
+A record domain.admission refuses, that does not follow its aggregate's admitted history (a
+version gap: the quarantine projection keeps each aggregate's last admitted version and decides
+as the domain fold does), or that a model cannot fold (a handler raises) or store (its batch's
+write fails on a value: the batch is then written event by event to find it), is quarantined:
+a row in the ``quarantine`` model, logged once, skipped; the runner goes on.  A runner without
+the quarantine model checks no versions.
 
 One process owns the DuckDB file (DuckDB allows one writer process): the manager runs the
 runner and the query handlers, which read through cursors of the same connection.
@@ -37,7 +40,7 @@ from domain.events import type_name
 from projections import ALL
 from projections.agents import HEARTBEATS
 from projections.base import Handler, Projection
-from projections.quarantine import QuarantineProjection
+from projections.quarantine import MODEL_REASON, QuarantineProjection
 from projections.table import Changes, transaction, write
 from services.eventstore.bulk import BulkReader
 from services.eventstore.quarantine import quarantined
@@ -335,15 +338,28 @@ class Runner:
     def _fold_one(
         self, rec: Recorded, behind: list[Projection] | None, poison: dict[int, str] | None
     ) -> None:
-        """One record into the models (``behind``: only these; None: all)."""
+        """One record into the models (``behind``: only these; None: all).
+
+        Admission is decided once, by the quarantine projection: domain.admission.admit, then
+        whether the event follows its aggregate's admitted history (``check``).  For a record
+        the quarantine projection has already passed (a model rebuilt behind it), its rows say:
+        a record it refused is skipped, the versions are not decided again."""
         seq = rec.seq
-        reason = poison.get(seq) if poison else None
-        if reason is None:
-            try:
-                event = admit(rec.subject, rec.headers, rec.data)
-            except Inadmissible as e:
-                reason = e.reason
-            else:
+        q = self._quarantine
+        # The quarantine projection decides unless it is ahead of this record.
+        deciding = q if q is not None and (behind is None or q in behind) else None
+        poisoned = poison.get(seq) if poison else None
+        reason: str | None = None
+        try:
+            event = admit(rec.subject, rec.headers, rec.data)
+        except Inadmissible as e:
+            reason = e.reason
+        else:
+            if deciding is not None:
+                reason = deciding.check(rec.subject, event)
+            elif q is not None and seq in q.refused:
+                reason = "refused by admission (see the quarantine model)"
+            if reason is None and poisoned is None:
                 for p, handler in self._dispatch.get(rec.headers[codec.TYPE_HEADER], ()):
                     if behind is not None and p not in behind:
                         continue
@@ -356,13 +372,17 @@ class Runner:
                                 if isinstance(e, Inadmissible)
                                 else f"{type(e).__name__}: {e}"
                             )
-                            reason = f"read model {p.name} cannot fold it: {why}"
+                            reason = f"{MODEL_REASON}{p.name} cannot fold it: {why}"
+            # A record only a model's write refused is admitted: a rebuild takes it.
+            if deciding is not None and reason is None:
+                deciding.admitted(rec.subject, event)
+        if reason is None:
+            reason = poisoned
         if reason is None:
             return
         quarantined(seq, rec.subject, rec.headers, reason, "projection runner")
-        q = self._quarantine
-        if q is not None and (behind is None or q in behind):
-            q.add(seq, rec.subject, rec.headers, rec.time, reason)
+        if deciding is not None:
+            deciding.add(seq, rec.subject, rec.headers, rec.time, reason)
 
     async def _write_one_by_one(self, batch: list[Recorded], error: BaseException) -> None:
         """A batch failed to write on a value: write it again a record at a time and
@@ -383,7 +403,7 @@ class Runner:
                 await self._commit_batch()
             except _VALUE_ERRORS as e:
                 await asyncio.to_thread(self.open)
-                why = f"read model write failed: {type(e).__name__}: {e}"
+                why = f"{MODEL_REASON}write failed: {type(e).__name__}: {e}"
                 self._fold([rec], poison={rec.seq: why})
                 await self._commit_batch()  # failing again: not this record's fault; raise
 

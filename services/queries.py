@@ -17,8 +17,9 @@ that returned its event sequences.
 - ``hoist.query.pulls``     filters agent_id, task_id, image, outcome
 - ``hoist.query.policies``  filters name, removed (prepull policies; ``resource_groups`` and
   ``rules`` come as JSON lists)
-- ``hoist.query.quarantine`` filters subject, event_type, actor: events every reader skips
-  (seq, subject, event_type, reason, actor, stored_at)
+- ``hoist.query.quarantine`` filters subject, event_type, actor, writer: events every reader
+  skips (seq, subject, event_type, reason, actor as claimed, writer as the grants allow,
+  stored_at)
   Text filters take a string or a list of strings (any of them); ``alive``/``preloaded``/
   ``pinned``/``removed`` a boolean.  Also ``limit`` (1-10000, default 1000; the reply has
   ``"truncated": true`` when more rows matched).
@@ -152,7 +153,7 @@ QUERIES: dict[str, Query] = {
     "quarantine": Query(
         "quarantine",
         ("quarantine",),
-        {"subject": _TEXT, "event_type": _TEXT, "actor": _TEXT},
+        {"subject": _TEXT, "event_type": _TEXT, "actor": _TEXT, "writer": _TEXT},
         "seq",
     ),
 }
