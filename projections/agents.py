@@ -152,7 +152,9 @@ class ImagesProjection(Projection):
     """Which images each agent holds (seed 000 step 4's mapping table)."""
 
     name: ClassVar[str] = "images"
-    version: ClassVar[int] = 2  # v2: preload marks (pinned, reason, time) from ImagePreloaded
+    # v2: preload marks (pinned, reason, time) from ImagePreloaded.  v3: built under the
+    # admission rule (domain.admission), which refuses what older builds took (forgeries).
+    version: ClassVar[int] = 3
     tables: ClassVar[tuple[Table, ...]] = (AGENT_IMAGES,)
     views: ClassVar[Mapping[str, str]] = {
         # In use: kernels on that agent with that image holding the agent's resources; last
@@ -253,7 +255,7 @@ class PullsProjection(Projection):
     """Every image pull: started, finished, bytes, duration, outcome and reason."""
 
     name: ClassVar[str] = "pulls"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # v2: built under the admission rule (domain.admission)
     tables: ClassVar[tuple[Table, ...]] = (PULLS,)
 
     def __init__(self) -> None:

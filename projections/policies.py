@@ -38,7 +38,7 @@ JSON_COLUMNS = ("resource_groups", "rules")
 
 class PoliciesProjection(Projection):
     name: ClassVar[str] = "policies"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # v2: built under the admission rule (domain.admission)
     tables: ClassVar[tuple[Table, ...]] = (PREPULL_POLICIES,)
 
     def __init__(self) -> None:

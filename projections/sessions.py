@@ -110,7 +110,9 @@ class _Live:
 
 class SessionsProjection(Projection):
     name: ClassVar[str] = "sessions"
-    version: ClassVar[int] = 1
+    # v2: built under the admission rule (domain.admission), which refuses events older builds
+    # applied (a kernel the session lacks, an illegal transition, a version gap).
+    version: ClassVar[int] = 2
     tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
     views: ClassVar[Mapping[str, str]] = {
         "occupancy_by_owner": f"""

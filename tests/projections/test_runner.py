@@ -11,6 +11,7 @@ import duckdb
 
 from domain.session import Session
 from projections import ALL
+from projections.agents import ImagesProjection
 from projections.base import Projection
 from projections.runner import BUILD_SUFFIX, META, Runner
 from projections.sessions import SessionsProjection
@@ -72,8 +73,8 @@ async def test_follows_live_and_wait_for(store: EventStore, repo: Repository) ->
         task.cancel()
 
 
-class SessionsV2(SessionsProjection):
-    version: ClassVar[int] = 2
+class SessionsNext(SessionsProjection):
+    version: ClassVar[int] = SessionsProjection.version + 1
 
 
 async def test_version_bump_rebuilds_into_fresh_tables_and_swaps(
@@ -92,16 +93,16 @@ async def test_version_bump_rebuilds_into_fresh_tables_and_swaps(
             [(version,)] = cur.execute(
                 f"SELECT version FROM {META} WHERE projection = 'sessions'"
             ).fetchall()
-            assert version == 1
+            assert version == SessionsProjection.version
 
-    types: list[type[Projection]] = [SessionsV2 if p is SessionsProjection else p for p in ALL]
+    types: list[type[Projection]] = [SessionsNext if p is SessionsProjection else p for p in ALL]
     runner = Runner(con, store, types, max_batch=5, fault=fault)
     assert runner.building == {"sessions": ["kernels", "kernel_status_history", "sessions"]}
     assert runner.committed["sessions"] == last  # the old model stays visible meanwhile
     await runner.run(follow=False)
     assert len(seen_during_build) > 3 and set(seen_during_build) == {len(before)}
     assert rows(con, f"SELECT version, seq FROM {META} WHERE projection = 'sessions'") == [
-        {"version": 2, "seq": last}
+        {"version": SessionsNext.version, "seq": last}
     ]
     tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     assert not any(t.endswith(BUILD_SUFFIX) for t in tables)
@@ -156,7 +157,7 @@ async def test_a_database_from_before_preload_marks_is_rebuilt(
     assert runner.committed["images"] == last and runner.committed["policies"] == 0
     await runner.run(follow=False)
     assert rows(con, f"SELECT version, seq FROM {META} WHERE projection = 'images'") == [
-        {"version": 2, "seq": last}
+        {"version": ImagesProjection.version, "seq": last}
     ]
     assert rows(
         con, "SELECT agent_id, pinned, preload_reason FROM agent_images_view WHERE preloaded"
