@@ -117,20 +117,41 @@ def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:
     return event
 
 
-def fold(aggregate: Any, event: ev.Event, kind: str) -> Any:
-    """``event`` applied to ``aggregate`` (None before its first event) of subject ``kind``;
-    Inadmissible if it cannot apply.  A refused event leaves the aggregate as it was (each
-    ``apply`` checks before it changes anything)."""
-    name = ev.type_name(type(event))
-    first = _FIRST.get(kind, ())
-    if aggregate is None and not isinstance(event, first):
-        raise Inadmissible(
-            f"{name} cannot start a {kind}: its first event must be"
-            f" {', '.join(ev.type_name(t) for t in first)}",
-            name,
+def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> str | None:
+    """Why ``event`` cannot follow the admitted events of its aggregate on ``subject`` (at
+    ``last_version``; None: nothing admitted yet), or None.  The rule of every reader: the
+    first event starts the aggregate (at its own version, as eventsourcing does), a start does
+    not come twice (a prepull policy may be set again), every later event is the next version."""
+    if last_version is None:
+        kind, _ = binding(subject)
+        first = _FIRST.get(kind, ())
+        if isinstance(event, first):
+            return None
+        return (
+            f"{ev.type_name(type(event))} cannot start a {kind}: its first event must be"
+            f" {', '.join(ev.type_name(t) for t in first)}"
         )
-    if aggregate is not None and isinstance(event, CanInitAggregate) and kind != "prepull-policy":
-        raise Inadmissible(f"{name} again: {kind} {aggregate.id!r} already exists", name)
+    if isinstance(event, CanInitAggregate):
+        kind, aggregate_id = binding(subject)
+        if kind != "prepull-policy":
+            return f"{ev.type_name(type(event))} again: {kind} {aggregate_id!r} already exists"
+    if event.originator_version != last_version + 1:
+        return (
+            f"version gap: {ev.type_name(type(event))} is version {event.originator_version},"
+            f" {clip(subject, 200)} is at {last_version}"
+        )
+    return None
+
+
+def fold(aggregate: Any, event: ev.Event, subject: str) -> Any:
+    """``event`` applied to ``aggregate`` (None before its first event) of ``subject``;
+    Inadmissible if it is out of sequence or cannot apply.  A refused event leaves the
+    aggregate as it was (each ``apply`` checks before it changes anything)."""
+    name = ev.type_name(type(event))
+    last = None if aggregate is None else aggregate.version
+    why = out_of_sequence(subject, last, event)
+    if why is not None:
+        raise Inadmissible(why, name)
     try:
         return event.mutate(aggregate)
     except Exception as e:  # whatever a stored event makes apply raise, it is that event's

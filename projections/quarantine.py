@@ -7,10 +7,10 @@ can have (``writer``, from the subject and the NATS grants).
 
 This projection is also the runner's single authority on admission: it keeps each aggregate's
 last admitted version (``aggregate_versions``, written with each batch, one row per aggregate
-touched) and refuses an event the domain fold refuses before it applies anything, with the
-same rule (domain.admission.fold, eventsourcing's version check): an aggregate's first event
-must be one that starts it, a starting event may not come again (a prepull policy may be set
-again), and every later event must be the last admitted version + 1.  A refused or otherwise
+touched) and refuses an event out of sequence with the rule every reader applies
+(domain.admission.out_of_sequence): an aggregate's first event must be one that starts it, a
+starting event may not come again (a prepull policy may be set again), and every later event
+must be the last admitted version + 1.  A refused or otherwise
 quarantined event leaves the version as it was, as the domain fold leaves its aggregate, so
 the aggregate's next real event is still accepted.
 
@@ -27,11 +27,10 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import duckdb
-from eventsourcing.domain import CanInitAggregate
 
-from domain.admission import _FIRST, binding, writer
+from domain.admission import out_of_sequence, writer
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
-from domain.events import Event, type_name
+from domain.events import Event
 from domain.limits import MAX_REASON, clip
 from projections.base import Projection
 from projections.table import Changes, Table
@@ -87,27 +86,8 @@ class QuarantineProjection(Projection):
 
     def check(self, subject: str, event: Event) -> str | None:
         """Why ``event`` (admitted on ``subject``) cannot follow its aggregate's admitted
-        events, as domain.admission.fold would refuse it; None if it can."""
-        last = self.versions.get(subject)
-        if last is None:
-            kind, _ = binding(subject)
-            first = _FIRST.get(kind, ())
-            if isinstance(event, first):
-                return None  # the domain starts the aggregate at the event's own version
-            return (
-                f"{type_name(type(event))} cannot start a {kind}: its first event must be"
-                f" {', '.join(type_name(t) for t in first)}"
-            )
-        if isinstance(event, CanInitAggregate):
-            kind, aggregate_id = binding(subject)
-            if kind != "prepull-policy":
-                return f"{type_name(type(event))} again: {kind} {aggregate_id!r} already exists"
-        if event.originator_version != last + 1:
-            return (
-                f"version gap: {type_name(type(event))} is version {event.originator_version},"
-                f" {clip(subject, _HEADER_TEXT)} is at {last}"
-            )
-        return None
+        events (domain.admission.out_of_sequence, the rule of every reader); None if it can."""
+        return out_of_sequence(subject, self.versions.get(subject), event)
 
     def admitted(self, subject: str, event: Event) -> None:
         """``event`` passed ``check`` and the models took it: its aggregate is at its version."""

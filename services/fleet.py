@@ -173,26 +173,26 @@ class Fleet:
             kind, aggregate_id = binding(rec.subject)
             event = admit(rec.subject, rec.headers, rec.data)
             if kind == "session":
-                self._fold_session(aggregate_id, rec.seq, event)
+                self._fold_session(aggregate_id, rec, event)
             elif kind == "agent":
-                self._fold_agent(aggregate_id, rec.seq, event)
+                self._fold_agent(aggregate_id, rec, event)
             elif kind == LIVENESS:
-                self._fold_liveness(aggregate_id, rec.seq, event)
+                self._fold_liveness(aggregate_id, rec, event)
             else:
-                self._fold_policy(aggregate_id, rec.seq, event)
+                self._fold_policy(aggregate_id, rec, event)
         except Inadmissible as e:
             quarantined(rec.seq, rec.subject, rec.headers, e.reason, "manager")
 
-    def _fold_policy(self, name: str, seq: int, event: ev.Event) -> None:
+    def _fold_policy(self, name: str, rec: Recorded, event: ev.Event) -> None:
         policy = self.policies.get(name)
-        if policy is not None and seq <= loaded_seq(policy):
+        if policy is not None and rec.seq <= loaded_seq(policy):
             return  # our own write, kept by put_policy
-        self.policies[name] = _applied(policy, event, seq, PrepullPolicy.KIND)
+        self.policies[name] = _applied(policy, event, rec)
         if self.caught_up.is_set():
             self.on_policy_event(name)
 
-    def _fold_liveness(self, agent_id: str, seq: int, event: ev.Event) -> None:
-        liveness = _applied(self.liveness.get(agent_id), event, seq, LIVENESS)
+    def _fold_liveness(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
+        liveness = _applied(self.liveness.get(agent_id), event, rec)
         self.liveness[agent_id] = liveness
         state = self.agents.get(agent_id)
         if state is None:
@@ -206,13 +206,14 @@ class Fleet:
         self.policies[policy.id] = policy
         self.on_policy_event(policy.id)
 
-    def _fold_session(self, session_id: str, seq: int, event: ev.Event) -> None:
+    def _fold_session(self, session_id: str, rec: Recorded, event: ev.Event) -> None:
+        seq = rec.seq
         session = self.sessions.get(session_id)
         if session is not None and seq <= loaded_seq(session):
             return  # our own write, already applied when we made it
         if not self.caught_up.is_set():
             try:
-                session = _applied(session, event, seq, "session")
+                session = _applied(session, event, rec)
             except Inadmissible:
                 if session is not None:
                     passed(session, seq)  # the subject moved on: a save must expect that
@@ -225,9 +226,10 @@ class Fleet:
         if session_id not in self._held:
             self._spawn(self._reload_locked(session_id))
 
-    def _fold_agent(self, agent_id: str, seq: int, event: ev.Event) -> None:
+    def _fold_agent(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
+        seq = rec.seq
         state = self.agents.get(agent_id)
-        agent = _applied(state.agent if state else None, event, seq, "agent")
+        agent = _applied(state.agent if state else None, event, rec)
         if state is None:
             state = self.agents[agent_id] = AgentState(agent, liveness=self.liveness.get(agent_id))
         state.agent = agent
@@ -468,8 +470,8 @@ class Fleet:
         task.add_done_callback(self._tasks.discard)
 
 
-def _applied(aggregate: Any, event: ev.Event, seq: int, kind: str) -> Any:
-    """``event`` (stored at ``seq``) folded into ``aggregate``; Inadmissible if it cannot be."""
-    aggregate = fold(aggregate, event, kind)
-    passed(aggregate, seq)
+def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
+    """``event`` (stored as ``rec``) folded into ``aggregate``; Inadmissible if it cannot be."""
+    aggregate = fold(aggregate, event, rec.subject)
+    passed(aggregate, rec.seq)
     return aggregate

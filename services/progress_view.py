@@ -99,7 +99,8 @@ class SessionState:
     clock: Callable[[], float] = time.monotonic
 
     def apply_event(self, event: Event) -> None:
-        self.session = admission.fold(self.session, event, "session")
+        subject = subjects.session_events(self.session_id)
+        self.session = admission.fold(self.session, event, subject)
 
     def apply_progress(self, progress: rpc.PullProgress) -> None:
         key = (progress.agent_id, progress.task_id)

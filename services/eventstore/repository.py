@@ -88,7 +88,7 @@ class Repository:
         for record in records:
             try:
                 event = admit(record.subject, record.headers, record.data)
-                aggregate = fold(aggregate, event, kind_name)
+                aggregate = fold(aggregate, event, record.subject)
             except Inadmissible as e:
                 quarantined(record.seq, record.subject, record.headers, e.reason, "repository")
         if aggregate is None:
