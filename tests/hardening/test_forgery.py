@@ -5,24 +5,23 @@ reason, and the read models go on following the log."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
-import pytest
 
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, TYPE_HEADER, encode
 from domain.session import Session
-from domain.subjects import EVENT_STREAM, EVENTS_ALL, agent_events, session_events
+from domain.subjects import agent_events, session_events
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
 from services.fleet import Fleet
+from tests.hardening.conftest import role_store
 from tests.projections.conftest import rows
-from tests.test_roles import Conn, _connect, stack  # noqa: F401 - the `stack` fixture
+from tests.test_roles import Conn
 
 NOW = datetime.now(UTC)
 CAP = ev.Capacity(cpu=4, mem=2**33, disk=2**40)
@@ -61,23 +60,6 @@ AGENT_FORGERIES: dict[str, ev.Event] = {
 }
 
 
-@pytest.fixture
-async def conns(stack: Any) -> AsyncIterator[dict[str, Conn]]:  # noqa: F811
-    out = {
-        "manager": await _connect(stack, "manager"),
-        "A": await _connect(stack, "agent", "A"),
-        "B": await _connect(stack, "agent", "B"),
-    }
-    await EventStore(out["manager"].nc, EVENT_STREAM, [EVENTS_ALL]).ensure_stream()
-    yield out
-    for conn in out.values():
-        await conn.nc.close()
-
-
-def _store(conn: Conn) -> EventStore:
-    return EventStore(conn.nc, EVENT_STREAM, [EVENTS_ALL])
-
-
 async def _append(store: EventStore, subject: str, data: bytes, headers: dict[str, str]) -> int:
     [seq] = await store.append([Write(subject, [Message(data, headers)])])
     return seq
@@ -91,7 +73,7 @@ async def _forge(store: EventStore, subject: str, event: ev.Event, actor: str) -
 async def test_forged_and_poison_events_are_quarantined_by_every_reader(
     conns: dict[str, Conn],
 ) -> None:
-    manager, a_store, b_store = (_store(conns[r]) for r in ("manager", "A", "B"))
+    manager, a_store, b_store = (role_store(conns[r]) for r in ("manager", "A", "B"))
     run = f"{datetime.now(UTC):%H%M%S%f}"  # the module's server is shared: fresh ids
     a_id, b_id = "A", "B"
     for store, agent_id in ((a_store, a_id), (b_store, b_id)):

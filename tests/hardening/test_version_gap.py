@@ -7,18 +7,16 @@ shows who can have written a record (``writer``) beside who it claims (``actor``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import duckdb
-import pytest
 
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, encode
-from domain.subjects import EVENT_STREAM, EVENTS_ALL, agent_events
+from domain.subjects import agent_events
 from projections import ALL
 from projections.agents import ImagesProjection
 from projections.base import Projection
@@ -29,25 +27,13 @@ from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
 from services.fleet import Fleet
 from services.queries import QUERIES, _answer_query
+from tests.hardening.conftest import role_store
 from tests.projections.conftest import rebuilt, rows
-from tests.test_roles import Conn, _connect, stack  # noqa: F401 - the `stack` fixture
+from tests.test_roles import Conn
 
 NOW = datetime.now(UTC)
 CAP = ev.Capacity(cpu=4, mem=2**33, disk=2**40)
 SUBJECT = agent_events("A")
-
-
-@pytest.fixture
-async def conns(stack: Any) -> AsyncIterator[dict[str, Conn]]:  # noqa: F811
-    out = {"manager": await _connect(stack, "manager"), "A": await _connect(stack, "agent", "A")}
-    await EventStore(out["manager"].nc, EVENT_STREAM, [EVENTS_ALL]).ensure_stream()
-    yield out
-    for conn in out.values():
-        await conn.nc.close()
-
-
-def _store(conn: Conn) -> EventStore:
-    return EventStore(conn.nc, EVENT_STREAM, [EVENTS_ALL])
 
 
 async def _forge(store: EventStore, event: ev.Event, actor: str) -> int:
@@ -99,7 +85,7 @@ def _with(*classes: type[Projection]) -> list[type[Projection]]:
 async def test_version_gaps_are_refused_alike_by_every_reader(
     conns: dict[str, Conn], tmp_path: Path
 ) -> None:
-    manager, a_store = _store(conns["manager"]), _store(conns["A"])
+    manager, a_store = role_store(conns["manager"]), role_store(conns["A"])
     a_repo = Repository(a_store, actor="agent:A")
     agent = Agent.register(
         agent_id="A",
@@ -211,7 +197,7 @@ async def test_version_gaps_are_refused_alike_by_every_reader(
 
 async def test_live_runner_follows_past_a_gap(conns: dict[str, Conn]) -> None:
     """Following live (small batches), the gap is skipped and the next event applied."""
-    manager, a_store = _store(conns["manager"]), _store(conns["A"])
+    manager, a_store = role_store(conns["manager"]), role_store(conns["A"])
     a_repo = Repository(a_store, actor="agent:A")
     con = duckdb.connect()
     runner = Runner(con, manager)
