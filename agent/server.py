@@ -41,6 +41,7 @@ from domain.subjects import (
     agent_progress,
     check_token,
     heartbeat,
+    is_inbox,
 )
 from services.eventstore.client import Client
 from services.eventstore.connection import subscriptions_ready
@@ -208,6 +209,8 @@ class Agent:
         task.add_done_callback(self._handlers.discard)
 
     async def _serve(self, msg: Msg) -> None:
+        if msg.reply and not is_inbox(msg.reply):
+            return  # a reply subject is the requester's to choose: only inboxes are answered
         verb = msg.subject.rsplit(".", 1)[-1]
         reply: object
         try:

@@ -30,8 +30,10 @@ MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 M
 QUOTE = 80  # characters of a bad value an error message quotes
 
 _TOKEN = r"^[A-Za-z0-9_-]+$"
-# Printable text: no control characters (they would corrupt terminals and logs).
-_PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+# Printable text: no C0/C1 control characters (they would drive terminals and corrupt logs),
+# no bidirectional overrides, zero-width or line-separator characters (they make a name look
+# like another one in a table).
+_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*$"
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=_TOKEN)]
 Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=_PRINTABLE)]

@@ -25,6 +25,16 @@ ADMIN = "hoist.admin"  # superadmin commands and queries
 AGENT_RPC = "hoist.agent"  # hoist.agent.<id>.<verb>: request/reply served by one agent
 HEARTBEAT = "hoist.heartbeat"  # hoist.heartbeat.<id>: core NATS, not stored
 
+# Replies: a request's reply subject must be an inbox (nats clients' default prefix).  A
+# service answers nothing else, since a reply subject is the requester's to choose and could
+# name any subject the service may publish on (an event subject, say).
+INBOX = "_INBOX"
+
+
+def is_inbox(reply: str) -> bool:
+    return reply.startswith(f"{INBOX}.")
+
+
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 

@@ -42,7 +42,7 @@ from domain.limits import ClusterSize, Id, Image, Owner, Reason, quote
 from domain.rpc import RequestError, decode, encode_reply
 from domain.session import Session
 from domain.status import KernelStatus
-from domain.subjects import ADMIN, API
+from domain.subjects import ADMIN, API, is_inbox
 from services.eventstore.client import Client
 from services.eventstore.connection import subscriptions_ready
 from services.eventstore.store import ConcurrencyError, StoreError
@@ -179,6 +179,9 @@ class Api:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, msg: Msg) -> None:
+        if msg.reply and not is_inbox(msg.reply):
+            log.debug("ignored a request on %s: its reply %s is no inbox", msg.subject, msg.reply)
+            return
         handler = self._handlers.get(msg.subject)
         if handler is None:
             # Not a request: a JetStream delivery keeps its stream subject (a consumer aimed

@@ -46,6 +46,7 @@ from domain.subjects import (
     EVENTS,
     EVENTS_ALL,
     HEARTBEAT,
+    INBOX,
     MANAGER_KINDS,
     PROGRESS,
     PROGRESS_STREAM,
@@ -60,7 +61,7 @@ CREDENTIALS_FILE = "credentials.json"
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "nats.conf"
 
 _JS = "$JS.API"
-_INBOX = "_INBOX.>"
+_INBOX = f"{INBOX}.>"
 _FLOW_CONTROL = "$JS.FC.>"  # replies to an ordered consumer's flow-control messages
 _STORE_DIR_LINE = re.compile(r"^(\s*store_dir\s*:\s*).*$", re.MULTILINE)
 
@@ -175,7 +176,9 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     _INBOX,
                 ],
             },
-            "allow_responses": True,
+            # No allow_responses: it would let the manager answer on any reply subject a
+            # client names, past even its deny list (a query's reply aimed at
+            # hoist.events.agent.X lands in the log as that agent's). Replies go to _INBOX.>.
         }
     if role == "agent":
         agent_id = _agent_id(agent_id)

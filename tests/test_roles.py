@@ -185,6 +185,26 @@ async def test_client_sends_commands_and_queries_but_not_admin(client: Conn, man
         await served.unsubscribe()
 
 
+async def test_the_manager_answers_only_on_inboxes(client: Conn, manager: Conn) -> None:
+    # A reply subject is the requester's to choose: aimed at an agent's event subject, the
+    # manager's answer would land in the log as that agent's fact.
+    served = await manager.nc.subscribe("hoist.query.>", cb=_answer(manager.nc))
+    await _synced(manager.nc)
+    js = manager.nc.jetstream()
+    before = (await js.stream_info(EVENT_STREAM)).state.messages
+    try:
+        # Subjects the manager itself may write are refused by the manager's code instead
+        # (services answer inboxes only: tests/hardening/test_fuzz.py).
+        for target in ("hoist.events.agent.A", "hoist.heartbeat.A"):
+            await client.nc.publish("hoist.query.kernels", b"{}", reply=target)
+            assert await manager.reported(f'publish to "{target.lower()}"'), target
+        reply = await client.nc.request("hoist.query.kernels", b"{}", timeout=2)
+        assert reply.data == b"ok"  # on its own inbox, as every request does
+    finally:
+        await served.unsubscribe()
+    assert (await js.stream_info(EVENT_STREAM)).state.messages == before
+
+
 async def test_client_cannot_serve_or_listen_to_service_subjects(client: Conn) -> None:
     for subject in ("hoist.api.>", "hoist.admin.>", "hoist.agent.A.>", "hoist.heartbeat.>"):
         await client.nc.subscribe(subject)

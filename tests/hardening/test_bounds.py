@@ -63,6 +63,15 @@ async def test_a_250_kb_field_is_refused_naming_it(stack: Client) -> None:
     assert "... (" in message
 
 
+@pytest.mark.parametrize(
+    "owner", ["\x1b[31mred", "\x9b31mred", "evil\u202etxt.exe", "a\u200bb", "a\u2028b", "\ufeffa"]
+)
+async def test_an_owner_that_would_drive_or_fool_a_terminal_is_refused(
+    stack: Client, owner: str
+) -> None:
+    await refused(stack, SESSION_CREATE, create(owner=owner), "$.owner")
+
+
 async def test_a_1_mb_owner_is_refused_for_its_size(stack: Client) -> None:
     payload = create(owner="o" * 900_000)  # under NATS' max_payload, over MAX_REQUEST
     message = await refused(stack, SESSION_CREATE, payload, "bytes, more than")

@@ -89,3 +89,20 @@ def test_a_footer_tells_a_row_cap_from_a_size_cut() -> None:
     assert "raise --limit" in truncation_note({"truncated": True})
     cut = truncation_note({"truncated": True, "hint": "ask for fewer rows with limit"})
     assert "ask for fewer rows" in cut and "raise" not in cut
+
+
+def test_quarantine_logs_are_capped_per_minute(caplog: pytest.LogCaptureFixture) -> None:
+    from services.eventstore import quarantine as q
+
+    q._window[:] = [0.0, 0, 0]
+    with caplog.at_level("WARNING", logger="hoist.quarantine"):
+        for seq in range(1, 101):
+            q.quarantined(seq, "hoist.events.agent.flood", {}, "garbage", "test")
+    assert len(caplog.records) == q.LINES_PER_MINUTE  # the other 80 are only counted
+    assert q._window[2] == 100 - q.LINES_PER_MINUTE
+    q._window[0] -= 61  # a minute later: the next one logs, after a line that counts the rest
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hoist.quarantine"):
+        q.quarantined(101, "hoist.events.agent.flood", {}, "garbage", "test")
+    assert "80 more events quarantined in the last minute" in caplog.records[0].getMessage()
+    assert "event 101 on hoist.events.agent.flood quarantined" in caplog.records[1].getMessage()

@@ -54,6 +54,34 @@ def test_nats_refuses_what_a_role_may_not_send(fuzz: FuzzStack) -> None:
     assert set(fuzz.run(all_refused())) == {"timeout"}
 
 
+def test_replies_go_to_inboxes_only(fuzz: FuzzStack) -> None:
+    # A reply subject is the requester's to choose; the manager may write session, liveness
+    # and agent-RPC subjects, so an answer aimed there would land in the log or at an agent.
+    before = fuzz.last_seq()
+    client = fuzz.conns["client"]
+    targets = [
+        "hoist.events.session.forged",
+        "hoist.events.liveness.agent-1",
+        "hoist.agent.agent-1.unload",
+    ]
+    requests = [
+        (f"{subjects.QUERY}.kernels", b"{}"),
+        (CREATE, json.dumps({**TEMPLATES[CREATE], "request_id": "aimed"}).encode()),
+    ]
+
+    async def aim() -> None:
+        for target in targets:
+            for subject, payload in requests:
+                await client.publish(subject, payload, reply=target)
+        await client.flush()
+        await asyncio.sleep(1.0)  # time for a (wrong) answer to land
+
+    fuzz.run(aim())
+    assert fuzz.last_seq() == before  # no reply in the log, and the create was not run
+    sessions = fuzz.ask("client", f"{subjects.QUERY}.sessions", b"{}")
+    assert all(r.get("request_id") != "aimed" for r in sessions["rows"]), sessions
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
