@@ -209,7 +209,7 @@ class Agent:
         task.add_done_callback(self._handlers.discard)
 
     async def _serve(self, msg: Msg) -> None:
-        if msg.reply and not is_inbox(msg.reply):
+        if not is_inbox(msg.reply):
             return  # a reply subject is the requester's to choose: only inboxes are answered
         verb = msg.subject.rsplit(".", 1)[-1]
         reply: object

@@ -26,8 +26,10 @@ AGENT_RPC = "hoist.agent"  # hoist.agent.<id>.<verb>: request/reply served by on
 HEARTBEAT = "hoist.heartbeat"  # hoist.heartbeat.<id>: core NATS, not stored
 
 # Replies: a request's reply subject must be an inbox (nats clients' default prefix).  A
-# service answers nothing else, since a reply subject is the requester's to choose and could
-# name any subject the service may publish on (an event subject, say).
+# service serves nothing else: a reply subject is the requester's to choose and could name any
+# subject the service may publish on (an event subject, say), and a message with no reply at
+# all may be the server's answer to someone's JetStream request, reflected onto a command
+# subject (a direct get's reply subject is not checked against the requester's permissions).
 INBOX = "_INBOX"
 
 

@@ -179,7 +179,7 @@ class Api:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, msg: Msg) -> None:
-        if msg.reply and not is_inbox(msg.reply):
+        if not is_inbox(msg.reply):
             log.debug("ignored a request on %s: its reply %s is no inbox", msg.subject, msg.reply)
             return
         handler = self._handlers.get(msg.subject)

@@ -169,7 +169,7 @@ async def serve_queries(
 
     def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
-            if msg.reply and not subjects.is_inbox(msg.reply):
+            if not subjects.is_inbox(msg.reply):
                 return  # a reply subject is the requester's to choose: only inboxes answered
             reply: object
             try:

@@ -82,6 +82,30 @@ def test_replies_go_to_inboxes_only(fuzz: FuzzStack) -> None:
     assert all(r.get("request_id") != "aimed" for r in sessions["rows"]), sessions
 
 
+def test_a_message_without_an_inbox_is_no_command(fuzz: FuzzStack) -> None:
+    # The server answers a JetStream request on whatever reply subject it names, unchecked:
+    # an agent stores a create command as "progress", a client asks for it by direct get with
+    # the reply aimed at the create subject; it arrives there with no reply of its own.
+    before = fuzz.last_seq()
+    create = json.dumps({**TEMPLATES[CREATE], "request_id": "reflected"}).encode()
+    stored = f"{subjects.PROGRESS}.agent-1.reflected"
+
+    async def reflect() -> None:
+        await fuzz.conns["agent"].request(stored, create, timeout=5)  # stored and acked
+        await fuzz.conns["client"].publish(CREATE, create)  # and plainly, without a reply
+        await fuzz.conns["client"].publish(
+            f"$JS.API.DIRECT.GET.{subjects.PROGRESS_STREAM}",
+            json.dumps({"last_by_subj": stored}).encode(),
+            reply=CREATE,
+        )
+        await asyncio.sleep(1.0)
+
+    fuzz.run(reflect())
+    assert fuzz.last_seq() == before
+    sessions = fuzz.ask("client", f"{subjects.QUERY}.sessions", b"{}")
+    assert all(r.get("request_id") != "reflected" for r in sessions["rows"]), sessions
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
