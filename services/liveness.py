@@ -79,12 +79,18 @@ class LivenessWatcher:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user
+        # Only a well-formed beat of this agent counts: nats-server delivers its answers to
+        # JetStream requests on any reply subject a client names, so a message on this subject
+        # is not proof that the agent sent it (a stored message reflected here is not a beat).
         try:
             beat = self._decoder.decode(msg.data)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            log.warning("heartbeat of agent %s is malformed (%s): counted as alive", agent_id, e)
-        else:
-            self.last_beat[agent_id] = beat
+            log.warning("heartbeat on %s is malformed (%s): not counted", msg.subject, e)
+            return
+        if beat.agent_id != agent_id:
+            log.warning("heartbeat on %s names agent %r: not counted", msg.subject, beat.agent_id)
+            return
+        self.last_beat[agent_id] = beat
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
 

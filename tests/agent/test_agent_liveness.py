@@ -67,6 +67,32 @@ async def test_a_known_agent_that_never_beats_again_is_lost_once(
         await watcher.stop()
 
 
+async def test_only_a_well_formed_beat_of_the_agent_keeps_it_alive(
+    nc: Client, store: EventStore
+) -> None:
+    # Anything can arrive on a heartbeat subject (nats-server answers a JetStream request on
+    # any reply subject a client names): junk, or another agent's beat, proves nothing.
+    async with running(nc, store, DummyRuntime("a3"), config("a3")) as agent:
+        pass
+    assert agent.first_registration
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=0.5, check_interval_s=0.05)
+    await watcher.start(known_agents=["a3"])
+    try:
+        other = (
+            b'{"agent_id": "a4", "sent_at": "2026-01-01T00:00:00Z", "kernels": [],'
+            b' "free": {"cpu": 1, "mem": 1, "disk": 1}, "images": [], "pulls": {}}'
+        )
+        for _ in range(12):  # beats every 0.1 s, for longer than the deadline
+            await nc.publish("hoist.heartbeat.a3", b'{"type": "junk"}')
+            await nc.publish("hoist.heartbeat.a3", other)
+            await asyncio.sleep(0.1)
+        lost = await _lost_event(store, "a3", within=5)
+        assert lost.status_info.startswith("heartbeat-timeout")
+        assert "a3" not in watcher.last_beat
+    finally:
+        await watcher.stop()
+
+
 async def _lost_event(store: EventStore, agent_id: str, within: float) -> ev.AgentLost:
     """The AgentLost the manager recorded on the agent's liveness subject."""
     deadline = asyncio.get_running_loop().time() + within
