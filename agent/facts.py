@@ -21,6 +21,7 @@ from domain.admission import Inadmissible, admit
 from domain.agent import Agent
 from domain.liveness import is_lost
 from domain.subjects import liveness_events
+from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository
 from services.eventstore.store import ConcurrencyError
 
@@ -113,14 +114,21 @@ class AgentFacts:
 
     async def _lost(self) -> str | None:
         """Why the manager marked this agent lost after its latest registration, else None."""
-        last = await self.repository.store.last(liveness_events(self.agent_id))
+        store = self.repository.store
+        subject = liveness_events(self.agent_id)
+        last = await store.last(subject)
         if last is None or not is_lost(self._registered_seq, last.seq):
             return None
-        try:
-            event = admit(last.subject, last.headers, last.data)
-        except Inadmissible as e:  # still a loss: the subject is the manager's alone
-            return f"unreadable AgentLost: {e.reason}"
-        return getattr(event, "status_info", "lost")
+        # Something came after the registration; only an admissible AgentLost is a loss (a
+        # message nats-server reflected onto the subject is not the manager's).
+        for record in reversed(await store.read_subject(subject, self._registered_seq)):
+            try:
+                event = admit(record.subject, record.headers, record.data)
+            except Inadmissible as e:
+                quarantined(record.seq, record.subject, record.headers, e.reason, "agent")
+                continue
+            return getattr(event, "status_info", "lost")
+        return None
 
     async def _reregister(self, agent: Agent, why: str) -> None:
         reg = await self.report()

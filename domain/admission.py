@@ -22,7 +22,7 @@ from typing import Any
 from eventsourcing.domain import CanInitAggregate
 
 from domain import events as ev
-from domain.codec import TYPE_HEADER, decode
+from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
 from domain.subjects import EVENTS, LIVENESS, MANAGER_KINDS
@@ -100,6 +100,12 @@ def writer(subject: str) -> str:
 def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:
     """The event stored on ``subject``, decoded and checked against its subject."""
     name = headers.get(TYPE_HEADER, "")
+    if REFLECTED_HEADER in headers:
+        raise Inadmissible(
+            f"a copy of stream record {clip(headers[REFLECTED_HEADER], 200)} that nats-server"
+            " stored as its answer to a JetStream request aimed here; nobody appended it",
+            clip(name, 200),
+        )
     kind, aggregate_id = binding(subject)
     try:
         event = decode(data, headers)

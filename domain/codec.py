@@ -20,6 +20,10 @@ SCHEMA_HEADER = "Hoist-Schema"
 VERSION_HEADER = "Hoist-Version"
 # Who caused an event, for the audit trail: "manager", "agent:<id>", "client", "admin".
 ACTOR_HEADER = "Hoist-Actor"
+# Set by the event store on a record whose stored headers already held a direct get's own
+# (Nats-Sequence ...): no writer appended it; nats-server stored its answer to someone's
+# JetStream request, sent to a reply subject the stream captures (domain.admission refuses it).
+REFLECTED_HEADER = "Hoist-Reflected"
 
 _encoder = msgspec.json.Encoder()
 # One typed decoder per event type: the header picks it, so decoding never tries the union.

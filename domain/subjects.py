@@ -33,8 +33,11 @@ HEARTBEAT = "hoist.heartbeat"  # hoist.heartbeat.<id>: core NATS, not stored
 INBOX = "_INBOX"
 
 
+_INBOX_SUBJECT = re.compile(rf"^{INBOX}(\.[^.*>\s]+)+$")  # no wildcard, no empty token
+
+
 def is_inbox(reply: str) -> bool:
-    return reply.startswith(f"{INBOX}.")
+    return _INBOX_SUBJECT.match(reply) is not None
 
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

@@ -82,6 +82,9 @@ class LivenessWatcher:
         # Only a well-formed beat of this agent counts: nats-server delivers its answers to
         # JetStream requests on any reply subject a client names, so a message on this subject
         # is not proof that the agent sent it (a stored message reflected here is not a beat).
+        if msg.headers:  # an agent's beat has none; a stored message reflected here has
+            log.debug("heartbeat on %s has headers: a reflected message, not counted", msg.subject)
+            return
         try:
             beat = self._decoder.decode(msg.data)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -41,6 +41,7 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from domain.codec import REFLECTED_HEADER
 from services.eventstore.client import Client, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
@@ -66,6 +67,7 @@ _DIRECT_HEADERS = (
     "Nats-Last-Sequence",
 )
 _NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
+_SEQUENCE_LINE = b"\r\nNats-Sequence:"
 PAGE = 1000  # messages per batched direct get request: the most a replay page holds
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
 # After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
@@ -342,18 +344,37 @@ class EventStore:
 
     async def last(self, subject: str) -> Recorded | None:
         """The subject's last message (``subject`` may hold wildcards), None if it has none."""
+        # Raw, like the batches: the header block is read whole (see _stored).
+        inbox = self.nc.new_inbox()
+        reply: asyncio.Future[tuple[bytes | None, bytes]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def on_msg(block: bytes | None, data: bytes) -> None:
+            if not reply.done():
+                reply.set_result((block, data))
+
+        sub = await self.nc.subscribe_raw(inbox, on_msg)
         try:
-            msg = await self.nc.request(f"{self._direct}.{subject}", b"", timeout=self.timeout)
-        except NoRespondersError:
+            await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)
+            async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                block, data = await reply
+        except TimeoutError:
+            raise StoreError(
+                f"stream {self.stream} did not answer a direct get in {self.timeout}s"
+            ) from None
+        finally:
+            await sub.unsubscribe()
+        if block is not None and block.startswith(_NO_STATUS):
+            return _stored(block, data).record
+        status = (block or b"").split(b"\r\n", 1)[0][9:].decode(errors="replace").strip()
+        if status.startswith("404"):
+            return None
+        if status.startswith("503"):
             raise StoreError(
                 f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
-            ) from None
-        headers = msg.headers or {}
-        if "Nats-Sequence" in headers:
-            return _from_direct(msg)
-        if headers.get("Status") == "404":
-            return None
-        raise StoreError(f"last message of {subject}: {_status(msg)}")
+            )
+        raise StoreError(f"last message of {subject}: status {status}")
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""
@@ -409,9 +430,9 @@ class EventStore:
                 if block is None:
                     raise ValueError("a reply without headers")
                 if block.startswith(_NO_STATUS):  # a stored message
-                    headers = parse_header_lines(block[len(_NO_STATUS) :])
-                    pending = int(headers.get("Nats-Num-Pending", 0))
-                    out.append(_record(headers, data))
+                    record = _stored(block, data)
+                    pending = record.pending
+                    out.append(record.record)
                 else:  # end of batch (204), nothing found (404), or an error status
                     status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
                     code = status.decode(errors="replace")
@@ -575,6 +596,30 @@ def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
 
 def _from_direct(msg: Msg) -> Recorded:
     return _record(dict(msg.headers or {}), msg.data)
+
+
+class _Stored(NamedTuple):
+    record: Recorded
+    pending: int  # Nats-Num-Pending of a batch reply
+
+
+def _stored(block: bytes, data: bytes) -> _Stored:
+    """The stored message a direct get reply carries (its raw header block and payload).
+
+    A stored message whose own headers already hold a direct get's (``Nats-Sequence``) is
+    marked ``REFLECTED_HEADER``: nats-server answers a JetStream request on any reply subject
+    its requester names, unchecked, so a reader can have an answer land on a subject the stream
+    captures; no writer appended it.  Only the raw block shows it: parsed, the reply's own
+    header of the same name wins."""
+    headers = parse_header_lines(block[len(_NO_STATUS) :])
+    pending = int(headers.get("Nats-Num-Pending", 0))
+    record = _record(headers, data)
+    first = block.find(_SEQUENCE_LINE)
+    if first >= 0 and block.find(_SEQUENCE_LINE, first + 1) >= 0:
+        end = block.find(b"\r\n", first + 2)
+        original = block[first + len(_SEQUENCE_LINE) : end].decode(errors="replace").strip()
+        headers[REFLECTED_HEADER] = original  # the same dict the record holds
+    return _Stored(record, pending)
 
 
 def _record(headers: dict[str, str], data: bytes) -> Recorded:
