@@ -40,6 +40,11 @@ def is_inbox(reply: str) -> bool:
     return _INBOX_SUBJECT.match(reply) is not None
 
 
+def inbox_prefix(user: str) -> str:
+    """Where a NATS user's replies come: the only inboxes it may subscribe to."""
+    return f"{INBOX}.{check_token(user, 'NATS user')}"
+
+
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 

@@ -54,6 +54,7 @@ from domain.subjects import (
     agent_events,
     check_token,
     heartbeat,
+    inbox_prefix,
 )
 
 ROLES = ("manager", "agent", "client", "admin")
@@ -173,7 +174,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     f"{HEARTBEAT}.>",
                     f"{PROGRESS}.>",
                     EVENTS_ALL,  # a following replay's "something new" signal
-                    _INBOX,
+                    _own_inbox(role),
                 ],
             },
             # No allow_responses: it would let the manager answer on any reply subject a
@@ -195,7 +196,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                 ],
                 "deny": _NO_STREAM_CHANGES,
             },
-            "subscribe": {"allow": [f"{AGENT_RPC}.{agent_id}.>", _INBOX]},
+            "subscribe": {"allow": [f"{AGENT_RPC}.{agent_id}.>", _own_inbox(role, agent_id)]},
             "allow_responses": True,
         }
     publish = [f"{API}.>", f"{QUERY}.>", _FLOW_CONTROL, f"{_JS}.INFO", f"{_JS}.STREAM.NAMES"]
@@ -210,7 +211,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
         "publish": {"allow": publish, "deny": deny},
         # Never the manager's or agents' request subjects: no one may impersonate a service.
         # Events: a following replay's "something new" signal (reading them is allowed anyway).
-        "subscribe": {"allow": [f"{PROGRESS}.>", EVENTS_ALL, _INBOX]},
+        "subscribe": {"allow": [f"{PROGRESS}.>", EVENTS_ALL, _own_inbox(role)]},
     }
 
 
@@ -295,6 +296,12 @@ def _stream_reader(stream: str) -> list[str]:
         f"{_JS}.DIRECT.GET.{stream}",
         f"{_JS}.DIRECT.GET.{stream}.>",
     ]
+
+
+def _own_inbox(role: str, agent_id: str | None = None) -> str:
+    # Replies to this user only (services.eventstore.client sets the prefix from the URL's
+    # user): no role reads another's replies. The manager publishes to every inbox (_INBOX).
+    return f"{inbox_prefix(user_name(role, agent_id))}.>"
 
 
 def _user(role: str, password: str, agent_id: str | None = None) -> dict[str, Any]:

@@ -205,6 +205,27 @@ async def test_the_manager_answers_only_on_inboxes(client: Conn, manager: Conn) 
     assert (await js.stream_info(EVENT_STREAM)).state.messages == before
 
 
+@pytest.mark.parametrize("role", ["client", "admin", "agent"])
+async def test_no_role_reads_another_roles_replies(stack: Stack, manager: Conn, role: str) -> None:
+    conn = await _connect(stack, role, "A" if role == "agent" else None)
+    user = "agent-A" if role == "agent" else role
+    try:
+        assert conn.nc.new_inbox().startswith(f"_INBOX.{user}.")  # set from the URL's user
+        for other in ("_INBOX.>", "_INBOX.manager.>", "_INBOX.admin.x", "_INBOX.agent-B.>"):
+            if other.startswith(f"_INBOX.{user}."):
+                continue
+            await conn.nc.subscribe(other)
+            assert await conn.reported(f'subscription to "{other.lower()}"'), other
+        served = await manager.nc.subscribe("hoist.query.>", cb=_answer(manager.nc))
+        await _synced(manager.nc)
+        if role != "agent":  # agents send no queries
+            reply = await conn.nc.request("hoist.query.kernels", b"{}", timeout=2)
+            assert reply.data == b"ok"
+        await served.unsubscribe()
+    finally:
+        await conn.nc.close()
+
+
 async def test_client_cannot_serve_or_listen_to_service_subjects(client: Conn) -> None:
     for subject in ("hoist.api.>", "hoist.admin.>", "hoist.agent.A.>", "hoist.heartbeat.>"):
         await client.nc.subscribe(subject)

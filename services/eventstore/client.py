@@ -11,6 +11,10 @@ Two changes, both through nats-py 2.16 internals (hence the upper bound on its v
   to a plain function, skipping nats-py's Msg object, its queue and the callback task: the
   store's pages of direct gets arrive that way.
 
+And one convention: a connection whose URL names a NATS user takes its reply inboxes under
+``_INBOX.<user>`` (domain.subjects.inbox_prefix), the only inboxes that user may subscribe to
+(services.natsauth), so no role reads the replies meant for another.
+
 Every Hoist process connects through ``connect`` below; the rest of nats-py is used as is.
 """
 
@@ -18,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
+
+from domain.subjects import inbox_prefix
 
 _CRLF = b"\r\n"
 _NAMES_KEPT = 4096  # bound on remembered names: a peer sending endless new ones costs no memory
@@ -68,6 +75,16 @@ class Client(NatsClient):
     def __init__(self) -> None:
         super().__init__()
         self._raw: dict[int, RawHandler] = {}
+
+    async def connect(  # type: ignore[override]
+        self, servers: str | list[str] = "nats://localhost:4222", **options: Any
+    ) -> None:
+        """nats-py's connect; replies come to ``_INBOX.<user>`` when the URL names a user."""
+        first = servers if isinstance(servers, str) else servers[0]
+        user = urlsplit(first).username
+        if user and "inbox_prefix" not in options:
+            options["inbox_prefix"] = inbox_prefix(unquote(user))
+        await super().connect(servers, **options)
 
     async def subscribe_raw(self, subject: str, handler: RawHandler) -> Subscription:
         """Subscribe ``handler(headers, payload)``, called in the connection's reading task for
