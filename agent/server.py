@@ -49,6 +49,7 @@ from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 
 log = logging.getLogger(__name__)
+_BEAT = {rpc.BEAT_HEADER: "1"}
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
 
@@ -159,6 +160,7 @@ class Agent:
         )
 
     # -- heartbeats ----------------------------------------------------------------------------
+    # (rpc.is_beat: the header tells a beat from a stored message the server reflected here)
 
     async def send_heartbeat(self) -> rpc.Heartbeat:
         kernels = await self.runtime.list_kernels()
@@ -179,7 +181,7 @@ class Agent:
             images=sorted(i.image for i in images),
             pulls={image: task.task_id for image, task in self.pulls.active.items()},
         )
-        await self.nc.publish(heartbeat(self.id), rpc.encode(beat))
+        await self.nc.publish(heartbeat(self.id), rpc.encode(beat), headers=_BEAT)
         return beat
 
     def _free(self, disk_used: int = 0) -> rpc.FreeCapacity:

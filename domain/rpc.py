@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -239,6 +240,17 @@ class FreeCapacity(msgspec.Struct, frozen=True, kw_only=True):
     cpu: float  # cores not reserved by this agent's kernels
     mem: int  # bytes
     disk: int  # bytes (capacity minus the images held)
+
+
+# A heartbeat is a core NATS message with this header and no other.  nats-server answers a
+# JetStream request on any reply subject named, unchecked, so a stored message (one an agent
+# wrote, shaped as another agent's beat) can arrive on a heartbeat subject: with the server's
+# own Nats-* headers, or none at all (``no_hdr``); neither passes for a beat.
+BEAT_HEADER = "Hoist-Beat"
+
+
+def is_beat(headers: Mapping[str, str] | None) -> bool:
+    return bool(headers) and set(headers or ()) == {BEAT_HEADER}
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,8 +29,8 @@ async def listen_heartbeats(nc: Client, runner: Runner, *, flush_s: float = FLUS
     latest: dict[str, datetime] = {}
 
     async def on_heartbeat(msg: Msg) -> None:
-        if msg.headers:
-            return  # an agent's beat has none: a stored message reflected here (liveness.py)
+        if not rpc.is_beat(msg.headers):
+            return  # a stored message the server reflected here, not a beat
         try:
             beat = rpc.decode(msg.data, rpc.Heartbeat, "heartbeat")
         except Exception as e:  # a bad heartbeat must not stop the others

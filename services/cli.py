@@ -24,7 +24,7 @@ from domain.admission import Inadmissible, admit, writer
 from services import cli_read, natsauth, stack
 from services.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.cli_nats import CliError, Connection
-from services.eventstore.store import Recorded
+from services.eventstore.store import Recorded, StoreError
 from services.progress_view import FAILED, Outcome, watch
 
 # --- where to connect ---------------------------------------------------------------------------
@@ -544,6 +544,9 @@ def run(
         return 1
     except (ValueError, OSError) as e:  # e.g. an id that cannot be a subject token
         print(f"hoist: {e}", file=sys.stderr)
+        return 1
+    except StoreError as e:  # the stream too busy or gone mid-command: one line, not a trace
+        print(f"hoist: {e}; try again", file=sys.stderr)
         return 1
 
 

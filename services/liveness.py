@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 
 from domain.agent import Agent
 from domain.liveness import AgentLiveness
-from domain.rpc import Heartbeat
+from domain.rpc import Heartbeat, is_beat
 from domain.subjects import HEARTBEAT
 from services.eventstore.client import Client
 from services.eventstore.repository import NotFound, Repository, loaded_seq
@@ -79,11 +79,11 @@ class LivenessWatcher:
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user
-        # Only a well-formed beat of this agent counts: nats-server delivers its answers to
-        # JetStream requests on any reply subject a client names, so a message on this subject
-        # is not proof that the agent sent it (a stored message reflected here is not a beat).
-        if msg.headers:  # an agent's beat has none; a stored message reflected here has
-            log.debug("heartbeat on %s has headers: a reflected message, not counted", msg.subject)
+        # Only a beat (rpc.is_beat), well formed, of this agent counts: nats-server delivers its
+        # answers to JetStream requests on any reply subject named, so a message on this subject
+        # is no proof that the agent sent it.
+        if not is_beat(msg.headers):  # a stored message the server reflected here
+            log.debug("a message on %s that is no beat: not counted", msg.subject)
             return
         try:
             beat = self._decoder.decode(msg.data)

@@ -204,6 +204,8 @@ async def _follow_progress(
             progress = rpc.decode(msg.data, rpc.PullProgress)
         except rpc.RequestError:
             return  # a malformed message is someone else's bug; the view goes on
+        if msg.subject != f"{subjects.PROGRESS}.{progress.agent_id}.{progress.task_id}":
+            return  # an agent publishes only its own pulls' subjects: this one is not it
         state.apply_progress(progress)
         changed.set()
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
 
 from domain import events as ev
+from domain import rpc
 from domain.admission import Inadmissible, admit
 from domain.codec import REFLECTED_HEADER, encode
+from domain.rpc import BEAT_HEADER
 from domain.session import Session
 from domain.subjects import EVENT_STREAM, agent_events, liveness_events, session_events
 from projections.runner import Runner
@@ -24,6 +27,7 @@ from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
 from services.fleet import Fleet
 from services.liveness import LivenessWatcher
+from services.progress_view import SessionState, _follow_progress
 from tests.hardening.conftest import role_store
 from tests.projections.conftest import rows
 from tests.test_roles import Conn, _connect
@@ -119,8 +123,9 @@ async def test_a_reflected_heartbeat_keeps_no_agent_alive(
         "images": [],
         "pulls": {},
     }
+    # Stored as a beat would be sent, header and all (the store adds its own when it answers).
     [stored] = await role_store(conns["A"]).append(
-        [Write(agent_events("A"), [Message(json.dumps(beat).encode(), {})])]
+        [Write(agent_events("A"), [Message(json.dumps(beat).encode(), {BEAT_HEADER: "1"})])]
     )
     watcher = LivenessWatcher(
         conns["manager"].nc, Repository(manager), deadline_s=0.5, check_interval_s=0.05
@@ -128,10 +133,11 @@ async def test_a_reflected_heartbeat_keeps_no_agent_alive(
     await watcher.start(known_agents=["B"])
     client = await _connect(stack, "client")
     try:
-        for _ in range(12):
+        for i in range(12):  # with the server's headers, and without any (no_hdr)
+            request = {"seq": stored, "no_hdr": True} if i % 2 else {"seq": stored}
             await client.nc.publish(
                 f"$JS.API.DIRECT.GET.{EVENT_STREAM}",
-                json.dumps({"seq": stored}).encode(),
+                json.dumps(request).encode(),
                 reply="hoist.heartbeat.B",
             )
             await asyncio.sleep(0.1)
@@ -140,3 +146,46 @@ async def test_a_reflected_heartbeat_keeps_no_agent_alive(
     finally:
         await client.nc.close()
         await watcher.stop()
+
+
+async def test_progress_counts_only_on_its_own_agents_subject(
+    stack: Any, conns: dict[str, Conn]
+) -> None:
+    # Agent B may publish progress only under hoist.progress.B.>; a payload there naming agent
+    # A's pull is not A's progress.
+    session = Session.enqueue(
+        owner="ann", image="img:1", resources={"cpu": 1, "mem": MiB}, resource_group="rg"
+    )
+    (kernel,) = session.kernels
+    session.schedule({kernel: "A"})
+    session.mark_pulling(kernel, task_id="t1")
+    state = SessionState(session.id)
+    for event in session.collect_events():
+        state.apply_event(event)  # type: ignore[arg-type]
+    client = await _connect(stack, "client")
+    changed, new_pulls = asyncio.Event(), asyncio.Event()
+    follow = asyncio.create_task(
+        _follow_progress(SimpleNamespace(nc=client.nc), state, changed, new_pulls)  # type: ignore[arg-type]
+    )
+    try:
+        await asyncio.sleep(0.2)  # subscribed
+
+        def progress(current: int) -> bytes:
+            return rpc.encode(
+                rpc.PullProgress(
+                    agent_id="A", task_id="t1", image="img:1", layers=[], current=current, total=9
+                )
+            )
+
+        await conns["B"].nc.publish("hoist.progress.B.t1", progress(8))  # forged
+        await asyncio.sleep(0.5)
+        assert state.pulls == {}
+        await conns["A"].nc.publish("hoist.progress.A.t1", progress(3))  # its own
+        for _ in range(100):
+            if state.pulls:
+                break
+            await asyncio.sleep(0.02)
+        assert state.pulls[("A", "t1")].current == 3
+    finally:
+        follow.cancel()
+        await client.nc.close()

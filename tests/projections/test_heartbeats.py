@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import duckdb
+import msgspec
 
 from domain import rpc, subjects
 from projections.heartbeats import listen_heartbeats
@@ -32,8 +33,12 @@ async def test_last_heartbeat(nc: Client, store: EventStore, repo: Repository) -
         images=[],
         pulls={},
     )
-    await nc.publish(subjects.heartbeat("agent-1"), rpc.encode(beat))
-    await nc.publish(subjects.heartbeat("agent-0"), b"not json")  # ignored, not fatal
+    beat_headers = {rpc.BEAT_HEADER: "1"}
+    await nc.publish(subjects.heartbeat("agent-1"), rpc.encode(beat), headers=beat_headers)
+    await nc.publish(subjects.heartbeat("agent-0"), b"not json", headers=beat_headers)  # ignored
+    # No beat without its header (a stored message reflected here), however well formed.
+    early = msgspec.structs.replace(beat, agent_id="agent-0")
+    await nc.publish(subjects.heartbeat("agent-0"), rpc.encode(early))
     try:
         for _ in range(100):
             found = rows(runner.con, "SELECT agent_id, last_heartbeat_at FROM agents_view")
