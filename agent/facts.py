@@ -2,10 +2,10 @@
 
 Only this agent writes its subject, and its writes are serialized, so its own facts never race
 each other (a conflict still reloads and applies the command again).  The manager records a loss
-on the agent's liveness subject (``hoist.events.liveness.<id>``); the agent reads it (a direct
-get of its last message) and, marked lost while alive, re-registers before recording anything
-else: it is back, and says so.  Lost means: the latest AgentLost is later in the stream than the
-agent's latest (re)registration (domain.liveness.is_lost).
+on the agent's liveness subject (``hoist.events.liveness.<id>``); the agent reads what came
+there after its latest registration and, marked lost while alive, re-registers before
+recording anything else: it is back, and says so.  Lost means: the latest AgentLost is later
+in the stream than the agent's latest (re)registration (domain.liveness.is_lost).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from agent.runtime.base import PulledImage
 from domain import events as ev
 from domain.admission import Inadmissible, admit
 from domain.agent import Agent
-from domain.liveness import is_lost
 from domain.subjects import liveness_events
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository
@@ -114,14 +113,12 @@ class AgentFacts:
 
     async def _lost(self) -> str | None:
         """Why the manager marked this agent lost after its latest registration, else None."""
-        store = self.repository.store
+        # What came after the registration (domain.liveness.is_lost); only an admissible
+        # AgentLost is a loss (a message nats-server reflected onto the subject is not the
+        # manager's).
+        after = self._registered_seq
         subject = liveness_events(self.agent_id)
-        last = await store.last(subject)
-        if last is None or not is_lost(self._registered_seq, last.seq):
-            return None
-        # Something came after the registration; only an admissible AgentLost is a loss (a
-        # message nats-server reflected onto the subject is not the manager's).
-        for record in reversed(await store.read_subject(subject, self._registered_seq)):
+        for record in reversed(await self.repository.store.read_subject(subject, after)):
             try:
                 event = admit(record.subject, record.headers, record.data)
             except Inadmissible as e:

@@ -226,8 +226,7 @@ class Agent:
             log.exception("agent %s: %s", self.id, verb)
             message = f"{verb} failed: {type(e).__name__}: {limits.quote(str(e))}"
             reply = rpc.RequestError("internal", message).reply()
-        if msg.reply:
-            await msg.respond(rpc.encode_reply(reply))
+        await msg.respond(rpc.encode_reply(reply))
 
     async def check_and_pull(
         self, request: rpc.CheckAndPull | rpc.Preload

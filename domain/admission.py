@@ -25,7 +25,7 @@ from domain import events as ev
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS, MANAGER_KINDS
+from domain.subjects import EVENTS, LIVENESS
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -89,12 +89,11 @@ def writer(subject: str) -> str:
     """Who can have written a record on ``subject``, as NATS permissions allow it (the
     ``Hoist-Actor`` header is only the writer's claim): ``agent:<id>`` on an agent's own
     subject, ``manager`` on the subjects only it writes, ``unknown`` elsewhere."""
-    kind, _, aggregate_id = subject.removeprefix(_PREFIX).partition(".")
-    if not subject.startswith(_PREFIX) or not aggregate_id or "." in aggregate_id:
+    try:
+        kind, aggregate_id = binding(subject)
+    except Inadmissible:
         return "unknown"
-    if kind == "agent":
-        return f"agent:{aggregate_id}"
-    return "manager" if kind in MANAGER_KINDS else "unknown"
+    return f"agent:{aggregate_id}" if kind == "agent" else "manager"
 
 
 def admit(subject: str, headers: Mapping[str, str], data: bytes) -> ev.Event:

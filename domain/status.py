@@ -94,7 +94,8 @@ class Kernel(msgspec.Struct, kw_only=True):
     container_id: str | None = None  # set when created
 
     def move_to(self, status: KernelStatus, status_info: str, at: datetime) -> None:
-        """Record a change the events already decided (no check: history is trusted)."""
+        """Record a change its event decided (kernel events check it first: a stored one may
+        be a forgery, domain.admission)."""
         self.status = status
         self.status_info = status_info
         self.status_history.append(StatusChange(status=status, status_info=status_info, at=at))

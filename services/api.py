@@ -201,8 +201,7 @@ class Api:
             log.exception("%s", msg.subject)
             message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
             reply = RequestError("internal", message).reply()
-        if msg.reply:
-            await msg.respond(encode_reply(reply))
+        await msg.respond(encode_reply(reply))
 
     # -- handlers ------------------------------------------------------------------------
 

@@ -181,8 +181,7 @@ async def serve_queries(
                 log.exception("query on %s failed", msg.subject)
                 message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
                 reply = RequestError("internal", message).reply()
-            if msg.reply:
-                await msg.respond(rpc.encode_reply(reply))
+            await msg.respond(rpc.encode_reply(reply))
 
         async def spawn(msg: Msg) -> None:
             task = asyncio.create_task(handle(msg))

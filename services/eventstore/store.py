@@ -367,14 +367,14 @@ class EventStore:
             await sub.unsubscribe()
         if block is not None and block.startswith(_NO_STATUS):
             return _stored(block, data).record
-        status = (block or b"").split(b"\r\n", 1)[0][9:].decode(errors="replace").strip()
-        if status.startswith("404"):
+        code, description = _status_line(block or b"")
+        if code == "404":
             return None
-        if status.startswith("503"):
+        if code == "503":
             raise StoreError(
                 f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
             )
-        raise StoreError(f"last message of {subject}: status {status}")
+        raise StoreError(f"last message of {subject}: status {code} {description}".strip())
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""
@@ -434,12 +434,9 @@ class EventStore:
                     pending = record.pending
                     out.append(record.record)
                 else:  # end of batch (204), nothing found (404), or an error status
-                    status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
-                    code = status.decode(errors="replace")
+                    code, description = _status_line(block)
                     done.set_result(
-                        None
-                        if code in ("204", "404")
-                        else f"status {code} {description.decode(errors='replace')}".strip()
+                        None if code in ("204", "404") else f"status {code} {description}".strip()
                     )
             except Exception as e:  # never into nats-py's reader; the page fails instead
                 done.set_exception(StoreError(f"bad direct get reply from {self.stream}: {e!r}"))
@@ -596,6 +593,12 @@ def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
 
 def _from_direct(msg: Msg) -> Recorded:
     return _record(dict(msg.headers or {}), msg.data)
+
+
+def _status_line(block: bytes) -> tuple[str, str]:
+    """(code, description) of a header block's status line (``NATS/1.0 404 Not Found``)."""
+    status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
+    return status.decode(errors="replace").strip(), description.decode(errors="replace").strip()
 
 
 class _Stored(NamedTuple):
