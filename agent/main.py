@@ -21,7 +21,7 @@ from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import Agent
-from services.eventstore.connection import connect_for_ever, serve_until_signalled
+from services.transport.connection import connect_for_ever, serve_until_signalled
 
 URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
 

@@ -43,10 +43,10 @@ from domain.subjects import (
     heartbeat,
     is_inbox,
 )
-from services.eventstore.client import Client
-from services.eventstore.connection import subscriptions_ready
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
+from services.transport.client import Client
+from services.transport.connection import subscriptions_ready
 
 log = logging.getLogger(__name__)
 _BEAT = {rpc.BEAT_HEADER: "1"}

@@ -32,11 +32,11 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import Agent
-from services.api import SESSION_CREATE
-from services.eventstore import progress
-from services.eventstore.client import Client, connect
-from services.natsserver import NatsServer
-from services.stack import event_store
+from services.eventstore.store import event_store
+from services.manager.api import SESSION_CREATE
+from services.stack.natsserver import NatsServer
+from services.transport import progress
+from services.transport.client import Client, connect
 
 GB = 1024**3
 IMAGE = "bench/base:1"

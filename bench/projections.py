@@ -41,9 +41,9 @@ from domain.agent import Agent
 from domain.codec import encode
 from domain.session import Session
 from services.eventstore.bulk import BulkReader
-from services.eventstore.client import connect
 from services.eventstore.store import MAX_BATCH, EventStore, Message, Write
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
+from services.transport.client import connect
 
 # Run as a script, this file's directory comes first on sys.path and its name shadows the
 # projections package: drop it before importing the runner.

@@ -17,7 +17,7 @@ from domain import rpc, subjects
 from projections.agents import HEARTBEATS
 from projections.runner import Runner
 from projections.table import Changes, transaction, write
-from services.eventstore.client import Client
+from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from services.eventstore.client import Client, connect
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client, connect
 from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     big_image,
     docker_engine,

@@ -20,19 +20,17 @@ from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS_STREAM
-from services.eventstore import progress
-from services.eventstore.client import Client, connect
 from services.eventstore.store import EventStore, Message, Write
-from services.natsauth import (
+from services.stack.natsauth import REPO_CONFIG, generate_credentials, write_server_config
+from services.stack.natsserver import free_port, nats_server_binary, wait_for_port
+from services.transport import progress
+from services.transport.client import Client, connect
+from services.transport.credentials import (
     CREDENTIALS_FILE,
-    REPO_CONFIG,
     Credentials,
-    generate_credentials,
     load_credentials,
     role_url,
-    write_server_config,
 )
-from services.natsserver import free_port, nats_server_binary, wait_for_port
 
 
 @dataclass

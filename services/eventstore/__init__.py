@@ -1,17 +1,17 @@
 """The JetStream event store: the asyncio API for the services (``store``, ``repository``) and
 the persistence module that runs plain ``eventsourcing`` applications on it
-(``PERSISTENCE_MODULE=services.eventstore:Factory``)."""
+(``PERSISTENCE_MODULE=services.eventstore:Factory`` or ``services.eventstore.persistence``).
 
-from services.eventstore.persistence import Factory
-from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError, EventStore, Message, Recorded, Write
+Importing this package loads neither: the persistence module (and the eventsourcing
+infrastructure under it) is imported only when an application asks for ``Factory``.
+"""
 
-__all__ = [
-    "ConcurrencyError",
-    "EventStore",
-    "Factory",
-    "Message",
-    "Recorded",
-    "Repository",
-    "Write",
-]
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Factory":
+        from services.eventstore.persistence import Factory
+
+        return Factory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

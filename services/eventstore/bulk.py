@@ -27,8 +27,9 @@ from datetime import datetime
 
 import msgspec
 
-from services.eventstore.client import connect
+from domain import subjects
 from services.eventstore.store import EventStore, Recorded, StoreError
+from services.transport.client import connect
 
 URL_ENV = "HOIST_BULK_NATS_URL"
 _AHEAD = 16  # pages the child may read ahead of the parent
@@ -158,3 +159,8 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def bulk_reader(url: str) -> BulkReader:
+    """Long replays of Hoist's event stream in a child process connected to ``url``."""
+    return BulkReader(url, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])

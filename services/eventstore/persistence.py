@@ -2,7 +2,7 @@
 
 Any plain ``eventsourcing`` Application runs on it unchanged with::
 
-    PERSISTENCE_MODULE=services.eventstore:Factory   (or just ``services.eventstore``)
+    PERSISTENCE_MODULE=services.eventstore:Factory   (or ``services.eventstore.persistence``)
     NATS_URL=nats://127.0.0.1:4222
     NATS_STREAM=<stream name>                         (created if missing)
 
@@ -61,8 +61,8 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment, EnvType, resolve_topic
 
 from domain.subjects import check_token
-from services.eventstore.client import Client, connect
 from services.eventstore.store import PAGE, ConcurrencyError, EventStore, Message, Recorded, Write
+from services.transport.client import Client, connect
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -41,8 +41,9 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
+from domain import subjects
 from domain.codec import REFLECTED_HEADER
-from services.eventstore.client import Client, parse_header_lines
+from services.transport.client import Client, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
 
@@ -688,3 +689,8 @@ def _norm(value: Any, default: Any = None) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+def event_store(nc: Client) -> EventStore:
+    """Hoist's event stream (domain.subjects) on ``nc``."""
+    return EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])

@@ -21,9 +21,9 @@ from agent.server import Agent
 from domain import events as ev
 from domain import rpc, subjects
 from domain.codec import decode
-from services.eventstore import progress
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.transport import progress
+from services.transport.client import Client
 
 
 @pytest.fixture(name="store")

@@ -9,9 +9,9 @@ import sys
 
 from domain import events as ev
 from domain import rpc
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client
 from tests.agent.agent_harness import (
     call,
     event_of,

@@ -16,9 +16,9 @@ from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION
 from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
-from services.eventstore import progress
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.transport import progress
+from services.transport.client import Client
 from tests.agent.agent_harness import (
     agent_events,
     call,

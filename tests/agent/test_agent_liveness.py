@@ -8,10 +8,10 @@ from agent.runtime.dummy import DummyRuntime
 from domain import events as ev
 from domain.codec import decode
 from domain.subjects import liveness_events
-from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.liveness import LivenessWatcher
+from services.manager.liveness import LivenessWatcher
+from services.transport.client import Client
 from tests.agent.agent_harness import (
     agent_events,
     config,

@@ -10,9 +10,9 @@ import pytest
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from domain import events as ev
 from domain import rpc, subjects
-from services.eventstore import progress
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.transport import progress
+from services.transport.client import Client
 from tests.agent.agent_harness import (
     agent_events,
     call,

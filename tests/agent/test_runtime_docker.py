@@ -23,7 +23,7 @@ from agent.runtime.base import (
     TransientPullError,
 )
 from agent.runtime.docker import DockerRuntime, classify
-from services.natsserver import free_port
+from services.stack.natsserver import free_port
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.infra.registry import Registry, blob_path, manifest_path

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.natsserver import free_port
+from services.stack.natsserver import free_port
 
 HOIST = str(Path(sys.executable).parent / "hoist")
 MiB = 1024**2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.natsserver import free_port
+from services.stack.natsserver import free_port
 from tests.cli.stack_harness import HOIST, Stack
 
 

@@ -7,7 +7,7 @@ from rich.console import Console
 from domain.rpc import LayerProgress, PullProgress
 from domain.session import Session
 from domain.status import KernelStatus
-from services.progress_view import SessionState, render
+from services.cli.progress_view import SessionState, render
 
 MiB = 1024**2
 

@@ -13,9 +13,9 @@ import pytest
 
 from domain import subjects
 from projections.runner import Runner
-from services.eventstore.client import connect
 from services.eventstore.store import EventStore
-from services.queries import serve_queries
+from services.manager.queries import serve_queries
+from services.transport.client import connect
 from tests.cli.stack_harness import HOIST, Stack
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from services.natsserver import free_port
-from services.pdeathsig import NoParentDeathSignal, die_with_parent
-from services.stack import LOCK_WAIT_S, _running
+from services.stack.natsserver import free_port
+from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
+from services.stack.up import LOCK_WAIT_S, _running
 from tests.cli.stack_harness import HOIST, Stack, Terminal, start_stack, stop_stack, wait_for
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from domain import subjects
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.transport.client import Client
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from services.eventstore.client import Client, connect, parse_header_lines
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client, connect, parse_header_lines
 
 # Header lines as they come, and as they should not: odd spacing, colons in values, no colon,
 # non-ASCII and invalid UTF-8, whitespace inside names, repeated names, bare line feeds.

@@ -21,9 +21,9 @@ from eventsourcing.system import ProcessApplication, SingleThreadedRunner, Syste
 from eventsourcing.tests.projection import Counters
 
 from services.eventstore import Factory
-from services.eventstore.client import connect
 from services.eventstore.persistence import JetStreamProcessRecorder, id_token, token_id
-from services.natsserver import NatsServer, free_port
+from services.stack.natsserver import NatsServer, free_port
+from services.transport.client import connect
 
 
 class Dog(Aggregate):
@@ -66,7 +66,9 @@ def env(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     yield values
 
 
-@pytest.mark.parametrize("module", ["services.eventstore:Factory", "services.eventstore"])
+@pytest.mark.parametrize(
+    "module", ["services.eventstore:Factory", "services.eventstore.persistence"]
+)
 def test_plain_application_runs_unchanged(
     env: dict[str, str], module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,7 @@ from services.eventstore.persistence import (
     JetStreamProcessRecorder,
     JetStreamTrackingRecorder,
 )
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
 
 _server: NatsServer | None = None
 

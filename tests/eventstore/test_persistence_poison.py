@@ -19,7 +19,7 @@ from eventsourcing.tests.projection import Counters
 
 from services.eventstore import Factory
 from services.eventstore.persistence import id_token
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
 from tests.eventstore.test_persistence_app import Counted, DogSchool, Tally
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.server import Agent
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.transport.client import Client
 from tests.agent.agent_harness import config, running
 from tests.manager.harness import GB, dummy, request
 

@@ -7,10 +7,11 @@ import argparse
 
 import pytest
 
-from services import cli, image_cli
-from services.eventstore.client import Client
+from services.cli import images as image_cli
+from services.cli import main as cli
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client
 from tests.fleet.fleet_harness import fleet
 from tests.manager.harness import GB, manager
 

@@ -8,9 +8,9 @@ import asyncio
 from agent.runtime.base import PulledImage
 from agent.runtime.dummy import PullFailure
 from domain import events as ev
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
-from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD
+from services.manager.images_admin import JOB, JOBS, PRELOAD, UNLOAD
+from services.transport.client import Client
 from tests.agent.agent_harness import agent_events, wait_for
 from tests.fleet.fleet_harness import admin, fleet
 from tests.manager.harness import GB, MB, create, manager, request, until

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from domain import rpc
-from services.agent_sync import AGENT_SYNC
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.manager.agent_sync import AGENT_SYNC
+from services.transport.client import Client
 from tests.agent.agent_harness import call, wait_for
 from tests.fleet.fleet_harness import admin, fleet
 from tests.manager.harness import GB, MB, create, manager, request, until

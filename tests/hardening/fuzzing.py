@@ -19,9 +19,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from domain import limits, subjects
-from services.eventstore.client import Client
-from services.natsserver import free_port
-from services.stack import Stack
+from services.stack.natsserver import free_port
+from services.stack.up import Stack
+from services.transport.client import Client
 
 A, Q, ADMIN = subjects.API, subjects.QUERY, subjects.ADMIN
 # Every documented request subject with a valid request that appends nothing (its ids name

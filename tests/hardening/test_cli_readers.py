@@ -12,10 +12,10 @@ from domain.admission import Inadmissible, writer
 from domain.codec import ACTOR_HEADER, encode
 from domain.session import Session
 from domain.status import KernelStatus
-from services.cli import _format_event
-from services.cli_read import truncation_note
+from services.cli.main import _format_event
+from services.cli.progress_view import SessionState
+from services.cli.read import truncation_note
 from services.eventstore.store import Recorded
-from services.progress_view import SessionState
 
 MiB = 1024**2
 

@@ -18,7 +18,7 @@ from domain.subjects import agent_events, session_events
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
-from services.fleet import Fleet
+from services.manager.fleet import Fleet
 from tests.hardening.conftest import role_store
 from tests.projections.conftest import rows
 from tests.test_roles import Conn

@@ -23,11 +23,11 @@ from domain.rpc import BEAT_HEADER
 from domain.session import Session
 from domain.subjects import EVENT_STREAM, agent_events, liveness_events, session_events
 from projections.runner import Runner
+from services.cli.progress_view import SessionState, _follow_progress
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
-from services.fleet import Fleet
-from services.liveness import LivenessWatcher
-from services.progress_view import SessionState, _follow_progress
+from services.manager.fleet import Fleet
+from services.manager.liveness import LivenessWatcher
 from tests.hardening.conftest import role_store
 from tests.projections.conftest import rows
 from tests.test_roles import Conn, _connect

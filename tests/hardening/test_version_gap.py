@@ -25,8 +25,8 @@ from projections.runner import Runner
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
-from services.fleet import Fleet
-from services.queries import QUERIES, _answer_query
+from services.manager.fleet import Fleet
+from services.manager.queries import QUERIES, _answer_query
 from tests.hardening.conftest import role_store
 from tests.projections.conftest import rebuilt, rows
 from tests.test_roles import Conn

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from services.natsserver import free_port
+from services.stack.natsserver import free_port
 
 
 class RegistryProxy:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.natsserver import free_port
+from services.stack.natsserver import free_port
 
 INSTALL_HINT = "run: apt-get install -y docker-registry"
 

@@ -13,10 +13,10 @@ from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import Agent
 from domain.scheduling import Limits, Policy
-from services.api import SESSION_CREATE, SESSION_GET
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
-from services.manager import Manager, ManagerConfig
+from services.manager.api import SESSION_CREATE, SESSION_GET
+from services.manager.main import Manager, ManagerConfig
+from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
 
 MB = 1024 * 1024

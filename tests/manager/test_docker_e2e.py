@@ -12,9 +12,9 @@ import pytest
 from agent.pulls import PullPolicy
 from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL
 from agent.runtime.docker import DockerRuntime
-from services.api import SESSION_DESTROY
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
+from services.manager.api import SESSION_DESTROY
+from services.transport.client import Client
 from tests.agent.agent_harness import config, running
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.manager import config_from, parser
+from services.manager.main import config_from, parser
 
 
 def test_the_read_models_catch_up_through_a_child_unless_told_not_to() -> None:

@@ -15,12 +15,12 @@ from agent.runtime.dummy import DummyHost, PullFailure
 from domain import subjects
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
-from services import natsauth
-from services.api import KERNEL_CANCEL
-from services.eventstore.client import Client, connect
-from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
-from services.stack import event_store
+from services.eventstore.store import EventStore, event_store
+from services.manager.api import KERNEL_CANCEL
+from services.stack import natsauth
+from services.stack.natsserver import NatsServer
+from services.transport import credentials
+from services.transport.client import Client, connect
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import GB, MB, agents, create, dummy, manager, request, until
 
@@ -126,8 +126,8 @@ async def test_only_a_superadmin_force_cancels_a_pulling_kernel(tmp_path: Path) 
     with NatsServer(tmp_path / "js", config=conf) as server:
         conns = {}
         for role in ("manager", "client", "admin"):
-            conns[role] = await connect(natsauth.role_url(server.url, role, creds))
-        conns["a1"] = await connect(natsauth.role_url(server.url, "agent", creds, "a1"))
+            conns[role] = await connect(credentials.role_url(server.url, role, creds))
+        conns["a1"] = await connect(credentials.role_url(server.url, "agent", creds, "a1"))
         try:
             await _force_cancel(conns, creds)
         finally:
@@ -135,7 +135,7 @@ async def test_only_a_superadmin_force_cancels_a_pulling_kernel(tmp_path: Path) 
                 await c.close()
 
 
-async def _force_cancel(conns: dict[str, Client], creds: natsauth.Credentials) -> None:
+async def _force_cancel(conns: dict[str, Client], creds: credentials.Credentials) -> None:
     agent_nc = conns["a1"]
     cfg = config("a1", cpu=4, mem=8 * GB, resource_group="default")
     async with manager(conns["manager"]) as m:

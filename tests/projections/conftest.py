@@ -15,9 +15,9 @@ from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from projections.runner import Runner
-from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
+from services.transport.client import Client
 
 
 @pytest.fixture

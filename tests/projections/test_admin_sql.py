@@ -15,11 +15,11 @@ import duckdb
 import pytest
 
 from domain.session import Session
-from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.queries import SQL_SUBJECT
-from services.read_models import ReadModels
+from services.manager.queries import SQL_SUBJECT
+from services.manager.read_models import ReadModels
+from services.transport.client import Client
 
 SECRET = "s3cr3t-password-of-the-manager"
 

@@ -16,12 +16,13 @@ import pytest
 from domain import subjects
 from projections.runner import Runner
 from projections.verify import snapshot
-from services import audit_cli, cli
-from services.eventstore.client import connect
+from services.cli import audit as audit_cli
+from services.cli import main as cli
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
-from services.queries import serve_queries
+from services.manager.queries import serve_queries
+from services.stack.natsserver import NatsServer
+from services.transport.client import connect
 from tests.projections.conftest import scripted_history
 
 

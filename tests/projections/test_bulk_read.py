@@ -18,7 +18,7 @@ from projections.verify import compare, snapshot
 from services.eventstore.bulk import BulkReader
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Recorded, StoreError, Write
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
 

@@ -12,9 +12,9 @@ from domain import rpc, subjects
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
 from projections.verify import compare, snapshot
-from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
+from services.transport.client import Client
 from tests.projections.conftest import rebuilt, rows, scripted_history
 
 

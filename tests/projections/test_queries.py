@@ -12,10 +12,10 @@ import pytest
 
 from domain.session import Session
 from projections.runner import Runner
-from services.eventstore.client import Client
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.queries import SQL_SUBJECT, VERIFY_SUBJECT, serve_queries
+from services.manager.queries import SQL_SUBJECT, VERIFY_SUBJECT, serve_queries
+from services.transport.client import Client
 from tests.projections.conftest import scripted_history
 
 

@@ -15,7 +15,7 @@ from projections.runner import META
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.natsserver import NatsServer
+from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
 # Small batches, each commit slowed a little, so a kill lands between and inside commits.
@@ -23,7 +23,7 @@ _RUNNER = """
 import asyncio, sys, time, duckdb
 from domain import subjects
 from projections.runner import Runner
-from services.eventstore.client import connect
+from services.transport.client import connect
 from services.eventstore.store import EventStore
 
 async def main(url, db):

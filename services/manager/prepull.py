@@ -49,8 +49,8 @@ from domain.status import TERMINAL
 from domain.subjects import ADMIN
 from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError
-from services.fleet import Fleet
-from services.reactors import AgentRefused, AgentRpc, AgentUnreachable
+from services.manager.fleet import Fleet
+from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
 
 log = logging.getLogger(__name__)
 

@@ -19,22 +19,28 @@ from urllib.parse import urlsplit
 
 from domain import events as ev
 from domain.scheduling import Limits, Policy
-from services import natsauth
-from services.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
-from services.api import Api
-from services.eventstore import progress
-from services.eventstore.client import Client
-from services.eventstore.connection import connect_for_ever, serve_until_signalled
+from services.eventstore.bulk import bulk_reader
 from services.eventstore.repository import Repository
-from services.fleet import Fleet
-from services.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
-from services.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
-from services.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET, PrepullLoop
-from services.pulling_loop import PullingLoop
-from services.reactors import AgentRpc, Reactors
-from services.read_models import IN_MEMORY, ReadModels
-from services.scheduler_loop import Plan, SchedulerLoop
-from services.stack import bulk_reader, event_store
+from services.eventstore.store import event_store
+from services.manager.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
+from services.manager.api import Api
+from services.manager.fleet import Fleet
+from services.manager.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
+from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.prepull import (
+    POLICY_LIST,
+    POLICY_PLAN,
+    POLICY_REMOVE,
+    POLICY_SET,
+    PrepullLoop,
+)
+from services.manager.pulling_loop import PullingLoop
+from services.manager.reactors import AgentRpc, Reactors
+from services.manager.read_models import IN_MEMORY, ReadModels
+from services.manager.scheduler_loop import Plan, SchedulerLoop
+from services.transport import credentials, progress
+from services.transport.client import Client
+from services.transport.connection import connect_for_ever, serve_until_signalled
 
 log = logging.getLogger("manager")
 
@@ -275,7 +281,9 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
 def _url(args: argparse.Namespace) -> str:
     if args.data_dir is None or urlsplit(args.nats_url).username:
         return str(args.nats_url)
-    return natsauth.role_url(args.nats_url, "manager", natsauth.load_credentials(args.data_dir))
+    return credentials.role_url(
+        args.nats_url, "manager", credentials.load_credentials(args.data_dir)
+    )
 
 
 async def run(args: argparse.Namespace) -> None:

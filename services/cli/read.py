@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from domain import subjects
-from services.cli_nats import Connection
+from services.cli.connection import Connection
 
 # command -> (query name, columns shown in the table, in order; missing ones are skipped)
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -166,7 +166,7 @@ def _footer(console: Console, reply: dict[str, Any], count: int) -> None:
 
 
 def _cell(column: str, value: Any) -> str:
-    from services.progress_view import human_bytes
+    from services.cli.progress_view import human_bytes
 
     if value is None:
         return "-"

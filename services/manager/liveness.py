@@ -23,9 +23,9 @@ from domain.agent import Agent
 from domain.liveness import AgentLiveness
 from domain.rpc import Heartbeat, is_beat
 from domain.subjects import HEARTBEAT
-from services.eventstore.client import Client
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError
+from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 

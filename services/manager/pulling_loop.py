@@ -26,8 +26,8 @@ import msgspec
 from domain import rpc
 from domain.session import Session
 from domain.status import KernelStatus
-from services.fleet import Fleet
-from services.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
+from services.manager.fleet import Fleet
+from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
 
 log = logging.getLogger(__name__)
 

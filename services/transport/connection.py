@@ -7,7 +7,7 @@ import logging
 import signal
 from typing import Protocol
 
-from services.eventstore.client import Client, connect
+from services.transport.client import Client, connect
 
 
 async def subscriptions_ready(nc: Client) -> None:

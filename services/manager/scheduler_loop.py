@@ -24,7 +24,7 @@ from domain.scheduling import (
     plan,
 )
 from domain.session import Session
-from services.fleet import Fleet
+from services.manager.fleet import Fleet
 
 log = logging.getLogger(__name__)
 

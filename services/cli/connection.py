@@ -18,7 +18,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from services.eventstore.client import Client, connect
+from services.transport.client import Client, connect
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
 

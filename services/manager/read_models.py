@@ -13,11 +13,11 @@ from nats.aio.subscription import Subscription
 
 from projections.heartbeats import listen_heartbeats
 from projections.runner import Runner
-from services.admin_sql import lock_down
 from services.eventstore.bulk import BulkReader
-from services.eventstore.client import Client
 from services.eventstore.store import EventStore
-from services.queries import serve_queries
+from services.manager.admin_sql import lock_down
+from services.manager.queries import serve_queries
+from services.transport.client import Client
 
 IN_MEMORY = ":memory:"
 

@@ -45,9 +45,9 @@ from domain.rpc import RequestError, decode
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import ADMIN
-from services.fleet import Fleet
-from services.liveness import LivenessWatcher
-from services.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
+from services.manager.fleet import Fleet
+from services.manager.liveness import LivenessWatcher
+from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,8 @@ import os
 import re
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from domain.subjects import (
     ADMIN,
@@ -56,10 +54,16 @@ from domain.subjects import (
     heartbeat,
     inbox_prefix,
 )
+from services.transport.credentials import (
+    CREDENTIALS_FILE,
+    Credentials,
+    agent_id_checked,
+    check_role,
+    read_json,
+    user_name,
+)
 
-ROLES = ("manager", "agent", "client", "admin")
-CREDENTIALS_FILE = "credentials.json"
-REPO_CONFIG = Path(__file__).resolve().parent.parent / "nats.conf"
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "nats.conf"
 
 _JS = "$JS.API"
 _INBOX = f"{INBOX}.>"
@@ -67,41 +71,12 @@ _FLOW_CONTROL = "$JS.FC.>"  # replies to an ordered consumer's flow-control mess
 _STORE_DIR_LINE = re.compile(r"^(\s*store_dir\s*:\s*).*$", re.MULTILINE)
 
 
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """One password per role user; ``agents`` maps agent id to that agent's password."""
-
-    manager: str
-    client: str
-    admin: str
-    agents: dict[str, str] = field(default_factory=dict)
-
-    def password(self, role: str, agent_id: str | None = None) -> str:
-        if role == "agent":
-            agent_id = _agent_id(agent_id)
-            if agent_id not in self.agents:
-                raise KeyError(
-                    f"no credentials for agent {agent_id!r}: generate them with"
-                    " generate_credentials(data_dir, [agent_id]) and reload nats-server"
-                )
-            return self.agents[agent_id]
-        if agent_id is not None:
-            raise ValueError(f"agent_id is only for role 'agent', not {role!r}")
-        return str(getattr(self, _check_role(role)))
-
-
-def user_name(role: str, agent_id: str | None = None) -> str:
-    if _check_role(role) == "agent":
-        return f"agent-{_agent_id(agent_id)}"
-    return role
-
-
 def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Credentials:
     """The stack's credentials, from ``data_dir/credentials.json`` if it exists; missing users
     (new agents) get fresh random passwords. The file is (re)written with mode 0600."""
     path = Path(data_dir) / CREDENTIALS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    stored = _read(path) if path.exists() else {}
+    stored = read_json(path) if path.exists() else {}
     changed = not stored
     values: dict[str, str] = {}
     for role in ("manager", "client", "admin"):
@@ -123,31 +98,9 @@ def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Crede
     return creds
 
 
-def load_credentials(data_dir: Path) -> Credentials:
-    """The credentials a stack generated in ``data_dir``; never creates any."""
-    path = Path(data_dir) / CREDENTIALS_FILE
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no credentials in {data_dir}: start the stack with `hoist up --data-dir {data_dir}`"
-            " (it generates them)"
-        )
-    stored = _read(path)
-    try:
-        return Credentials(
-            manager=stored["manager"],
-            client=stored["client"],
-            admin=stored["admin"],
-            agents=dict(stored.get("agents") or {}),
-        )
-    except KeyError as err:
-        raise ValueError(
-            f"{path} lacks the {err} password: start the stack again to fill it in"
-        ) from None
-
-
 def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
     """The nats-server ``permissions`` block of one role user."""
-    role = _check_role(role)
+    role = check_role(role)
     if role == "manager":
         return {
             "publish": {
@@ -182,7 +135,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
             # hoist.events.agent.X lands in the log as that agent's). Replies go to _INBOX.>.
         }
     if role == "agent":
-        agent_id = _agent_id(agent_id)
+        agent_id = agent_id_checked(agent_id)
         return {
             "publish": {
                 "allow": [
@@ -250,17 +203,6 @@ def write_server_config(data_dir: Path, creds: Credentials, store_dir: Path) -> 
     return path
 
 
-def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None = None) -> str:
-    """``base_url`` (nats://host:port) carrying the role user's name and password."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
-    user = quote(user_name(role, agent_id), safe="")
-    password = quote(creds.password(role, agent_id), safe="")
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
-
-
 # What would erase or rewrite the event log. The stream name is the last token, so a publish
 # to a wildcard form ($JS.API.STREAM.UPDATE.*) names no stream the API would act on.
 _NO_LOG_CHANGES = [
@@ -312,18 +254,6 @@ def _user(role: str, password: str, agent_id: str | None = None) -> dict[str, An
     }
 
 
-def _check_role(role: str) -> str:
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    return role
-
-
-def _agent_id(agent_id: str | None) -> str:
-    if agent_id is None:
-        raise ValueError("role 'agent' needs an agent_id (one NATS user per agent)")
-    return check_token(agent_id, "agent id")
-
-
 def _new_password() -> str:
     return secrets.token_urlsafe(24)  # 192 bits; URL-safe, so it goes into nats:// URLs as is
 
@@ -335,18 +265,6 @@ def _as_dict(creds: Credentials) -> dict[str, Any]:
         "admin": creds.admin,
         "agents": dict(sorted(creds.agents.items())),
     }
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        stored = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{path} is not valid JSON ({err}): delete it to generate new credentials"
-        ) from None
-    if not isinstance(stored, dict):
-        raise ValueError(f"{path} must hold a JSON object: delete it to generate new credentials")
-    return stored
 
 
 def _write_private(path: Path, text: str) -> None:

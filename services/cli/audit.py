@@ -13,8 +13,13 @@ import duckdb
 
 from projections import ALL
 from projections.runner import Runner
-from services import cli, cli_nats, queries, stack
-from services.cli_read import truncation_note
+from services.cli import connection as cli_nats
+from services.cli import main as cli
+from services.cli.read import truncation_note
+from services.eventstore.bulk import bulk_reader
+from services.eventstore.store import event_store
+from services.manager import queries
+from services.stack import up as stack
 
 VERIFY_TIMEOUT_S = 600.0
 
@@ -78,7 +83,7 @@ async def cmd_replay(args: argparse.Namespace) -> None:
     try:
         con = duckdb.connect(str(db))
         try:
-            runner = Runner(con, stack.event_store(nc), bulk=stack.bulk_reader(url))
+            runner = Runner(con, event_store(nc), bulk=bulk_reader(url))
             last = await runner.run(follow=False, until_seq=until_seq, until_time=until_time)
             counts = {
                 t.name: con.execute(f"SELECT count(*) FROM {t.name}").fetchall()[0][0]

@@ -43,11 +43,11 @@ from domain.rpc import RequestError, decode, encode_reply
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, API, is_inbox
-from services.eventstore.client import Client
-from services.eventstore.connection import subscriptions_ready
 from services.eventstore.store import ConcurrencyError, StoreError
-from services.fleet import Fleet
-from services.reactors import PRE_RUNNING, Reactors
+from services.manager.fleet import Fleet
+from services.manager.reactors import PRE_RUNNING, Reactors
+from services.transport.client import Client
+from services.transport.connection import subscriptions_ready
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
 from projections.verify import verify
-from services import admin_sql
-from services.eventstore.client import Client
+from services.manager import admin_sql
+from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from domain import admission, rpc, subjects
 from domain.events import Event
 from domain.session import Session
 from domain.status import TERMINAL, KernelStatus
-from services.cli_nats import CliError, Connection
-from services.eventstore import progress as progress_stream
+from services.cli.connection import CliError, Connection
 from services.eventstore.store import EventStore
+from services.transport import progress as progress_stream
 
 S = KernelStatus
 RATE_WINDOW_S = 3.0  # rates are averaged over this many seconds of samples

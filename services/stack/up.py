@@ -25,15 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from domain import subjects
-from services import natsauth
-from services.eventstore import client, progress
-from services.eventstore.bulk import BulkReader
-from services.eventstore.client import Client
-from services.eventstore.store import EventStore, StoreError
-from services.natsserver import NatsServer, nats_server_binary, wait_for_port
-from services.pdeathsig import NoParentDeathSignal, die_with_parent
-from services.stack_lock import DataDirLock
+from services.eventstore.store import StoreError, event_store
+from services.stack import natsauth
+from services.stack.lock import DataDirLock
+from services.stack.natsserver import NatsServer, nats_server_binary, wait_for_port
+from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
+from services.transport import client, credentials, progress
+from services.transport.client import Client
 
 DEFAULT_DATA_DIR = Path(".hoist")
 DEFAULT_PORT = 4222
@@ -111,7 +109,7 @@ class StackInfo:
         return True
 
 
-def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> natsauth.Credentials:
+def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credentials.Credentials:
     """Give a new agent (one on another host, say) its NATS user on the running stack: new
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
     creds = natsauth.generate_credentials(data_dir, [agent_id])
@@ -129,7 +127,7 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> natsauth.C
 
 def start_nats(
     data_dir: Path, port: int, agent_ids: list[str], lock: DataDirLock
-) -> tuple[NatsServer, natsauth.Credentials]:
+) -> tuple[NatsServer, credentials.Credentials]:
     """Start nats-server on the project's nats.conf with this data dir's credentials (agents'
     users included: they are generated before the server reads auth.conf). It holds the data
     dir's ``lock`` and ends with this process."""
@@ -184,15 +182,6 @@ class _OwnSessionNatsServer(NatsServer):
 
 async def connect(url: str, name: str) -> Client:
     return await client.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
-
-
-def event_store(nc: Client) -> EventStore:
-    return EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
-
-
-def bulk_reader(url: str) -> BulkReader:
-    """Long replays of the event stream in a child process connected to ``url``."""
-    return BulkReader(url, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
 
 
 def docker_reachable(docker_host: str | None) -> tuple[bool, str]:
@@ -262,7 +251,7 @@ class Stack:
         self.docker_host = docker_host
         self.dummy_config = dummy_config or DUMMY_CONFIG
         self.server: NatsServer | None = None
-        self.creds: natsauth.Credentials | None = None
+        self.creds: credentials.Credentials | None = None
         self.children: list[Child] = []
         self.lock = DataDirLock(self.data_dir)
 
@@ -273,7 +262,7 @@ class Stack:
 
     def role_url(self, role: str, agent_id: str | None = None) -> str:
         assert self.creds is not None
-        return natsauth.role_url(self.url, role, self.creds, agent_id=agent_id)
+        return credentials.role_url(self.url, role, self.creds, agent_id=agent_id)
 
     async def start(self) -> None:
         try:

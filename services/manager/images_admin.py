@@ -41,9 +41,9 @@ from domain.limits import MAX_LIST, Id, Image, quote
 from domain.rpc import RequestError, decode
 from domain.status import KernelStatus
 from domain.subjects import ADMIN, PROGRESS
-from services.eventstore.client import Client
-from services.fleet import Fleet
-from services.reactors import AgentRefused, AgentRpc, AgentUnreachable
+from services.manager.fleet import Fleet
+from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
+from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 

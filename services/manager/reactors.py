@@ -38,8 +38,8 @@ from domain.errors import DomainError
 from domain.session import Session
 from domain.status import Kernel, KernelStatus
 from domain.subjects import agent_rpc
-from services.eventstore.client import Client
-from services.fleet import Fleet
+from services.manager.fleet import Fleet
+from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 

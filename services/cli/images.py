@@ -11,10 +11,11 @@ import json
 import re
 from typing import Any
 
-from services import cli, cli_nats
-from services.agent_sync import AGENT_SYNC
-from services.images_admin import JOB, PRELOAD, UNLOAD
-from services.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
+from services.cli import connection as cli_nats
+from services.cli import main as cli
+from services.manager.agent_sync import AGENT_SYNC
+from services.manager.images_admin import JOB, PRELOAD, UNLOAD
+from services.manager.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}

@@ -21,11 +21,13 @@ from rich.console import Console
 
 from domain import codec, subjects
 from domain.admission import Inadmissible, admit, writer
-from services import cli_read, natsauth, stack
-from services.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
-from services.cli_nats import CliError, Connection
-from services.eventstore.store import Recorded, StoreError
-from services.progress_view import FAILED, Outcome, watch
+from services.cli import read as cli_read
+from services.cli.connection import CliError, Connection
+from services.cli.progress_view import FAILED, Outcome, watch
+from services.eventstore.store import Recorded, StoreError, event_store
+from services.manager.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
+from services.stack import up as stack
+from services.transport import credentials
 
 # --- where to connect ---------------------------------------------------------------------------
 
@@ -43,10 +45,10 @@ def _stack_url(args: argparse.Namespace, role: str) -> str:
             f" {data_dir}` (or set HOIST_NATS_URL)"
         )
     try:
-        creds = natsauth.load_credentials(data_dir)
+        creds = credentials.load_credentials(data_dir)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
-    return natsauth.role_url(info.url, role, creds)
+    return credentials.role_url(info.url, role, creds)
 
 
 @contextlib.asynccontextmanager
@@ -229,7 +231,7 @@ async def _print_events(
 ) -> None:
     stop = _interrupt_event()
     async with _connection(args) as conn:
-        store = stack.event_store(conn.nc)
+        store = event_store(conn.nc)
         if subject_filter and not follow and await store.last_seq(subject_filter) == 0:
             raise CliError(f"no events under {subject_filter}: check the session id")
 
@@ -279,11 +281,11 @@ async def cmd_creds(args: argparse.Namespace) -> None:
         raise CliError(
             f"no Hoist stack runs in {data_dir}: start one with `hoist up --data-dir {data_dir}`"
         )
-    creds = natsauth.load_credentials(data_dir)
+    creds = credentials.load_credentials(data_dir)
     if args.role == "agent" and args.agent_id and args.agent_id not in creds.agents:
         creds = stack.add_agent_user(data_dir, info, args.agent_id)  # an agent joining later
     try:
-        print(natsauth.role_url(info.url, args.role, creds, agent_id=args.agent_id))
+        print(credentials.role_url(info.url, args.role, creds, agent_id=args.agent_id))
     except KeyError as e:
         raise CliError(f"{e.args[0]}") from None
 
@@ -439,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")
-    creds.add_argument("role", choices=natsauth.ROLES)
+    creds.add_argument("role", choices=credentials.ROLES)
     creds.add_argument("--agent-id", help="for role agent: which agent")
     creds.set_defaults(func=cmd_creds)
 
@@ -498,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.
-    from services import audit_cli, image_cli
+    from services.cli import audit as audit_cli
+    from services.cli import images as image_cli
 
     audit_cli.register(sub)
     image_cli.register(sub)

@@ -1,0 +1,102 @@
+"""How a process logs in to a stack's nats-server: the role users' credentials a stack wrote
+in its data dir (services.stack.natsauth generates them and the server's permissions) and the
+URL that carries them.  The manager, the agents and the CLI read them; only the stack writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from domain.subjects import check_token
+
+ROLES = ("manager", "agent", "client", "admin")
+CREDENTIALS_FILE = "credentials.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """One password per role user; ``agents`` maps agent id to that agent's password."""
+
+    manager: str
+    client: str
+    admin: str
+    agents: dict[str, str] = field(default_factory=dict)
+
+    def password(self, role: str, agent_id: str | None = None) -> str:
+        if role == "agent":
+            agent_id = agent_id_checked(agent_id)
+            if agent_id not in self.agents:
+                raise KeyError(
+                    f"no credentials for agent {agent_id!r}: generate them with"
+                    " generate_credentials(data_dir, [agent_id]) and reload nats-server"
+                )
+            return self.agents[agent_id]
+        if agent_id is not None:
+            raise ValueError(f"agent_id is only for role 'agent', not {role!r}")
+        return str(getattr(self, check_role(role)))
+
+
+def user_name(role: str, agent_id: str | None = None) -> str:
+    if check_role(role) == "agent":
+        return f"agent-{agent_id_checked(agent_id)}"
+    return role
+
+
+def load_credentials(data_dir: Path) -> Credentials:
+    """The credentials a stack generated in ``data_dir``; never creates any."""
+    path = Path(data_dir) / CREDENTIALS_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no credentials in {data_dir}: start the stack with `hoist up --data-dir {data_dir}`"
+            " (it generates them)"
+        )
+    stored = read_json(path)
+    try:
+        return Credentials(
+            manager=stored["manager"],
+            client=stored["client"],
+            admin=stored["admin"],
+            agents=dict(stored.get("agents") or {}),
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"{path} lacks the {err} password: start the stack again to fill it in"
+        ) from None
+
+
+def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None = None) -> str:
+    """``base_url`` (nats://host:port) carrying the role user's name and password."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
+    user = quote(user_name(role, agent_id), safe="")
+    password = quote(creds.password(role, agent_id), safe="")
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
+
+
+def check_role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
+
+
+def agent_id_checked(agent_id: str | None) -> str:
+    if agent_id is None:
+        raise ValueError("role 'agent' needs an agent_id (one NATS user per agent)")
+    return check_token(agent_id, "agent id")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        stored = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): delete it to generate new credentials"
+        ) from None
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} must hold a JSON object: delete it to generate new credentials")
+    return stored
