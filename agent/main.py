@@ -20,7 +20,7 @@ from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
-from agent.server import Agent
+from agent.server import AgentServer
 from services.transport.connection import connect_for_ever, serve_until_signalled
 
 URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
             " e.g. nats://agent-ID:PASSWORD@host:4222"
         )
     nc = await connect_for_ever(args.nats_url, f"hoist-agent-{config.agent_id}", log)
-    agent = Agent(nc, config, runtime)
+    agent = AgentServer(nc, config, runtime)
     await serve_until_signalled(nc, agent, f"agent {config.agent_id} ready")
 
 

@@ -1,6 +1,6 @@
 """The agent process: registers, heartbeats, and serves its request/reply subjects.
 
-``Agent(nc, config, runtime)``; ``await agent.start()`` registers (AgentRegistered, or
+``AgentServer(nc, config, runtime)``; ``await agent.start()`` registers (AgentRegistered, or
 AgentReregistered when the aggregate exists) with what the runtime really holds, then serves
 ``hoist.agent.<id>.<verb>`` (verbs and payloads: domain.rpc) and heartbeats on
 ``hoist.heartbeat.<id>``; ``await agent.stop()`` ends both and cancels pulls in flight.
@@ -54,7 +54,7 @@ _BEAT = {rpc.BEAT_HEADER: "1"}
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
 
 
-class Agent:
+class AgentServer:
     def __init__(
         self, nc: Client, config: AgentConfig, runtime: Runtime, store: EventStore | None = None
     ) -> None:

@@ -31,7 +31,7 @@ from agent.config import AgentConfig
 from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
-from agent.server import Agent
+from agent.server import AgentServer
 from services.eventstore.store import event_store
 from services.manager.api import SESSION_CREATE
 from services.stack.natsserver import NatsServer
@@ -63,7 +63,7 @@ async def run_agents(url: str, count: int) -> None:
             heartbeat_interval_s=2.0,
             pulls=PullPolicy(),
         )
-        agent = Agent(nc, cfg, DummyRuntime(cfg.agent_id, dummy), store)
+        agent = AgentServer(nc, cfg, DummyRuntime(cfg.agent_id, dummy), store)
         await agent.start()
         agents.append(agent)
     print("agents ready", flush=True)

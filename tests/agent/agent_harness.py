@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from agent.config import AgentConfig
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
-from agent.server import Agent
+from agent.server import AgentServer
 from domain import events as ev
 from domain import rpc, subjects
 from domain.codec import decode
@@ -50,8 +50,8 @@ def config(agent_id: str, **overrides: Any) -> AgentConfig:
 @asynccontextmanager
 async def running(
     nc: Client, store: EventStore, runtime: Runtime, cfg: AgentConfig
-) -> AsyncIterator[Agent]:
-    agent = Agent(nc, cfg, runtime, store)
+) -> AsyncIterator[AgentServer]:
+    agent = AgentServer(nc, cfg, runtime, store)
     await agent.start()
     try:
         yield agent

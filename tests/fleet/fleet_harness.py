@@ -9,7 +9,7 @@ from typing import Any
 
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
-from agent.server import Agent
+from agent.server import AgentServer
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running
@@ -27,7 +27,7 @@ async def fleet(
     heartbeat_s: float = 0.2,
     gc: GcPolicy | None = None,
     **dummy_cfg: Any,
-) -> AsyncIterator[dict[str, Agent]]:
+) -> AsyncIterator[dict[str, AgentServer]]:
     """Dummy agents, one per ``disks`` entry (agent id -> disk bytes)."""
     async with AsyncExitStack() as stack:
         out = {}

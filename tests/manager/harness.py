@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
-from agent.server import Agent
+from agent.server import AgentServer
 from domain.scheduling import Limits, Policy
 from services.eventstore.store import EventStore
 from services.manager.api import SESSION_CREATE, SESSION_GET
@@ -45,7 +45,7 @@ async def agents(
     pulls: PullPolicy | None = None,
     resource_group: str = "default",
     **dummy_cfg: Any,
-) -> AsyncIterator[dict[str, Agent]]:
+) -> AsyncIterator[dict[str, AgentServer]]:
     """Dummy agents serving their RPC subjects in this process."""
     async with AsyncExitStack() as stack:
         out = {}
