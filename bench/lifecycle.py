@@ -32,8 +32,8 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
+from domain.subjects import SESSION_CREATE
 from services.eventstore.store import event_store
-from services.manager.api import SESSION_CREATE
 from services.stack.natsserver import NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect

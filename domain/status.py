@@ -67,6 +67,16 @@ AGENT_RESOURCE_OCCUPYING: frozenset[KernelStatus] = frozenset(
 # A user's quota is not charged while the image is pulling (seed 000: "PULLING status kernels
 # don't occupy any resources"); PENDING never occupies anything.
 USER_RESOURCE_OCCUPYING: frozenset[KernelStatus] = AGENT_RESOURCE_OCCUPYING - {S.PULLING}
+# Not running yet: a destroy cancels these, and a superadmin may force-cancel them.
+PRE_RUNNING: frozenset[KernelStatus] = frozenset(
+    {S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
+)
+# Placed on an agent whose image the agent is about to need (image GC must keep it, unload
+# refuses it); IN_USE: its container uses the image now.
+ABOUT_TO_USE: frozenset[KernelStatus] = frozenset(
+    {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING}
+)
+IN_USE: frozenset[KernelStatus] = frozenset({S.RUNNING, S.TERMINATING})
 
 
 def check_transition(old: KernelStatus, new: KernelStatus, kernel_id: str = "") -> None:

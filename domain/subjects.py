@@ -97,3 +97,47 @@ def agent_progress(agent_id: str, pull_token: str) -> str:
 
 def heartbeat(agent_id: str) -> str:
     return f"{HEARTBEAT}.{check_token(agent_id, 'agent id')}"
+
+
+# -- the manager's commands and queries (payloads: domain.contracts) ------------------------------
+
+# Sessions (domain.contracts.sessions)
+SESSION_CREATE = f"{API}.session.create"
+SESSION_GET = f"{API}.session.get"
+SESSION_DESTROY = f"{API}.session.destroy"
+KERNEL_CANCEL = f"{ADMIN}.kernel.cancel"
+
+# Prepull policies (domain.contracts.policies)
+POLICY_SET = f"{ADMIN}.image.policy.set"
+POLICY_REMOVE = f"{ADMIN}.image.policy.remove"
+POLICY_LIST = f"{ADMIN}.image.policy.list"
+POLICY_PLAN = f"{ADMIN}.image.policy.plan"
+
+# Preload and unload jobs (domain.contracts.images)
+PRELOAD = f"{ADMIN}.image.preload"
+UNLOAD = f"{ADMIN}.image.unload"
+JOB = f"{ADMIN}.image.job"
+JOBS = f"{ADMIN}.image.jobs"
+
+# Agent resource sync (domain.contracts.agents)
+AGENT_SYNC = f"{ADMIN}.agent.sync"
+
+# Read-model queries (domain.contracts.queries): ``hoist.query.<name>`` for each name here,
+# plus the admin's SQL and verify.
+QUERY_NAMES = (
+    "kernels",
+    "sessions",
+    "occupancy",
+    "agents",
+    "images",
+    "pulls",
+    "policies",
+    "quarantine",
+)
+SQL_SUBJECT = f"{ADMIN}.query.sql"
+VERIFY_SUBJECT = f"{ADMIN}.verify"
+
+
+def query_subject(name: str) -> str:
+    """The subject of one read-model query (a name in QUERY_NAMES)."""
+    return f"{QUERY}.{name}"

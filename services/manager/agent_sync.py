@@ -7,9 +7,7 @@ records TERMINATED ``container-gone: not found on agent X`` (``container-exited:
 heartbeat saw the process end).
 
 When it runs:
-- ``hoist.admin.agent.sync {agent_ids?}`` (none: every live agent) -> ``{"agents": {id:
-  {"running", "terminated", "destroyed", "repaired": [kernel ids recorded TERMINATED]} |
-  {"error"}}}``;
+- ``hoist.admin.agent.sync`` (domain.contracts.agents says what it takes and answers);
 - the configurable triggers ``after-scheduling`` (the placed agents, right after a session is
   scheduled), ``before-kernel-creation`` (the agents of a session's creates, first) and
   ``on-creation-failure`` (the default: every agent that refused a create with
@@ -35,16 +33,17 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
 from domain import rpc
-from domain.limits import MAX_LIST, Id, quote
+from domain.contracts.agents import DEFAULT_TRIGGERS, SyncAgents, check_triggers
+from domain.limits import quote
 from domain.rpc import RequestError, decode
 from domain.session import Session
-from domain.status import KernelStatus
-from domain.subjects import ADMIN
+from domain.status import ABOUT_TO_USE, KernelStatus
+from domain.subjects import AGENT_SYNC
 from services.manager.fleet import Fleet
 from services.manager.liveness import LivenessWatcher
 from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
@@ -52,28 +51,6 @@ from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, 
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-AGENT_SYNC = f"{ADMIN}.agent.sync"
-TRIGGERS = ("after-scheduling", "before-kernel-creation", "on-creation-failure")
-DEFAULT_TRIGGERS = frozenset({"on-creation-failure"})
-# Kernels whose image the agent is about to need (image GC must keep it).
-ABOUT_TO_USE = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING})
-
-
-AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
-
-
-class SyncAgents(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    agent_ids: AgentIds | None = None  # None: every live agent
-
-
-def check_triggers(triggers: Iterable[str]) -> frozenset[str]:
-    out = frozenset(triggers)
-    unknown = out - set(TRIGGERS)
-    if unknown:
-        raise ValueError(
-            f"agent resource sync trigger must be among {list(TRIGGERS)}, got {sorted(unknown)}"
-        )
-    return out
 
 
 class AgentSync:

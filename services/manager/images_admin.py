@@ -1,20 +1,10 @@
 """Preload and unload images across the fleet (seed 000 step 4), like OpenKruise's ImagePullJob.
 
-- ``hoist.admin.image.preload {images, agents | resource_group | all, parallelism=4,
-  timeout=600, backoff_limit=3, backoff=2, wait=0}`` starts a job and answers its view (after up
-  to ``wait`` seconds, or at once): at most ``parallelism`` agents pull at a time; each agent
-  gets ``preload`` (the agent records ImagePreloaded, pinned: image GC keeps the images until
-  they are unloaded); a failed agent is tried again up to ``backoff_limit`` times, ``backoff``
-  seconds doubling between tries (never for not-found or unauthorized); an agent not done
-  within ``timeout`` seconds fails ``timeout: ...`` (its pull may still finish).
-- ``hoist.admin.image.job {job_id}`` -> the job's view: per agent ``state`` waiting | pulling |
-  succeeded | failed (with ``reason``), ``attempts``, per image state and bytes (from the
-  progress stream); ``overall`` counts and bytes.  ``hoist.admin.image.jobs {}`` lists them.
-- ``hoist.admin.image.unload {images, agents | resource_group | all}`` -> ``{"agents": {id:
-  {image: {"removed", "reason"?}}}}``.  Refused per agent, before the agent is asked, where a
-  kernel uses the image (``in-use: kernel K RUNNING``) or is about to (``about-to-use: kernel
-  K PULLING``: SCHEDULED through CREATING) or a prepull policy wants it there (``pinned: ...``);
-  the agent refuses too (a container it has, a pull in flight).
+Commands (admin): ``hoist.admin.image.preload``, ``.job``, ``.jobs`` and ``.unload``; what each
+takes and answers is in domain.contracts.images.  A job pulls on at most ``parallelism`` agents
+at a time, retries a failed agent with doubling backoff (never for not-found or unauthorized),
+and gives an agent up after ``timeout``; an unload is refused per agent where a kernel uses the
+image or is about to, or a prepull policy wants it there.
 
 Jobs live in the manager's memory (their effects are events: ImagePullStarted, ImagePulled,
 ImagePreloaded); a restarted manager forgets the job views, not the preloads.
@@ -29,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 from nats.aio.msg import Msg
@@ -37,56 +27,25 @@ from nats.aio.subscription import Subscription
 
 from domain import events as ev
 from domain import rpc
-from domain.limits import MAX_LIST, Id, Image, quote
+from domain.contracts.images import (
+    JobRequest,
+    NoRequest,
+    PreloadRequest,
+    UnloadRequest,
+)
+from domain.contracts.images import Targets as _Targets
+from domain.limits import quote
 from domain.rpc import RequestError, decode
-from domain.status import KernelStatus
-from domain.subjects import ADMIN, PROGRESS
+from domain.status import ABOUT_TO_USE, IN_USE
+from domain.subjects import JOB, JOBS, PRELOAD, PROGRESS, UNLOAD
 from services.manager.fleet import Fleet
 from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
 from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 
-S = KernelStatus
-PRELOAD = f"{ADMIN}.image.preload"
-UNLOAD = f"{ADMIN}.image.unload"
-JOB = f"{ADMIN}.image.job"
-JOBS = f"{ADMIN}.image.jobs"
-IN_USE = frozenset({S.RUNNING, S.TERMINATING})
-ABOUT_TO_USE = frozenset({S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING})
 _PERMANENT = ("not found", "manifest unknown", "unauthorized", "denied")
 MAX_JOBS = 200  # finished job views kept
-
-Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
-AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
-
-
-class _Targets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    images: Images
-    agents: AgentIds | None = None
-    resource_group: Id | None = None
-    all: bool = False
-
-
-class PreloadRequest(_Targets, frozen=True, kw_only=True):
-    parallelism: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 4
-    timeout: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 600.0  # per agent, seconds
-    backoff_limit: Annotated[int, msgspec.Meta(ge=0, le=20)] = 3
-    backoff: Annotated[float, msgspec.Meta(ge=0, le=600)] = 2.0  # seconds, doubled each retry
-    wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0
-
-
-class UnloadRequest(_Targets, frozen=True, kw_only=True):
-    pass
-
-
-class JobRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    job_id: Id
-
-
-class NoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
 
 AgentState = Literal["waiting", "pulling", "succeeded", "failed"]
 

@@ -18,22 +18,28 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from domain import events as ev
+from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS
 from domain.scheduling import Limits, Policy
-from services.eventstore.bulk import bulk_reader
-from services.eventstore.repository import Repository
-from services.eventstore.store import event_store
-from services.manager.agent_sync import AGENT_SYNC, DEFAULT_TRIGGERS, TRIGGERS, AgentSync
-from services.manager.api import Api
-from services.manager.fleet import Fleet
-from services.manager.images_admin import JOB, JOBS, PRELOAD, UNLOAD, ImagesAdmin
-from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
-from services.manager.prepull import (
+from domain.subjects import (
+    AGENT_SYNC,
+    JOB,
+    JOBS,
     POLICY_LIST,
     POLICY_PLAN,
     POLICY_REMOVE,
     POLICY_SET,
-    PrepullLoop,
+    PRELOAD,
+    UNLOAD,
 )
+from services.eventstore.bulk import bulk_reader
+from services.eventstore.repository import Repository
+from services.eventstore.store import event_store
+from services.manager.agent_sync import AgentSync
+from services.manager.api import Api
+from services.manager.fleet import Fleet
+from services.manager.images_admin import ImagesAdmin
+from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
 from services.manager.reactors import AgentRpc, Reactors
 from services.manager.read_models import IN_MEMORY, ReadModels

@@ -1,14 +1,7 @@
 """Prepull policies on the manager: the commands, and the loop that converges the fleet.
 
-Commands (admin):
-- ``hoist.admin.image.policy.set {name, rules, resource_groups=[], priority=0, dry_run=false}``
-  records PrepullPolicySet (unless ``dry_run``) and answers the plan with it:
-  ``{"policy": {...}, "recorded": bool, "plans": {agent: plan}}``;
-- ``hoist.admin.image.policy.remove {name, dry_run=false}`` records PrepullPolicyRemoved;
-- ``hoist.admin.image.policy.list {}`` -> ``{"policies": [...]}``;
-- ``hoist.admin.image.policy.plan {}`` -> ``{"plans": {...}, "converged": bool}``.
-A plan is ``{"budget", "bytes", "desired": [{"image", "size_bytes", "policy", "why"}],
-"to_pull": [...], "skipped": [{"image", "why"}]}`` (domain.prepull.plan_agent).
+Commands (admin): ``hoist.admin.image.policy.set``, ``.remove``, ``.list``, ``.plan``; what each
+takes and answers is in domain.contracts.policies.
 
 Convergence (on every policy change, agent (re)registration, and every ``interval_s``): for
 each live agent, the plan's images are pinned on the agent (``pin-images`` ``policy``: image GC
@@ -27,14 +20,18 @@ import copy
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
-
-import msgspec
+from typing import Any
 
 from domain import events as ev
 from domain import rpc
+from domain.contracts.policies import (
+    NoRequest,
+    RemovePolicy,
+    SetPolicy,
+    plan_view,
+    policy_view,
+)
 from domain.errors import DomainError
-from domain.limits import MAX_LIST, Id
 from domain.prepull import (
     DEFAULT_FILL,
     AgentDisk,
@@ -46,7 +43,7 @@ from domain.prepull import (
 )
 from domain.rpc import RequestError, decode
 from domain.status import TERMINAL
-from domain.subjects import ADMIN
+from domain.subjects import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError
 from services.manager.fleet import Fleet
@@ -54,52 +51,7 @@ from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
 
 log = logging.getLogger(__name__)
 
-POLICY_SET = f"{ADMIN}.image.policy.set"
-POLICY_REMOVE = f"{ADMIN}.image.policy.remove"
-POLICY_LIST = f"{ADMIN}.image.policy.list"
-POLICY_PLAN = f"{ADMIN}.image.policy.plan"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class SetPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: Id  # a subject token: hoist.events.prepull-policy.<name>
-    rules: Annotated[list[ev.Rule], msgspec.Meta(min_length=1, max_length=64)]
-    resource_groups: Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)] = []
-    priority: Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)] = 0  # as PrepullPolicySet
-    dry_run: bool = False
-
-
-class RemovePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: Id
-    dry_run: bool = False
-
-
-class NoRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-def plan_view(plan: AgentPlan) -> dict[str, Any]:
-    return {
-        "budget": plan.budget,
-        "bytes": plan.bytes,
-        "desired": [
-            {"image": w.image, "size_bytes": w.size_bytes, "policy": w.policy, "why": w.why}
-            for w in plan.desired
-        ],
-        "to_pull": plan.to_pull,
-        "skipped": [{"image": i, "why": why} for i, why in plan.skipped],
-    }
-
-
-def policy_view(p: PrepullPolicy) -> dict[str, Any]:
-    return {
-        "name": p.id,
-        "resource_groups": p.resource_groups,
-        "rules": msgspec.to_builtins(p.rules),
-        "priority": p.priority,
-        "removed": p.removed,
-        "reason": p.reason,
-    }
 
 
 class PrepullLoop:

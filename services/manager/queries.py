@@ -1,35 +1,9 @@
 """Read-model queries over NATS, served by the manager process beside the projection runner
 (it owns the DuckDB file; queries read through cursors of the runner's connection).
 
-Requests and replies are JSON.  Every reply says which stream sequence the model reflects:
-``{"seq": N, "rows": [...]}``; a bad request gets ``{"error": {"code": "invalid-request",
-"message": ...}}`` naming the field.  ``min_seq`` makes the query wait (at most ``timeout``
-seconds, default 5) until the model reflects that sequence: read-your-writes after a command
-that returned its event sequences.
-
-- ``hoist.query.kernels``   filters kernel_id, session_id, owner, agent_id, image,
-  resource_group, status
-- ``hoist.query.sessions``  filters session_id, owner, image, resource_group, status
-- ``hoist.query.occupancy`` ``by``: "owner" (default; charged statuses exclude PULLING) or
-  "agent"; filters owner / agent_id
-- ``hoist.query.agents``    filters agent_id, resource_group, alive
-- ``hoist.query.images``    filters agent_id, image, preloaded, pinned
-- ``hoist.query.pulls``     filters agent_id, task_id, image, outcome
-- ``hoist.query.policies``  filters name, removed (prepull policies; ``resource_groups`` and
-  ``rules`` come as JSON lists)
-- ``hoist.query.quarantine`` filters subject, event_type, actor, writer: events every reader
-  skips (seq, subject, event_type, reason, actor as claimed, writer as the grants allow,
-  stored_at)
-  Text filters take a string or a list of strings (any of them); ``alive``/``preloaded``/
-  ``pinned``/``removed`` a boolean.  Also ``limit`` (1-10000, default 1000; the reply has
-  ``"truncated": true`` when more rows matched).
-- ``hoist.admin.query.sql`` ``{"sql": "SELECT ..."}``: one read-only SELECT; reply
-  ``{"seq", "columns": [...], "rows": [[...], ...], "truncated"}``.  Anything else (INSERT,
-  UPDATE, DROP, ATTACH, COPY, SET, file access, ...) is refused with code ``read-only``;
-  ``time_limit`` (seconds, default 10, at most 30) interrupts it with code ``timeout``
-  (``services/admin_sql.py``).
-- ``hoist.admin.verify`` ``{}``: rebuild every model in memory up to the live sequence and
-  compare; reply ``{"seq", "ok", "differences": [...]}``.
+What each query subject takes and answers is in domain.contracts.queries: the filters
+of ``hoist.query.<name>`` per name, ``min_seq``/``timeout``/``limit``, and the admin's
+``hoist.admin.query.sql`` (services.manager.admin_sql) and ``hoist.admin.verify``.
 """
 
 from __future__ import annotations
@@ -47,9 +21,18 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain import rpc, subjects
+from domain.contracts.queries import (
+    COMMON,
+    DEFAULT_LIMIT,
+    DEFAULT_WAIT_S,
+    MAX_LIMIT,
+    MAX_WAIT_S,
+    PULL_OUTCOMES,
+)
 from domain.limits import MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
+from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
@@ -59,14 +42,7 @@ from services.transport.client import Client
 
 log = logging.getLogger(__name__)
 
-SQL_SUBJECT = f"{subjects.ADMIN}.query.sql"
-VERIFY_SUBJECT = f"{subjects.ADMIN}.verify"
 QUEUE_GROUP = "hoist-queries"
-MAX_LIMIT = 10_000
-DEFAULT_LIMIT = 1000
-MAX_WAIT_S = 30.0
-DEFAULT_WAIT_S = 5.0
-PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")
 # Checked field by field below, once rpc.decode has bounded its size and depth.
 Request = dict[str, Any]
 
@@ -157,7 +133,6 @@ QUERIES: dict[str, Query] = {
         "seq",
     ),
 }
-COMMON = ("min_seq", "timeout", "limit")
 
 
 async def serve_queries(

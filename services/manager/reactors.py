@@ -36,7 +36,7 @@ from domain import events as ev
 from domain import rpc
 from domain.errors import DomainError
 from domain.session import Session
-from domain.status import Kernel, KernelStatus
+from domain.status import PRE_RUNNING, Kernel, KernelStatus
 from domain.subjects import agent_rpc
 from services.manager.fleet import Fleet
 from services.transport.client import Client
@@ -44,7 +44,6 @@ from services.transport.client import Client
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-PRE_RUNNING = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING})
 _MAX_STEPS = 32  # per kick; a session needs at most ~8
 
 

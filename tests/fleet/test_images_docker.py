@@ -16,9 +16,8 @@ from agent.runtime.base import LABEL_AGENT
 from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
+from domain.subjects import JOB, PRELOAD, SESSION_DESTROY, UNLOAD
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_DESTROY
-from services.manager.images_admin import JOB, PRELOAD, UNLOAD
 from services.transport.client import Client
 from tests.agent.agent_harness import agent_events, call, config, event_of, running
 from tests.fleet.fleet_harness import admin

@@ -8,8 +8,8 @@ import asyncio
 from agent.runtime.base import PulledImage
 from agent.runtime.dummy import PullFailure
 from domain import events as ev
+from domain.subjects import JOB, JOBS, PRELOAD, UNLOAD
 from services.eventstore.store import EventStore
-from services.manager.images_admin import JOB, JOBS, PRELOAD, UNLOAD
 from services.transport.client import Client
 from tests.agent.agent_harness import agent_events, wait_for
 from tests.fleet.fleet_harness import admin, fleet

@@ -12,9 +12,9 @@ import pytest
 from domain import events as ev
 from domain.errors import InvalidField
 from domain.prepull import AgentDisk, KnownImage, Policy, PrepullPolicy, plan_agent
+from domain.subjects import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.manager.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.fleet.fleet_harness import admin, fleet

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from domain import rpc
+from domain.subjects import AGENT_SYNC
 from services.eventstore.store import EventStore
-from services.manager.agent_sync import AGENT_SYNC
 from services.transport.client import Client
 from tests.agent.agent_harness import call, wait_for
 from tests.fleet.fleet_harness import admin, fleet

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from domain import limits, rpc, subjects
+from domain.subjects import SESSION_CREATE
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_CREATE
 from services.transport.client import Client
 from tests.agent.agent_harness import store_fixture  # noqa: F401 - the `store` fixture
 from tests.manager.harness import MB, agents, create_payload, manager

@@ -13,8 +13,8 @@ from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import AgentServer
 from domain.scheduling import Limits, Policy
+from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_CREATE, SESSION_GET
 from services.manager.main import Manager, ManagerConfig
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for

@@ -12,8 +12,8 @@ import pytest
 from agent.pulls import PullPolicy
 from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL
 from agent.runtime.docker import DockerRuntime
+from domain.subjects import SESSION_DESTROY
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_DESTROY
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running
 from tests.infra.images import remove_local

@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from domain import subjects
+from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.transport.client import Client
 from tests.manager.harness import (
     MB,

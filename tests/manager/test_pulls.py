@@ -15,8 +15,8 @@ from agent.runtime.dummy import DummyHost, PullFailure
 from domain import subjects
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
+from domain.subjects import KERNEL_CANCEL
 from services.eventstore.store import EventStore, event_store
-from services.manager.api import KERNEL_CANCEL
 from services.stack import natsauth
 from services.stack.natsserver import NatsServer
 from services.transport import credentials

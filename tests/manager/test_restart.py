@@ -17,8 +17,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from domain import events as ev
 from domain.codec import decode
+from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_CREATE, SESSION_GET
 from services.stack.natsserver import NatsServer
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for

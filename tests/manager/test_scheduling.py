@@ -7,8 +7,8 @@ from collections import Counter
 
 from domain import rpc
 from domain.scheduling import Limits, Policy
+from domain.subjects import SESSION_CREATE, SESSION_DESTROY
 from services.eventstore.store import EventStore
-from services.manager.api import SESSION_CREATE, SESSION_DESTROY
 from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import (

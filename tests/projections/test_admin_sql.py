@@ -15,9 +15,9 @@ import duckdb
 import pytest
 
 from domain.session import Session
+from domain.subjects import SQL_SUBJECT
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.manager.queries import SQL_SUBJECT
 from services.manager.read_models import ReadModels
 from services.transport.client import Client
 

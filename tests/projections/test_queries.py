@@ -11,10 +11,11 @@ import duckdb
 import pytest
 
 from domain.session import Session
+from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
-from services.manager.queries import SQL_SUBJECT, VERIFY_SUBJECT, serve_queries
+from services.manager.queries import serve_queries
 from services.transport.client import Client
 from tests.projections.conftest import scripted_history
 
