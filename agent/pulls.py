@@ -22,6 +22,7 @@ from typing import Protocol
 from agent.runtime.base import PulledImage, PullError, Runtime
 from agent.runtime.base import PullProgress as LayerUpdate
 from domain.rpc import LayerProgress, PullProgress, PullState
+from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class PullManager:
         self.tasks: OrderedDict[str, PullTask] = OrderedDict()  # by task id, oldest first
         self.active: dict[str, PullTask] = {}  # image -> its unfinished task
         self._slots = asyncio.Semaphore(self.policy.max_parallel)
-        self._runners: set[asyncio.Task[None]] = set()
+        self._runners = Tasks()
         self.pulls_started = 0  # attempts that reached the runtime (for tests and benchmarks)
 
     def request(self, image: str) -> PullTask:
@@ -144,9 +145,7 @@ class PullManager:
             if not oldest.finished:
                 break
             self.tasks.popitem(last=False)
-        runner = asyncio.create_task(self._run(task), name=f"pull {image}")
-        self._runners.add(runner)
-        runner.add_done_callback(self._runners.discard)
+        self._runners.spawn(self._run(task), name=f"pull {image}")
         return task
 
     def get(self, task_id: str) -> PullTask | None:
@@ -154,9 +153,7 @@ class PullManager:
 
     async def close(self) -> None:
         """Cancel every pull (the agent stops; a restarted agent does not know them)."""
-        for runner in list(self._runners):
-            runner.cancel()
-        await asyncio.gather(*self._runners, return_exceptions=True)
+        await self._runners.stop()
 
     async def _run(self, task: PullTask) -> None:
         publisher: asyncio.Task[None] | None = None

@@ -47,6 +47,7 @@ from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from services.transport.connection import subscriptions_ready
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 _BEAT = {rpc.BEAT_HEADER: "1"}
@@ -78,7 +79,6 @@ class AgentServer:
         self.leases: dict[str, float] = {}  # image -> monotonic end of its check-and-pull lease
         self.last_used: dict[str, float] = {}  # image -> epoch s: pulled or a container made
         self._gc_lock = asyncio.Lock()
-        self._gc: asyncio.Task[None] | None = None
         self.terminating: set[str] = set()  # kernels whose destroy is in flight
         # One lock per kernel with a create or destroy in flight, with how many hold or wait for
         # it: the entry goes with the last of them (an agent sees kernels without end).
@@ -86,7 +86,7 @@ class AgentServer:
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._sub: Subscription | None = None
         self._heartbeats: asyncio.Task[None] | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()  # the loops, one per request in flight, preload follow-ups
         self.first_registration: bool | None = None
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
@@ -127,23 +127,20 @@ class AgentServer:
         self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
-        self._heartbeats = asyncio.create_task(self._heartbeat_loop())
-        self._gc = asyncio.create_task(self._gc_loop())
+        self._heartbeats = self._tasks.spawn(
+            every(cfg.heartbeat_interval_s, self._beat, f"agent {self.id}: heartbeat"),
+            name="heartbeats",
+        )
+        self._tasks.spawn(
+            every(cfg.gc.interval_s, self.image_gc, f"agent {self.id}: image gc"), name="image gc"
+        )
 
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        for loop in (self._heartbeats, self._gc):
-            # Cancel until it ends: on Python 3.11 a cancel landing as an inner wait_for (nats-py
-            # requests use one) completes is swallowed, and the loop would go on for ever.
-            while loop is not None and not loop.done():
-                loop.cancel()
-                await asyncio.wait({loop}, timeout=0.5)
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._tasks.stop()
         await self.pulls.close()
         await self.runtime.close()
 
@@ -192,23 +189,17 @@ class AgentServer:
             disk=max(0, self.capacity.disk - disk_used),
         )
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.heartbeat_interval_s)
-            try:
-                await self.send_heartbeat()
-                # Marked lost while alive (e.g. a network partition): say we are back.
-                await self.facts.refresh()
-            except Exception:  # keep beating: the next one may get through
-                log.exception("agent %s: heartbeat", self.id)
+    async def _beat(self) -> None:
+        """One round of the heartbeat loop (a failed one is logged; the next may get through)."""
+        await self.send_heartbeat()
+        # Marked lost while alive (e.g. a network partition): say we are back.
+        await self.facts.refresh()
 
     # -- request/reply -------------------------------------------------------------------------
 
     async def _on_request(self, msg: Msg) -> None:
         # One task per request: a slow create must not hold up a pull-status.
-        task = asyncio.create_task(self._serve(msg))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        self._tasks.spawn(self._serve(msg))
 
     async def _serve(self, msg: Msg) -> None:
         if not is_inbox(msg.reply):
@@ -269,18 +260,13 @@ class AgentServer:
             if isinstance(answer, rpc.ImagePresent):
                 await self.facts.image_preloaded(image, request.reason, request.pinned)
             elif (task := self.pulls.get(answer.task_id)) is not None:
-                self._spawn(self._preloaded_when_pulled(task, request.reason, request.pinned))
+                self._tasks.spawn(self._preloaded_when_pulled(task, request.reason, request.pinned))
         return out
 
     async def _preloaded_when_pulled(self, task: PullTask, reason: str, pinned: bool) -> None:
         await task.ended.wait()  # ImagePulled is recorded by then
         if task.state == "done":
             await self.facts.image_preloaded(task.image, reason, pinned)
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
 
     async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:
         if request.policy is not None:
@@ -514,14 +500,6 @@ class AgentServer:
                 kept={i.image: kept[i.image] for i in images if i.image in kept},
                 note=plan.note,
             )
-
-    async def _gc_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.gc.interval_s)
-            try:
-                await self.image_gc()
-            except Exception:  # try again next interval
-                log.exception("agent %s: image gc", self.id)
 
     # -- progress ------------------------------------------------------------------------------
 

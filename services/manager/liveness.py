@@ -9,7 +9,6 @@ the watch here.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -26,6 +25,7 @@ from domain.subjects import HEARTBEAT
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError
 from services.transport.client import Client
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class LivenessWatcher:
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
         self._decoder = msgspec.json.Decoder(Heartbeat)
         self._sub: Subscription | None = None
-        self._loop: asyncio.Task[None] | None = None
+        self._tasks = Tasks()
 
     async def start(self, known_agents: Iterable[str] = ()) -> None:
         """Watch heartbeats; ``known_agents`` (registered, not lost) get a deadline from now
@@ -64,18 +64,16 @@ class LivenessWatcher:
         for agent_id in known_agents:
             self.last_seen.setdefault(agent_id, now)
         self._sub = await self.nc.subscribe(f"{HEARTBEAT}.*", cb=self._on_heartbeat)
-        self._loop = asyncio.create_task(self._check_loop())
+        self._tasks.spawn(
+            every(self.check_interval_s, self.check, "liveness check"), name="liveness"
+        )
 
     async def stop(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
-            self._loop = None
+        await self._tasks.stop()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user
@@ -96,14 +94,6 @@ class LivenessWatcher:
         self.last_beat[agent_id] = beat
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
-
-    async def _check_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.check_interval_s)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("liveness check")
 
     async def check(self) -> list[str]:
         """Mark every agent silent for the deadline lost; return the ones marked now."""

@@ -39,6 +39,7 @@ from projections.runner import META, Runner
 from projections.verify import verify
 from services.manager import admin_sql
 from services.transport.client import Client
+from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +137,12 @@ QUERIES: dict[str, Query] = {
 
 
 async def serve_queries(
-    nc: Client, runner: Runner, *, queue: str = QUEUE_GROUP
+    nc: Client, runner: Runner, *, queue: str = QUEUE_GROUP, tasks: Tasks | None = None
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
-    request runs in its own task, so one waiting for ``min_seq`` holds up no other."""
-    tasks: set[asyncio.Task[None]] = set()
+    request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
+    ``min_seq`` holds up no other."""
+    handlers = tasks if tasks is not None else Tasks()
 
     def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
@@ -159,9 +161,7 @@ async def serve_queries(
             await msg.respond(rpc.encode_reply(reply))
 
         async def spawn(msg: Msg) -> None:
-            task = asyncio.create_task(handle(msg))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            handlers.spawn(handle(msg))
 
         return spawn
 

@@ -18,6 +18,7 @@ from services.eventstore.store import EventStore
 from services.manager.admin_sql import lock_down
 from services.manager.queries import serve_queries
 from services.transport.client import Client
+from services.transport.tasks import Tasks
 
 IN_MEMORY = ":memory:"
 
@@ -39,7 +40,7 @@ class ReadModels:
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks()
 
     async def start(self) -> None:
         if self.path != IN_MEMORY:
@@ -47,22 +48,18 @@ class ReadModels:
         self._con = duckdb.connect(self.path)
         lock_down(self._con)  # admin SQL reads this instance: no files, network, extensions
         self.runner = Runner(self._con, self.store, bulk=self.bulk)
-        self._tasks = [
-            asyncio.create_task(self.runner.serve(), name="projections"),
-            asyncio.create_task(listen_heartbeats(self.nc, self.runner), name="heartbeats"),
-        ]
-        self._subs = await serve_queries(self.nc, self.runner)
+        self._tasks.spawn(self.runner.serve(), name="projections")
+        self._tasks.spawn(listen_heartbeats(self.nc, self.runner), name="heartbeats")
+        self._subs = await serve_queries(self.nc, self.runner, tasks=self._tasks)
 
     async def stop(self) -> None:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.stop()
         if self._con is not None:
             await _close(self._con)
-        self._subs, self._tasks, self._con = [], [], None
+        self._subs, self._con = [], None
 
 
 async def _close(con: duckdb.DuckDBPyConnection, within_s: float = 30.0) -> None:
