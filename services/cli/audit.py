@@ -11,14 +11,15 @@ from typing import Any
 
 import duckdb
 
+from domain.subjects import QUERY_NAMES, SQL_SUBJECT, VERIFY_SUBJECT, query_subject
 from projections import ALL
 from projections.runner import Runner
 from services.cli import connection as cli_nats
-from services.cli import main as cli
+from services.cli.connection import CliError
 from services.cli.read import truncation_note
+from services.cli.stack_url import stack_url
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.store import event_store
-from services.manager import queries
 from services.stack import up as stack
 
 VERIFY_TIMEOUT_S = 600.0
@@ -42,7 +43,7 @@ def register(subparsers: Any) -> None:
     verify.set_defaults(func=cmd_verify)
 
     query = subparsers.add_parser("query", help="query a read model (rows as JSON lines)")
-    query.add_argument("model", choices=sorted(queries.QUERIES))
+    query.add_argument("model", choices=sorted(QUERY_NAMES))
     query.add_argument(
         "filters", nargs="*", metavar="FIELD=VALUE", help="e.g. owner=alice status=RUNNING,PULLING"
     )
@@ -66,19 +67,19 @@ def parse_until(value: str) -> tuple[int | None, datetime | None]:
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
-        raise cli.CliError(
+        raise CliError(
             f"--until {value!r} is neither a sequence (e.g. 1500) nor a time"
             " (e.g. 2025-06-01T12:00:00Z)"
         ) from None
     if when.tzinfo is None:
-        raise cli.CliError(f"--until {value!r} has no time zone: add one, e.g. Z or +02:00")
+        raise CliError(f"--until {value!r} has no time zone: add one, e.g. Z or +02:00")
     return None, when
 
 
 async def cmd_replay(args: argparse.Namespace) -> None:
     until_seq, until_time = parse_until(args.until)
     db = _new_file(args.db)
-    url = cli._stack_url(args, "client")
+    url = stack_url(args, "client")
     nc = await stack.connect(url, "hoist-replay")
     try:
         con = duckdb.connect(str(db))
@@ -102,12 +103,12 @@ async def cmd_replay(args: argparse.Namespace) -> None:
 def _new_file(path: str) -> Path:
     db = Path(path)
     if db.exists():
-        raise cli.CliError(f"--db {db} exists: choose a new file (replay never overwrites one)")
+        raise CliError(f"--db {db} exists: choose a new file (replay never overwrites one)")
     return db
 
 
 async def cmd_verify(args: argparse.Namespace) -> None:
-    reply = await _ask(args, "admin", queries.VERIFY_SUBJECT, {}, VERIFY_TIMEOUT_S)
+    reply = await _ask(args, "admin", VERIFY_SUBJECT, {}, VERIFY_TIMEOUT_S)
     if reply.get("quarantined"):
         print(
             f"{reply['quarantined']} events quarantined (skipped by every reader):"
@@ -124,7 +125,7 @@ async def cmd_verify(args: argparse.Namespace) -> None:
         for side in ("live", "rebuilt"):
             for row in d[f"examples_{side}"]:
                 print(f"  {side}: {json.dumps(row)}")
-    raise cli.CliError(
+    raise CliError(
         f"the read models differ from a rebuild at stream sequence {reply['seq']}: rebuild them"
         " (bump the projection's version or delete the DuckDB file and restart the manager)"
     )
@@ -135,7 +136,7 @@ async def cmd_query(args: argparse.Namespace) -> None:
     for item in args.filters:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise cli.CliError(f"filter {item!r} is not FIELD=VALUE (e.g. owner=alice)")
+            raise CliError(f"filter {item!r} is not FIELD=VALUE (e.g. owner=alice)")
         if value in ("true", "false"):
             request[name] = value == "true"
         else:
@@ -144,7 +145,7 @@ async def cmd_query(args: argparse.Namespace) -> None:
         request["min_seq"] = args.min_seq
     if args.limit is not None:
         request["limit"] = args.limit
-    reply = await _ask(args, "client", f"hoist.query.{args.model}", request, 35.0)
+    reply = await _ask(args, "client", query_subject(args.model), request, 35.0)
     for row in reply["rows"]:
         print(json.dumps(row))
     print(f"# {len(reply['rows'])} rows at stream sequence {reply['seq']}{truncation_note(reply)}")
@@ -156,7 +157,7 @@ async def cmd_sql(args: argparse.Namespace) -> None:
         request["limit"] = args.limit
     if args.time_limit is not None:
         request["time_limit"] = args.time_limit
-    reply = await _ask(args, "admin", queries.SQL_SUBJECT, request, 35.0)
+    reply = await _ask(args, "admin", SQL_SUBJECT, request, 35.0)
     print("\t".join(reply["columns"]))
     for row in reply["rows"]:
         print("\t".join("" if v is None else str(v) for v in row))
@@ -166,5 +167,5 @@ async def cmd_sql(args: argparse.Namespace) -> None:
 async def _ask(
     args: argparse.Namespace, role: str, subject: str, request: dict[str, Any], wait_s: float
 ) -> dict[str, Any]:
-    reply: dict[str, Any] = await cli_nats.ask(cli._stack_url(args, role), subject, request, wait_s)
+    reply: dict[str, Any] = await cli_nats.ask(stack_url(args, role), subject, request, wait_s)
     return reply

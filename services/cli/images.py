@@ -11,11 +11,19 @@ import json
 import re
 from typing import Any
 
+from domain.subjects import (
+    AGENT_SYNC,
+    JOB,
+    POLICY_LIST,
+    POLICY_PLAN,
+    POLICY_REMOVE,
+    POLICY_SET,
+    PRELOAD,
+    UNLOAD,
+)
 from services.cli import connection as cli_nats
-from services.cli import main as cli
-from services.manager.agent_sync import AGENT_SYNC
-from services.manager.images_admin import JOB, PRELOAD, UNLOAD
-from services.manager.prepull import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
+from services.cli.connection import CliError
+from services.cli.stack_url import stack_url
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -94,7 +102,7 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
 def parse_size(value: str, what: str) -> int:
     m = _SIZE.match(value)
     if not m:
-        raise cli.CliError(f"{what}: {value!r} is not a size like 500m or 2g")
+        raise CliError(f"{what}: {value!r} is not a size like 500m or 2g")
     return int(float(m[1]) * _UNITS[m[2].lower()])
 
 
@@ -105,7 +113,7 @@ def rules_from(args: argparse.Namespace) -> list[dict[str, Any]]:
     for spec in args.newest_tags:
         repo, sep, count = spec.rpartition("=")
         if not sep or not repo or not count.isdigit():
-            raise cli.CliError(f"--newest-tags {spec!r} is not REPO=N (e.g. ml/torch=3)")
+            raise CliError(f"--newest-tags {spec!r} is not REPO=N (e.g. ml/torch=3)")
         rules.append({"kind": "newest-tags", "repository": repo, "count": int(count)})
     for spec in args.large_recent:
         size, sep, days = spec.partition(",")
@@ -114,13 +122,13 @@ def rules_from(args: argparse.Namespace) -> list[dict[str, Any]]:
         except ValueError:
             day_count = -1.0
         if not sep or day_count <= 0:
-            raise cli.CliError(f"--large-recent {spec!r} is not SIZE,DAYS (e.g. 2g,7)")
+            raise CliError(f"--large-recent {spec!r} is not SIZE,DAYS (e.g. 2g,7)")
         rules.append(
             {"kind": "large-recent", "min_bytes": parse_size(size, "--large-recent"),
              "days": day_count}
         )  # fmt: skip
     if not rules:
-        raise cli.CliError("give at least one rule: --newest-tags, --large-recent or --images")
+        raise CliError("give at least one rule: --newest-tags, --large-recent or --images")
     return rules
 
 
@@ -129,7 +137,7 @@ def _gib(n: int) -> str:
 
 
 async def _ask(subject: str, request: dict[str, Any], args: argparse.Namespace) -> Any:
-    return await cli_nats.ask(cli._stack_url(args, "admin"), subject, request, 60)
+    return await cli_nats.ask(stack_url(args, "admin"), subject, request, 60)
 
 
 def print_job(job: dict[str, Any]) -> None:

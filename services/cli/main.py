@@ -21,39 +21,21 @@ from rich.console import Console
 
 from domain import codec, subjects
 from domain.admission import Inadmissible, admit, writer
+from domain.subjects import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.cli import read as cli_read
 from services.cli.connection import CliError, Connection
 from services.cli.progress_view import FAILED, Outcome, watch
+from services.cli.stack_url import stack_url
 from services.eventstore.store import Recorded, StoreError, event_store
-from services.manager.api import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
 from services.stack import up as stack
 from services.transport import credentials
 
 # --- where to connect ---------------------------------------------------------------------------
 
 
-def _stack_url(args: argparse.Namespace, role: str) -> str:
-    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL."""
-    if os.environ.get("HOIST_NATS_URL"):
-        return os.environ["HOIST_NATS_URL"]
-    data_dir = Path(args.data_dir)
-    info = stack.StackInfo.read(data_dir)
-    if info is None or not info.alive():
-        state = "has stopped" if info else "is not running"
-        raise CliError(
-            f"the Hoist stack in {data_dir} {state}: start it with `hoist up --data-dir"
-            f" {data_dir}` (or set HOIST_NATS_URL)"
-        )
-    try:
-        creds = credentials.load_credentials(data_dir)
-    except (FileNotFoundError, ValueError) as e:
-        raise CliError(str(e)) from None
-    return credentials.role_url(info.url, role, creds)
-
-
 @contextlib.asynccontextmanager
 async def _connection(args: argparse.Namespace, role: str = "client") -> AsyncIterator[Connection]:
-    conn = await Connection.open(_stack_url(args, role))
+    conn = await Connection.open(stack_url(args, role))
     try:
         yield conn
     finally:

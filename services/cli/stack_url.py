@@ -1,0 +1,30 @@
+"""Where a CLI command connects: the URL of the local stack, with a role's credentials."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from services.cli.connection import CliError
+from services.stack import up as stack
+from services.transport import credentials
+
+
+def stack_url(args: argparse.Namespace, role: str) -> str:
+    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL."""
+    if os.environ.get("HOIST_NATS_URL"):
+        return os.environ["HOIST_NATS_URL"]
+    data_dir = Path(args.data_dir)
+    info = stack.StackInfo.read(data_dir)
+    if info is None or not info.alive():
+        state = "has stopped" if info else "is not running"
+        raise CliError(
+            f"the Hoist stack in {data_dir} {state}: start it with `hoist up --data-dir"
+            f" {data_dir}` (or set HOIST_NATS_URL)"
+        )
+    try:
+        creds = credentials.load_credentials(data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
+    return credentials.role_url(info.url, role, creds)
