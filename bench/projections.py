@@ -49,6 +49,7 @@ from services.transport.client import connect
 # projections package: drop it before importing the runner.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 Runner = importlib.import_module("projections.runner").Runner
+ALL = importlib.import_module("projections").ALL
 
 AGENTS = 50
 IN_FLIGHT = 4  # atomic batches appended concurrently
@@ -209,7 +210,7 @@ async def raw_direct(nc: Client, stream: str) -> int:
 async def build(store: EventStore, db: Path, bulk: BulkReader | None) -> tuple[int, float]:
     con = duckdb.connect(str(db))
     start = time.perf_counter()
-    runner = Runner(con, store, bulk=bulk)
+    runner = Runner(con, store, ALL, bulk=bulk)
     last = await runner.run(follow=False)
     elapsed = time.perf_counter() - start
     con.close()

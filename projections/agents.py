@@ -1,8 +1,9 @@
 """Agents: capacity, what is free, liveness; images on each agent; image pulls.
 
 Free capacity and image use are views over the kernels (see projections.sessions), so they
-always agree with kernel statuses.  The last heartbeat is not an event: it lives in the
-``agent_heartbeats`` table, written by projections.heartbeats, outside the rebuilt models.
+always agree with kernel statuses.  The last heartbeat is not an event and no part of these
+models: the manager's liveness watcher keeps it, and the agents query joins it in at reply time
+(services.manager.queries).
 """
 
 from __future__ import annotations
@@ -73,11 +74,6 @@ PULLS = Table(
     ),
     key=("agent_id", "task_id"),
 )
-HEARTBEATS = Table(
-    "agent_heartbeats",
-    (("agent_id", "VARCHAR"), ("last_heartbeat_at", "TIMESTAMPTZ")),
-    key=("agent_id",),
-)
 
 
 class AgentsProjection(Projection):
@@ -95,13 +91,12 @@ class AgentsProjection(Projection):
                    a.mem - coalesce(o.mem, 0) AS free_mem,
                    a.disk - coalesce(i.bytes, 0) AS free_disk,
                    coalesce(o.kernels, 0) AS kernels,
-                   h.last_heartbeat_at, a.registered_at, a.reregistered_at, a.lost_at, a.last_seq
+                   a.registered_at, a.reregistered_at, a.lost_at, a.last_seq
             FROM agents a
             LEFT JOIN occupancy_by_agent o USING (agent_id)
             LEFT JOIN (SELECT agent_id, least(sum(size_bytes), {MAX_BYTES})::BIGINT AS bytes
                        FROM agent_images
-                       GROUP BY agent_id) i USING (agent_id)
-            LEFT JOIN agent_heartbeats h USING (agent_id)""",
+                       GROUP BY agent_id) i USING (agent_id)""",
     }
 
     def __init__(self) -> None:

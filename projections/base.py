@@ -1,9 +1,11 @@
 """What every projection is: named tables with a schema version, an in-memory fold of events,
-and the changes of the current batch, which the runner writes with the checkpoint."""
+and the changes of the current batch, which the runner writes with the checkpoint; and what the
+one projection that decides admission for the runner is (``Gatekeeper``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, ClassVar
 
 import duckdb
@@ -12,6 +14,9 @@ from domain.events import Event
 from projections.table import Changes, Row, Table
 
 Handler = Callable[[Any, int], None]  # (event, stream sequence)
+# Reasons the runner gives when a read model could not fold or store an admitted event (the
+# other reasons are admission's refusals: the event reached no model).
+MODEL_REASON = "read model "
 
 
 class Projection:
@@ -58,6 +63,33 @@ class Projection:
     def append(self, table: str, values: tuple[Any, ...]) -> None:
         """Add a row to an append-only table: its values in column order."""
         self.changes[table].appended.append(values)
+
+
+class Gatekeeper(Projection):
+    """A projection the runner asks about every record (at most one among its models: the
+    quarantine model is it).  Not dispatched by event type: the runner asks ``check`` before
+    it dispatches an admitted event, tells ``admitted`` after the models took it, and calls
+    ``add`` for each record it skips (``reason`` starts with MODEL_REASON when a model could
+    not fold or store it).  ``refused`` holds the records refused before reaching any model,
+    so a model rebuilt behind the gatekeeper skips them without deciding again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[int] = set()
+
+    def check(self, subject: str, event: Event) -> str | None:
+        """Why ``event`` (admitted on ``subject``) must not reach the models; None if it may."""
+        raise NotImplementedError
+
+    def admitted(self, subject: str, event: Event) -> None:
+        """``event`` passed ``check`` and the models took it."""
+        raise NotImplementedError
+
+    def add(
+        self, seq: int, subject: str, headers: Mapping[str, str], at: datetime, reason: str
+    ) -> None:
+        """Record ``seq`` skipped, and why."""
+        raise NotImplementedError
 
 
 def fetch_rows(

@@ -14,8 +14,9 @@ must be the last admitted version + 1.  A refused or otherwise
 quarantined event leaves the version as it was, as the domain fold leaves its aggregate, so
 the aggregate's next real event is still accepted.
 
-Not dispatched by event type: the runner asks ``check`` before it dispatches an event, tells
-``admitted`` after the models took it, and calls ``add`` for each record it skips.  Rebuilt
+The runner's Gatekeeper (projections.base): not dispatched by event type, the runner asks
+``check`` before it dispatches an event, tells ``admitted`` after the models took it, and calls
+``add`` for each record it skips.  Rebuilt
 from the log like every model, so a rebuild shows the same rows (reasons come from the rule,
 not from when a record was first met).
 """
@@ -32,7 +33,7 @@ from domain.admission import out_of_sequence, writer
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.events import Event
 from domain.limits import MAX_REASON, clip
-from projections.base import Projection
+from projections.base import MODEL_REASON, Gatekeeper
 from projections.table import Changes, Table
 
 QUARANTINE = Table(
@@ -52,12 +53,9 @@ AGGREGATE_VERSIONS = Table(
     "aggregate_versions", (("subject", "VARCHAR"), ("version", "BIGINT")), key=("subject",)
 )
 _HEADER_TEXT = 200  # header values are the writer's: keep what a human needs
-# Reasons the runner gives when a read model could not fold or store an admitted event (the
-# other reasons are admission's refusals: the event reached no model).
-MODEL_REASON = "read model "
 
 
-class QuarantineProjection(Projection):
+class QuarantineProjection(Gatekeeper):
     name: ClassVar[str] = "quarantine"
     version: ClassVar[int] = 2  # 2: writer column, aggregate_versions (version gaps refused)
     tables: ClassVar[tuple[Table, ...]] = (QUARANTINE, AGGREGATE_VERSIONS)
@@ -65,9 +63,6 @@ class QuarantineProjection(Projection):
     def __init__(self) -> None:
         super().__init__()
         self.versions: dict[str, int] = {}  # subject -> last admitted version
-        # Records admission refused (they reached no model), for the runner to skip them in a
-        # model rebuilt behind this one without deciding again.
-        self.refused: set[int] = set()
         self._touched: set[str] = set()  # subjects whose version changed in this batch
         self._new: set[str] = set()  # ... and had none before it (no row to replace)
 

@@ -12,12 +12,14 @@ A projection whose ``version`` differs from the stored one is rebuilt from the f
 others, one transaction drops the old tables and renames the new ones, so readers see the old
 model or the new one, never a half-built one.
 
-A record domain.admission refuses, that does not follow its aggregate's admitted history (a
-version gap: the quarantine projection keeps each aggregate's last admitted version and decides
-as the domain fold does), or that a model cannot fold (a handler raises) or store (its batch's
-write fails on a value: the batch is then written event by event to find it), is quarantined:
-a row in the ``quarantine`` model, logged once, skipped; the runner goes on.  A runner without
-the quarantine model checks no versions.
+The runner knows no particular model: it runs the ones it is given (projections.ALL in the
+manager, `hoist replay` and `hoist verify`).  A record domain.admission refuses, that the
+gatekeeper among them refuses (projections.base.Gatekeeper: the quarantine model, which keeps
+each aggregate's last admitted version and refuses a version gap as the domain fold does), or
+that a model cannot fold (a handler raises) or store (its batch's write fails on a value: the
+batch is then written event by event to find it), is quarantined: logged once, given to the
+gatekeeper (a row in the ``quarantine`` model), skipped; the runner goes on.  A runner without
+a gatekeeper checks no versions.
 
 One process owns the DuckDB file (DuckDB allows one writer process): the manager runs the
 runner and the query handlers, which read through cursors of the same connection.
@@ -37,10 +39,7 @@ import pyarrow as pa
 from domain import codec
 from domain.admission import Inadmissible, admit
 from domain.events import type_name
-from projections import ALL
-from projections.agents import HEARTBEATS
-from projections.base import Handler, Projection
-from projections.quarantine import MODEL_REASON, QuarantineProjection
+from projections.base import MODEL_REASON, Gatekeeper, Handler, Projection
 from projections.table import Changes, transaction, write
 from services.eventstore.bulk import BulkReader
 from services.eventstore.quarantine import quarantined
@@ -71,13 +70,14 @@ _VALUE_ERRORS = (
 
 
 class Runner:
-    """Keeps the read models of ``projections`` in ``con`` up to date with ``store``."""
+    """Keeps the read models of ``projections`` (e.g. projections.ALL) in ``con`` up to date
+    with ``store``."""
 
     def __init__(
         self,
         con: duckdb.DuckDBPyConnection,
         store: EventStore,
-        projections: Sequence[type[Projection]] = ALL,
+        projections: Sequence[type[Projection]],
         *,
         max_batch: int = MAX_BATCH,
         bulk: BulkReader | None = None,
@@ -99,7 +99,7 @@ class Runner:
         self.committed: dict[str, int] = {}  # projection -> seq its *visible* tables reflect
         # Wire event type name -> the handlers that take it, in projection order.
         self._dispatch: dict[str, list[tuple[Projection, Handler]]] = {}
-        self._quarantine: QuarantineProjection | None = None
+        self._gate: Gatekeeper | None = None
         self._changed: asyncio.Event | None = None
         self.open()
 
@@ -112,8 +112,6 @@ class Runner:
                 f"CREATE TABLE IF NOT EXISTS {META} (projection VARCHAR, version INTEGER,"
                 " seq BIGINT, tables VARCHAR, build_version INTEGER, build_seq BIGINT)"
             )
-            # Heartbeats are not events: kept beside the models, never rebuilt.
-            cur.execute(HEARTBEATS.create_sql(HEARTBEATS.name, if_not_exists=True))
             meta = {
                 r[0]: r[1:]
                 for r in cur.execute(
@@ -127,9 +125,7 @@ class Runner:
                 if p.name not in self.building:
                     _create_views(cur, p)
             self._dispatch = {}
-            self._quarantine = next(
-                (p for p in self.projections if isinstance(p, QuarantineProjection)), None
-            )
+            self._gate = next((p for p in self.projections if isinstance(p, Gatekeeper)), None)
             for p in self.projections:
                 for cls, handler in p.handlers.items():
                     self._dispatch.setdefault(type_name(cls), []).append((p, handler))
@@ -340,13 +336,13 @@ class Runner:
     ) -> None:
         """One record into the models (``behind``: only these; None: all).
 
-        Admission is decided once, by the quarantine projection: domain.admission.admit, then
-        whether the event follows its aggregate's admitted history (``check``).  For a record
-        the quarantine projection has already passed (a model rebuilt behind it), its rows say:
-        a record it refused is skipped, the versions are not decided again."""
+        Admission is decided once: domain.admission.admit, then the gatekeeper's ``check``
+        (whether the event follows its aggregate's admitted history).  For a record the
+        gatekeeper has already passed (a model rebuilt behind it), its ``refused`` says: a
+        record it refused is skipped, the versions are not decided again."""
         seq = rec.seq
-        q = self._quarantine
-        # The quarantine projection decides unless it is ahead of this record.
+        q = self._gate
+        # The gatekeeper decides unless it is ahead of this record.
         deciding = q if q is not None and (behind is None or q in behind) else None
         poisoned = poison.get(seq) if poison else None
         reason: str | None = None

@@ -82,14 +82,17 @@ def compare(live: dict[str, pa.Table], rebuilt: duckdb.DuckDBPyConnection) -> li
 
 
 async def verify(
-    con: duckdb.DuckDBPyConnection, store: EventStore, bulk: BulkReader | None = None
+    con: duckdb.DuckDBPyConnection,
+    store: EventStore,
+    bulk: BulkReader | None = None,
+    types: Sequence[type[Projection]] = ALL,
 ) -> tuple[int, list[Difference]]:
-    """Rebuild every model in memory up to the sequence the live ones reflect and compare
-    (reading through ``bulk`` if given, as the live runner does)."""
-    seq, live = await asyncio.to_thread(snapshot, con)
+    """Rebuild the models ``types`` in memory up to the sequence the live ones reflect and
+    compare (reading through ``bulk`` if given, as the live runner does)."""
+    seq, live = await asyncio.to_thread(snapshot, con, types)
     scratch = duckdb.connect()
     try:
-        await Runner(scratch, store, bulk=bulk).run(follow=False, until_seq=seq)
+        await Runner(scratch, store, types, bulk=bulk).run(follow=False, until_seq=seq)
         return seq, await asyncio.to_thread(compare, live, scratch)
     finally:
         scratch.close()

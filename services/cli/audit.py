@@ -84,7 +84,7 @@ async def cmd_replay(args: argparse.Namespace) -> None:
     try:
         con = duckdb.connect(str(db))
         try:
-            runner = Runner(con, event_store(nc), bulk=bulk_reader(url))
+            runner = Runner(con, event_store(nc), ALL, bulk=bulk_reader(url))
             last = await runner.run(follow=False, until_seq=until_seq, until_time=until_time)
             counts = {
                 t.name: con.execute(f"SELECT count(*) FROM {t.name}").fetchall()[0][0]

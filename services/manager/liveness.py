@@ -5,6 +5,10 @@ AgentLost with ``status_info`` like ``heartbeat-timeout: no heartbeat for 15s``,
 liveness subject (``hoist.events.liveness.<id>``, domain.liveness), which only the manager may
 write.  An agent that comes back re-registers itself (agent.facts); its next heartbeat re-arms
 the watch here.
+
+The watcher is also the live agent table: ``last_beat`` holds every agent's latest heartbeat
+since the manager started (in memory, never stored); the agents query joins
+``last_heartbeat_at`` in from it at reply time (services.manager.queries).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 import msgspec
 from nats.aio.msg import Msg
@@ -74,6 +79,12 @@ class LivenessWatcher:
                 await self._sub.unsubscribe()
             self._sub = None
         await self._tasks.stop()
+
+    def last_heartbeat_at(self, agent_id: str) -> datetime | None:
+        """When the agent sent its latest heartbeat (by its clock); None if none arrived since
+        the manager started."""
+        beat = self.last_beat.get(agent_id)
+        return beat.sent_at if beat is not None else None
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import duckdb
@@ -44,6 +45,7 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hoist-queries"
+LastHeartbeat = Callable[[str], datetime | None]  # agent id -> its latest heartbeat's time
 # Checked field by field below, once rpc.decode has bounded its size and depth.
 Request = dict[str, Any]
 
@@ -136,12 +138,24 @@ QUERIES: dict[str, Query] = {
 }
 
 
+def no_heartbeats(agent_id: str) -> datetime | None:
+    """A LastHeartbeat that has heard none (without a liveness watcher)."""
+    return None
+
+
 async def serve_queries(
-    nc: Client, runner: Runner, *, queue: str = QUEUE_GROUP, tasks: Tasks | None = None
+    nc: Client,
+    runner: Runner,
+    *,
+    queue: str = QUEUE_GROUP,
+    tasks: Tasks | None = None,
+    last_heartbeat: LastHeartbeat = no_heartbeats,
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
-    ``min_seq`` holds up no other."""
+    ``min_seq`` holds up no other.  ``last_heartbeat`` (the liveness watcher's
+    ``last_heartbeat_at``) gives the agents query's ``last_heartbeat_at``: not an event, so
+    no part of the models."""
     handlers = tasks if tasks is not None else Tasks()
 
     def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
@@ -171,7 +185,9 @@ async def serve_queries(
             await nc.subscribe(
                 f"{subjects.QUERY}.{name}",
                 queue=queue,
-                cb=serving(lambda r, n=name, q=query: _answer_query(runner, n, q, r)),
+                cb=serving(
+                    lambda r, n=name, q=query: _answer_query(runner, n, q, r, last_heartbeat)
+                ),
             )
         )
     subs.append(
@@ -286,7 +302,11 @@ def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[
 
 
 async def _answer_query(
-    runner: Runner, name: str, query: Query, request: dict[str, Any]
+    runner: Runner,
+    name: str,
+    query: Query,
+    request: dict[str, Any],
+    last_heartbeat: LastHeartbeat = no_heartbeats,
 ) -> dict[str, Any]:
     sql, params, limit = _parse(name, query, request)
     await _wait(runner, request, query.projections)
@@ -294,6 +314,8 @@ async def _answer_query(
     for row in reply["rows"]:
         for column in query.json_columns:
             row[column] = msgspec.json.decode(row[column])
+        if name == "agents":  # live, from the liveness watcher, joined in at reply time
+            row["last_heartbeat_at"] = last_heartbeat(row["agent_id"])
     return reply
 
 
@@ -312,7 +334,7 @@ async def _answer_verify(runner: Runner, request: dict[str, Any]) -> dict[str, A
             f"unknown field {quote(', '.join(sorted(request)))}; verify takes none: {{}}"
         )
     try:
-        seq, differences = await verify(runner.con, runner.store, runner.bulk)
+        seq, differences = await verify(runner.con, runner.store, runner.bulk, runner.types)
     except ValueError as e:
         raise InvalidRequest(str(e), code="busy") from None
     return {

@@ -1,6 +1,7 @@
-"""The read models in the manager process: the projection runner over the event log, the
-heartbeat listener, and the query handlers, on one DuckDB file (DuckDB has one writer per file,
-so the process that writes the models also answers the queries)."""
+"""The read models in the manager process: the projection runner over the event log and the
+query handlers, on one DuckDB file (DuckDB has one writer per file, so the process that writes
+the models also answers the queries).  The models come from the event log only; the agents
+query's ``last_heartbeat_at`` comes from the liveness watcher (``last_heartbeat``)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,24 @@ from pathlib import Path
 import duckdb
 from nats.aio.subscription import Subscription
 
-from projections.heartbeats import listen_heartbeats
+from projections import ALL
 from projections.runner import Runner
 from services.eventstore.bulk import BulkReader
 from services.eventstore.store import EventStore
 from services.manager.admin_sql import lock_down
-from services.manager.queries import serve_queries
+from services.manager.queries import LastHeartbeat, no_heartbeats, serve_queries
 from services.transport.client import Client
 from services.transport.tasks import Tasks
 
 IN_MEMORY = ":memory:"
+# Kept beside the models by manager versions before heartbeats left the read models: stale.
+_DROPPED = ("agent_heartbeats",)
 
 
 class ReadModels:
-    """``await ReadModels(nc, store, path).start()`` ... ``await read_models.stop()``."""
+    """``await ReadModels(nc, store, path).start()`` ... ``await read_models.stop()``;
+    ``last_heartbeat``: the liveness watcher's ``last_heartbeat_at`` (without it the agents
+    query says null)."""
 
     def __init__(
         self,
@@ -32,11 +37,14 @@ class ReadModels:
         store: EventStore,
         path: Path | str = IN_MEMORY,
         bulk: BulkReader | None = None,
+        *,
+        last_heartbeat: LastHeartbeat = no_heartbeats,
     ) -> None:
         self.nc = nc
         self.store = store
         self.bulk = bulk
         self.path = str(path)
+        self.last_heartbeat = last_heartbeat
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -46,11 +54,14 @@ class ReadModels:
         if self.path != IN_MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(self.path)
+        for table in _DROPPED:
+            self._con.execute(f"DROP TABLE IF EXISTS {table}")
         lock_down(self._con)  # admin SQL reads this instance: no files, network, extensions
-        self.runner = Runner(self._con, self.store, bulk=self.bulk)
+        self.runner = Runner(self._con, self.store, ALL, bulk=self.bulk)
         self._tasks.spawn(self.runner.serve(), name="projections")
-        self._tasks.spawn(listen_heartbeats(self.nc, self.runner), name="heartbeats")
-        self._subs = await serve_queries(self.nc, self.runner, tasks=self._tasks)
+        self._subs = await serve_queries(
+            self.nc, self.runner, tasks=self._tasks, last_heartbeat=self.last_heartbeat
+        )
 
     async def stop(self) -> None:
         for sub in self._subs:

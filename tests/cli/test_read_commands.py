@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from domain import subjects
+from projections import ALL
 from projections.runner import Runner
 from services.eventstore.store import EventStore
 from services.manager.queries import serve_queries
@@ -22,7 +23,9 @@ from tests.cli.stack_harness import HOIST, Stack
 @pytest.fixture
 async def read_models(hoist_stack: Stack) -> AsyncIterator[None]:
     nc = await connect(hoist_stack.creds("manager"))
-    runner = Runner(duckdb.connect(), EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL]))
+    runner = Runner(
+        duckdb.connect(), EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL]), ALL
+    )
     task = asyncio.create_task(runner.run(follow=True))
     subs = await serve_queries(nc, runner)
     yield

@@ -15,6 +15,7 @@ from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, TYPE_HEADER, encode
 from domain.session import Session
 from domain.subjects import agent_events, session_events
+from projections import ALL
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore, Message, Write
@@ -155,7 +156,7 @@ async def test_forged_and_poison_events_are_quarantined_by_every_reader(
 
     # The projections: every forgery quarantined with a reason; the models unmoved.
     con = duckdb.connect()
-    runner = Runner(con, manager)
+    runner = Runner(con, manager, ALL)
     serving = asyncio.create_task(runner.serve())
     try:
         head = max(bad)
@@ -217,5 +218,5 @@ async def test_forged_and_poison_events_are_quarantined_by_every_reader(
 
     # A rebuild (replay, verify) quarantines the same records.
     again = duckdb.connect()
-    await Runner(again, manager).run(follow=False, until_seq=head)
+    await Runner(again, manager, ALL).run(follow=False, until_seq=head)
     assert {r["seq"] for r in rows(again, "SELECT seq FROM quarantine")} >= set(bad)

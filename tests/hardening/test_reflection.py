@@ -22,6 +22,7 @@ from domain.codec import REFLECTED_HEADER, encode
 from domain.rpc import BEAT_HEADER
 from domain.session import Session
 from domain.subjects import EVENT_STREAM, agent_events, liveness_events, session_events
+from projections import ALL
 from projections.runner import Runner
 from services.cli.progress_view import SessionState, _follow_progress
 from services.eventstore.repository import Repository
@@ -103,7 +104,7 @@ async def test_a_reflected_forgery_is_refused_by_every_reader(
     finally:
         await fleet.stop()
     con = duckdb.connect()
-    await Runner(con, manager).run(follow=False)
+    await Runner(con, manager, ALL).run(follow=False)
     assert rows(con, "SELECT status FROM kernels") == [{"status": "SCHEDULED"}]
     quarantined = {r["seq"] for r in rows(con, "SELECT seq FROM quarantine")}
     assert {forged_seq, lost_seq, copy, lost_copy} <= quarantined

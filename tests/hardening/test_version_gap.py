@@ -56,7 +56,7 @@ def _pulled(version: int, image: str) -> ev.ImagePulled:
 
 
 async def _run(con: duckdb.DuckDBPyConnection, store: EventStore, **kw: Any) -> Runner:
-    runner = Runner(con, store, **kw)
+    runner = Runner(con, store, ALL, **kw)
     await runner.run(follow=False)
     return runner
 
@@ -154,7 +154,7 @@ async def test_version_gaps_are_refused_alike_by_every_reader(
     # and a version 17 (both before the real 16) are gaps, version 16 is taken.
     con.close()
     con = duckdb.connect(db)
-    runner = Runner(con, manager)
+    runner = Runner(con, manager, ALL)
     assert runner.seq == real
     again = await _forge(a_store, _pulled(15, "again:1"), "agent:A")
     ahead = await _forge(a_store, _pulled(17, "ahead:1"), "agent:A")
@@ -200,7 +200,7 @@ async def test_live_runner_follows_past_a_gap(conns: dict[str, Conn]) -> None:
     manager, a_store = role_store(conns["manager"]), role_store(conns["A"])
     a_repo = Repository(a_store, actor="agent:A")
     con = duckdb.connect()
-    runner = Runner(con, manager)
+    runner = Runner(con, manager, ALL)
     serving = asyncio.create_task(runner.serve())
     try:
         try:

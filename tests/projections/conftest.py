@@ -14,6 +14,7 @@ from domain.agent import Agent
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
+from projections import ALL
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
@@ -42,7 +43,7 @@ def rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
 async def rebuilt(store: EventStore, until_seq: int | None = None) -> duckdb.DuckDBPyConnection:
     """Every read model from scratch, in memory."""
     con = duckdb.connect()
-    await Runner(con, store).run(follow=False, until_seq=until_seq)
+    await Runner(con, store, ALL).run(follow=False, until_seq=until_seq)
     return con
 
 

@@ -14,6 +14,7 @@ import duckdb
 import pytest
 
 from domain import subjects
+from projections import ALL
 from projections.runner import Runner
 from projections.verify import snapshot
 from services.cli import audit as audit_cli
@@ -48,7 +49,7 @@ def manager(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterato
         store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
         await store.ensure_stream()
         holder["last"] = await scripted_history(Repository(store), sessions=6)  # type: ignore[assignment]
-        runner = holder["runner"] = Runner(duckdb.connect(), store)
+        runner = holder["runner"] = Runner(duckdb.connect(), store, ALL)
         await serve_queries(nc, runner)
         task = asyncio.create_task(runner.run(follow=True))
         await runner.wait_for(holder["last"], 10)  # type: ignore[arg-type]

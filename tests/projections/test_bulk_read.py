@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 from domain import subjects
+from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
 from services.eventstore.bulk import BulkReader
@@ -65,11 +66,11 @@ async def test_a_runner_catching_up_through_the_bulk_reader_builds_the_same_mode
 ) -> None:
     await scripted_history(repo, sessions=30)
     in_process = duckdb.connect()
-    last = await Runner(in_process, store).run(follow=False)
+    last = await Runner(in_process, store, ALL).run(follow=False)
 
     bulk = CountingBulk(nats_server.url)
     through_child = duckdb.connect()
-    runner = Runner(through_child, store, bulk=bulk, bulk_min=100, max_batch=333)
+    runner = Runner(through_child, store, ALL, bulk=bulk, bulk_min=100, max_batch=333)
     assert await runner.run(follow=False) == last
     assert bulk.stretches == [(1, last)]  # the whole way behind: all of it through the child
     seq, tables = snapshot(through_child)
@@ -96,7 +97,7 @@ async def test_a_bulk_reader_that_cannot_read_says_why_and_the_runner_reads_in_p
 
     last = await scripted_history(repo, sessions=5)
     con = duckdb.connect()
-    assert await Runner(con, store, bulk=bulk, bulk_min=1).run(follow=False) == last
+    assert await Runner(con, store, ALL, bulk=bulk, bulk_min=1).run(follow=False) == last
     assert compare(snapshot(con)[1], await rebuilt(store)) == []
 
 

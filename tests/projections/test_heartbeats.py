@@ -1,29 +1,44 @@
-"""Heartbeats (core NATS) reach agents_view's last_heartbeat_at, outside the rebuilt models."""
+"""Heartbeats (core NATS) reach the agents query's last_heartbeat_at from the liveness watcher's
+live table, joined in at reply time: no part of the read models."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
+from typing import Any
 
 import duckdb
 import msgspec
 
 from domain import rpc, subjects
-from projections.heartbeats import listen_heartbeats
+from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
+from services.manager.liveness import LivenessWatcher
+from services.manager.queries import serve_queries
 from services.transport.client import Client
-from tests.projections.conftest import rebuilt, rows, scripted_history
+from tests.projections.conftest import rebuilt, scripted_history
+
+
+async def _agents(nc: Client) -> list[dict[str, Any]]:
+    reply = await nc.request(f"{subjects.QUERY}.agents", b"{}", timeout=10)
+    found: list[dict[str, Any]] = json.loads(reply.data)["rows"]
+    for r in found:
+        at = r["last_heartbeat_at"]
+        r["last_heartbeat_at"] = None if at is None else datetime.fromisoformat(at)
+    return found
 
 
 async def test_last_heartbeat(nc: Client, store: EventStore, repo: Repository) -> None:
     await scripted_history(repo, sessions=2)
-    runner = Runner(duckdb.connect(), store)
+    runner = Runner(duckdb.connect(), store, ALL)
     await runner.run(follow=False)
-    listener = asyncio.create_task(listen_heartbeats(nc, runner, flush_s=0.05))
-    await asyncio.sleep(0.05)  # subscribed
+    watcher = LivenessWatcher(nc, repo)
+    await watcher.start()
+    subs = await serve_queries(nc, runner, last_heartbeat=watcher.last_heartbeat_at)
     sent = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     beat = rpc.Heartbeat(
         agent_id="agent-1",
@@ -41,12 +56,14 @@ async def test_last_heartbeat(nc: Client, store: EventStore, repo: Repository) -
     await nc.publish(subjects.heartbeat("agent-0"), rpc.encode(early))
     try:
         for _ in range(100):
-            found = rows(runner.con, "SELECT agent_id, last_heartbeat_at FROM agents_view")
+            found = await _agents(nc)
             if any(r["last_heartbeat_at"] for r in found):
                 break
             await asyncio.sleep(0.05)
     finally:
-        listener.cancel()
+        for sub in subs:
+            await sub.unsubscribe()
+        await watcher.stop()
     assert {r["agent_id"]: r["last_heartbeat_at"] for r in found} == {
         "agent-0": None,
         "agent-1": sent,

@@ -11,6 +11,7 @@ from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus as S
+from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
@@ -38,7 +39,7 @@ async def test_kernels_sessions_and_occupancy(store: EventStore, repo: Repositor
     await repo.save(session)
 
     con = duckdb.connect()
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     await runner.run(follow=False)
 
     kernels = {r["kernel_id"]: r for r in rows(con, "SELECT * FROM kernels")}
@@ -108,7 +109,7 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     await repo.save(agent, session)
 
     con = duckdb.connect()
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     await runner.run(follow=False)
     [a] = rows(con, "SELECT * FROM agents_view")
     assert a["alive"] and a["cpu"] == 8 and a["free_cpu"] == 5.0 and a["free_mem"] == 7 * GIB
@@ -140,7 +141,7 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
         images={"img:9": {"digest": "sha256:9", "size_bytes": 10}},
     )
     await repo.save(agent)
-    runner = Runner(con, store)  # a restarted runner continues from its checkpoint
+    runner = Runner(con, store, ALL)  # a restarted runner continues from its checkpoint
     await runner.run(follow=False)
     [a] = rows(con, "SELECT alive, cpu, status_info FROM agents")
     assert a == {"alive": True, "cpu": 4.0, "status_info": "reregistered"}
@@ -169,7 +170,7 @@ async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repositor
     agent.mark_preloaded("d:1", "prepull-policy: p2", pinned=False)
     await repo.save(agent)
     con = duckdb.connect()
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     await runner.run(follow=False)
 
     def marks() -> dict[str, tuple[bool, bool, str | None]]:
@@ -210,7 +211,7 @@ async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repositor
         },
     )
     await repo.save(agent)
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     await runner.run(follow=False)
     assert marks() == {
         "a:1": (True, True, "preload: job j2"),
@@ -244,7 +245,7 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     )
     await repo.save(gpu, everywhere)
     con = duckdb.connect()
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     await runner.run(follow=False)
     policies = {r["name"]: r for r in rows(con, "SELECT * FROM prepull_policies")}
     assert set(policies) == {"gpu", "base"}
@@ -267,7 +268,7 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     )
     everywhere.remove("no longer needed")
     await repo.save(gpu, everywhere)
-    runner = Runner(con, store)  # restarted: the policies come back from the table
+    runner = Runner(con, store, ALL)  # restarted: the policies come back from the table
     await runner.run(follow=False)
     policies = {r["name"]: r for r in rows(con, "SELECT * FROM prepull_policies")}
     gpu_row = policies["gpu"]

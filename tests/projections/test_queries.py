@@ -12,6 +12,7 @@ import pytest
 
 from domain.session import Session
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
+from projections import ALL
 from projections.runner import Runner
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
@@ -22,7 +23,7 @@ from tests.projections.conftest import scripted_history
 
 @pytest.fixture
 async def runner(nc: Client, store: EventStore) -> AsyncIterator[Runner]:
-    runner = Runner(duckdb.connect(), store)
+    runner = Runner(duckdb.connect(), store, ALL)
     task = asyncio.create_task(runner.run(follow=True))
     subs = await serve_queries(nc, runner)
     yield runner

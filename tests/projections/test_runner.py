@@ -40,7 +40,7 @@ async def test_crashes_anywhere_end_identical_to_a_rebuild(
 
     crashes = 0
     while True:
-        runner = Runner(con, store, max_batch=rng.randint(1, 9), fault=fault)
+        runner = Runner(con, store, ALL, max_batch=rng.randint(1, 9), fault=fault)
         try:
             if await runner.run(follow=False) >= last or runner.seq >= last:
                 break
@@ -57,7 +57,7 @@ async def test_crashes_anywhere_end_identical_to_a_rebuild(
 
 async def test_follows_live_and_wait_for(store: EventStore, repo: Repository) -> None:
     con = duckdb.connect()
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     task = asyncio.create_task(runner.run(follow=True))
     try:
         session = Session.enqueue(
@@ -82,7 +82,7 @@ async def test_version_bump_rebuilds_into_fresh_tables_and_swaps(
 ) -> None:
     last = await scripted_history(repo, sessions=10)
     con = duckdb.connect()
-    await Runner(con, store).run(follow=False)
+    await Runner(con, store, ALL).run(follow=False)
     before = rows(con, "SELECT * FROM kernels ORDER BY kernel_id")
     seen_during_build: list[int] = []
 
@@ -117,7 +117,7 @@ async def test_replay_to_a_point_equals_the_state_at_that_point(
 ) -> None:
     middle = await scripted_history(repo, sessions=8, seed=1)
     at_middle = duckdb.connect()
-    await Runner(at_middle, store).run(follow=False)
+    await Runner(at_middle, store, ALL).run(follow=False)
     [record] = await store.read_subject("hoist.events.agent.agent-0", after_seq=middle - 1)
     await asyncio.sleep(0.01)  # events after this point have a later store time
     await scripted_history(repo, sessions=8, seed=2, prefix="late")
@@ -127,7 +127,7 @@ async def test_replay_to_a_point_equals_the_state_at_that_point(
     assert snapshot(by_seq)[0] == middle
     assert compare(expected, by_seq) == []
     by_time = duckdb.connect()
-    await Runner(by_time, store).run(follow=False, until_time=record.time)
+    await Runner(by_time, store, ALL).run(follow=False, until_time=record.time)
     assert compare(expected, by_time) == []
     assert compare(expected, await rebuilt(store)) != []  # the later events do change it
 
@@ -139,7 +139,7 @@ async def test_a_database_from_before_preload_marks_is_rebuilt(
     model rebuilds and swaps, the policies model is built from the first event."""
     last = await scripted_history(repo, sessions=6)
     con = duckdb.connect()
-    await Runner(con, store).run(follow=False)
+    await Runner(con, store, ALL).run(follow=False)
     for sql in [  # what the previous release left
         f"UPDATE {META} SET version = 1 WHERE projection = 'images'",
         "DROP VIEW agent_images_view",
@@ -152,7 +152,7 @@ async def test_a_database_from_before_preload_marks_is_rebuilt(
     ]:
         con.execute(sql)
 
-    runner = Runner(con, store)
+    runner = Runner(con, store, ALL)
     assert runner.building == {"images": ["agent_images"]}
     assert runner.committed["images"] == last and runner.committed["policies"] == 0
     await runner.run(follow=False)

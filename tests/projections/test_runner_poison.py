@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 from domain.agent import Agent
+from projections import ALL
 from projections import runner as runner_module
 from projections.agents import ImagesProjection
 from projections.runner import Runner
@@ -111,7 +112,7 @@ async def test_a_fold_that_raises_quarantines_the_event_the_other_models_take_it
 
         # Handlers are bound when a projection is built: patch before the runner builds them.
         m.setattr(ImagesProjection, "_reported", failing)
-        runner = Runner(con, store)
+        runner = Runner(con, store, ALL)
         task = await _follow_then_append_one(runner, repo, con, max(seqs.values()))
         await _stop(task)
 
@@ -155,7 +156,7 @@ async def test_a_write_that_fails_on_a_value_quarantines_only_that_record(
             write(cur, table, actual, ch)
 
         m.setattr(runner_module, "write", failing)
-        runner = Runner(con, store)
+        runner = Runner(con, store, ALL)
         task = await _follow_then_append_one(runner, repo, con, max(seqs.values()))
         await _stop(task)
 
@@ -177,7 +178,7 @@ async def test_a_write_that_fails_on_a_value_quarantines_only_that_record(
     assert rows(con, "SELECT DISTINCT seq FROM projection_meta") == [{"seq": runner.seq}]
 
     # A restarted runner on the file neither retries nor forgets it.
-    assert await Runner(con, store).run(follow=False) == runner.seq
+    assert await Runner(con, store, ALL).run(follow=False) == runner.seq
     assert [q["seq"] for q in _quarantine(con)] == [bad]
 
     clean = await rebuilt(store)

@@ -22,6 +22,7 @@ from tests.projections.conftest import rebuilt, scripted_history
 _RUNNER = """
 import asyncio, sys, time, duckdb
 from domain import subjects
+from projections import ALL
 from projections.runner import Runner
 from services.transport.client import connect
 from services.eventstore.store import EventStore
@@ -29,7 +30,7 @@ from services.eventstore.store import EventStore
 async def main(url, db):
     nc = await connect(url)
     store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
-    runner = Runner(duckdb.connect(db), store, max_batch=7, fault=lambda p: time.sleep(0.002))
+    runner = Runner(duckdb.connect(db), store, ALL, max_batch=7, fault=lambda p: time.sleep(0.002))
     print("started", flush=True)
     await runner.run(follow=False)
     print("done", flush=True)
