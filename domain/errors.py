@@ -28,6 +28,11 @@ class IllegalTransition(DomainError):
         )
 
 
+class NotNow(DomainError):
+    """A command the aggregate's state does not allow now (e.g. force-cancelling a running
+    kernel); the message says what to do instead."""
+
+
 class InvalidField(DomainError, ValueError):
     """A command argument is malformed; ``field`` names it."""
 

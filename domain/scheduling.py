@@ -36,15 +36,16 @@ import msgspec
 
 from domain.errors import InvalidField
 from domain.events import Capacity, Resources
+from domain.reasons import Reason
 
 # Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
 # at MAX and above (size x spread) the bonus is full.
 LOCALITY_MIN_BYTES = 23 * 2**20
 LOCALITY_MAX_BYTES = 1000 * 2**20
 
-PREDICATE_FAILED = "predicate-checks-failed"
+PREDICATE_FAILED = Reason.PREDICATE_CHECKS_FAILED
 Key = tuple[float, str, int]  # an agent's place in a best-first list: (-score, agent_id, index)
-NO_INSTANCES = "no-available-instances"
+NO_INSTANCES = Reason.NO_AVAILABLE_INSTANCES
 
 
 class AgentView(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,9 +13,17 @@ from uuid import uuid4
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
-from domain.errors import IllegalTransition, InvalidField, UnknownKernel, convert, require_text
+from domain.errors import (
+    IllegalTransition,
+    InvalidField,
+    NotNow,
+    UnknownKernel,
+    convert,
+    require_text,
+)
 from domain.limits import MAX_DETAIL, MAX_REASON, clip
-from domain.status import TERMINAL, Kernel, KernelStatus, check_transition
+from domain.reasons import Reason, info
+from domain.status import PRE_RUNNING, TERMINAL, Kernel, KernelStatus, check_transition
 from domain.subjects import check_token
 
 S = KernelStatus
@@ -106,6 +114,62 @@ class Session(BaseAggregate[str]):
         except KeyError:
             raise UnknownKernel(self.id, kernel_id) from None
 
+    # --- state changes: what each event does to the session (Event.apply calls WHEN) --------
+    # A stored event may be a forgery: each checks the kernels and transitions it names before
+    # it changes anything, so a poison event leaves the session as it was (and is quarantined).
+
+    def _on_enqueued(self, e: ev.SessionEnqueued) -> None:
+        self.owner = e.owner
+        self.image = e.image
+        self.resources = e.resources
+        self.resource_group = e.resource_group
+        self.request_id = e.request_id
+        self.kernels = {}
+        for kernel_id in e.kernel_ids:
+            kernel = Kernel(kernel_id=kernel_id)
+            kernel.move_to(S.PENDING, e.status_info, e.timestamp)
+            self.kernels[kernel_id] = kernel
+
+    def _on_scheduling_failed(self, e: ev.SessionSchedulingFailed) -> None:
+        for kernel in self.kernels.values():
+            kernel.move_to(S.PENDING, e.status_info, e.timestamp)
+
+    def _on_scheduled(self, e: ev.SessionScheduled) -> None:
+        # Check every kernel before changing any.
+        for kernel_id in e.placements:
+            if kernel_id not in self.kernels:
+                raise KeyError(f"session {self.id} has no kernel {kernel_id}")
+            check_transition(self.kernels[kernel_id].status, S.SCHEDULED, kernel_id)
+        for kernel_id, agent_id in e.placements.items():
+            kernel = self.kernels[kernel_id]
+            kernel.agent_id = agent_id
+            kernel.move_to(S.SCHEDULED, e.status_info, e.timestamp)
+
+    def _on_kernel_event(self, e: ev.KernelEvent) -> Kernel:
+        """One kernel moves to the event's status (returned, for the events' other fields)."""
+        kernel = self.kernels.get(e.kernel_id)
+        if kernel is None:
+            raise KeyError(f"session {self.id} has no kernel {e.kernel_id}")
+        # Commands check this too; checked again here so a stored illegal move is refused.
+        check_transition(kernel.status, e.status, e.kernel_id)
+        kernel.move_to(e.status, e.status_info, e.timestamp)
+        return kernel
+
+    def _on_kernel_pulling(self, e: ev.KernelPulling) -> None:
+        self._on_kernel_event(e).pull_task_id = e.task_id
+
+    def _on_kernel_created(self, e: ev.KernelCreated) -> None:
+        self._on_kernel_event(e).container_id = e.container_id
+
+    WHEN = {  # event class -> state change, for Event.apply
+        ev.SessionEnqueued: _on_enqueued,
+        ev.SessionSchedulingFailed: _on_scheduling_failed,
+        ev.SessionScheduled: _on_scheduled,
+        **dict.fromkeys(ev.KERNEL_EVENTS, _on_kernel_event),
+        ev.KernelPulling: _on_kernel_pulling,
+        ev.KernelCreated: _on_kernel_created,
+    }
+
     # --- commands --------------------------------------------------------------------------
 
     def scheduling_failed(self, status_info: str) -> None:
@@ -175,6 +239,160 @@ class Session(BaseAggregate[str]):
 
     def mark_terminated(self, kernel_id: str, status_info: str, detail: str = "") -> None:
         self._move(ev.KernelTerminated, kernel_id, status_info, detail=detail)
+
+    # --- decisions: what a request or an observed fact means for the kernels ----------------
+    # Each looks at the kernels as they are now and records what follows, so the manager's
+    # unit of work can call it again on a reloaded session after a conflict.
+
+    def destroy(self, forced: bool = False) -> None:
+        """The owner destroys the session: kernels not running yet are CANCELLED, running ones
+        TERMINATING (TERMINATED once their agent removed the container).  ``forced`` records
+        the stopping ones TERMINATED at once; the manager removes their containers best effort.
+        """
+        for k in self.kernels.values():
+            if k.status in PRE_RUNNING:
+                self.cancel(k.kernel_id, Reason.USER_REQUESTED)
+            elif k.status is S.RUNNING:
+                self.mark_terminating(k.kernel_id, Reason.USER_REQUESTED)
+            if forced and k.status is S.TERMINATING:
+                self.mark_terminated(
+                    k.kernel_id, Reason.FORCE_TERMINATED, "forced: not confirmed by the agent"
+                )
+
+    def place(self, placements: Mapping[str, str]) -> None:
+        """The scheduler placed every kernel: SCHEDULED, then PREPARING at once, since
+        check-and-pull is asked of each agent right after (both saved in one append)."""
+        self.schedule(placements, Reason.SCHEDULED)
+        for kernel_id, agent_id in placements.items():
+            self.mark_preparing(kernel_id, info(Reason.PREPARING, f"check-and-pull on {agent_id}"))
+
+    def force_cancel(self, kernel_id: str, why: str | None = None) -> None:
+        """A superadmin gives up a kernel that is not running yet (e.g. PULLING)."""
+        k = self.kernel(kernel_id)
+        if k.status not in PRE_RUNNING:
+            raise NotNow(
+                f"kernel_id: kernel {kernel_id} is {k.status} ({k.status_info}), only a kernel"
+                " not running yet can be force-cancelled; destroy the session instead"
+            )
+        self.cancel(kernel_id, info(Reason.FORCE_CANCELLED, why or "by a superadmin"))
+
+    def agents_lost(self, lost: Mapping[str, str]) -> None:
+        """``lost`` maps agent id -> its status_info: kernels there that are not running yet
+        are CANCELLED ``agent-lost`` (a running one is given up later: ``given_up_on``)."""
+        for k in self.kernels.values():
+            if k.status in PRE_RUNNING and k.agent_id in lost:
+                detail = f"{k.agent_id} ({lost[k.agent_id]})"
+                self.cancel(k.kernel_id, info(Reason.AGENT_LOST, detail))
+
+    def given_up_on(self, agent_id: str, agent_info: str, grace_s: float) -> None:
+        """The agent stayed lost ``grace_s`` after AgentLost: its RUNNING kernels are
+        TERMINATED ``agent-lost``, which frees their room."""
+        for k in self.kernels.values():
+            if k.status is S.RUNNING and k.agent_id == agent_id:
+                self.mark_terminated(
+                    k.kernel_id,
+                    info(Reason.AGENT_LOST, f"{agent_id} ({agent_info})"),
+                    f"no heartbeat for {grace_s:g}s after it was marked lost: the kernel is"
+                    " given up",
+                )
+
+    def wind_down(self) -> None:
+        """A kernel ended in ERROR or CANCELLED: the others stop too (``sibling-failed``)."""
+        failed = next(
+            (k for k in self.kernels.values() if k.status in (S.ERROR, S.CANCELLED)), None
+        )
+        if failed is None:
+            return
+        detail = f"kernel {failed.kernel_id} {failed.status}: {failed.status_info}"
+        for k in self.kernels.values():
+            if k.status in PRE_RUNNING:
+                self.cancel(k.kernel_id, info(Reason.SIBLING_FAILED, detail))
+            elif k.status is S.RUNNING:
+                self.mark_terminating(k.kernel_id, info(Reason.SIBLING_FAILED, detail))
+
+    def image_checked(self, agent_id: str, task_id: str | None, error: str | None = None) -> None:
+        """The agent answered check-and-pull for this session's image: its kernels still
+        waiting for the answer go PULLING (``task_id`` of the background pull), PREPARED (the
+        image is there), or CANCELLED when the agent refused (``error``)."""
+        for k in self.kernels.values():
+            if k.agent_id != agent_id or k.status not in (S.SCHEDULED, S.PREPARING):
+                continue
+            if error is not None:
+                self.cancel(k.kernel_id, info(Reason.CHECK_AND_PULL_FAILED, error))
+            elif task_id:
+                self.mark_pulling(k.kernel_id, task_id, Reason.IMAGE_PULLING)
+            else:
+                self.mark_prepared(k.kernel_id, Reason.IMAGE_PRESENT)
+
+    def image_ready(self, agent_id: str, status_info: str = Reason.IMAGE_PULLED) -> None:
+        """The agent holds the image now: its PULLING kernels are PREPARED."""
+        for k in self.kernels.values():
+            if k.status is S.PULLING and k.agent_id == agent_id:
+                self.mark_prepared(k.kernel_id, status_info)
+
+    def pull_ended(
+        self, agent_id: str, status_info: str, kernel_ids: Collection[str] | None = None
+    ) -> None:
+        """The pull the agent's PULLING kernels wait for failed or was given up
+        (``image-pull-failed``, ``pull-timeout``, ``pull-stalled``): those kernels (all of them
+        on the agent, or the ``kernel_ids`` waiting for that pull) are CANCELLED, which frees
+        the agent's room."""
+        for k in self.kernels.values():
+            if k.status is not S.PULLING or k.agent_id != agent_id:
+                continue
+            if kernel_ids is None or k.kernel_id in kernel_ids:
+                self.cancel(k.kernel_id, status_info)
+
+    def start_creating(self) -> None:
+        """Every kernel is PREPARED (or already CREATING): ask for the containers."""
+        if all(k.status in (S.PREPARED, S.CREATING) for k in self.kernels.values()):
+            for k in self.kernels.values():
+                if k.status is S.PREPARED:
+                    self.mark_creating(k.kernel_id, Reason.CREATING)
+
+    def created(
+        self,
+        kernel_id: str,
+        *,
+        container_id: str | None = None,
+        error: str | None = None,
+        detail: str = "",
+    ) -> None:
+        """The agent answered create-kernel: RUNNING in ``container_id``, or ERROR
+        ``failed-to-start: <error>`` (``detail``: the runtime's own words).  A kernel no longer
+        CREATING (cancelled meanwhile) is left alone: the reactors remove what the create made."""
+        if self.kernel(kernel_id).status is not S.CREATING:
+            return
+        if container_id is not None:
+            self.mark_created(kernel_id, container_id, Reason.RUNNING)
+        elif error is not None:
+            self.creation_failed(kernel_id, detail or error, info(Reason.FAILED_TO_START, error))
+
+    def container_removed(self, kernel_id: str, had_container: bool) -> None:
+        """The agent removed a TERMINATING kernel's container (or found none)."""
+        k = self.kernel(kernel_id)
+        if k.status is S.TERMINATING:
+            detail = "container removed" if had_container else "no container was left"
+            self.mark_terminated(kernel_id, k.status_info, detail)
+
+    def containers_gone(
+        self, agent_id: str, kernel_ids: Collection[str], exited: Collection[str]
+    ) -> None:
+        """Agent resource sync found no live container for these kernels: RUNNING ones are
+        TERMINATED ``container-exited`` (their process ended) or ``container-gone``,
+        TERMINATING ones TERMINATED as their removal would have."""
+        for kid in kernel_ids:
+            k = self.kernels.get(kid)
+            if k is None or k.agent_id != agent_id:
+                continue
+            if k.status is S.RUNNING:
+                if kid in exited:
+                    why = info(Reason.CONTAINER_EXITED, f"its process ended on agent {agent_id}")
+                else:
+                    why = info(Reason.CONTAINER_GONE, f"not found on agent {agent_id}")
+                self.mark_terminated(kid, why, "repaired by agent resource sync")
+            elif k.status is S.TERMINATING:
+                self.mark_terminated(kid, k.status_info, "no container was left")
 
     def _move(
         self, event_class: type[ev.KernelEvent], kernel_id: str, status_info: str, **fields: str

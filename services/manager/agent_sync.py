@@ -31,22 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 
+from domain import events as ev
 from domain import rpc
 from domain.contracts.agents import DEFAULT_TRIGGERS, SyncAgents, check_triggers
 from domain.limits import quote
-from domain.rpc import RequestError, decode
+from domain.rpc import RequestError
 from domain.session import Session
 from domain.status import ABOUT_TO_USE, KernelStatus
-from domain.subjects import AGENT_SYNC
+from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
+from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.liveness import LivenessWatcher
-from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
+from services.manager.uow import UnitOfWork
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +60,8 @@ class AgentSync:
     def __init__(
         self,
         fleet: Fleet,
+        uow: UnitOfWork,
         agents: AgentRpc,
-        reactors: Reactors,
         liveness: LivenessWatcher,
         *,
         triggers: Iterable[str] = DEFAULT_TRIGGERS,
@@ -68,8 +71,8 @@ class AgentSync:
         lost_grace_s: float = 15.0,
     ) -> None:
         self.fleet = fleet
+        self.uow = uow
         self.agents = agents
-        self.reactors = reactors
         self.liveness = liveness
         self.triggers = check_triggers(triggers)
         self.interval_s = interval_s
@@ -78,36 +81,31 @@ class AgentSync:
         self.lost_grace = timedelta(seconds=lost_grace_s)
         self.syncs = 0  # sync-kernels calls made (tests, logs)
         self._expected_sent: dict[str, frozenset[str]] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._spawned: set[asyncio.Task[Any]] = set()
-        if "before-kernel-creation" in self.triggers:
-            reactors.before_create = self._sync_quietly
-        if "on-creation-failure" in self.triggers:
-            reactors.on_create_refused = self._sync_quietly
+        self._tasks = Tasks()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._tasks.spawn(every(self.interval_s, self.reconcile, "agent reconciliation"))
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._spawned) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.stop()
 
-    def after_scheduling(self, session_id: str) -> None:
-        """The scheduler placed a session: sync its agents when that trigger is on."""
-        session = self.fleet.sessions.get(session_id)
-        if "after-scheduling" not in self.triggers or session is None:
-            return
-        agents = {k.agent_id for k in session.kernels.values() if k.agent_id is not None}
-        task = asyncio.create_task(self._sync_quietly(agents))
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
+    def trigger(self, name: str) -> Callable[[set[str]], Awaitable[None]] | None:
+        """The sync the reactors call at trigger ``name``, or None when it is off."""
+        return self.sync_agents if name in self.triggers else None
+
+    def scheduled(self, event: ev.SessionScheduled) -> None:
+        """A bus handler: sync the placed agents when the after-scheduling trigger is on."""
+        if "after-scheduling" in self.triggers:
+            agents = set(event.placements.values())
+            self._tasks.spawn(self.sync_agents(agents), "sync after scheduling")
+
+    def agent_registered(self, event: ev.AgentRegistered | ev.AgentReregistered) -> None:
+        """A bus handler: the agent (re)started and forgot the images it was told of."""
+        self._expected_sent.pop(event.originator_id, None)
 
     # -- the command ---------------------------------------------------------------------
 
-    async def handle(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, SyncAgents, what=AGENT_SYNC)
+    async def handle(self, req: SyncAgents) -> dict[str, Any]:
         if req.agent_ids is None:
             ids = [a for a, s in self.fleet.agents.items() if s.live]
         else:
@@ -121,7 +119,7 @@ class AgentSync:
         results = await asyncio.gather(*(self.sync(a) for a in ids))
         return {"agents": dict(zip(ids, results, strict=True))}
 
-    async def _sync_quietly(self, agent_ids: set[str]) -> None:
+    async def sync_agents(self, agent_ids: set[str]) -> None:
         await asyncio.gather(*(self.sync(a) for a in agent_ids))
 
     # -- one agent -----------------------------------------------------------------------
@@ -180,43 +178,26 @@ class AgentSync:
     async def _record_gone(
         self, agent_id: str, kernel_ids: list[str], exited: set[str]
     ) -> list[str]:
-        repaired: list[str] = []
+        """Record what the agent no longer runs; the kernels recorded TERMINATED."""
         by_session: dict[str, list[str]] = {}
         for kid in kernel_ids:
             sid = self.fleet.kernel_session.get(kid)
             if sid is not None:
                 by_session.setdefault(sid, []).append(kid)
+        repaired: list[str] = []
         for sid, kids in by_session.items():
-
-            def decide(session: Session, kids: list[str] = kids) -> None:
-                for kid in kids:
-                    k = session.kernels[kid]
-                    if k.agent_id != agent_id:
-                        continue
-                    if k.status is S.RUNNING:
-                        what = "container-exited" if kid in exited else "container-gone"
-                        info = f"{what}: not found on agent {agent_id}"
-                        if kid in exited:
-                            info = f"{what}: its process ended on agent {agent_id}"
-                        session.mark_terminated(kid, info, "repaired by agent resource sync")
+            await self.uow.change(
+                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited)
+            )
+            session = self.fleet.sessions.get(sid)
+            for kid in kids:
+                history = session.kernels[kid].status_history if session else []
+                if len(history) >= 2 and history[-1].status is S.TERMINATED:
+                    if history[-2].status in (S.RUNNING, S.TERMINATING) and kid not in repaired:
                         repaired.append(kid)
-                    elif k.status is S.TERMINATING:
-                        session.mark_terminated(kid, k.status_info, "no container was left")
-                        repaired.append(kid)
-
-            if await self.reactors.record(sid, decide):
-                self.reactors.kick(sid)
         return repaired
 
     # -- reconciliation ------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.reconcile()
-            except Exception:
-                log.exception("agent reconciliation")
 
     async def reconcile(self) -> list[str]:
         """One round: sync every drifted agent, re-ask lost creates, pin expected images,
@@ -259,7 +240,7 @@ class AgentSync:
                         exited.add(k.kernel_id)
             elif k.status is S.CREATING and container is None:
                 if beat.sent_at - k.status_history[-1].at > self.create_grace:
-                    self.reactors.kick(session.id)  # its create-kernel is asked again
+                    self.uow.publish(LookAgain(session.id))  # create-kernel is asked again
         for kid in live.keys() - mine:
             sid = self.fleet.kernel_session.get(kid)
             session = self.fleet.sessions.get(sid) if sid else None
@@ -284,28 +265,12 @@ class AgentSync:
             return
         self._expected_sent[agent_id] = expected
 
-    def forget_pins(self, agent_id: str) -> None:
-        """The agent restarted: it lost what it was told."""
-        self._expected_sent.pop(agent_id, None)
-
     async def _end_on_lost(self, agent_id: str, now: datetime) -> None:
         state = self.fleet.agents[agent_id]
         if state.lost_at is None or now - state.lost_at < self.lost_grace:
             return
-        for session, k in self._kernels_on(agent_id):
-            if k.status is not S.RUNNING:
-                continue
-            kid = k.kernel_id
-
-            def decide(s: Session, kid: str = kid) -> None:
-                k = s.kernels[kid]
-                if k.status is S.RUNNING and k.agent_id == agent_id:
-                    s.mark_terminated(
-                        kid,
-                        f"agent-lost: {agent_id} ({state.status_info})",
-                        f"no heartbeat for {self.lost_grace.total_seconds():g}s after it was"
-                        " marked lost: the kernel is given up",
-                    )
-
-            if await self.reactors.record(session.id, decide):
-                self.reactors.kick(session.id)
+        grace_s = self.lost_grace.total_seconds()
+        for sid in {s.id for s, k in self._kernels_on(agent_id) if k.status is S.RUNNING}:
+            await self.uow.change(
+                sid, lambda s: s.given_up_on(agent_id, state.status_info, grace_s)
+            )

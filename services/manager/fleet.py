@@ -40,12 +40,14 @@ from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
     TERMINAL,
     USER_RESOURCE_OCCUPYING,
+    Kernel,
     KernelStatus,
 )
 from domain.subjects import LIVENESS
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
+from services.manager.bus import LookAgain, RoomFreed
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,16 @@ def is_settled(session: Session) -> bool:
 
 
 class Fleet:
-    def __init__(self, store: EventStore, repository: Repository) -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        repository: Repository,
+        publish: Callable[[object], None] = lambda message: None,
+    ) -> None:
         self.store = store
+        # Where what the fold learns goes once caught up (services.manager.bus): agent,
+        # liveness and policy events as folded, RoomFreed, LookAgain.
+        self.publish = publish
         self.repository = repository
         self.agents: dict[str, AgentState] = {}
         self.sessions: dict[str, Session] = {}
@@ -118,12 +128,11 @@ class Fleet:
         self.image_last_used: dict[str, datetime] = {}
         self.image_first_seen: dict[str, datetime] = {}
         self.caught_up = asyncio.Event()
-        # Hooks the manager wires: capacity freed or agents changed (scheduler), an agent fact
-        # (reactors), a session changed (reactors for foreign writes), a policy changed.
-        self.on_room: Callable[[], None] = lambda: None
-        self.on_policy_event: Callable[[str], None] = lambda name: None
-        self.on_agent_event: Callable[[str, ev.Event], None] = lambda agent_id, event: None
-        self.on_session_reloaded: Callable[[str], None] = lambda session_id: None
+        # image -> its size in bytes as an agent last reported it (locality weighs bytes)
+        self.image_sizes: dict[str, int] = {}
+        # kernel id -> the pull it waits for when that is no longer the one its KernelPulling
+        # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
+        self.pull_retasked: dict[str, str] = {}
         self._footprints: dict[str, _Footprint] = {}
         self._order = 0
         self._held: dict[str, asyncio.Event] = {}  # session locks
@@ -189,7 +198,7 @@ class Fleet:
             return  # our own write, kept by put_policy
         self.policies[name] = _applied(policy, event, rec)
         if self.caught_up.is_set():
-            self.on_policy_event(name)
+            self.publish(event)
 
     def _fold_liveness(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         liveness = _applied(self.liveness.get(agent_id), event, rec)
@@ -199,12 +208,14 @@ class Fleet:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
         if self.caught_up.is_set():
-            self.on_agent_event(agent_id, event)
+            self.publish(event)
 
-    def put_policy(self, policy: PrepullPolicy) -> None:
-        """A policy this manager just saved (its sequence is remembered: not folded twice)."""
+    def put_policy(self, policy: PrepullPolicy, events: Iterable[ev.Event]) -> None:
+        """A policy this manager just saved with ``events`` (its sequence is remembered: they
+        are not folded twice)."""
         self.policies[policy.id] = policy
-        self.on_policy_event(policy.id)
+        for event in events:
+            self.publish(event)
 
     def _fold_session(self, session_id: str, rec: Recorded, event: ev.Event) -> None:
         seq = rec.seq
@@ -235,6 +246,12 @@ class Fleet:
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        if isinstance(event, ev.ImagePulled) and event.size_bytes:
+            self.image_sizes[event.image] = event.size_bytes
+        elif isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
+            for image, held in agent.images.items():
+                if held.size_bytes:
+                    self.image_sizes[image] = held.size_bytes
         if isinstance(event, ev.ImagePullFailed):
             state.failed_pulls[event.image] = (event.task_id, event.reason)
         elif isinstance(event, ev.ImagePullStarted | ev.ImagePulled):
@@ -242,9 +259,7 @@ class Fleet:
         elif isinstance(event, ev.AgentReregistered):
             state.failed_pulls.clear()
         if self.caught_up.is_set():
-            if isinstance(event, ev.AgentRegistered | ev.AgentReregistered | ev.ImagePulled):
-                self.on_room()
-            self.on_agent_event(agent_id, event)
+            self.publish(event)
 
     # -- indexes -------------------------------------------------------------------------
 
@@ -319,7 +334,7 @@ class Fleet:
         for agent_id in new.pulling_on - old.pulling_on:
             self.pulling_on_agent[agent_id].add(sid)
         if freed and self.caught_up.is_set():
-            self.on_room()
+            self.publish(RoomFreed())
 
     def _forget(self, session_id: str) -> None:
         """Drop a session the store does not have (a create whose append failed)."""
@@ -366,6 +381,20 @@ class Fleet:
             )
         return out
 
+    def pull_tasks_of(self, kernel: Kernel) -> set[str]:
+        """The pulls a PULLING kernel may be waiting for: the one its KernelPulling named, and
+        the one check-and-pull started instead after its agent restarted."""
+        tasks = {kernel.pull_task_id, self.pull_retasked.get(kernel.kernel_id)}
+        tasks.discard(None)
+        return tasks  # type: ignore[return-value]
+
+    def retasked(self, kernel_id: str, task_id: str | None) -> None:
+        """The kernel now waits for pull ``task_id`` (None: no other than its own)."""
+        if task_id is None:
+            self.pull_retasked.pop(kernel_id, None)
+        else:
+            self.pull_retasked[kernel_id] = task_id
+
     def sessions_on(self, agent_id: str) -> list[str]:
         return list(self.live_on_agent.get(agent_id, ()))
 
@@ -384,6 +413,12 @@ class Fleet:
         while (held := self._held.get(session_id)) is not None:
             await held.wait()
         self._held[session_id] = asyncio.Event()
+
+    def release_now(self, session_id: str) -> None:
+        """Release a lock taken with try_lock under which nothing was recorded."""
+        self._held.pop(session_id).set()
+        if self._seen.get(session_id, 0) > loaded_seq(self.sessions[session_id]):
+            self._spawn(self._reload_locked(session_id))
 
     async def unlock(self, session_id: str) -> None:
         """Release; first reload if someone else wrote the session meanwhile."""
@@ -435,7 +470,7 @@ class Fleet:
             self._forget(session_id)
             return
         self.reindex(session)
-        self.on_session_reloaded(session_id)
+        self.publish(LookAgain(session_id))
 
     async def _reload_locked(self, session_id: str) -> None:
         async with self.locked(session_id) as session:

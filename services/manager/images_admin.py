@@ -27,20 +27,21 @@ from nats.aio.subscription import Subscription
 
 from domain import events as ev
 from domain import rpc
+from domain.contracts.commands import ListJobs
 from domain.contracts.images import (
     JobRequest,
-    NoRequest,
     PreloadRequest,
     UnloadRequest,
 )
 from domain.contracts.images import Targets as _Targets
 from domain.limits import quote
-from domain.rpc import RequestError, decode
+from domain.rpc import RequestError
 from domain.status import ABOUT_TO_USE, IN_USE
-from domain.subjects import JOB, JOBS, PRELOAD, PROGRESS, UNLOAD
+from domain.subjects import JOBS, PROGRESS
+from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
-from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
 from services.transport.client import Client
+from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class ImagesAdmin:
         self._following: dict[tuple[str, str], list[ImagePull]] = {}
         self._ends: dict[tuple[str, str], asyncio.Future[str | None]] = {}
         self._sub: Subscription | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks()
         self._decoder = msgspec.json.Decoder(rpc.PullProgress)
 
     async def start(self) -> None:
@@ -179,14 +180,11 @@ class ImagesAdmin:
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
-        for t in list(self._tasks):
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.stop()
 
     # -- commands ------------------------------------------------------------------------
 
-    async def preload(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, PreloadRequest, what=PRELOAD)
+    async def preload(self, req: PreloadRequest) -> dict[str, Any]:
         job = self.start_job(req)
         if req.wait > 0:
             with contextlib.suppress(TimeoutError):
@@ -209,11 +207,10 @@ class ImagesAdmin:
             if oldest is None:
                 break
             del self.jobs[oldest.job_id]
-        self._spawn(self._run(job, ids))
+        self._tasks.spawn(self._run(job, ids), f"preload job {job.job_id}")
         return job
 
-    async def job(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, JobRequest, what=JOB)
+    async def job(self, req: JobRequest) -> dict[str, Any]:
         job = self.jobs.get(req.job_id)
         if job is None:
             raise RequestError(
@@ -221,16 +218,14 @@ class ImagesAdmin:
             )
         return job.view()
 
-    async def list_jobs(self, data: bytes) -> dict[str, Any]:
-        decode(data, NoRequest, what=JOBS)
+    async def list_jobs(self, _: ListJobs) -> dict[str, Any]:
         return {
             "jobs": [
                 {k: v for k, v in j.view().items() if k != "agents"} for j in self.jobs.values()
             ]
         }
 
-    async def unload(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, UnloadRequest, what=UNLOAD)
+    async def unload(self, req: UnloadRequest) -> dict[str, Any]:
         ids, lost = target_agents(self.fleet, req)
         out: dict[str, dict[str, dict[str, Any]]] = {
             a: {i: {"removed": False, "reason": why} for i in req.images} for a, why in lost.items()
@@ -404,11 +399,11 @@ class ImagesAdmin:
             return True, None
         return None
 
-    def on_agent_event(self, agent_id: str, event: ev.Event) -> None:
-        if isinstance(event, ev.ImagePulled | ev.ImagePullFailed):
-            fut = self._ends.get((agent_id, event.task_id))
-            if fut is not None and not fut.done():
-                fut.set_result(event.reason if isinstance(event, ev.ImagePullFailed) else None)
+    def pull_ended(self, event: ev.ImagePulled | ev.ImagePullFailed) -> None:
+        """A bus handler: a job waiting for this pull learns how it ended."""
+        fut = self._ends.get((event.originator_id, event.task_id))
+        if fut is not None and not fut.done():
+            fut.set_result(event.reason if isinstance(event, ev.ImagePullFailed) else None)
 
     async def _on_progress(self, msg: Msg) -> None:
         _, _, agent_id, task_id = msg.subject.split(".", 3)
@@ -422,8 +417,3 @@ class ImagesAdmin:
         for state in following:
             state.current = max(state.current, p.current)
             state.total = max(state.total, p.total)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

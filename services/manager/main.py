@@ -1,9 +1,11 @@
 """The manager process: ``python -m services.manager --nats-url URL [options]``.
 
-It folds the event log into its view (services.fleet), then serves the commands (services.api)
-and runs the scheduler, the session reactors, the check-pulling-kernels loop and the liveness
-watcher. It keeps nothing the log cannot rebuild: killed at any moment and started again, it
-replays, kicks every unsettled session, and each carries on from its state in the log.
+It folds the event log into its view (fleet), then serves the commands (server, through the
+message bus to sessions, agent_sync, images_admin, prepull) and runs the scheduler, the session
+reactors, the check-pulling-kernels loop, agent resource sync, prepull convergence and the
+liveness watcher.  ``Manager`` is the bootstrap: it builds each part and the bus's one table.
+It keeps nothing the log cannot rebuild: killed at any moment and started again, it replays,
+kicks every unsettled session, and each carries on from its state in the log.
 """
 
 from __future__ import annotations
@@ -18,32 +20,29 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from domain import events as ev
-from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS
+from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
+from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
+from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
+from domain.contracts.policies import RemovePolicy, SetPolicy
+from domain.contracts.sessions import CancelKernel, CreateSession, DestroySession, GetSession
 from domain.scheduling import Limits, Policy
-from domain.subjects import (
-    AGENT_SYNC,
-    JOB,
-    JOBS,
-    POLICY_LIST,
-    POLICY_PLAN,
-    POLICY_REMOVE,
-    POLICY_SET,
-    PRELOAD,
-    UNLOAD,
-)
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.repository import Repository
 from services.eventstore.store import event_store
+from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
-from services.manager.api import Api
+from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
 from services.manager.images_admin import ImagesAdmin
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
-from services.manager.reactors import AgentRpc, Reactors
+from services.manager.reactors import Reactors
 from services.manager.read_models import IN_MEMORY, ReadModels
 from services.manager.scheduler_loop import Plan, SchedulerLoop
+from services.manager.server import CommandServer
+from services.manager.sessions import SessionCommands
+from services.manager.uow import UnitOfWork
 from services.transport import credentials, progress
 from services.transport.client import Client
 from services.transport.connection import connect_for_ever, serve_until_signalled
@@ -73,7 +72,10 @@ class ManagerConfig:
 
 
 class Manager:
-    """``await Manager(nc, config).start()`` ... ``await manager.stop()``."""
+    """``await Manager(nc, config).start()`` ... ``await manager.stop()``.
+
+    The bootstrap: every part is built here with what it needs, and the message bus's one
+    table says which handler follows which event and which command."""
 
     def __init__(
         self, nc: Client, config: ManagerConfig | None = None, planner: Plan | None = None
@@ -82,17 +84,37 @@ class Manager:
         self.config = config = config or ManagerConfig()
         self.store = event_store(nc)
         self.repository = Repository(self.store, actor="manager")
-        self.fleet = Fleet(self.store, self.repository)
+        self.bus = MessageBus()  # wired below, once every handler exists
+        self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish)
+        self.uow = UnitOfWork(self.fleet, publish=self.bus.publish)
         self.rpc = AgentRpc(nc)
-        self.reactors = Reactors(self.fleet, self.rpc, retry_s=config.retry_s)
+        self.liveness = LivenessWatcher(nc, self.repository, deadline_s=config.liveness_deadline_s)
+        self.sync = AgentSync(
+            self.fleet,
+            self.uow,
+            self.rpc,
+            self.liveness,
+            triggers=config.sync_triggers,
+            interval_s=config.reconcile_interval_s,
+            grace_s=config.reconcile_grace_s,
+            lost_grace_s=config.lost_grace_s,
+        )
+        self.reactors = Reactors(
+            self.fleet,
+            self.uow,
+            self.rpc,
+            retry_s=config.retry_s,
+            sync_before_create=self.sync.trigger("before-kernel-creation"),
+            sync_after_refusal=self.sync.trigger("on-creation-failure"),
+        )
         self.scheduler = SchedulerLoop(
             self.fleet,
+            self.uow,
             config.limits,
             config.policy,
-            self.reactors.kick,
             **({"planner": planner} if planner else {}),
         )
-        self.api = Api(nc, self.fleet, self.reactors, self.scheduler.wake)
+        self.sessions = SessionCommands(self.fleet, self.uow)
         self.prepull = PrepullLoop(
             self.fleet,
             self.repository,
@@ -103,57 +125,67 @@ class Manager:
         self.images = ImagesAdmin(nc, self.fleet, self.rpc, policy_pins=self.prepull.pins)
         self.pulling = PullingLoop(
             self.fleet,
+            self.uow,
             self.rpc,
-            self.reactors,
             interval_s=config.pull_check_interval_s,
             pull_timeout_s=config.pull_timeout_s,
             stall_timeout_s=config.stall_timeout_s,
         )
-        self.liveness = LivenessWatcher(nc, self.repository, deadline_s=config.liveness_deadline_s)
-        self.sync = AgentSync(
-            self.fleet,
-            self.rpc,
-            self.reactors,
-            self.liveness,
-            triggers=config.sync_triggers,
-            interval_s=config.reconcile_interval_s,
-            grace_s=config.reconcile_grace_s,
-            lost_grace_s=config.lost_grace_s,
-        )
-        self.scheduler.on_scheduled = self._scheduled
-        for subject, handler in {
-            AGENT_SYNC: self.sync.handle,
-            PRELOAD: self.images.preload,
-            UNLOAD: self.images.unload,
-            JOB: self.images.job,
-            JOBS: self.images.list_jobs,
-            POLICY_SET: self.prepull.set_policy,
-            POLICY_REMOVE: self.prepull.remove_policy,
-            POLICY_LIST: self.prepull.list_policies,
-            POLICY_PLAN: self.prepull.show_plan,
-        }.items():
-            self.api.register(subject, handler)
+        self._wire(self.bus)
+        self.server = CommandServer(nc, self.bus)
         self.read_models = ReadModels(
             nc,
             self.store,
             config.read_models or IN_MEMORY,
             bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
+            last_heartbeat=self.liveness.last_heartbeat_at,
         )
-        self.fleet.on_room = self.scheduler.wake
-        self.fleet.on_agent_event = self._agent_event
-        self.fleet.on_policy_event = lambda name: self.prepull.wake()
-        self.fleet.on_session_reloaded = self.reactors.kick
 
-    def _scheduled(self, session_id: str) -> None:
-        self.sync.after_scheduling(session_id)
-        self.reactors.kick(session_id)
-
-    def _agent_event(self, agent_id: str, event: ev.Event) -> None:
-        self.reactors.on_agent_event(agent_id, event)
-        self.images.on_agent_event(agent_id, event)
-        self.prepull.on_agent_event(agent_id, event)
-        if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
-            self.sync.forget_pins(agent_id)
+    def _wire(self, bus: MessageBus) -> None:
+        """What follows each event and which handler serves each command."""
+        r, s, sync, prepull, images = (
+            self.reactors,
+            self.scheduler,
+            self.sync,
+            self.prepull,
+            self.images,
+        )
+        bus.wire(
+            events={
+                ev.SessionEnqueued: [s.wake],
+                ev.SessionScheduled: [r.session_changed, sync.scheduled],
+                ev.KernelEvent: [r.session_changed],
+                LookAgain: [r.look_again],
+                RoomFreed: [s.wake],
+                ev.AgentRegistered: [s.wake, sync.agent_registered, prepull.agent_registered],
+                ev.AgentReregistered: [
+                    s.wake,
+                    r.agent_changed,
+                    sync.agent_registered,
+                    prepull.agent_registered,
+                ],
+                ev.AgentLost: [r.agent_changed, prepull.wake],
+                ev.ImagePulled: [s.wake, r.pull_ended, images.pull_ended],
+                ev.ImagePullFailed: [r.pull_ended, images.pull_ended],
+                ev.PrepullPolicySet: [prepull.wake],
+                ev.PrepullPolicyRemoved: [prepull.wake],
+            },
+            commands={
+                CreateSession: self.sessions.create,
+                GetSession: self.sessions.get,
+                DestroySession: self.sessions.destroy,
+                CancelKernel: self.sessions.cancel_kernel,
+                SyncAgents: sync.handle,
+                PreloadRequest: images.preload,
+                UnloadRequest: images.unload,
+                JobRequest: images.job,
+                ListJobs: images.list_jobs,
+                SetPolicy: prepull.set_policy,
+                RemovePolicy: prepull.remove_policy,
+                ListPolicies: prepull.list_policies,
+                ShowPlans: prepull.show_plan,
+            },
+        )
 
     async def start(self) -> None:
         await self.store.ensure_stream()
@@ -161,7 +193,7 @@ class Manager:
         await self.fleet.start()  # the whole log folded before anything acts on it
         await self.liveness.start(a for a, s in self.fleet.agents.items() if s.live)
         await self.images.start()
-        await self.api.start()
+        await self.server.start()
         await self.read_models.start()
         self.scheduler.start()
         for sid in self.fleet.unsettled_sessions():
@@ -177,7 +209,7 @@ class Manager:
         )
 
     async def stop(self) -> None:
-        await self.api.stop()
+        await self.server.stop()
         await self.prepull.stop()
         await self.sync.stop()
         await self.images.stop()

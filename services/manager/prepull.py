@@ -15,7 +15,6 @@ no job pinned and no policy wants are unloaded first (largest first, ImageRemove
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import time
@@ -24,8 +23,8 @@ from typing import Any
 
 from domain import events as ev
 from domain import rpc
+from domain.contracts.commands import ListPolicies, ShowPlans
 from domain.contracts.policies import (
-    NoRequest,
     RemovePolicy,
     SetPolicy,
     plan_view,
@@ -41,13 +40,13 @@ from domain.prepull import (
     PrepullPolicy,
     plan_fleet,
 )
-from domain.rpc import RequestError, decode
+from domain.rpc import RequestError
 from domain.status import TERMINAL
-from domain.subjects import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError
+from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
-from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +76,23 @@ class PrepullLoop:
         self.passes = 0
         self._pins_sent: dict[str, tuple[str, ...]] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = Tasks()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-        self.wake()
+        self._tasks.spawn(
+            every(self.interval_s, self.converge, "prepull convergence", wake=self._wake, now=True)
+        )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._tasks.stop()
 
-    def wake(self) -> None:
+    def wake(self, _message: object = None) -> None:
+        """Converge soon (a bus handler: a policy changed, an agent joined or was lost)."""
         self._wake.set()
 
-    def on_agent_event(self, agent_id: str, event: ev.Event) -> None:
-        if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
-            self._pins_sent.pop(agent_id, None)  # a restarted agent forgot its pins
-            self.wake()
+    def agent_registered(self, event: ev.AgentRegistered | ev.AgentReregistered) -> None:
+        self._pins_sent.pop(event.originator_id, None)  # a restarted agent forgot its pins
+        self.wake()
 
     # -- planning ------------------------------------------------------------------------
 
@@ -164,8 +162,7 @@ class PrepullLoop:
 
     # -- commands ------------------------------------------------------------------------
 
-    async def set_policy(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, SetPolicy, what=POLICY_SET)
+    async def set_policy(self, req: SetPolicy) -> dict[str, Any]:
         existing = self.fleet.policies.get(req.name)
         try:
             policy = PrepullPolicy.set(
@@ -193,8 +190,7 @@ class PrepullLoop:
             "plans": {a: plan_view(p) for a, p in plans.items()},
         }
 
-    async def remove_policy(self, data: bytes) -> dict[str, Any]:
-        req = decode(data, RemovePolicy, what=POLICY_REMOVE)
+    async def remove_policy(self, req: RemovePolicy) -> dict[str, Any]:
         existing = self.fleet.policies.get(req.name)
         if existing is None or existing.removed:
             raise RequestError(
@@ -215,12 +211,10 @@ class PrepullLoop:
             "plans": {a: plan_view(p) for a, p in plans.items()},
         }
 
-    async def list_policies(self, data: bytes) -> dict[str, Any]:
-        decode(data, NoRequest, what=POLICY_LIST)
+    async def list_policies(self, _: ListPolicies) -> dict[str, Any]:
         return {"policies": [policy_view(p) for p in self.fleet.policies.values()]}
 
-    async def show_plan(self, data: bytes) -> dict[str, Any]:
-        decode(data, NoRequest, what=POLICY_PLAN)
+    async def show_plan(self, _: ShowPlans) -> dict[str, Any]:
         plans = self.plan()
         return {
             "plans": {a: plan_view(p) for a, p in plans.items()},
@@ -228,28 +222,16 @@ class PrepullLoop:
         }
 
     async def _save(self, policy: PrepullPolicy) -> None:
+        events = list(policy.pending_events)
         try:
             await self.repository.save(policy, actor="admin")  # set over hoist.admin
         except ConcurrencyError:
             raise RequestError(
                 "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"
             ) from None
-        self.fleet.put_policy(policy)
-        self.wake()
+        self.fleet.put_policy(policy, events)
 
     # -- convergence ---------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        while True:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self.converge()
-            except Exception:
-                log.exception("prepull convergence")
 
     async def converge(self) -> int:
         """One pass; the number of agents asked to pull something."""

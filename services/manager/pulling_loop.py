@@ -2,7 +2,7 @@
 so a pull the reactors cannot see finish still ends.
 
 For each PULLING kernel:
-- the agent holds the image (view) -> the session's worker promotes it;
+- the agent holds the image (view) -> PREPARED;
 - PULLING longer than the pull timeout -> CANCELLED ``pull-timeout: ...``;
 - otherwise its agent is asked ``pull-status`` for the task (once per task):
   done -> PREPARED (its ImagePulled was lost); failed -> CANCELLED ``image-pull-failed``;
@@ -24,22 +24,26 @@ from datetime import UTC, datetime
 import msgspec
 
 from domain import rpc
-from domain.session import Session
+from domain.reasons import Reason, info
 from domain.status import KernelStatus
+from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.manager.fleet import Fleet
-from services.manager.reactors import AgentRefused, AgentRpc, AgentUnreachable, Reactors
+from services.manager.uow import UnitOfWork
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
 S = KernelStatus
+_SEEN = "seen by check-pulling-kernels"
+Pull = tuple[str, str]  # (agent id, task id)
 
 
 class PullingLoop:
     def __init__(
         self,
         fleet: Fleet,
+        uow: UnitOfWork,
         agents: AgentRpc,
-        reactors: Reactors,
         *,
         interval_s: float = 5.0,
         pull_timeout_s: float = 7200.0,
@@ -53,123 +57,105 @@ class PullingLoop:
             if not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
         self.fleet = fleet
+        self.uow = uow
         self.agents = agents
-        self.reactors = reactors
         self.interval_s = interval_s
         self.pull_timeout_s = pull_timeout_s
         self.stall_timeout_s = stall_timeout_s
         # (agent id, task id) -> (bytes, state) last seen and when they last changed
-        self._progress: dict[tuple[str, str], tuple[tuple[int, str], float]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._progress: dict[Pull, tuple[tuple[int, str], float]] = {}
+        self._tasks = Tasks()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._tasks.spawn(every(self.interval_s, self.check, "check-pulling-kernels"))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("check-pulling-kernels")
+        await self._tasks.stop()
 
     async def check(self) -> None:
         """One round over every PULLING kernel."""
         now = datetime.now(UTC)
-        tasks: defaultdict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+        pulls: defaultdict[Pull, list[tuple[str, str]]] = defaultdict(list)
         pulling: set[str] = set()
         for agent_id, sids in list(self.fleet.pulling_on_agent.items()):
             state = self.fleet.agents.get(agent_id)
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
+                if state is not None and session.image in state.agent.images:
+                    await self.uow.change(sid, lambda s, a=agent_id: s.image_ready(a))
+                    continue
                 for k in session.kernels.values():
                     if k.status is not S.PULLING or k.agent_id != agent_id:
                         continue
                     pulling.add(k.kernel_id)
-                    if state is not None and session.image in state.agent.images:
-                        self.reactors.kick(sid)
-                        continue
                     waited = (now - k.status_history[-1].at).total_seconds()
                     if waited >= self.pull_timeout_s:
-                        reason = f"pull-timeout: not pulled after {self.pull_timeout_s:g}s"
-                        await self._end(sid, k.kernel_id, reason)
+                        why = info(
+                            Reason.PULL_TIMEOUT, f"not pulled after {self.pull_timeout_s:g}s"
+                        )
+                        await self._end(agent_id, [(sid, k.kernel_id)], why)
                         continue
-                    task_id = self.reactors.retask.get(k.kernel_id) or k.pull_task_id or ""
-                    tasks[(agent_id, task_id)].append((sid, k.kernel_id))
-        await asyncio.gather(*(self._follow(a, t, ks) for (a, t), ks in tasks.items()))
-        alive = set(tasks)
-        for key in [k for k in self._progress if k not in alive]:
+                    task_id = self.fleet.pull_retasked.get(k.kernel_id) or k.pull_task_id or ""
+                    pulls[(agent_id, task_id)].append((sid, k.kernel_id))
+        await asyncio.gather(*(self._follow(pull, ks) for pull, ks in pulls.items()))
+        for key in self._progress.keys() - pulls.keys():
             del self._progress[key]
-        # A kernel that left PULLING (prepared by the pull, cancelled) needs no retask any more.
-        for kid in [k for k in self.reactors.retask if k not in pulling]:
-            del self.reactors.retask[kid]
+        # A kernel that left PULLING (prepared by the pull, cancelled) waits for no pull now.
+        for kid in self.fleet.pull_retasked.keys() - pulling:
+            self.fleet.retasked(kid, None)
 
-    async def _follow(self, agent_id: str, task_id: str, kernels: list[tuple[str, str]]) -> None:
-        key = (agent_id, task_id)
+    async def _follow(self, pull: Pull, kernels: list[tuple[str, str]]) -> None:
+        agent_id, task_id = pull
         try:
             reply = msgspec.convert(
                 await self.agents.call(agent_id, rpc.PULL_STATUS, rpc.PullStatus(task_id=task_id)),
                 rpc.PullStatusReply,
             )
-        except (AgentUnreachable, AgentRefused) as e:
+        except AgentCallFailed as e:
             log.info("pull %s on agent %s: no status (%s)", task_id, agent_id, e)
             reply = None
         if reply is not None and reply.known and reply.state == "done":
-            for sid, kid in kernels:
-                await self._promote(sid, kid, "image-pulled: seen by check-pulling-kernels")
+            await self._ready(agent_id, kernels, info(Reason.IMAGE_PULLED, _SEEN))
             return
         if reply is not None and reply.known and reply.state == "failed":
-            for sid, kid in kernels:
-                await self._end(sid, kid, f"image-pull-failed: {reply.reason or 'failed'}")
+            why = info(Reason.IMAGE_PULL_FAILED, reply.reason or "failed")
+            await self._end(agent_id, kernels, why)
             return
         if reply is not None and not reply.known:
             await self._ask_again(agent_id, kernels)
             return
         mark = (reply.current, reply.state or "") if reply is not None else None
         now = time.monotonic()
-        seen = self._progress.get(key)
+        seen = self._progress.get(pull)
         if seen is None or (mark is not None and mark != seen[0]):
-            self._progress[key] = (mark or (-1, ""), now)
+            self._progress[pull] = (mark or (-1, ""), now)
             return
         if now - seen[1] >= self.stall_timeout_s:
-            reason = f"pull-stalled: no progress for {self.stall_timeout_s:g}s"
-            for sid, kid in kernels:
-                await self._end(sid, kid, reason)
+            why = info(Reason.PULL_STALLED, f"no progress for {self.stall_timeout_s:g}s")
+            await self._end(agent_id, kernels, why)
 
     async def _ask_again(self, agent_id: str, kernels: list[tuple[str, str]]) -> None:
         image = self.fleet.sessions[kernels[0][0]].image
         try:
-            reply = await self.agents.call(
-                agent_id, rpc.CHECK_AND_PULL, rpc.CheckAndPull(images=[image])
-            )
-            answer = reply[image]
-        except (AgentUnreachable, AgentRefused, KeyError, TypeError) as e:
+            task_id = await self.agents.check_image(agent_id, image)
+        except AgentCallFailed as e:
             log.info("agent %s: check-and-pull of %s asked again: %s", agent_id, image, e)
             return
+        if task_id is None:
+            await self._ready(agent_id, kernels, info(Reason.IMAGE_PRESENT, _SEEN))
+            return
+        for _, kid in kernels:
+            self.fleet.retasked(kid, task_id)
+
+    async def _ready(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
+        for sid in dict.fromkeys(sid for sid, _ in kernels):
+            await self.uow.change(sid, lambda s: s.image_ready(agent_id, why))
+
+    async def _end(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
+        by_session: defaultdict[str, list[str]] = defaultdict(list)
         for sid, kid in kernels:
-            if answer.get("task_id"):
-                self.reactors.retask[kid] = answer["task_id"]
-            else:
-                await self._promote(sid, kid, "image-present: seen by check-pulling-kernels")
-
-    async def _promote(self, session_id: str, kernel_id: str, info: str) -> None:
-        def decide(session: Session) -> None:
-            if session.kernels[kernel_id].status is S.PULLING:
-                session.mark_prepared(kernel_id, info)
-
-        if await self.reactors.record(session_id, decide):
-            self.reactors.kick(session_id)
-
-    async def _end(self, session_id: str, kernel_id: str, info: str) -> None:
-        def decide(session: Session) -> None:
-            if session.kernels[kernel_id].status is S.PULLING:
-                session.cancel(kernel_id, info)
-
-        if await self.reactors.record(session_id, decide):
-            self.reactors.retask.pop(kernel_id, None)
-            self.reactors.kick(session_id)
+            by_session[sid].append(kid)
+        for sid, kids in by_session.items():
+            await self.uow.change(sid, lambda s, kids=kids: s.pull_ended(agent_id, why, kids))
+            for kid in kids:
+                self.fleet.retasked(kid, None)

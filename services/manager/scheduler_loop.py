@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from domain.errors import DomainError
 from domain.scheduling import (
@@ -25,11 +25,20 @@ from domain.scheduling import (
 )
 from domain.session import Session
 from services.manager.fleet import Fleet
+from services.manager.uow import UnitOfWork
+from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
 Plan = Callable[
-    [Sequence[PendingSession], Sequence[AgentView], Mapping[str, int], Limits, Policy],
+    [
+        Sequence[PendingSession],
+        Sequence[AgentView],
+        Mapping[str, int],
+        Limits,
+        Policy,
+        Mapping[str, int],
+    ],
     list[Scheduled | Unschedulable],
 ]
 
@@ -38,88 +47,64 @@ class SchedulerLoop:
     def __init__(
         self,
         fleet: Fleet,
+        uow: UnitOfWork,
         limits: Limits,
         policy: Policy,
-        on_scheduled: Callable[[str], None],
         planner: Plan = plan,
     ) -> None:
         self.fleet = fleet
+        self.uow = uow
         self.limits = limits
         self.policy = policy
-        self.on_scheduled = on_scheduled
         self.planner = planner
         self.passes = 0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._saves: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()
 
-    def wake(self) -> None:
+    def wake(self, _message: object = None) -> None:
+        """Run a pass soon (a bus handler: a session enqueued, room freed, an agent joined)."""
         self._wake.set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-        self.wake()
+        self._tasks.spawn(every(None, self.run_pass, "scheduling pass", wake=self._wake, now=True))
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._saves) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                self.run_pass()
-            except Exception:
-                log.exception("scheduling pass failed")
-            # Let the saves of this pass and new enqueues in before the next pass.
-            await asyncio.sleep(0)
+        await self._tasks.stop()
 
     def run_pass(self) -> int:
-        """Plan and apply one pass (no await inside); return the number of sessions placed."""
+        """Plan and apply one pass (no await inside: every placement is reserved in the view
+        before the next pass); return the number of sessions placed."""
         pending = self.fleet.pending_sessions()
         if not pending:
             return 0
         self.passes += 1
         decisions = self.planner(
-            pending, self.fleet.agent_views(), self.fleet.owner_sessions, self.limits, self.policy
+            pending,
+            self.fleet.agent_views(),
+            self.fleet.owner_sessions,
+            self.limits,
+            self.policy,
+            self.fleet.image_sizes,
         )
         placed = 0
         for decision in decisions:
-            sid = decision.session_id
-            session = self.fleet.sessions.get(sid)
-            if session is None or not self.fleet.try_lock(sid):
-                continue
             try:
-                if isinstance(decision, Scheduled):
-                    session.schedule(decision.placements)
-                    placed += 1
-                else:
-                    session.scheduling_failed(decision.status_info)
+                save = self.uow.change_now(decision.session_id, _decided(decision))
             except DomainError as e:
-                log.warning("session %s: %s", sid, e)
-                session.collect_events()
-            if not session.pending_events:
-                self._spawn(self.fleet.unlock(sid))
+                log.warning("session %s: %s", decision.session_id, e)
                 continue
-            # Reserve now in the view (the save is still on its way), then store it.
-            self.fleet.reindex(session)
-            self._spawn(self._save(session, isinstance(decision, Scheduled)))
+            if save is not None:
+                placed += isinstance(decision, Scheduled)
+                self._tasks.spawn(self._saved(save), f"save {decision.session_id}")
         return placed
 
-    async def _save(self, session: Session, scheduled: bool) -> None:
-        try:
-            stored = await self.fleet.commit(session)
-        finally:
-            await self.fleet.unlock(session.id)
-        if stored and scheduled:
-            self.on_scheduled(session.id)
-        elif not stored:
+    async def _saved(self, save: Awaitable[bool]) -> None:
+        if not await save:
             self.wake()  # the reload may have put it back in the queue
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.create_task(coro)  # type: ignore[arg-type]
-        self._saves.add(task)
-        task.add_done_callback(self._saves.discard)
+
+def _decided(decision: Scheduled | Unschedulable) -> Callable[[Session], None]:
+    """What a scheduling decision records on its session."""
+    if isinstance(decision, Scheduled):
+        return lambda s: s.place(decision.placements)
+    return lambda s: s.scheduling_failed(decision.status_info)

@@ -38,7 +38,14 @@ async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventSto
         session = m.fleet.sessions[created["session_id"]]
         # Every change has its status_info; the image was there, so no PULLING.
         history = session.kernels[kernel["kernel_id"]].status_history
-        assert statuses(history) == ["PENDING", "SCHEDULED", "PREPARED", "CREATING", "RUNNING"]
+        assert statuses(history) == [
+            "PENDING",
+            "SCHEDULED",
+            "PREPARING",
+            "PREPARED",
+            "CREATING",
+            "RUNNING",
+        ]
         assert all(c.status_info for c in history)
 
 
@@ -64,7 +71,7 @@ async def test_an_image_to_pull_goes_pulling_then_running_for_both_kernels(
         assert all(a.runtime.pull_attempts == {"py:3": 1} for a in running.values())
         for k in m.fleet.sessions[sid].kernels.values():
             assert statuses(k.status_history) == [
-                "PENDING", "SCHEDULED", "PULLING", "PREPARED", "CREATING", "RUNNING"
+                "PENDING", "SCHEDULED", "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING"
             ]  # fmt: skip
 
 

@@ -1,0 +1,59 @@
+"""Every command the manager serves: its subject and the request struct it takes.
+
+The manager's message bus (services.manager.bus) finds a command's handler by the request's
+type, so each command has a type of its own, the ones that take nothing included.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from domain.contracts.agents import SyncAgents
+from domain.contracts.common import NoRequest
+from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
+from domain.contracts.policies import RemovePolicy, SetPolicy
+from domain.contracts.sessions import CancelKernel, CreateSession, DestroySession, GetSession
+from domain.subjects import (
+    AGENT_SYNC,
+    JOB,
+    JOBS,
+    KERNEL_CANCEL,
+    POLICY_LIST,
+    POLICY_PLAN,
+    POLICY_REMOVE,
+    POLICY_SET,
+    PRELOAD,
+    SESSION_CREATE,
+    SESSION_DESTROY,
+    SESSION_GET,
+    UNLOAD,
+)
+
+
+class ListPolicies(NoRequest, frozen=True, kw_only=True):
+    """``{}`` -> ``{"policies": [...]}``."""
+
+
+class ShowPlans(NoRequest, frozen=True, kw_only=True):
+    """``{}`` -> ``{"plans": {agent: plan}, "converged": bool}``."""
+
+
+class ListJobs(NoRequest, frozen=True, kw_only=True):
+    """``{}`` -> ``{"jobs": [...]}``."""
+
+
+COMMANDS: dict[str, type[msgspec.Struct]] = {
+    SESSION_CREATE: CreateSession,
+    SESSION_GET: GetSession,
+    SESSION_DESTROY: DestroySession,
+    KERNEL_CANCEL: CancelKernel,
+    AGENT_SYNC: SyncAgents,
+    PRELOAD: PreloadRequest,
+    UNLOAD: UnloadRequest,
+    JOB: JobRequest,
+    JOBS: ListJobs,
+    POLICY_SET: SetPolicy,
+    POLICY_REMOVE: RemovePolicy,
+    POLICY_LIST: ListPolicies,
+    POLICY_PLAN: ShowPlans,
+}

@@ -1,0 +1,179 @@
+"""The unit of work: the one way the manager changes a session.
+
+    async with uow.session(session_id, actor="client") as s:
+        s.destroy(forced)
+
+holds the session's lock, hands the block the session as the manager's view has it, and on
+leaving saves what the block's commands recorded, expecting the subject where the session was
+loaded (optimistic concurrency).  On a conflict (or a write the store did not take) the view
+reloads the session from the log and the block's commands are called again on it: decisions
+live on the aggregate and look at its state, so calling them again decides again on what is
+really there.  What was stored is then published on the bus (services.manager.bus).
+
+A block that raises leaves nothing recorded: the session is reloaded (the commands before the
+one that raised had already applied their events to the view's copy) and the error goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+from domain.errors import DomainError
+from domain.session import Session
+from services.eventstore.store import ConcurrencyError, StoreError
+from services.manager.fleet import Fleet
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+
+
+class SessionUnknown(LookupError):
+    """No such session in the view (and so in the log)."""
+
+
+class KeptChanging(StoreError):
+    """The session changed under every attempt, or the store did not take the write."""
+
+
+class UnitOfWork:
+    def __init__(self, fleet: Fleet, publish: Callable[[object], None]) -> None:
+        self.fleet = fleet
+        self.publish = publish
+
+    @asynccontextmanager
+    async def session(self, session_id: str, *, actor: str | None = None) -> AsyncIterator[Session]:
+        async with self.fleet.locked(session_id) as session:
+            if session is None:
+                raise SessionUnknown(session_id)
+            recording = _Recording(session)
+            try:
+                yield cast(Session, recording)
+            except BaseException:
+                if session.pending_events:
+                    session.collect_events()
+                    await self.fleet.reload(session_id)
+                raise
+            for _ in range(ATTEMPTS):
+                if await self._save(session, actor):
+                    return
+                fresh = self.fleet.sessions.get(session_id)
+                if fresh is None:
+                    raise SessionUnknown(session_id)
+                session = fresh
+                if not recording.replay_on(session):
+                    await self.fleet.reload(session_id)
+                    return  # the change no longer applies to what the log has
+            raise KeptChanging(f"session {session_id} kept changing; retry")
+
+    async def change(
+        self, session_id: str, decide: Callable[[Session], None], *, actor: str | None = None
+    ) -> bool:
+        """``decide(session)`` in ``session()``, for the manager's own reactions: True if it
+        stored something, or the session was reloaded under a stale decision (look again);
+        False if nothing was due or the session is unknown.  A DomainError is logged."""
+        try:
+            async with self.session(session_id, actor=actor) as session:
+                before = len(session.pending_events)
+                decide(session)
+                return len(session.pending_events) > before
+        except DomainError as e:
+            log.warning("session %s: %s", session_id, e)
+            return True
+        except SessionUnknown:
+            return False
+
+    async def add(self, session: Session, *, actor: str) -> Session:
+        """Store a new session; if its id is taken (a retried create), the stored one."""
+        async with self.fleet.locked(session.id) as existing:
+            if existing is not None:
+                return existing
+            if not await self._save(session, actor):
+                stored = self.fleet.sessions.get(session.id)
+                if stored is None:
+                    raise KeptChanging("the event store did not take the session; retry")
+                return stored
+            return session
+
+    def change_now(
+        self, session_id: str, change: Callable[[Session], None]
+    ) -> Awaitable[bool] | None:
+        """For the scheduler, which must reserve room before it awaits anything: apply
+        ``change`` now if nobody holds the session (None if somebody does, or it recorded
+        nothing), bring the view's indexes in line, and return the save to await."""
+        session = self.fleet.sessions.get(session_id)
+        if session is None or not self.fleet.try_lock(session_id):
+            return None
+        try:
+            change(session)
+        except Exception:
+            session.collect_events()
+            self.fleet.release_now(session_id)
+            raise
+        if not session.pending_events:
+            self.fleet.release_now(session_id)
+            return None
+        self.fleet.reindex(session)
+        return self._save_claimed(session)
+
+    async def _save_claimed(self, session: Session) -> bool:
+        try:
+            return await self._save(session, None)
+        finally:
+            await self.fleet.unlock(session.id)
+
+    async def _save(self, session: Session, actor: str | None) -> bool:
+        events = list(session.pending_events)
+        try:
+            stored = await self.fleet.commit(session, actor=actor)
+        except (ConcurrencyError, StoreError):
+            stored = False
+        if stored:
+            for event in events:
+                self.publish(event)
+        return stored
+
+
+class _Recording:
+    """The session as a unit of work's block sees it: every command called is remembered, so
+    it can be called again on the session reloaded after a conflict."""
+
+    __slots__ = ("_calls", "_session")
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._session, name)
+        if name.startswith("_") or name not in _COMMANDS:
+            return value
+
+        def command(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append((name, args, kwargs))
+            return value(*args, **kwargs)
+
+        return command
+
+    def replay_on(self, session: Session) -> bool:
+        """Call the block's commands again on ``session``; False if one no longer applies."""
+        self._session = session
+        try:
+            for name, args, kwargs in self._calls:
+                getattr(session, name)(*args, **kwargs)
+        except Exception as e:
+            log.info("session %s: change not made again after a reload (%s)", session.id, e)
+            session.collect_events()
+            return False
+        return True
+
+
+# The public methods of Session that record events (properties and reads are not commands).
+_COMMANDS = frozenset(
+    name
+    for name, member in vars(Session).items()
+    if callable(member) and not name.startswith("_") and name not in {"kernel", "enqueue"}
+)
