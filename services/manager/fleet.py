@@ -6,9 +6,10 @@ indexes the reactors need without scanning: free room per agent (kernels in
 AGENT_RESOURCE_OCCUPYING), occupying sessions per owner (USER_RESOURCE_OCCUPYING), the pending
 queue, and which sessions have live kernels on which agent.
 
-Only the manager writes session subjects, and each session is changed under its lock
-(``locked``): the cached aggregate is mutated by the command and saved with optimistic
-concurrency from the sequence it was loaded at, so no event is re-read after our own write.
+Only the manager writes session subjects, and each session is changed under its lock through
+the unit of work (services.manager.uow): the cached aggregate is mutated by the command and
+saved with optimistic concurrency from the sequence it was loaded at, so no event is re-read
+after our own write.  What the fold learns once caught up is published on the message bus.
 An event on a session subject we did not write (another manager, a write that landed after a
 timeout) makes the session reload from the store.
 
@@ -48,6 +49,7 @@ from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
 from services.manager.bus import LookAgain, RoomFreed
+from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +140,7 @@ class Fleet:
         self._held: dict[str, asyncio.Event] = {}  # session locks
         self._seen: dict[str, int] = {}  # highest seq seen per session subject while locked
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._follow: asyncio.Task[None] | None = None
+        self._tasks = Tasks()  # the log follower and reloads
 
     # -- following the log ---------------------------------------------------------------
 
@@ -149,23 +150,16 @@ class Fleet:
         target = info.state.last_seq
         if target == 0:
             self.caught_up.set()
-        self._follow = asyncio.create_task(self._follow_log(target))
+        follow = self._tasks.spawn(self._follow_log(target), "follow the event log")
         waiter = asyncio.create_task(self.caught_up.wait())
-        done, _ = await asyncio.wait({waiter, self._follow}, return_when=asyncio.FIRST_COMPLETED)
-        if self._follow in done:
+        done, _ = await asyncio.wait({waiter, follow}, return_when=asyncio.FIRST_COMPLETED)
+        if follow in done:
             waiter.cancel()
-            self._follow.result()  # raises what stopped it
+            follow.result()  # raises what stopped it
             raise RuntimeError("the event log consumer ended before catching up")
 
     async def stop(self) -> None:
-        pending = {t for t in (self._follow, *self._tasks) if t is not None}
-        while pending:
-            for t in pending:
-                t.cancel()
-            # Cancel again until they end: on Python 3.11 a cancel that lands as an
-            # asyncio.timeout expires is taken for the timeout (the replay's follow poll) and
-            # swallowed, which would leave this waiting for ever.
-            _, pending = await asyncio.wait(pending, timeout=0.5)
+        await self._tasks.stop()
 
     async def _follow_log(self, target: int) -> None:
         async for rec in self.store.replay(from_seq=1, follow=True):
@@ -235,7 +229,7 @@ class Fleet:
         # holder is ours, it checks on release; otherwise reload now.
         self._seen[session_id] = max(seq, self._seen.get(session_id, 0))
         if session_id not in self._held:
-            self._spawn(self._reload_locked(session_id))
+            self._tasks.spawn(self._reload_locked(session_id), f"reload {session_id}")
 
     def _fold_agent(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         seq = rec.seq
@@ -418,7 +412,7 @@ class Fleet:
         """Release a lock taken with try_lock under which nothing was recorded."""
         self._held.pop(session_id).set()
         if self._seen.get(session_id, 0) > loaded_seq(self.sessions[session_id]):
-            self._spawn(self._reload_locked(session_id))
+            self._tasks.spawn(self._reload_locked(session_id), f"reload {session_id}")
 
     async def unlock(self, session_id: str) -> None:
         """Release; first reload if someone else wrote the session meanwhile."""
@@ -498,11 +492,6 @@ class Fleet:
                 waiters.remove(fut)
                 if not waiters:
                     self._waiters.pop(session_id, None)
-
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.create_task(coro)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:

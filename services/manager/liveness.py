@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 
 from domain.agent import Agent
 from domain.liveness import AgentLiveness
+from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
 from domain.subjects import HEARTBEAT
 from services.eventstore.repository import NotFound, Repository, loaded_seq
@@ -138,11 +139,12 @@ class LivenessWatcher:
             # fact; an agent back re-registers before anything else).
             if liveness is not None and loaded_seq(liveness) > loaded_seq(agent):
                 return False
-            liveness = AgentLiveness.mark_lost(liveness, agent_id, f"heartbeat-timeout: {detail}")
+            why = info(Reason.HEARTBEAT_TIMEOUT, detail)
+            liveness = AgentLiveness.mark_lost(liveness, agent_id, why)
             try:
                 await self.repository.save(liveness)
             except ConcurrencyError:
                 continue  # another writer of the liveness subject: decide again
-            log.warning("agent %s lost: heartbeat-timeout: %s", agent_id, detail)
+            log.warning("agent %s lost: %s", agent_id, why)
             return True
         raise RuntimeError(f"agent {agent_id} kept changing while being marked lost; retry")
