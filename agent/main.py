@@ -5,23 +5,18 @@ runs the same).  Runs until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import nats
-import nats.errors
 
 from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import AgentServer
-from services.transport.connection import connect_for_ever, serve_until_signalled
+from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
 
 URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
 
@@ -121,19 +116,5 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    try:
-        asyncio.run(run(args))
-    except ValueError as e:
-        print(f"hoist agent: {e}", file=sys.stderr)
-        return 2
-    except (OSError, nats.errors.Error) as e:  # the message names the address, not the password
-        print(
-            f"hoist agent: cannot connect to NATS ({e}): check {URL_ENV} (or --nats-url) and"
-            " that nats-server runs",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    hint = f"check {URL_ENV} (or --nats-url) and that nats-server runs"
+    return run_process("hoist agent", args.log_level, run(args), hint)

@@ -11,7 +11,6 @@ kicks every unsettled session, and each carries on from its state in the log.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -45,7 +44,7 @@ from services.manager.sessions import SessionCommands
 from services.manager.uow import UnitOfWork
 from services.transport import credentials, progress
 from services.transport.client import Client
-from services.transport.connection import connect_for_ever, serve_until_signalled
+from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
 
 log = logging.getLogger("manager")
 
@@ -333,15 +332,8 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    try:
-        asyncio.run(run(args))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"hoist manager: {e}", file=sys.stderr)
-        return 2
-    return 0
+    hint = "check --nats-url and that nats-server runs"
+    return run_process("hoist manager", args.log_level, run(args), hint)
 
 
 if __name__ == "__main__":

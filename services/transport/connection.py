@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Protocol
+import sys
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import nats.errors
 
 from services.transport.client import Client, connect
 
@@ -77,3 +81,23 @@ async def serve_until_signalled(nc: Client, service: Service, ready: str) -> Non
     finally:
         await service.stop()
         await nc.drain()
+
+
+def run_process(
+    prog: str, log_level: str, service: Coroutine[Any, Any, None], connect_hint: str
+) -> int:
+    """A process's main: log at ``log_level``, run ``service`` until it ends, and turn what a
+    user can fix into one line on stderr and an exit code (2: bad options or files, 1: NATS
+    unreachable, ``connect_hint`` saying what to check)."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        asyncio.run(service)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except (OSError, nats.errors.Error) as e:  # the message names the address, not the password
+        print(f"{prog}: cannot connect to NATS ({e}): {connect_hint}", file=sys.stderr)
+        return 1
+    return 0
