@@ -71,7 +71,8 @@ class CommandServer:
         except (IllegalTransition, NotNow) as e:
             reply = RequestError("illegal-transition", str(e)).reply()
         except SessionUnknown as e:
-            reply = RequestError("not-found", f"session_id: no session {e}; check the id").reply()
+            message = f"session_id: no session {e.args[0]!r}; check the id"
+            reply = RequestError("not-found", message).reply()
         except (StoreError, ConcurrencyError) as e:
             reply = RequestError("unavailable", f"{e}; retry the request").reply()
         except Exception as e:
