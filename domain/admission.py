@@ -22,6 +22,7 @@ from typing import Any
 from eventsourcing.domain import CanInitAggregate
 
 from domain import events as ev
+from domain import liveness as _liveness  # noqa: F401  registers what AgentLost starts
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip

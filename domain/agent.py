@@ -130,3 +130,55 @@ class Agent(BaseAggregate[str]):
                 f"agent {self.id} has no pull of {image!r} as task {task_id!r}"
                 f" (in flight: {self.pulls.get(image) or 'none'}); record ImagePullStarted first"
             )
+
+    # --- state changes: what each event does to the agent (Event.apply calls WHEN) ----------
+
+    def _on_registered(self, e: ev.AgentRegistered) -> None:
+        self.pulls = {}
+        self.status_info = "registered"
+        self.preloaded = {}
+        self._registration(e)
+
+    def _on_reregistered(self, e: ev.AgentReregistered) -> None:
+        self.pulls = {}
+        self.status_info = "reregistered"
+        self._registration(e)
+
+    def _registration(self, e: ev.AgentRegistered | ev.AgentReregistered) -> None:
+        self.resource_group = e.resource_group
+        self.capacity = e.capacity
+        self.runtime = e.runtime
+        self.images = dict(e.images)
+        # A preload mark outlives a restart for as long as the image is still there.
+        self.preloaded = {
+            image: pinned
+            for image, pinned in getattr(self, "preloaded", {}).items()
+            if image in self.images
+        }
+
+    def _on_pull_started(self, e: ev.ImagePullStarted) -> None:
+        self.pulls[e.image] = e.task_id
+
+    def _on_pulled(self, e: ev.ImagePulled) -> None:
+        self.pulls.pop(e.image, None)
+        self.images[e.image] = ev.HeldImage(digest=e.digest, size_bytes=e.size_bytes)
+
+    def _on_pull_failed(self, e: ev.ImagePullFailed) -> None:
+        self.pulls.pop(e.image, None)
+
+    def _on_image_removed(self, e: ev.ImageRemoved) -> None:
+        self.images.pop(e.image, None)
+        self.preloaded.pop(e.image, None)
+
+    def _on_preloaded(self, e: ev.ImagePreloaded) -> None:
+        self.preloaded[e.image] = e.pinned or self.preloaded.get(e.image, False)
+
+    WHEN = {  # event class -> state change, for Event.apply
+        ev.AgentRegistered: _on_registered,
+        ev.AgentReregistered: _on_reregistered,
+        ev.ImagePullStarted: _on_pull_started,
+        ev.ImagePulled: _on_pulled,
+        ev.ImagePullFailed: _on_pull_failed,
+        ev.ImageRemoved: _on_image_removed,
+        ev.ImagePreloaded: _on_preloaded,
+    }

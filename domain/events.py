@@ -6,10 +6,13 @@ with an ``upcast_vN_vM(state) -> state`` static method on the class that turns a
 dict into the next version's, so old history still loads (see domain.codec).
 
 Events mix in eventsourcing's CanMutateAggregate / CanInitAggregate, so aggregates use the
-library's ``_create`` and ``trigger_event``; ``apply`` folds an event into its aggregate and
-trusts what commands check before recording, except what a reader must not trust from a
-stored record: the kernel and transition a session event names (a poison event fails to apply
-and is quarantined, see domain.admission).
+library's ``_create`` and ``trigger_event``, and the library's ``mutate`` checks and advances
+the aggregate's version.  This module knows no aggregate: an event's ``apply`` hands the event
+to its aggregate, whose ``WHEN`` table (event class -> the aggregate's method, built once with
+the aggregate class) holds the state change, as the library's own aggregates keep theirs.
+Those methods trust what commands check before recording, except what a reader must not trust
+from a stored record: the kernel and transition a session event names (a poison event fails
+to apply and is quarantined, see domain.admission).
 
 Bounds: every field uses the bounds of domain.limits, so an event any reader accepts fits the
 read models (DuckDB BIGINT/DOUBLE, msgspec int64) and a reply.  Tightening them did not bump
@@ -19,9 +22,9 @@ near them), and an event that would is quarantined rather than upcast.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
 from eventsourcing.domain import BaseAggregate, CanInitAggregate, CanMutateAggregate
@@ -41,13 +44,7 @@ from domain.limits import (
     Reason,
     Size,
 )
-from domain.status import Kernel, KernelStatus, check_transition
-
-if TYPE_CHECKING:
-    from domain.agent import Agent
-    from domain.liveness import AgentLiveness
-    from domain.prepull import PrepullPolicy
-    from domain.session import Session
+from domain.status import KernelStatus
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]  # unbounded: for other modules' requests
 AwareTime = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -86,7 +83,7 @@ HeldImages = Annotated[dict[Image, HeldImage], msgspec.Meta(max_length=MAX_AGENT
 class _Rule(
     msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="kind"
 ):
-    """A prepull rule: which images its policy's agents should hold (domain.prepull)."""
+    """A prepull rule: which images its policy's agents should hold (see plan_fleet)."""
 
 
 class NewestTags(_Rule, frozen=True, kw_only=True, tag="newest-tags"):
@@ -122,6 +119,17 @@ class Event(msgspec.Struct, CanMutateAggregate[str], frozen=True, kw_only=True, 
     def _as_dict(self) -> dict[str, Any]:  # eventsourcing uses vars(); Structs have no __dict__
         return {f: getattr(self, f) for f in self.__struct_fields__}
 
+    def apply(self, aggregate: Any) -> None:
+        """The state change is the aggregate's: its ``WHEN[type(event)](aggregate, event)``.
+        (Called by the library's ``mutate``, which then sets the version and modified_on.)"""
+        try:
+            change = aggregate.WHEN[type(self)]
+        except KeyError:
+            raise TypeError(
+                f"a {type(aggregate).__name__} takes no {type_name(type(self))}"
+            ) from None
+        change(aggregate, self)
+
 
 # --- session events (subject hoist.events.session.<session id>) ----------------------------
 
@@ -150,28 +158,12 @@ class SessionEnqueued(
                 f" got {self.kernel_ids!r}"
             )
 
-    def apply(self, aggregate: Session) -> None:
-        aggregate.owner = self.owner
-        aggregate.image = self.image
-        aggregate.resources = self.resources
-        aggregate.resource_group = self.resource_group
-        aggregate.request_id = self.request_id
-        aggregate.kernels = {}
-        for kernel_id in self.kernel_ids:
-            kernel = Kernel(kernel_id=kernel_id)
-            kernel.move_to(KernelStatus.PENDING, self.status_info, self.timestamp)
-            aggregate.kernels[kernel_id] = kernel
-
 
 class SessionSchedulingFailed(Event, frozen=True, kw_only=True, tag="SessionSchedulingFailed"):
     """A scheduling attempt found no place; the kernels stay PENDING with the reason, e.g.
     ``no-available-instances`` or ``predicate-checks-failed: <which>``."""
 
     status_info: Reason
-
-    def apply(self, aggregate: Session) -> None:
-        for kernel in aggregate.kernels.values():
-            kernel.move_to(KernelStatus.PENDING, self.status_info, self.timestamp)
 
 
 class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled"):
@@ -181,18 +173,6 @@ class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled")
     placements: Annotated[dict[Id, Id], msgspec.Meta(min_length=1, max_length=MAX_CLUSTER)]
     status_info: Reason
 
-    def apply(self, aggregate: Session) -> None:
-        # Check every kernel before changing any: a poison event must leave the session as it
-        # was (the reader quarantines it and goes on).
-        for kernel_id in self.placements:
-            if kernel_id not in aggregate.kernels:
-                raise KeyError(f"session {aggregate.id} has no kernel {kernel_id}")
-            check_transition(aggregate.kernels[kernel_id].status, KernelStatus.SCHEDULED, kernel_id)
-        for kernel_id, agent_id in self.placements.items():
-            kernel = aggregate.kernels[kernel_id]
-            kernel.agent_id = agent_id
-            kernel.move_to(KernelStatus.SCHEDULED, self.status_info, self.timestamp)
-
 
 class KernelEvent(Event, frozen=True, kw_only=True):
     """One kernel moved to ``status`` (the class's target status)."""
@@ -201,18 +181,6 @@ class KernelEvent(Event, frozen=True, kw_only=True):
     status_info: Reason
 
     status: ClassVar[KernelStatus]
-
-    def apply(self, aggregate: Session) -> None:
-        kernel = aggregate.kernels.get(self.kernel_id)
-        if kernel is None:
-            raise KeyError(f"session {aggregate.id} has no kernel {self.kernel_id}")
-        # Commands check this too; checked again here so a stored illegal move is refused.
-        check_transition(kernel.status, self.status, self.kernel_id)
-        kernel.move_to(self.status, self.status_info, self.timestamp)
-        self.apply_details(kernel)
-
-    def apply_details(self, kernel: Kernel) -> None:
-        """Fields beyond the status change."""
 
 
 class KernelPreparing(KernelEvent, frozen=True, kw_only=True, tag="KernelPreparing"):
@@ -227,9 +195,6 @@ class KernelPulling(KernelEvent, frozen=True, kw_only=True, tag="KernelPulling")
     task_id: Id
 
     status: ClassVar[KernelStatus] = KernelStatus.PULLING
-
-    def apply_details(self, kernel: Kernel) -> None:
-        kernel.pull_task_id = self.task_id
 
 
 class KernelPrepared(KernelEvent, frozen=True, kw_only=True, tag="KernelPrepared"):
@@ -250,9 +215,6 @@ class KernelCreated(KernelEvent, frozen=True, kw_only=True, tag="KernelCreated")
     container_id: Id
 
     status: ClassVar[KernelStatus] = KernelStatus.RUNNING
-
-    def apply_details(self, kernel: Kernel) -> None:
-        kernel.container_id = self.container_id
 
 
 class KernelCreationFailed(KernelEvent, frozen=True, kw_only=True, tag="KernelCreationFailed"):
@@ -301,12 +263,6 @@ class AgentRegistered(
     runtime: Runtime  # "docker", "dummy"
     images: HeldImages = {}
 
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.pulls = {}
-        aggregate.status_info = "registered"
-        aggregate.preloaded = {}
-        _apply_registration(aggregate, self)
-
 
 class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered"):
     """A known agent started again: its report replaces capacity and image inventory, and the
@@ -317,31 +273,10 @@ class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered
     runtime: Runtime
     images: HeldImages = {}
 
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.pulls = {}
-        aggregate.status_info = "reregistered"
-        _apply_registration(aggregate, self)
-
-
-def _apply_registration(aggregate: Agent, event: AgentRegistered | AgentReregistered) -> None:
-    aggregate.resource_group = event.resource_group
-    aggregate.capacity = event.capacity
-    aggregate.runtime = event.runtime
-    aggregate.images = dict(event.images)
-    # A preload mark outlives a restart for as long as the image is still there.
-    aggregate.preloaded = {
-        image: pinned
-        for image, pinned in getattr(aggregate, "preloaded", {}).items()
-        if image in aggregate.images
-    }
-
 
 class ImagePullStarted(Event, frozen=True, kw_only=True, tag="ImagePullStarted"):
     image: Image
     task_id: Id
-
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.pulls[self.image] = self.task_id
 
 
 class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
@@ -365,28 +300,17 @@ class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
         state["duration_s"] = state.pop("duration_ms") / 1000
         return state
 
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.pulls.pop(self.image, None)
-        aggregate.images[self.image] = HeldImage(digest=self.digest, size_bytes=self.size_bytes)
-
 
 class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed"):
     image: Image
     task_id: Id
     reason: Reason
 
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.pulls.pop(self.image, None)
-
 
 class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):
     image: Image
     # e.g. "unload-requested: job J", "gc: disk 91% > 85%, least recently used (...)"
     reason: Reason
-
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.images.pop(self.image, None)
-        aggregate.preloaded.pop(self.image, None)
 
 
 class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):
@@ -398,9 +322,6 @@ class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):
     image: Image
     reason: Reason  # "preload: job <id>", "prepull-policy: <names>"
     pinned: bool
-
-    def apply(self, aggregate: Agent) -> None:
-        aggregate.preloaded[self.image] = self.pinned or aggregate.preloaded.get(self.image, False)
 
 
 # --- agent liveness (subject hoist.events.liveness.<agent id>, the manager's only) ----------
@@ -418,20 +339,15 @@ class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
 
     def mutate(self, aggregate: Any) -> Any:
         # The first loss creates the liveness aggregate, without an originator_topic field
-        # (adding one would change the event's schema for no reader's benefit).
+        # (adding one would change the event's schema for no reader's benefit): the class is
+        # the one registered with ``started_by(AgentLost)``.
         if aggregate is None:
-            from domain.liveness import AgentLiveness  # it imports this module
-
-            aggregate = AgentLiveness.__new__(AgentLiveness)
+            aggregate_class = started(AgentLost)
+            aggregate = aggregate_class.__new__(aggregate_class)
             aggregate.__base_init__(self.originator_id, self.originator_version, self.timestamp)
             self.apply(aggregate)
             return aggregate
         return CanMutateAggregate.mutate(self, aggregate)
-
-    def apply(self, aggregate: AgentLiveness) -> None:
-        aggregate.losses = getattr(aggregate, "losses", 0) + 1
-        aggregate.status_info = self.status_info
-        aggregate.lost_at = self.timestamp
 
 
 # --- prepull policies (subject hoist.events.prepull-policy.<name>) -------------------------
@@ -455,22 +371,11 @@ class PrepullPolicySet(
             return CanInitAggregate.mutate(self, aggregate)
         return CanMutateAggregate.mutate(self, aggregate)
 
-    def apply(self, aggregate: PrepullPolicy) -> None:
-        aggregate.resource_groups = list(self.resource_groups)
-        aggregate.rules = list(self.rules)
-        aggregate.priority = self.priority
-        aggregate.removed = False
-        aggregate.reason = self.reason
-
 
 class PrepullPolicyRemoved(Event, frozen=True, kw_only=True, tag="PrepullPolicyRemoved"):
     """The policy no longer applies: its images lose their pins (image GC may take them)."""
 
     reason: Reason
-
-    def apply(self, aggregate: PrepullPolicy) -> None:
-        aggregate.removed = True
-        aggregate.reason = self.reason
 
 
 AnyEvent = (
@@ -520,6 +425,35 @@ EVENT_TYPES: dict[str, type[Event]] = {
 def type_name(event_class: type[Event]) -> str:
     """The stable wire name of an event class."""
     return str(event_class.__struct_config__.tag)
+
+
+A = TypeVar("A", bound=BaseAggregate[str])
+
+# An event that starts an aggregate without naming its class (no originator_topic field:
+# AgentLost) -> that class, registered by the aggregate's own module so that this module
+# imports no aggregate (domain.admission imports that module, so every reader has it).
+_STARTED_BY: dict[type[Event], type[BaseAggregate[str]]] = {}
+
+
+def started_by(event_class: type[Event]) -> Callable[[type[A]], type[A]]:
+    """Class decorator: ``event_class``, folded into no aggregate, creates the decorated one."""
+
+    def register(aggregate_class: type[A]) -> type[A]:
+        _STARTED_BY[event_class] = aggregate_class
+        return aggregate_class
+
+    return register
+
+
+def started(event_class: type[Event]) -> type[BaseAggregate[str]]:
+    """The aggregate class that ``event_class`` starts (registered with ``started_by``)."""
+    try:
+        return _STARTED_BY[event_class]
+    except KeyError:
+        raise LookupError(
+            f"no aggregate class is registered as started by {type_name(event_class)}: the"
+            " module that defines it registers it with events.started_by when imported"
+        ) from None
 
 
 def rebuild(events: Iterable[Event]) -> BaseAggregate[str] | None:

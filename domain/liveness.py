@@ -19,6 +19,7 @@ from domain.limits import MAX_REASON, clip
 from domain.subjects import LIVENESS, check_token
 
 
+@ev.started_by(ev.AgentLost)  # its first loss creates it (the event names no topic)
 class AgentLiveness(BaseAggregate[str]):
     KIND = LIVENESS
 
@@ -43,6 +44,15 @@ class AgentLiveness(BaseAggregate[str]):
         liveness: AgentLiveness = event.mutate(None)
         liveness.pending_events.append(event)
         return liveness
+
+    # --- state change: what AgentLost does (Event.apply calls WHEN) -------------------------
+
+    def _on_lost(self, e: ev.AgentLost) -> None:
+        self.losses = getattr(self, "losses", 0) + 1
+        self.status_info = e.status_info
+        self.lost_at = e.timestamp
+
+    WHEN = {ev.AgentLost: _on_lost}  # event class -> state change, for Event.apply
 
 
 def is_lost(registered_seq: int, lost_seq: int) -> bool:

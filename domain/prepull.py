@@ -79,6 +79,24 @@ class PrepullPolicy(BaseAggregate[str]):
             raise DomainError(f"prepull policy {self.id!r} is already removed")
         self.trigger_event(ev.PrepullPolicyRemoved, reason=reason)
 
+    # --- state changes: what each event does to the policy (Event.apply calls WHEN) ---------
+
+    def _on_set(self, e: ev.PrepullPolicySet) -> None:
+        self.resource_groups = list(e.resource_groups)
+        self.rules = list(e.rules)
+        self.priority = e.priority
+        self.removed = False
+        self.reason = e.reason
+
+    def _on_removed(self, e: ev.PrepullPolicyRemoved) -> None:
+        self.removed = True
+        self.reason = e.reason
+
+    WHEN = {  # event class -> state change, for Event.apply
+        ev.PrepullPolicySet: _on_set,
+        ev.PrepullPolicyRemoved: _on_removed,
+    }
+
 
 def _topic() -> str:
     from eventsourcing.utils import get_topic
