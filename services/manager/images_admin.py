@@ -35,6 +35,7 @@ from domain.contracts.images import (
 )
 from domain.contracts.images import Targets as _Targets
 from domain.limits import quote
+from domain.reasons import Reason, info
 from domain.rpc import RequestError
 from domain.status import ABOUT_TO_USE, IN_USE
 from domain.subjects import JOBS, PROGRESS
@@ -134,7 +135,9 @@ def target_agents(fleet: Fleet, req: _Targets) -> tuple[list[str], dict[str, str
             )
         ids = list(dict.fromkeys(req.agents))
         lost = {
-            a: f"agent-lost: {fleet.agents[a].status_info}" for a in ids if not fleet.agents[a].live
+            a: info(Reason.AGENT_LOST, fleet.agents[a].status_info)
+            for a in ids
+            if not fleet.agents[a].live
         }
         return [a for a in ids if a not in lost], lost
     ids = [
