@@ -4,6 +4,7 @@ conflict (another writer moved the session between the load and the save)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,13 +21,21 @@ from services.transport.client import Client
 S = KernelStatus
 
 
-async def _started(nc: Client) -> tuple[Fleet, UnitOfWork, list[object]]:
+View = tuple[Fleet, UnitOfWork, list[object]]
+
+
+@pytest.fixture
+async def view(nc: Client) -> AsyncIterator[View]:
+    """The manager's view of the log, its unit of work, and what they published."""
     store = event_store(nc)
     await store.ensure_stream()
     published: list[object] = []
     fleet = Fleet(store, Repository(store, actor="manager"), publish=published.append)
     await fleet.start()
-    return fleet, UnitOfWork(fleet, publish=published.append), published
+    try:
+        yield fleet, UnitOfWork(fleet, publish=published.append), published
+    finally:
+        await fleet.stop()
 
 
 def _pending(session_id: str) -> Session:
@@ -39,95 +48,83 @@ def _pending(session_id: str) -> Session:
     )
 
 
-async def test_a_change_is_saved_and_its_events_published(nc: Client) -> None:
-    fleet, uow, published = await _started(nc)
-    try:
-        await uow.add(_pending("s1"), actor="client")
-        async with uow.session("s1", actor="client") as s:
-            s.destroy()
-        stored = await Repository(event_store(nc)).get(Session, "s1")
-        assert stored.status is S.CANCELLED and stored.status_info == "user-requested"
-        assert [type(e) for e in published] == [ev.SessionEnqueued, ev.KernelCancelled]
-    finally:
-        await fleet.stop()
+async def test_a_change_is_saved_and_its_events_published(nc: Client, view: View) -> None:
+    _, uow, published = view
+    await uow.add(_pending("s1"), actor="client")
+    async with uow.session("s1", actor="client") as s:
+        s.destroy()
+    stored = await Repository(event_store(nc)).get(Session, "s1")
+    assert stored.status is S.CANCELLED and stored.status_info == "user-requested"
+    assert [type(e) for e in published] == [ev.SessionEnqueued, ev.KernelCancelled]
 
 
 async def test_on_a_conflict_the_commands_are_called_again_on_the_reloaded_session(
-    nc: Client,
+    nc: Client, view: View
 ) -> None:
-    fleet, uow, _ = await _started(nc)
-    try:
-        await uow.add(_pending("s2"), actor="client")
-        kernel_id = next(iter(fleet.sessions["s2"].kernels))
-        other = Repository(event_store(nc), actor="manager")
-        async with uow.session("s2", actor="client") as s:
-            # Another writer (a second manager) places the session while this change is being
-            # decided on the view's copy: the save below expects a subject that moved.
-            theirs = await other.get(Session, "s2")
-            theirs.place({kernel_id: "a1"})
-            await other.save(theirs)
-            assert s.status is S.PENDING
-            s.destroy()  # PENDING -> CANCELLED here; PREPARING -> CANCELLED after the reload
-        stored = await Repository(event_store(nc)).get(Session, "s2")
-        k = stored.kernels[kernel_id]
-        assert [c.status for c in k.status_history] == [
-            S.PENDING,
-            S.SCHEDULED,
-            S.PREPARING,
-            S.CANCELLED,
-        ]
-        assert k.status_info == "user-requested"
-        assert fleet.sessions["s2"].status is S.CANCELLED
-    finally:
-        await fleet.stop()
+    fleet, uow, _ = view
+    await uow.add(_pending("s2"), actor="client")
+    kernel_id = next(iter(fleet.sessions["s2"].kernels))
+    other = Repository(event_store(nc), actor="manager")
+    async with uow.session("s2", actor="client") as s:
+        # Another writer (a second manager) places the session while this change is being
+        # decided on the view's copy: the save below expects a subject that moved.
+        theirs = await other.get(Session, "s2")
+        theirs.place({kernel_id: "a1"})
+        await other.save(theirs)
+        assert s.status is S.PENDING
+        s.destroy()  # PENDING -> CANCELLED here; PREPARING -> CANCELLED after the reload
+    stored = await Repository(event_store(nc)).get(Session, "s2")
+    k = stored.kernels[kernel_id]
+    assert [c.status for c in k.status_history] == [
+        S.PENDING,
+        S.SCHEDULED,
+        S.PREPARING,
+        S.CANCELLED,
+    ]
+    assert k.status_info == "user-requested"
+    assert fleet.sessions["s2"].status is S.CANCELLED
 
 
 async def test_a_refused_command_records_nothing_and_leaves_the_view_as_the_log(
-    nc: Client,
+    nc: Client, view: View
 ) -> None:
-    fleet, uow, published = await _started(nc)
-    try:
-        session = _pending("s3")
-        kernel_id = next(iter(session.kernels))
-        await uow.add(session, actor="client")
-        async with uow.session("s3") as s:
-            s.place({kernel_id: "a1"})
-        with pytest.raises(NotNow):
-            async with uow.session("s3", actor="client") as s:
-                s.destroy()  # recorded CANCELLED in the view's copy ...
-                s.force_cancel(kernel_id)  # ... then refused: nothing of the block is saved
-        assert fleet.sessions["s3"].status is S.PREPARING
-        stored = await Repository(event_store(nc)).get(Session, "s3")
-        assert stored.status is S.PREPARING
-        assert not any(isinstance(e, ev.KernelCancelled) for e in published)
-        with pytest.raises(SessionUnknown):
-            async with uow.session("nobody"):
-                pass
-    finally:
-        await fleet.stop()
+    fleet, uow, published = view
+    session = _pending("s3")
+    kernel_id = next(iter(session.kernels))
+    await uow.add(session, actor="client")
+    async with uow.session("s3") as s:
+        s.place({kernel_id: "a1"})
+    with pytest.raises(NotNow):
+        async with uow.session("s3", actor="client") as s:
+            s.destroy()  # recorded CANCELLED in the view's copy ...
+            s.force_cancel(kernel_id)  # ... then refused: nothing of the block is saved
+    assert fleet.sessions["s3"].status is S.PREPARING
+    stored = await Repository(event_store(nc)).get(Session, "s3")
+    assert stored.status is S.PREPARING
+    assert not any(isinstance(e, ev.KernelCancelled) for e in published)
+    with pytest.raises(SessionUnknown):
+        async with uow.session("nobody"):
+            pass
 
 
-async def test_two_changes_at_once_are_serialized(nc: Client) -> None:
-    fleet, uow, _ = await _started(nc)
-    try:
-        session = _pending("s4")
-        kernel_id = next(iter(session.kernels))
-        await uow.add(session, actor="client")
-        async with uow.session("s4") as s:
-            s.place({kernel_id: "a1"})
+async def test_two_changes_at_once_are_serialized(nc: Client, view: View) -> None:
+    _, uow, _ = view
+    session = _pending("s4")
+    kernel_id = next(iter(session.kernels))
+    await uow.add(session, actor="client")
+    async with uow.session("s4") as s:
+        s.place({kernel_id: "a1"})
 
-        async def checked(task_id: str | None) -> None:
-            await uow.change("s4", lambda s: s.image_checked("a1", task_id))
+    async def checked(task_id: str | None) -> None:
+        await uow.change("s4", lambda s: s.image_checked("a1", task_id))
 
-        await asyncio.gather(checked("t1"), checked(None))
-        k = (await Repository(event_store(nc)).get(Session, "s4")).kernels[kernel_id]
-        # The first answer decided; the second found the kernel no longer PREPARING.
-        assert k.status in (S.PULLING, S.PREPARED)
-        assert [c.status for c in k.status_history] == [
-            S.PENDING,
-            S.SCHEDULED,
-            S.PREPARING,
-            k.status,
-        ]
-    finally:
-        await fleet.stop()
+    await asyncio.gather(checked("t1"), checked(None))
+    k = (await Repository(event_store(nc)).get(Session, "s4")).kernels[kernel_id]
+    # The first answer decided; the second found the kernel no longer PREPARING.
+    assert k.status in (S.PULLING, S.PREPARED)
+    assert [c.status for c in k.status_history] == [
+        S.PENDING,
+        S.SCHEDULED,
+        S.PREPARING,
+        k.status,
+    ]
