@@ -29,15 +29,15 @@ MAX_REQUEST = 256 * 1024  # bytes of one request
 MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
 QUOTE = 80  # characters of a bad value an error message quotes
 
-_TOKEN = r"^[A-Za-z0-9_-]+$"
+TOKEN = r"^[A-Za-z0-9_-]+$"
 # Printable text: no C0/C1 control characters (they would drive terminals and corrupt logs),
 # no bidirectional overrides, zero-width or line-separator characters (they make a name look
 # like another one in a table).
-_PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*$"
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*$"
 
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=_TOKEN)]
-Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=_PRINTABLE)]
-Image = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_IMAGE, pattern=_PRINTABLE)]
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=TOKEN)]
+Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=PRINTABLE)]
+Image = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_IMAGE, pattern=PRINTABLE)]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REASON)]
 Detail = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL)]
 Cpu = Annotated[float, msgspec.Meta(gt=0, le=MAX_CPU)]

@@ -347,8 +347,18 @@ def decode(data: bytes, cls: type[T], what: str = "", *, max_bytes: int = limits
 
 
 def _cut(message: str) -> str:
-    """msgspec's message with any long name it quotes (an unknown field, say) cut short."""
+    """msgspec's message with the patterns Hoist uses said in words, and any long name it
+    quotes (an unknown field, say) cut short."""
+    for pattern, words in _PATTERN_WORDS.items():
+        message = message.replace(f"`str` matching regex {pattern!r}", words)
     return _LONG_QUOTED.sub(lambda m: limits.quote(m.group(1)), message)
+
+
+# msgspec names a failed pattern by its regex; a person reads these words instead.
+_PATTERN_WORDS = {
+    limits.PRINTABLE: "printable text (no control or invisible characters)",
+    limits.TOKEN: "1-128 letters, digits, '_' or '-'",
+}
 
 
 def encode(value: object) -> bytes:

@@ -15,16 +15,13 @@ refused a create with insufficient-resources, then those creates are retried onc
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
 
 import msgspec
 
-from domain.limits import MAX_LIST, Id
+from domain.contracts.common import AgentIds
 
 TRIGGERS = ("after-scheduling", "before-kernel-creation", "on-creation-failure")
 DEFAULT_TRIGGERS = frozenset({"on-creation-failure"})
-
-AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 
 
 class SyncAgents(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -27,8 +27,8 @@ from typing import Annotated
 
 import msgspec
 
-from domain.contracts.common import NoRequest
-from domain.limits import MAX_LIST, Id, Image
+from domain.contracts.common import AgentIds, NoRequest
+from domain.limits import Id, Image
 
 __all__ = [
     "AgentIds",
@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
-AgentIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 
 
 class Targets(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

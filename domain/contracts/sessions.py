@@ -31,8 +31,9 @@ from typing import Annotated
 
 import msgspec
 
+from domain.contracts.common import TypedReason
 from domain.events import Resources
-from domain.limits import ClusterSize, Id, Image, Owner, Reason
+from domain.limits import ClusterSize, Id, Image, Owner
 from domain.session import Session
 
 
@@ -61,7 +62,7 @@ class DestroySession(_Request, kw_only=True):
 
 class CancelKernel(_Request, kw_only=True):
     kernel_id: Id
-    reason: Reason | None = None
+    reason: TypedReason | None = None
 
 
 class KernelView(msgspec.Struct, frozen=True, kw_only=True):

@@ -72,6 +72,35 @@ async def test_an_owner_that_would_drive_or_fool_a_terminal_is_refused(
     await refused(stack, SESSION_CREATE, create(owner=owner), "$.owner")
 
 
+async def test_a_patterned_field_is_refused_in_words(stack: Client) -> None:
+    message = await refused(stack, SESSION_CREATE, create(owner="bad\tname"), "$.owner")
+    assert "printable text (no control or invisible characters)" in message, message
+    get = f"{subjects.API}.session.get"
+    message = await refused(stack, get, b'{"session_id": "a b"}', "$.session_id")
+    assert "letters, digits, '_' or '-'" in message, message
+
+
+async def test_an_admins_cancel_reason_that_would_drive_a_terminal_is_refused(
+    stack: Client,
+) -> None:
+    payload = json.dumps({"kernel_id": "k1", "reason": "bad\nline\x1b[31mRED\u202e"})
+    await refused(stack, subjects.KERNEL_CANCEL, payload.encode(), "$.reason")
+
+
+@pytest.mark.parametrize(
+    ("subject", "payload", "field"),
+    [
+        (subjects.PRELOAD, {"images": ["busybox:1"], "agents": []}, "$.agents"),
+        (subjects.UNLOAD, {"images": ["busybox:1"], "agents": []}, "$.agents"),
+        (subjects.AGENT_SYNC, {"agent_ids": []}, "$.agent_ids"),
+    ],
+)
+async def test_an_empty_list_of_agents_is_refused_not_a_silent_no_op(
+    stack: Client, subject: str, payload: dict[str, Any], field: str
+) -> None:
+    await refused(stack, subject, json.dumps(payload).encode(), field)
+
+
 async def test_a_1_mb_owner_is_refused_for_its_size(stack: Client) -> None:
     payload = create(owner="o" * 900_000)  # under NATS' max_payload, over MAX_REQUEST
     message = await refused(stack, SESSION_CREATE, payload, "bytes, more than")
