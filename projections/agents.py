@@ -87,7 +87,7 @@ class AgentsProjection(Projection):
         "agents_view": f"""
             SELECT a.agent_id, a.resource_group, a.runtime, a.alive, a.status_info,
                    a.cpu, a.mem, a.disk,
-                   a.cpu - coalesce(o.cpu, 0) AS free_cpu,
+                   round(a.cpu - coalesce(o.cpu, 0), 6) AS free_cpu,  -- no 1e-14 residue
                    a.mem - coalesce(o.mem, 0) AS free_mem,
                    a.disk - coalesce(i.bytes, 0) AS free_disk,
                    coalesce(o.kernels, 0) AS kernels,

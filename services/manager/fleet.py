@@ -308,7 +308,8 @@ class Fleet:
                 continue
             state = self.agents.get(agent_id)
             if state is not None:
-                state.reserved_cpu = max(0.0, state.reserved_cpu + ncpu - ocpu)
+                # Rounded: sums of 0.1 cores would otherwise leave 1e-14 reserved on an idle agent.
+                state.reserved_cpu = max(0.0, round(state.reserved_cpu + ncpu - ocpu, 9))
                 state.reserved_mem = max(0, state.reserved_mem + nmem - omem)
             freed = freed or ncpu < ocpu or nmem < omem
         if old.owner_active != new.owner_active:
