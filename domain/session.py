@@ -259,12 +259,14 @@ class Session(BaseAggregate[str]):
                     k.kernel_id, Reason.FORCE_TERMINATED, "forced: not confirmed by the agent"
                 )
 
-    def place(self, placements: Mapping[str, str]) -> None:
-        """The scheduler placed every kernel: SCHEDULED, then PREPARING at once, since
-        check-and-pull is asked of each agent right after (both saved in one append)."""
-        self.schedule(placements, Reason.SCHEDULED)
-        for kernel_id, agent_id in placements.items():
-            self.mark_preparing(kernel_id, info(Reason.PREPARING, f"check-and-pull on {agent_id}"))
+    def start_preparing(self) -> None:
+        """Check-and-pull is about to be asked of the placed kernels' agents: SCHEDULED kernels
+        go PREPARING (its own append: an atomic batch with SessionScheduled would cost the
+        server about ten times a single append)."""
+        for k in self.kernels.values():
+            if k.status is S.SCHEDULED:
+                detail = f"check-and-pull on {k.agent_id}"
+                self.mark_preparing(k.kernel_id, info(Reason.PREPARING, detail))
 
     def force_cancel(self, kernel_id: str, why: str | None = None) -> None:
         """A superadmin gives up a kernel that is not running yet (e.g. PULLING)."""

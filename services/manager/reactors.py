@@ -12,8 +12,8 @@ Steps, in order of precedence (each decision is a method of the Session aggregat
 2. a kernel ERROR or CANCELLED -> the others wind down ``sibling-failed`` (``wind_down``);
 3. TERMINATING kernels, cancelled ones a create may have reached, and force-terminated ones
    -> destroy-kernel (``container_removed``);
-4. SCHEDULED/PREPARING kernels -> one check-and-pull per agent -> PULLING or PREPARED
-   (``image_checked``);
+4. SCHEDULED kernels -> PREPARING (``start_preparing``), then one check-and-pull per agent
+   -> PULLING or PREPARED (``image_checked``);
 5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``), CANCELLED
    ``image-pull-failed`` when their pull failed (``pull_ended``);
 6. all kernels PREPARED -> CREATING -> create-kernel -> RUNNING, or ERROR ``failed-to-start``
@@ -175,7 +175,9 @@ class Reactors:
         ]
         if to_destroy:
             return await self._destroy(sid, to_destroy)
-        if any(k.status in (S.SCHEDULED, S.PREPARING) for k in kernels):
+        if any(k.status is S.SCHEDULED for k in kernels):
+            return await self._change(sid, Session.start_preparing)
+        if any(k.status is S.PREPARING for k in kernels):
             return await self._check_and_pull(session)
         if any(k.status is S.PULLING for k in kernels):
             return await self._pull_outcomes(session)
@@ -224,7 +226,7 @@ class Reactors:
     async def _check_and_pull(self, session: Session) -> bool:
         by_agent: defaultdict[str, list[str]] = defaultdict(list)
         for k in session.kernels.values():
-            if k.status in (S.SCHEDULED, S.PREPARING) and k.agent_id is not None:
+            if k.status is S.PREPARING and k.agent_id is not None:
                 by_agent[k.agent_id].append(k.kernel_id)
 
         async def ask(agent_id: str) -> tuple[str, str | Exception | None]:

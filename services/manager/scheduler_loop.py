@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from domain.errors import DomainError
+from domain.reasons import Reason
 from domain.scheduling import (
     AgentView,
     Limits,
@@ -106,5 +107,5 @@ class SchedulerLoop:
 def _decided(decision: Scheduled | Unschedulable) -> Callable[[Session], None]:
     """What a scheduling decision records on its session."""
     if isinstance(decision, Scheduled):
-        return lambda s: s.place(decision.placements)
+        return lambda s: s.schedule(decision.placements, Reason.SCHEDULED)
     return lambda s: s.scheduling_failed(decision.status_info)

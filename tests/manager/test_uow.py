@@ -69,7 +69,8 @@ async def test_on_a_conflict_the_commands_are_called_again_on_the_reloaded_sessi
         # Another writer (a second manager) places the session while this change is being
         # decided on the view's copy: the save below expects a subject that moved.
         theirs = await other.get(Session, "s2")
-        theirs.place({kernel_id: "a1"})
+        theirs.schedule({kernel_id: "a1"})
+        theirs.start_preparing()
         await other.save(theirs)
         assert s.status is S.PENDING
         s.destroy()  # PENDING -> CANCELLED here; PREPARING -> CANCELLED after the reload
@@ -93,7 +94,8 @@ async def test_a_refused_command_records_nothing_and_leaves_the_view_as_the_log(
     kernel_id = next(iter(session.kernels))
     await uow.add(session, actor="client")
     async with uow.session("s3") as s:
-        s.place({kernel_id: "a1"})
+        s.schedule({kernel_id: "a1"})
+        s.start_preparing()
     with pytest.raises(NotNow):
         async with uow.session("s3", actor="client") as s:
             s.destroy()  # recorded CANCELLED in the view's copy ...
@@ -113,7 +115,8 @@ async def test_two_changes_at_once_are_serialized(nc: Client, view: View) -> Non
     kernel_id = next(iter(session.kernels))
     await uow.add(session, actor="client")
     async with uow.session("s4") as s:
-        s.place({kernel_id: "a1"})
+        s.schedule({kernel_id: "a1"})
+        s.start_preparing()
 
     async def checked(task_id: str | None) -> None:
         await uow.change("s4", lambda s: s.image_checked("a1", task_id))
