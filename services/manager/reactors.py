@@ -83,6 +83,7 @@ class Reactors:
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
         self._running: set[str] = set()
         self._again: set[str] = set()
+        self._deciding: set[str] = set()  # sessions whose worker is recording a change
         self._tasks = Tasks()
         self._later: dict[str, asyncio.TimerHandle] = {}
 
@@ -97,7 +98,8 @@ class Reactors:
         self._tasks.spawn(self._worker(session_id), f"session {session_id}")
 
     def session_changed(self, event: ev.Event) -> None:
-        self.kick(event.originator_id)
+        if event.originator_id not in self._deciding:  # the worker's own change: it looks again
+            self.kick(event.originator_id)
 
     def look_again(self, note: LookAgain) -> None:
         self.kick(note.session_id)
@@ -147,7 +149,13 @@ class Reactors:
                 return
 
     async def _change(self, session_id: str, decide: Callable[[Session], None]) -> bool:
-        return await self.uow.change(session_id, decide)
+        """Record through the unit of work; True if the worker must look again.  While it does,
+        the session's lock is held, so every event published for it is this change's."""
+        self._deciding.add(session_id)
+        try:
+            return await self.uow.change(session_id, decide)
+        finally:
+            self._deciding.discard(session_id)
 
     # -- the steps -----------------------------------------------------------------------
 

@@ -46,7 +46,9 @@ class UnitOfWork:
 
     @asynccontextmanager
     async def session(self, session_id: str, *, actor: str | None = None) -> AsyncIterator[Session]:
-        async with self.fleet.locked(session_id) as session:
+        await self.fleet.lock(session_id)
+        try:
+            session = self.fleet.sessions.get(session_id)
             if session is None:
                 raise SessionUnknown(session_id)
             recording = _Recording(session)
@@ -68,6 +70,8 @@ class UnitOfWork:
                     await self.fleet.reload(session_id)
                     return  # the change no longer applies to what the log has
             raise KeptChanging(f"session {session_id} kept changing; retry")
+        finally:
+            await self.fleet.unlock(session_id)
 
     async def change(
         self, session_id: str, decide: Callable[[Session], None], *, actor: str | None = None
