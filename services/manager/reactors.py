@@ -28,6 +28,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 
 import msgspec
 
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 S = KernelStatus
 _MAX_STEPS = 32  # per kick; a session needs at most ~8
 SyncAgents = Callable[[set[str]], Awaitable[None]]
+# The session whose worker runs in the current task (None outside a worker).
+_worker_of: ContextVar[str | None] = ContextVar("reactor_worker_of", default=None)
 
 
 def _was_creating(kernel: Kernel) -> bool:
@@ -83,7 +86,6 @@ class Reactors:
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
         self._running: set[str] = set()
         self._again: set[str] = set()
-        self._deciding: set[str] = set()  # sessions whose worker is recording a change
         self._tasks = Tasks()
         self._later: dict[str, asyncio.TimerHandle] = {}
 
@@ -98,7 +100,9 @@ class Reactors:
         self._tasks.spawn(self._worker(session_id), f"session {session_id}")
 
     def session_changed(self, event: ev.Event) -> None:
-        if event.originator_id not in self._deciding:  # the worker's own change: it looks again
+        # Published from the session's own worker (its change, saved in its task): it looks
+        # again anyway.  Anyone else's change (an API request, the scheduler, a loop) kicks it.
+        if _worker_of.get() != event.originator_id:
             self.kick(event.originator_id)
 
     def look_again(self, note: LookAgain) -> None:
@@ -129,6 +133,7 @@ class Reactors:
         await self._tasks.stop()
 
     async def _worker(self, session_id: str) -> None:
+        _worker_of.set(session_id)  # this task's context only
         try:
             while True:
                 self._again.discard(session_id)
@@ -149,13 +154,7 @@ class Reactors:
                 return
 
     async def _change(self, session_id: str, decide: Callable[[Session], None]) -> bool:
-        """Record through the unit of work; True if the worker must look again.  While it does,
-        the session's lock is held, so every event published for it is this change's."""
-        self._deciding.add(session_id)
-        try:
-            return await self.uow.change(session_id, decide)
-        finally:
-            self._deciding.discard(session_id)
+        return await self.uow.change(session_id, decide)
 
     # -- the steps -----------------------------------------------------------------------
 
