@@ -186,15 +186,17 @@ class AgentSync:
                 by_session.setdefault(sid, []).append(kid)
         repaired: list[str] = []
         for sid, kids in by_session.items():
-            await self.uow.change(
-                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited)
-            )
-            session = self.fleet.sessions.get(sid)
-            for kid in kids:
-                history = session.kernels[kid].status_history if session else []
-                if len(history) >= 2 and history[-1].status is S.TERMINATED:
-                    if history[-2].status in (S.RUNNING, S.TERMINATING) and kid not in repaired:
-                        repaired.append(kid)
+
+            def decide(s: Session, kids: list[str] = kids) -> None:
+                before = {kid: s.kernels[kid].status for kid in kids if kid in s.kernels}
+                s.containers_gone(agent_id, kids, exited)
+                repaired.extend(
+                    kid
+                    for kid, status in before.items()
+                    if status is not S.TERMINATED and s.kernels[kid].status is S.TERMINATED
+                )
+
+            await self.uow.change(sid, decide)
         return repaired
 
     # -- reconciliation ------------------------------------------------------------------
