@@ -186,17 +186,19 @@ class AgentSync:
                 by_session.setdefault(sid, []).append(kid)
         repaired: list[str] = []
         for sid, kids in by_session.items():
-
-            def decide(s: Session, kids: list[str] = kids) -> None:
-                before = {kid: s.kernels[kid].status for kid in kids if kid in s.kernels}
-                s.containers_gone(agent_id, kids, exited)
-                repaired.extend(
-                    kid
-                    for kid, status in before.items()
-                    if status is not S.TERMINATED and s.kernels[kid].status is S.TERMINATED
-                )
-
-            await self.uow.change(sid, decide)
+            before = self.fleet.sessions[sid].kernels
+            was = {kid: before[kid].status for kid in kids if kid in before}
+            await self.uow.try_change(
+                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited)
+            )
+            after = self.fleet.sessions.get(sid)
+            repaired.extend(
+                kid
+                for kid, status in was.items()
+                if after is not None
+                and status is not S.TERMINATED
+                and after.kernels[kid].status is S.TERMINATED
+            )
         return repaired
 
     # -- reconciliation ------------------------------------------------------------------
@@ -273,6 +275,6 @@ class AgentSync:
             return
         grace_s = self.lost_grace.total_seconds()
         for sid in {s.id for s, k in self._kernels_on(agent_id) if k.status is S.RUNNING}:
-            await self.uow.change(
+            await self.uow.try_change(
                 sid, lambda s: s.given_up_on(agent_id, state.status_info, grace_s)
             )

@@ -139,6 +139,9 @@ class Fleet:
         self._order = 0
         self._held: dict[str, asyncio.Event] = {}  # session locks
         self._seen: dict[str, int] = {}  # highest seq seen per session subject while locked
+        # Cached sessions that hold a change the log may not have (its append failed and so did
+        # the reload): the next lock reloads them first, and a task keeps trying meanwhile.
+        self._stale: set[str] = set()
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._tasks = Tasks()  # the log follower and reloads
 
@@ -399,7 +402,7 @@ class Fleet:
     # -- changing sessions ---------------------------------------------------------------
 
     def try_lock(self, session_id: str) -> bool:
-        if session_id in self._held:
+        if session_id in self._held or session_id in self._stale:
             return False
         self._held[session_id] = asyncio.Event()
         return True
@@ -408,6 +411,13 @@ class Fleet:
         while (held := self._held.get(session_id)) is not None:
             await held.wait()
         self._held[session_id] = asyncio.Event()
+        if session_id in self._stale:
+            try:
+                await self.reload(session_id)
+            except BaseException:
+                self._held.pop(session_id).set()
+                raise
+            self._stale.discard(session_id)
 
     def release_now(self, session_id: str) -> None:
         """Release a lock taken with try_lock under which nothing was recorded."""
@@ -453,10 +463,26 @@ class Fleet:
             await self.repository.save(session, request_id=request_id, actor=actor)
         except (ConcurrencyError, StoreError) as e:
             log.warning("session %s not saved (%s): reloading it", session.id, e)
-            await self.reload(session.id)
+            try:
+                await self.reload(session.id)
+            except StoreError:
+                if session.id not in self._stale:
+                    self._stale.add(session.id)
+                    self._tasks.spawn(self._refresh(session.id), f"refresh {session.id}")
+                raise
             return False
         self.reindex(session)
         return True
+
+    async def _refresh(self, session_id: str) -> None:
+        """Reload a stale session as soon as the store answers again."""
+        while session_id in self._stale:
+            await asyncio.sleep(1.0)
+            try:
+                async with self.locked(session_id):  # lock() reloads a stale session
+                    pass
+            except StoreError as e:
+                log.warning("session %s still not reloaded: %s", session_id, e)
 
     async def reload(self, session_id: str) -> None:
         try:

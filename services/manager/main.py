@@ -154,7 +154,7 @@ class Manager:
                 ev.SessionEnqueued: [s.wake],
                 ev.SessionScheduled: [r.session_changed, sync.scheduled],
                 ev.KernelEvent: [r.session_changed],
-                LookAgain: [r.look_again],
+                LookAgain: [r.look_again, s.wake],  # a reloaded session may be pending
                 RoomFreed: [s.wake],
                 ev.AgentRegistered: [s.wake, sync.agent_registered, prepull.agent_registered],
                 ev.AgentReregistered: [

@@ -82,7 +82,7 @@ class PullingLoop:
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
                 if state is not None and session.image in state.agent.images:
-                    await self.uow.change(sid, lambda s, a=agent_id: s.image_ready(a))
+                    await self.uow.try_change(sid, lambda s, a=agent_id: s.image_ready(a))
                     continue
                 for k in session.kernels.values():
                     if k.status is not S.PULLING or k.agent_id != agent_id:
@@ -149,13 +149,13 @@ class PullingLoop:
 
     async def _ready(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         for sid in dict.fromkeys(sid for sid, _ in kernels):
-            await self.uow.change(sid, lambda s: s.image_ready(agent_id, why))
+            await self.uow.try_change(sid, lambda s: s.image_ready(agent_id, why))
 
     async def _end(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         by_session: defaultdict[str, list[str]] = defaultdict(list)
         for sid, kid in kernels:
             by_session[sid].append(kid)
         for sid, kids in by_session.items():
-            await self.uow.change(sid, lambda s, kids=kids: s.pull_ended(agent_id, why, kids))
+            await self.uow.try_change(sid, lambda s, kids=kids: s.pull_ended(agent_id, why, kids))
             for kid in kids:
                 self.fleet.retasked(kid, None)

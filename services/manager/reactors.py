@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 S = KernelStatus
 _MAX_STEPS = 32  # per kick; a session needs at most ~8
 SyncAgents = Callable[[set[str]], Awaitable[None]]
-# The session whose worker runs in the current task (None outside a worker).
+# The session whose worker is recording a change in the current task (None otherwise).
 _worker_of: ContextVar[str | None] = ContextVar("reactor_worker_of", default=None)
 
 
@@ -133,7 +133,7 @@ class Reactors:
         await self._tasks.stop()
 
     async def _worker(self, session_id: str) -> None:
-        _worker_of.set(session_id)  # this task's context only
+        _worker_of.set(None)  # not the context of whoever kicked it
         try:
             while True:
                 self._again.discard(session_id)
@@ -154,7 +154,13 @@ class Reactors:
                 return
 
     async def _change(self, session_id: str, decide: Callable[[Session], None]) -> bool:
-        return await self.uow.change(session_id, decide)
+        """Record through the unit of work; True if the worker must look again.  What it
+        publishes meanwhile is its own change (the session's lock is held): no wake for it."""
+        token = _worker_of.set(session_id)
+        try:
+            return await self.uow.change(session_id, decide)
+        finally:
+            _worker_of.reset(token)
 
     # -- the steps -----------------------------------------------------------------------
 
@@ -321,6 +327,6 @@ class Reactors:
                 if isinstance(result, rpc.KernelCreated):
                     s.created(kid, container_id=result.container_id)
                 elif isinstance(result, AgentRefused):
-                    s.created(kid, error=str(result), detail=result.message)
+                    s.created(kid, error=str(result), detail=result.message or str(result))
 
         return await self._change(session.id, decide)

@@ -20,6 +20,7 @@ from domain.contracts.sessions import (
 )
 from domain.rpc import RequestError
 from domain.session import Session
+from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
 
@@ -64,6 +65,7 @@ class SessionCommands:
     async def destroy(self, req: DestroySession) -> SessionView:
         async with self.uow.session(req.session_id, actor="client") as session:
             session.destroy(req.forced)
+        self.uow.publish(LookAgain(req.session_id))  # asked again: its worker looks again too
         return await self._view(req.session_id)
 
     async def cancel_kernel(self, req: CancelKernel) -> SessionView:
@@ -74,6 +76,7 @@ class SessionCommands:
             )
         async with self.uow.session(sid, actor="admin") as session:
             session.force_cancel(req.kernel_id, req.reason)
+        self.uow.publish(LookAgain(sid))
         return await self._view(sid)
 
     async def _view(self, session_id: str) -> SessionView:

@@ -11,7 +11,10 @@ live on the aggregate and look at its state, so calling them again decides again
 really there.  What was stored is then published on the bus (services.manager.bus).
 
 A block that raises leaves nothing recorded: the session is reloaded (the commands before the
-one that raised had already applied their events to the view's copy) and the error goes on.
+one that raised had already applied their events to the view's copy) and the error goes on; so
+does a DomainError of a command called again after a conflict.  A store error the view cannot
+recover from goes on as StoreError, and the view reloads that session before anyone decides on
+it again (services.manager.fleet).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, cast
 
 from domain.errors import DomainError
 from domain.session import Session
-from services.eventstore.store import ConcurrencyError, StoreError
+from services.eventstore.store import StoreError
 from services.manager.fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -66,10 +69,14 @@ class UnitOfWork:
                 if fresh is None:
                     raise SessionUnknown(session_id)
                 session = fresh
-                if not recording.replay_on(session):
+                try:
+                    recording.replay_on(session)
+                except DomainError:
+                    # The change no longer applies to what the log has: say why, save nothing.
+                    session.collect_events()
                     await self.fleet.reload(session_id)
-                    return  # the change no longer applies to what the log has
-            raise KeptChanging(f"session {session_id} kept changing; retry")
+                    raise
+            raise KeptChanging(f"session {session_id} kept changing")
         finally:
             await self.fleet.unlock(session_id)
 
@@ -90,6 +97,15 @@ class UnitOfWork:
         except SessionUnknown:
             return False
 
+    async def try_change(self, session_id: str, decide: Callable[[Session], None]) -> bool:
+        """``change()`` for a periodic loop, which tries again next round: a store error is
+        logged and the loop goes on with its other sessions."""
+        try:
+            return await self.change(session_id, decide)
+        except StoreError as e:
+            log.warning("session %s not changed (%s); the next round tries again", session_id, e)
+            return False
+
     async def add(self, session: Session, *, actor: str) -> Session:
         """Store a new session; if its id is taken (a retried create), the stored one."""
         async with self.fleet.locked(session.id) as existing:
@@ -98,7 +114,7 @@ class UnitOfWork:
             if not await self._save(session, actor):
                 stored = self.fleet.sessions.get(session.id)
                 if stored is None:
-                    raise KeptChanging("the event store did not take the session; retry")
+                    raise KeptChanging("the event store did not take the session")
                 return stored
             return session
 
@@ -130,11 +146,10 @@ class UnitOfWork:
             await self.fleet.unlock(session.id)
 
     async def _save(self, session: Session, actor: str | None) -> bool:
+        """True if stored; False after a conflict (the view reloaded the session).  A store
+        error the view could not recover from by a reload goes on (StoreError)."""
         events = list(session.pending_events)
-        try:
-            stored = await self.fleet.commit(session, actor=actor)
-        except (ConcurrencyError, StoreError):
-            stored = False
+        stored = await self.fleet.commit(session, actor=actor)
         if stored:
             for event in events:
                 self.publish(event)
@@ -162,17 +177,12 @@ class _Recording:
 
         return command
 
-    def replay_on(self, session: Session) -> bool:
-        """Call the block's commands again on ``session``; False if one no longer applies."""
+    def replay_on(self, session: Session) -> None:
+        """Call the block's commands again on ``session`` (a DomainError: one no longer
+        applies to it)."""
         self._session = session
-        try:
-            for name, args, kwargs in self._calls:
-                getattr(session, name)(*args, **kwargs)
-        except Exception as e:
-            log.info("session %s: change not made again after a reload (%s)", session.id, e)
-            session.collect_events()
-            return False
-        return True
+        for name, args, kwargs in self._calls:
+            getattr(session, name)(*args, **kwargs)
 
 
 # The public methods of Session that record events (properties and reads are not commands).

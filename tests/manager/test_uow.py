@@ -13,7 +13,7 @@ from domain.errors import NotNow
 from domain.session import Session
 from domain.status import KernelStatus
 from services.eventstore.repository import Repository
-from services.eventstore.store import event_store
+from services.eventstore.store import StoreError, event_store
 from services.manager.fleet import Fleet
 from services.manager.uow import SessionUnknown, UnitOfWork
 from services.transport.client import Client
@@ -131,3 +131,63 @@ async def test_two_changes_at_once_are_serialized(nc: Client, view: View) -> Non
         S.PREPARING,
         k.status,
     ]
+
+
+async def test_a_command_that_no_longer_applies_after_a_conflict_is_refused_not_swallowed(
+    nc: Client, view: View
+) -> None:
+    _, uow, _ = view
+    session = _pending("s5")
+    kernel_id = next(iter(session.kernels))
+    await uow.add(session, actor="client")
+    async with uow.session("s5") as s:
+        s.schedule({kernel_id: "a1"})
+        s.start_preparing()
+    other = Repository(event_store(nc), actor="manager")
+    with pytest.raises(NotNow, match="only a kernel not running yet"):
+        async with uow.session("s5", actor="admin") as s:
+            # Meanwhile another manager got the kernel running.
+            theirs = await other.get(Session, "s5")
+            theirs.image_checked("a1", None)
+            theirs.start_creating()
+            theirs.created(kernel_id, container_id="c1")
+            await other.save(theirs)
+            s.force_cancel(kernel_id, "stuck")  # fine on the view's PREPARING copy
+    stored = await Repository(event_store(nc)).get(Session, "s5")
+    assert stored.status is S.RUNNING
+
+
+async def test_a_store_outage_leaves_no_change_in_the_view_that_the_log_lacks(
+    nc: Client, view: View, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet, uow, published = view
+    session = _pending("s6")
+    await uow.add(session, actor="client")
+    repository = fleet.repository
+    real_save, real_get = repository.save, repository.get
+    outage = True
+
+    async def save(*args: object, **kwargs: object) -> list[int]:
+        if outage:
+            for aggregate in args:
+                aggregate.collect_events()  # type: ignore[attr-defined]
+            raise StoreError("JetStream did not acknowledge the append")
+        return await real_save(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def get(*args: object, **kwargs: object) -> Session:
+        if outage:
+            raise StoreError("stream HOIST did not answer a direct get")
+        return await real_get(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "save", save)
+    monkeypatch.setattr(repository, "get", get)
+    with pytest.raises(StoreError):
+        async with uow.session("s6", actor="client") as s:
+            s.destroy()
+    # The view's copy says CANCELLED, the log PENDING: nobody may act on it until reloaded.
+    assert not fleet.try_lock("s6")
+    assert not any(isinstance(e, ev.KernelCancelled) for e in published)
+    outage = False
+    async with fleet.locked("s6") as reloaded:
+        assert reloaded is not None and reloaded.status is S.PENDING
+    assert "s6" in fleet.pending
