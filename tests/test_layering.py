@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grimp
 
+from domain.contracts.queries import FILTERS
 from domain.subjects import QUERY_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,4 +109,5 @@ def test_import_linter_contracts_are_kept() -> None:
 def test_the_query_contract_names_every_query_the_manager_serves() -> None:
     from services.manager.queries import QUERIES
 
-    assert sorted(QUERIES) == sorted(QUERY_NAMES)
+    assert sorted(QUERIES) == sorted(QUERY_NAMES) == sorted(FILTERS)
+    assert all(QUERIES[name].filters == FILTERS[name] for name in QUERY_NAMES)

@@ -39,13 +39,19 @@ from __future__ import annotations
 from domain.subjects import QUERY_NAMES
 
 __all__ = [
+    "BOOL",
     "COMMON",
     "DEFAULT_LIMIT",
     "DEFAULT_WAIT_S",
+    "FILTERS",
     "MAX_LIMIT",
     "MAX_WAIT_S",
+    "OCCUPANCY_BY",
+    "OUTCOME",
     "PULL_OUTCOMES",
     "QUERY_NAMES",
+    "STATUS",
+    "TEXT",
 ]
 
 MAX_LIMIT = 10_000
@@ -54,3 +60,34 @@ MAX_WAIT_S = 30.0
 DEFAULT_WAIT_S = 5.0
 PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")  # the ``outcome`` filter's values
 COMMON = ("min_seq", "timeout", "limit")  # fields every query takes besides its filters
+
+# What a filter takes: a string or a list of strings (any of them), a kernel status, a pull
+# outcome (PULL_OUTCOMES), a boolean.
+TEXT, STATUS, OUTCOME, BOOL = "text", "status", "outcome", "bool"
+
+# Each query's filters: field -> what it takes.
+FILTERS: dict[str, dict[str, str]] = {
+    "kernels": {
+        "kernel_id": TEXT,
+        "session_id": TEXT,
+        "owner": TEXT,
+        "agent_id": TEXT,
+        "image": TEXT,
+        "resource_group": TEXT,
+        "status": STATUS,
+    },
+    "sessions": {
+        "session_id": TEXT,
+        "owner": TEXT,
+        "image": TEXT,
+        "resource_group": TEXT,
+        "status": STATUS,
+    },
+    "occupancy": {"owner": TEXT, "agent_id": TEXT},
+    "agents": {"agent_id": TEXT, "resource_group": TEXT, "alive": BOOL},
+    "images": {"agent_id": TEXT, "image": TEXT, "preloaded": BOOL, "pinned": BOOL},
+    "pulls": {"agent_id": TEXT, "task_id": TEXT, "image": TEXT, "outcome": OUTCOME},
+    "policies": {"name": TEXT, "removed": BOOL},
+    "quarantine": {"subject": TEXT, "event_type": TEXT, "actor": TEXT, "writer": TEXT},
+}
+OCCUPANCY_BY = ("owner", "agent")  # occupancy's ``by``, the first the default

@@ -23,12 +23,17 @@ from nats.aio.subscription import Subscription
 
 from domain import rpc, subjects
 from domain.contracts.queries import (
+    BOOL,
     COMMON,
     DEFAULT_LIMIT,
     DEFAULT_WAIT_S,
+    FILTERS,
     MAX_LIMIT,
     MAX_WAIT_S,
+    OCCUPANCY_BY,
+    OUTCOME,
     PULL_OUTCOMES,
+    STATUS,
 )
 from domain.limits import MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
@@ -62,79 +67,37 @@ class Query:
 
     source: str
     projections: tuple[str, ...]
-    filters: dict[str, str]  # field -> "text" | "status" | "outcome" | "bool"
+    filters: dict[str, str]  # field -> TEXT | STATUS | OUTCOME | BOOL (domain.contracts)
     order: str
     variants: dict[str, str] = field(default_factory=dict)  # occupancy: by -> source
     json_columns: tuple[str, ...] = ()  # stored as JSON text, sent decoded
 
 
-_TEXT = "text"
+# The contract (the filters of each query) is domain's; here is where each reads.
 QUERIES: dict[str, Query] = {
-    "kernels": Query(
-        "kernels",
-        ("sessions",),
-        {
-            "kernel_id": _TEXT,
-            "session_id": _TEXT,
-            "owner": _TEXT,
-            "agent_id": _TEXT,
-            "image": _TEXT,
-            "resource_group": _TEXT,
-            "status": "status",
-        },
-        "session_id, kernel_index",
-    ),
-    "sessions": Query(
-        "sessions",
-        ("sessions",),
-        {
-            "session_id": _TEXT,
-            "owner": _TEXT,
-            "image": _TEXT,
-            "resource_group": _TEXT,
-            "status": "status",
-        },
-        "created_at, session_id",
-    ),
+    "kernels": Query("kernels", ("sessions",), FILTERS["kernels"], "session_id, kernel_index"),
+    "sessions": Query("sessions", ("sessions",), FILTERS["sessions"], "created_at, session_id"),
     "occupancy": Query(
         "occupancy_by_owner",
         ("sessions",),
-        {"owner": _TEXT, "agent_id": _TEXT},
+        FILTERS["occupancy"],
         "1",
-        variants={"owner": "occupancy_by_owner", "agent": "occupancy_by_agent"},
+        variants={by: f"occupancy_by_{by}" for by in OCCUPANCY_BY},
     ),
-    "agents": Query(
-        "agents_view",
-        ("agents", "sessions", "images"),
-        {"agent_id": _TEXT, "resource_group": _TEXT, "alive": "bool"},
-        "agent_id",
-    ),
+    "agents": Query("agents_view", ("agents", "sessions", "images"), FILTERS["agents"], "agent_id"),
     "images": Query(
-        "agent_images_view",
-        ("images", "sessions"),
-        {"agent_id": _TEXT, "image": _TEXT, "preloaded": "bool", "pinned": "bool"},
-        "agent_id, image",
+        "agent_images_view", ("images", "sessions"), FILTERS["images"], "agent_id, image"
     ),
-    "pulls": Query(
-        "pulls",
-        ("pulls",),
-        {"agent_id": _TEXT, "task_id": _TEXT, "image": _TEXT, "outcome": "outcome"},
-        "started_at, agent_id, task_id",
-    ),
+    "pulls": Query("pulls", ("pulls",), FILTERS["pulls"], "started_at, agent_id, task_id"),
     "policies": Query(
         "prepull_policies",
         ("policies",),
-        {"name": _TEXT, "removed": "bool"},
+        FILTERS["policies"],
         "name",
         json_columns=POLICY_JSON_COLUMNS,
     ),
     # Records every reader skips (domain.admission): who appended what, and why refused.
-    "quarantine": Query(
-        "quarantine",
-        ("quarantine",),
-        {"subject": _TEXT, "event_type": _TEXT, "actor": _TEXT, "writer": _TEXT},
-        "seq",
-    ),
+    "quarantine": Query("quarantine", ("quarantine",), FILTERS["quarantine"], "seq"),
 }
 
 
@@ -241,7 +204,7 @@ async def _wait(runner: Runner, request: dict[str, Any], projections: tuple[str,
 
 def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
     """A WHERE clause and its parameters for one filter."""
-    if kind == "bool":
+    if kind == BOOL:
         if not isinstance(value, bool):
             raise InvalidRequest(f"{name} must be true or false, got {quote(value)}")
         return f"{name} = ?", [value]
@@ -254,7 +217,7 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
             f"{name} must be a string of 1 to {MAX_IMAGE} characters or a list of 1 to"
             f" {MAX_LIST} of them, got {quote(value)}"
         )
-    allowed = {"status": [s.value for s in KernelStatus], "outcome": list(PULL_OUTCOMES)}.get(kind)
+    allowed = {STATUS: [s.value for s in KernelStatus], OUTCOME: list(PULL_OUTCOMES)}.get(kind)
     if allowed is not None:
         bad = [v for v in values if v not in allowed]
         if bad:
