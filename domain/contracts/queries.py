@@ -50,6 +50,9 @@ __all__ = [
     "OUTCOME",
     "PULL_OUTCOMES",
     "QUERY_NAMES",
+    "SQL_DEFAULT_TIME_LIMIT_S",
+    "SQL_FIELDS",
+    "SQL_MAX_TIME_LIMIT_S",
     "STATUS",
     "TEXT",
 ]
@@ -60,6 +63,11 @@ MAX_WAIT_S = 30.0
 DEFAULT_WAIT_S = 5.0
 PULL_OUTCOMES = ("pulling", "pulled", "failed", "abandoned")  # the ``outcome`` filter's values
 COMMON = ("min_seq", "timeout", "limit")  # fields every query takes besides its filters
+# hoist.admin.query.sql: its fields and the bounds of its time_limit (seconds; the largest
+# stays under the CLI's wait for the reply).
+SQL_FIELDS = ("sql", "limit", "time_limit", "min_seq", "timeout")
+SQL_DEFAULT_TIME_LIMIT_S = 10.0
+SQL_MAX_TIME_LIMIT_S = 30.0
 
 # What a filter takes: a string or a list of strings (any of them), a kernel status, a pull
 # outcome (PULL_OUTCOMES), a boolean.

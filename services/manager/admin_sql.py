@@ -27,14 +27,15 @@ from typing import Any
 
 import duckdb
 
+from domain.contracts.queries import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    SQL_DEFAULT_TIME_LIMIT_S,
+    SQL_FIELDS,
+    SQL_MAX_TIME_LIMIT_S,
+)
 from domain.limits import quote
 from projections.runner import META
-
-DEFAULT_LIMIT = 1000
-MAX_LIMIT = 10_000
-DEFAULT_TIME_LIMIT_S = 10.0
-MAX_TIME_LIMIT_S = 30.0  # under the CLI's wait for the reply
-FIELDS = ("sql", "limit", "time_limit", "min_seq", "timeout")
 
 # Order matters: lock_configuration last, or it would refuse the others.
 LOCKDOWN = (
@@ -60,16 +61,16 @@ class Refused(Exception):
 class SqlRequest:
     sql: str
     limit: int = DEFAULT_LIMIT
-    time_limit: float = DEFAULT_TIME_LIMIT_S
+    time_limit: float = SQL_DEFAULT_TIME_LIMIT_S
 
 
 def parse(request: Mapping[str, Any]) -> SqlRequest:
     """The SQL request's own fields (``min_seq``/``timeout`` are the queries' common wait)."""
-    unknown = sorted(set(request) - set(FIELDS))
+    unknown = sorted(set(request) - set(SQL_FIELDS))
     if unknown:
         raise Refused(
             "invalid-request",
-            f"unknown field {quote(', '.join(unknown))}; fields: {', '.join(FIELDS)}",
+            f"unknown field {quote(', '.join(unknown))}; fields: {', '.join(SQL_FIELDS)}",
         )
     sql = request.get("sql")
     if not isinstance(sql, str) or not sql.strip():
@@ -82,15 +83,15 @@ def parse(request: Mapping[str, Any]) -> SqlRequest:
         raise Refused(
             "invalid-request", f"limit must be an integer from 1 to {MAX_LIMIT}, got {quote(limit)}"
         )
-    time_limit = request.get("time_limit", DEFAULT_TIME_LIMIT_S)
+    time_limit = request.get("time_limit", SQL_DEFAULT_TIME_LIMIT_S)
     if (
         isinstance(time_limit, bool)
         or not isinstance(time_limit, int | float)
-        or not 0 < time_limit <= MAX_TIME_LIMIT_S
+        or not 0 < time_limit <= SQL_MAX_TIME_LIMIT_S
     ):
         raise Refused(
             "invalid-request",
-            f"time_limit must be seconds above 0 and at most {MAX_TIME_LIMIT_S:g},"
+            f"time_limit must be seconds above 0 and at most {SQL_MAX_TIME_LIMIT_S:g},"
             f" got {quote(time_limit)}",
         )
     return SqlRequest(sql, limit, float(time_limit))
@@ -174,7 +175,7 @@ def run(con: duckdb.DuckDBPyConnection, request: SqlRequest) -> dict[str, Any]:
             raise Refused(
                 "timeout",
                 f"the query ran longer than its time_limit of {request.time_limit:g}s and was"
-                f" interrupted; narrow it, or raise time_limit (at most {MAX_TIME_LIMIT_S:g})",
+                f" interrupted; narrow it, or raise time_limit (at most {SQL_MAX_TIME_LIMIT_S:g})",
             ) from None
         except duckdb.PermissionException as e:
             raise Refused(
