@@ -48,6 +48,17 @@ def _pending(session_id: str) -> Session:
     )
 
 
+async def _preparing(uow: UnitOfWork, session_id: str) -> str:
+    """A stored session placed on agent a1, its kernel PREPARING; the kernel's id."""
+    session = _pending(session_id)
+    kernel_id = next(iter(session.kernels))
+    await uow.add(session, actor="client")
+    async with uow.session(session_id) as s:
+        s.schedule({kernel_id: "a1"})
+        s.start_preparing()
+    return kernel_id
+
+
 async def test_a_change_is_saved_and_its_events_published(nc: Client, view: View) -> None:
     _, uow, published = view
     await uow.add(_pending("s1"), actor="client")
@@ -90,12 +101,7 @@ async def test_a_refused_command_records_nothing_and_leaves_the_view_as_the_log(
     nc: Client, view: View
 ) -> None:
     fleet, uow, published = view
-    session = _pending("s3")
-    kernel_id = next(iter(session.kernels))
-    await uow.add(session, actor="client")
-    async with uow.session("s3") as s:
-        s.schedule({kernel_id: "a1"})
-        s.start_preparing()
+    kernel_id = await _preparing(uow, "s3")
     with pytest.raises(NotNow):
         async with uow.session("s3", actor="client") as s:
             s.destroy()  # recorded CANCELLED in the view's copy ...
@@ -111,12 +117,7 @@ async def test_a_refused_command_records_nothing_and_leaves_the_view_as_the_log(
 
 async def test_two_changes_at_once_are_serialized(nc: Client, view: View) -> None:
     _, uow, _ = view
-    session = _pending("s4")
-    kernel_id = next(iter(session.kernels))
-    await uow.add(session, actor="client")
-    async with uow.session("s4") as s:
-        s.schedule({kernel_id: "a1"})
-        s.start_preparing()
+    kernel_id = await _preparing(uow, "s4")
 
     async def checked(task_id: str | None) -> None:
         await uow.change("s4", lambda s: s.image_checked("a1", task_id))
@@ -137,12 +138,7 @@ async def test_a_command_that_no_longer_applies_after_a_conflict_is_refused_not_
     nc: Client, view: View
 ) -> None:
     _, uow, _ = view
-    session = _pending("s5")
-    kernel_id = next(iter(session.kernels))
-    await uow.add(session, actor="client")
-    async with uow.session("s5") as s:
-        s.schedule({kernel_id: "a1"})
-        s.start_preparing()
+    kernel_id = await _preparing(uow, "s5")
     other = Repository(event_store(nc), actor="manager")
     with pytest.raises(NotNow, match="only a kernel not running yet"):
         async with uow.session("s5", actor="admin") as s:
