@@ -29,11 +29,11 @@ MAX_REQUEST = 256 * 1024  # bytes of one request
 MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
 QUOTE = 80  # characters of a bad value an error message quotes
 
-TOKEN = r"^[A-Za-z0-9_-]+$"
+TOKEN = r"^[A-Za-z0-9_-]+\Z"  # \Z, not $: $ also matches before a final newline
 # Printable text: no C0/C1 control characters (they would drive terminals and corrupt logs),
 # no bidirectional overrides, zero-width or line-separator characters (they make a name look
 # like another one in a table).
-PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*$"
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*\Z"
 
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=TOKEN)]
 Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=PRINTABLE)]

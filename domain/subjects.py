@@ -33,7 +33,7 @@ HEARTBEAT = "hoist.heartbeat"  # hoist.heartbeat.<id>: core NATS, not stored
 INBOX = "_INBOX"
 
 
-_INBOX_SUBJECT = re.compile(rf"^{INBOX}(\.[^.*>\s]+)+$")  # no wildcard, no empty token
+_INBOX_SUBJECT = re.compile(rf"^{INBOX}(\.[^.*>\s]+)+\Z")  # no wildcard, no empty token
 
 
 def is_inbox(reply: str) -> bool:
@@ -45,7 +45,7 @@ def inbox_prefix(user: str) -> str:
     return f"{INBOX}.{check_token(user, 'NATS user')}"
 
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 
 def check_token(value: str, field: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from domain import limits, rpc, subjects
+from domain.contracts.sessions import CreateSession
 from domain.subjects import SESSION_CREATE
 from services.eventstore.store import EventStore
 from services.transport.client import Client
@@ -64,7 +65,8 @@ async def test_a_250_kb_field_is_refused_naming_it(stack: Client) -> None:
 
 
 @pytest.mark.parametrize(
-    "owner", ["\x1b[31mred", "\x9b31mred", "evil\u202etxt.exe", "a\u200bb", "a\u2028b", "\ufeffa"]
+    "owner",
+    ["\x1b[31mred", "\x9b31mred", "evil\u202etxt.exe", "a\u200bb", "a\u2028b", "\ufeffa", "evil\n"],
 )
 async def test_an_owner_that_would_drive_or_fool_a_terminal_is_refused(
     stack: Client, owner: str
@@ -83,8 +85,19 @@ async def test_a_patterned_field_is_refused_in_words(stack: Client) -> None:
 async def test_an_admins_cancel_reason_that_would_drive_a_terminal_is_refused(
     stack: Client,
 ) -> None:
-    payload = json.dumps({"kernel_id": "k1", "reason": "bad\nline\x1b[31mRED\u202e"})
-    await refused(stack, subjects.KERNEL_CANCEL, payload.encode(), "$.reason")
+    for reason in ("bad\nline\x1b[31mRED\u202e", "\n", "stuck\n"):
+        payload = json.dumps({"kernel_id": "k1", "reason": reason})
+        await refused(stack, subjects.KERNEL_CANCEL, payload.encode(), "$.reason")
+
+
+def test_a_trailing_newline_passes_no_pattern() -> None:
+    # Python's $ also matches before a final newline; the patterns end in \Z.
+    for field, value in (("request_id", "r\n"), ("image", "python:3.12-slim\n")):
+        with pytest.raises(rpc.RequestError, match=f"at `\\$.{field}`"):
+            rpc.decode(create(**{field: value}), CreateSession)
+    with pytest.raises(ValueError):
+        subjects.check_token("agent-1\n", "agent id")
+    assert not subjects.is_inbox("_INBOX.abc\n")
 
 
 @pytest.mark.parametrize(
