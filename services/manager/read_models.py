@@ -53,7 +53,14 @@ class ReadModels:
     async def start(self) -> None:
         if self.path != IN_MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._con = duckdb.connect(self.path)
+        try:
+            self._con = duckdb.connect(self.path)
+        except duckdb.IOException as e:  # another process holds its lock
+            raise ValueError(
+                f"the read models file {self.path} is in use ({str(e).splitlines()[0]}): is another"
+                " manager running on this data dir? Stop it, or give this one --read-models"
+                " another file"
+            ) from None
         for table in _DROPPED:
             self._con.execute(f"DROP TABLE IF EXISTS {table}")
         lock_down(self._con)  # admin SQL reads this instance: no files, network, extensions
