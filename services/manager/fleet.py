@@ -463,16 +463,21 @@ class Fleet:
             await self.repository.save(session, request_id=request_id, actor=actor)
         except (ConcurrencyError, StoreError) as e:
             log.warning("session %s not saved (%s): reloading it", session.id, e)
-            try:
-                await self.reload(session.id)
-            except StoreError:
-                if session.id not in self._stale:
-                    self._stale.add(session.id)
-                    self._tasks.spawn(self._refresh(session.id), f"refresh {session.id}")
-                raise
+            await self.reload_or_mark_stale(session.id)
             return False
         self.reindex(session)
         return True
+
+    async def reload_or_mark_stale(self, session_id: str) -> None:
+        """Drop what the cached session holds beyond the log: reload it; if the store does not
+        answer, mark it stale (the next lock reloads it, a task keeps trying) and raise."""
+        try:
+            await self.reload(session_id)
+        except StoreError:
+            if session_id not in self._stale:
+                self._stale.add(session_id)
+                self._tasks.spawn(self._refresh(session_id), f"refresh {session_id}")
+            raise
 
     async def _refresh(self, session_id: str) -> None:
         """Reload a stale session as soon as the store answers again."""

@@ -60,7 +60,7 @@ class UnitOfWork:
             except BaseException:
                 if session.pending_events:
                     session.collect_events()
-                    await self.fleet.reload(session_id)
+                    await self.fleet.reload_or_mark_stale(session_id)
                 raise
             for _ in range(ATTEMPTS):
                 if await self._save(session, actor):
@@ -74,7 +74,7 @@ class UnitOfWork:
                 except DomainError:
                     # The change no longer applies to what the log has: say why, save nothing.
                     session.collect_events()
-                    await self.fleet.reload(session_id)
+                    await self.fleet.reload_or_mark_stale(session_id)
                     raise
             raise KeptChanging(f"session {session_id} kept changing")
         finally:
