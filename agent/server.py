@@ -46,7 +46,7 @@ from domain.subjects import (
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
 from services.transport.client import Client
-from services.transport.connection import subscriptions_ready
+from services.transport.connection import subscriptions_ready, unsubscribe_all
 from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,8 @@ class AgentServer:
         )
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await unsubscribe_all([self._sub])
+        self._sub = None
         await self._tasks.stop()
         await self.pulls.close()
         await self.runtime.close()

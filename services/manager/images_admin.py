@@ -42,6 +42,7 @@ from domain.subjects import JOBS, PROGRESS
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
 from services.transport.client import Client
+from services.transport.connection import unsubscribe_all
 from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -180,9 +181,8 @@ class ImagesAdmin:
         self._sub = await self.nc.subscribe(f"{PROGRESS}.*.*", cb=self._on_progress)
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        await unsubscribe_all([self._sub])
+        self._sub = None
         await self._tasks.stop()
 
     # -- commands ------------------------------------------------------------------------

@@ -13,7 +13,6 @@ since the manager started (in memory, never stored); the agents query joins
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +30,7 @@ from domain.subjects import HEARTBEAT
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError
 from services.transport.client import Client
+from services.transport.connection import unsubscribe_all
 from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,8 @@ class LivenessWatcher:
         )
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await unsubscribe_all([self._sub])
+        self._sub = None
         await self._tasks.stop()
 
     def last_heartbeat_at(self, agent_id: str) -> datetime | None:

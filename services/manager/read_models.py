@@ -6,7 +6,6 @@ query's ``last_heartbeat_at`` comes from the liveness watcher (``last_heartbeat`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import duckdb
@@ -19,6 +18,7 @@ from services.eventstore.store import EventStore
 from services.manager.admin_sql import lock_down
 from services.manager.queries import LastHeartbeat, no_heartbeats, serve_queries
 from services.transport.client import Client
+from services.transport.connection import unsubscribe_all
 from services.transport.tasks import Tasks
 
 IN_MEMORY = ":memory:"
@@ -71,9 +71,7 @@ class ReadModels:
         )
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await unsubscribe_all(self._subs)
         await self._tasks.stop()
         if self._con is not None:
             await _close(self._con)

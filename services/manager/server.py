@@ -22,7 +22,7 @@ from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
 from services.manager.uow import SessionUnknown
 from services.transport.client import Client
-from services.transport.connection import subscriptions_ready
+from services.transport.connection import subscriptions_ready, unsubscribe_all
 from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,7 @@ class CommandServer:
         await subscriptions_ready(self.nc)
 
     async def stop(self) -> None:
-        for sub in self._subs:
-            await sub.unsubscribe()
+        await unsubscribe_all(self._subs)
         self._subs.clear()
         await self._tasks.stop()
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any, Protocol
 
 import nats.errors
+from nats.aio.subscription import Subscription
 
 from services.transport.client import Client, connect
 
@@ -24,6 +26,15 @@ async def subscriptions_ready(nc: Client) -> None:
     """
     await nc.flush()
     await nc.flush()
+
+
+async def unsubscribe_all(subs: Iterable[Subscription | None]) -> None:
+    """End these subscriptions (None: none made); one the connection already closed is no
+    error at stop."""
+    for sub in subs:
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
 
 class CredentialsRefused(ValueError):

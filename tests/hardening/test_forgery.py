@@ -130,29 +130,21 @@ async def test_forged_and_poison_events_are_quarantined_by_every_reader(
     )
     bad[await _append(a_store, agent_events(a_id), huge, {**h, ACTOR_HEADER: "agent:A"})] = "mem"
     # The manager's own bounds: a session with mem 2**63 and one with a 300 KB owner.
-    for what, field, value in (("mem 2**63", b'"mem":1048576', b'"mem":9223372036854775808'),):
+    for sid, what, field, value in (
+        (f"m{run}", "mem 2**63", b'"mem":1048576', b'"mem":9223372036854775808'),
+        (f"o{run}", "owner 300 KB", b'"owner":"bob"', b'"owner":"' + b"o" * 300_000 + b'"'),
+    ):
         enq = Session.enqueue(
             owner="bob",
             image="x:1",
             resources={"cpu": 1, "mem": 2**20},
             resource_group="default",
-            session_id=f"m{run}",
+            session_id=sid,
         )
         [e] = enq.collect_events()
         data, h = encode(e)
         assert field in data
-        bad[await _append(manager, session_events(enq.id), data.replace(field, value), h)] = what
-    enq = Session.enqueue(
-        owner="bob",
-        image="x:1",
-        resources={"cpu": 1, "mem": 2**20},
-        resource_group="default",
-        session_id=f"o{run}",
-    )
-    [e] = enq.collect_events()
-    data, h = encode(e)
-    data = data.replace(b'"owner":"bob"', b'"owner":"' + b"o" * 300_000 + b'"')
-    bad[await _append(manager, session_events(enq.id), data, h)] = "owner 300 KB"
+        bad[await _append(manager, session_events(sid), data.replace(field, value), h)] = what
 
     # The projections: every forgery quarantined with a reason; the models unmoved.
     con = duckdb.connect()
