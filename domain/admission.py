@@ -41,6 +41,7 @@ AGENT_EVENTS: frozenset[type[ev.Event]] = frozenset(
         ev.ImagePullFailed,
         ev.ImageRemoved,
         ev.ImagePreloaded,
+        ev.KernelExited,
     }
 )
 LIVENESS_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.AgentLost})

@@ -16,6 +16,7 @@ from eventsourcing.domain import BaseAggregate
 from domain import events as ev
 from domain.errors import DomainError, InvalidField, convert, require_text
 from domain.limits import MAX_REASON, clip
+from domain.reasons import exit_reason
 from domain.subjects import check_token
 
 _CAPACITY = "{cpu: cores > 0, mem: bytes > 0, disk: bytes >= 0}"
@@ -124,6 +125,20 @@ class Agent(BaseAggregate[str]):
             return
         self.trigger_event(ev.ImagePreloaded, image=image, reason=reason, pinned=pinned)
 
+    def kernel_exited(
+        self, kernel_id: str, session_id: str, exit_code: int, ran_s: float, oom_killed: bool
+    ) -> None:
+        """A kernel's process ended here (the manager decides what it means for the kernel)."""
+        self.trigger_event(
+            ev.KernelExited,
+            kernel_id=check_token(kernel_id, "kernel_id"),
+            session_id=check_token(session_id, "session_id"),
+            exit_code=exit_code,
+            oom_killed=oom_killed,
+            ran_s=max(0.0, float(ran_s)),
+            reason=exit_reason(exit_code, oom_killed),
+        )
+
     def _check_pull(self, image: str, task_id: str) -> None:
         if self.pulls.get(image) != task_id:
             raise DomainError(
@@ -181,4 +196,5 @@ class Agent(BaseAggregate[str]):
         ev.ImagePullFailed: _on_pull_failed,
         ev.ImageRemoved: _on_image_removed,
         ev.ImagePreloaded: _on_preloaded,
+        ev.KernelExited: lambda agent, e: None,  # a fact for the manager; changes no agent state
     }

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 from eventsourcing.domain import BaseAggregate, CanInitAggregate, CanMutateAggregate
@@ -34,15 +34,23 @@ from domain.limits import (
     MAX_CLUSTER,
     MAX_ID,
     MAX_LIST,
+    MAX_MOUNTS,
+    MAX_PORTS,
+    AbsPath,
+    Argv,
     ClusterSize,
     Cpu,
     Detail,
+    Env,
+    ExitCode,
     Id,
     Image,
     Mem,
     Owner,
+    Port,
     Reason,
     Size,
+    Slots,
 )
 from domain.status import KernelStatus
 
@@ -55,19 +63,65 @@ Runtime = Id
 KernelIds = Annotated[list[Id], msgspec.Meta(min_length=1, max_length=MAX_CLUSTER)]
 
 
-class Resources(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What one kernel asks for."""
+class Resources(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """What one kernel asks for.  ``slots``: other resource slots an agent advertises (``gpu``:
+    2), scheduled, reserved and freed like cpu; absent from events written before they existed
+    (omit_defaults keeps those events' shape)."""
 
     cpu: Cpu  # cores
     mem: Mem  # bytes
+    slots: Slots = {}
 
 
-class Capacity(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Capacity(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
     """What one agent offers."""
 
     cpu: Cpu  # cores
     mem: Mem  # bytes
     disk: Bytes  # bytes for images
+    slots: Slots = {}  # e.g. {"gpu": 2.0}: what ``hoist-agent --slot gpu=2`` advertises
+
+
+SessionType = Literal["interactive", "batch"]
+ClusterMode = Literal["single-node", "multi-node"]
+
+
+class Mount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A named volume mounted into every kernel of a session (created on first use on the
+    agent, kept after the session)."""
+
+    volume: Id
+    path: AbsPath
+    read_only: bool = False
+
+
+class KernelSpec(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True
+):
+    """What every kernel of a session runs.  ``command`` None: the image's own entrypoint and
+    cmd."""
+
+    command: Argv | None = None
+    env: Env = {}
+    workdir: AbsPath | None = None
+    ports: Annotated[list[Port], msgspec.Meta(max_length=MAX_PORTS)] = []
+    mounts: Annotated[list[Mount], msgspec.Meta(max_length=MAX_MOUNTS)] = []
+
+
+class PublishedPort(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where a kernel's container port is reachable: ``host``:``host_port``."""
+
+    port: Port
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    host_port: Port
+
+
+PublishedPorts = Annotated[list[PublishedPort], msgspec.Meta(max_length=MAX_PORTS)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400)]
 
 
 class HeldImage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -148,6 +202,17 @@ class SessionEnqueued(
     kernel_ids: KernelIds
     status_info: Reason
     request_id: Id | None = None  # the client's idempotency key
+    session_type: SessionType = "interactive"
+    cluster_mode: ClusterMode = "multi-node"
+    spec: KernelSpec = KernelSpec()
+
+    # v2: what the kernels run (``spec``), ``session_type`` and ``cluster_mode``.  A v1 session's
+    # kernels ran ``sleep infinity`` on any agent: the upcast says so.
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, "spec": {"command": ["sleep", "infinity"]}}
 
     def __post_init__(self) -> None:
         if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
@@ -210,9 +275,17 @@ class KernelCreating(KernelEvent, frozen=True, kw_only=True, tag="KernelCreating
 
 
 class KernelCreated(KernelEvent, frozen=True, kw_only=True, tag="KernelCreated"):
-    """The container runs."""
+    """The container runs; ``ports``: where its exposed ports are reachable."""
 
     container_id: Id
+    ports: PublishedPorts = []
+
+    # v2: ``ports`` (absent from v1, which published none).
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return state
 
     status: ClassVar[KernelStatus] = KernelStatus.RUNNING
 
@@ -242,9 +315,20 @@ class KernelTerminating(KernelEvent, frozen=True, kw_only=True, tag="KernelTermi
 
 
 class KernelTerminated(KernelEvent, frozen=True, kw_only=True, tag="KernelTerminated"):
-    """The container is gone (stopped, exited, or its agent was lost)."""
+    """The container is gone (stopped, exited, or its agent was lost).  When its process ended
+    on its own: ``exit_code`` and ``ran_s``, the seconds it ran (status_info ``succeeded``,
+    ``exited: code 3``, ``oom-killed``, ``killed: signal 9``)."""
 
     detail: Detail = ""
+    exit_code: ExitCode | None = None
+    ran_s: Seconds | None = None
+
+    # v2: ``exit_code`` and ``ran_s`` (v1 recorded neither).
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return state
 
     status: ClassVar[KernelStatus] = KernelStatus.TERMINATED
 
@@ -311,6 +395,19 @@ class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):
     image: Image
     # e.g. "unload-requested: job J", "gc: disk 91% > 85%, least recently used (...)"
     reason: Reason
+
+
+class KernelExited(Event, frozen=True, kw_only=True, tag="KernelExited"):
+    """A kernel's process ended on this agent (its container stays, with its logs, until it is
+    removed).  The agent's own fact: the manager turns it into the kernel's KernelTerminated
+    when the kernel is RUNNING there."""
+
+    kernel_id: Id
+    session_id: Id
+    exit_code: ExitCode
+    oom_killed: bool = False
+    ran_s: Seconds
+    reason: Reason  # "exited: code 3", "oom-killed", "killed: signal 9" (domain.reasons.exit_reason)
 
 
 class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):
@@ -399,6 +496,7 @@ AnyEvent = (
     | ImagePullFailed
     | ImageRemoved
     | ImagePreloaded
+    | KernelExited
     | PrepullPolicySet
     | PrepullPolicyRemoved
 )

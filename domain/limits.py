@@ -24,6 +24,14 @@ MAX_BYTES = 2**60  # disk and image sizes
 MAX_CLUSTER = 128  # kernels of one session
 MAX_LIST = 1024  # items of any other list or map in a request
 MAX_AGENT_IMAGES = 100_000  # images one agent reports holding
+MAX_ARGS = 256  # argv items of a command
+MAX_ARG = 8 * 1024  # characters of one argv item or environment value
+MAX_ENV = 256  # environment variables of a kernel
+MAX_PATH = 1024  # a path inside a container
+MAX_PORTS = 32  # ports one kernel exposes
+MAX_MOUNTS = 32  # volumes one kernel mounts
+MAX_SLOT = 1_000_000.0  # units of one resource slot (gpu, ...) of one kernel or agent
+MAX_EXEC_S = 3600.0  # seconds an exec may run
 MAX_DEPTH = 16  # nesting of a JSON request
 MAX_REQUEST = 256 * 1024  # bytes of one request
 MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
@@ -35,6 +43,13 @@ TOKEN = r"^[A-Za-z0-9_-]+\Z"  # \Z, not $: $ also matches before a final newline
 # like another one in a table).
 PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*\Z"
 
+# An environment variable's name, as POSIX shells accept it.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
+# An absolute path inside a container, printable, no ".." step.
+ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*\Z"
+# A resource slot's name: lower-case letters, digits, '.', '_' and '-' (``gpu``, ``cuda.shares``).
+SLOT_NAME = r"^[a-z][a-z0-9._-]*\Z"
+
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=TOKEN)]
 Owner = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_OWNER, pattern=PRINTABLE)]
 Image = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_IMAGE, pattern=PRINTABLE)]
@@ -44,6 +59,17 @@ Cpu = Annotated[float, msgspec.Meta(gt=0, le=MAX_CPU)]
 Mem = Annotated[int, msgspec.Meta(gt=0, le=MAX_MEM)]
 Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 ClusterSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_CLUSTER)]
+Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]  # argv: any text, even control characters
+Argv = Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGS)]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ENV_NAME)]
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
+Env = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)]
+AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH, pattern=ABS_PATH)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+SlotName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=SLOT_NAME)]
+SlotAmount = Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOT)]
+Slots = Annotated[dict[SlotName, SlotAmount], msgspec.Meta(max_length=64)]
+ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 
 
 def clip(text: str, limit: int) -> str:

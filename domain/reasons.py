@@ -38,6 +38,12 @@ class Reason(StrEnum):
     AGENT_LOST = "agent-lost"
     CONTAINER_GONE = "container-gone"
     CONTAINER_EXITED = "container-exited"
+    # How a kernel's process ended (its KernelTerminated carries the exit code).
+    SUCCEEDED = "succeeded"
+    EXITED = "exited"
+    KILLED = "killed"
+    OOM_KILLED = "oom-killed"
+    SESSION_ENDED = "session-ended"
     # Why an agent is lost (its AgentLost event).
     HEARTBEAT_TIMEOUT = "heartbeat-timeout"
 
@@ -66,6 +72,11 @@ TEXT: dict[Reason, str] = {
     Reason.AGENT_LOST: "the kernel's agent stopped sending heartbeats",
     Reason.CONTAINER_GONE: "the agent has no container for a running kernel",
     Reason.CONTAINER_EXITED: "the kernel's process ended on its own",
+    Reason.SUCCEEDED: "a batch session's main kernel ran its command to the end with exit code 0",
+    Reason.EXITED: "the kernel's process ended with this exit code",
+    Reason.KILLED: "the kernel's process was killed by this signal (from outside, or at destroy)",
+    Reason.OOM_KILLED: "the kernel's process was killed for using more memory than its limit",
+    Reason.SESSION_ENDED: "the batch session's main kernel ended, so its other kernels stop",
     Reason.HEARTBEAT_TIMEOUT: "no heartbeat from the agent within the deadline",
 }
 
@@ -74,6 +85,16 @@ def info(reason: Reason, detail: object = "") -> str:
     """The status_info for ``reason`` with an optional ``detail``: ``reason: detail``."""
     detail = str(detail)
     return f"{reason}: {detail}" if detail else str(reason)
+
+
+def exit_reason(exit_code: int, oom_killed: bool = False) -> str:
+    """How a process ended, in words: ``oom-killed``, ``killed: signal 9`` (an exit code above
+    128 is 128 + the signal, as shells and Docker report it), or ``exited: code 3``."""
+    if oom_killed:
+        return str(Reason.OOM_KILLED)
+    if 128 < exit_code < 128 + 65:
+        return info(Reason.KILLED, f"signal {exit_code - 128}")
+    return info(Reason.EXITED, f"code {exit_code}")
 
 
 def reason_of(status_info: str) -> str:

@@ -18,8 +18,16 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from domain import limits
-from domain.events import AwareTime, Bytes, Resources
-from domain.limits import MAX_LIST, Id, Image, Reason
+from domain.events import (
+    AwareTime,
+    Bytes,
+    ClusterMode,
+    KernelSpec,
+    PublishedPorts,
+    Resources,
+    Seconds,
+)
+from domain.limits import MAX_EXEC_S, MAX_LIST, Argv, Env, ExitCode, Id, Image, Owner, Reason, Slots
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -34,6 +42,11 @@ UNLOAD = "unload"
 PULL_STATUS = "pull-status"
 PIN_IMAGES = "pin-images"
 IMAGE_GC = "image-gc"
+LOGS = "logs"
+EXEC = "exec"
+STREAM_READ = "stream-read"
+VOLUMES = "volumes"
+VOLUME_REMOVE = "volume-remove"
 VERBS = (
     CHECK_AND_PULL,
     CREATE_KERNEL,
@@ -44,12 +57,19 @@ VERBS = (
     PULL_STATUS,
     PIN_IMAGES,
     IMAGE_GC,
+    LOGS,
+    EXEC,
+    STREAM_READ,
+    VOLUMES,
+    VOLUME_REMOVE,
 )
 
 ERROR_CODES = (
     "invalid-request",  # the payload does not match the verb's schema (message names the field)
     "create-failed",  # the runtime could not create or start the container
     "insufficient-resources",  # the kernel does not fit in the agent's free capacity
+    "not-found",  # no such kernel container, stream or volume on this agent
+    "conflict",  # e.g. a volume in use, or owned by another user
     "internal",  # a bug or an unreachable runtime: see the agent's log
 )
 
@@ -98,17 +118,28 @@ class PullTask(_Reply, kw_only=True):
 
 
 class CreateKernel(_Request, kw_only=True):
-    """Start a container for the kernel; idempotent (a kernel never gets two containers)."""
+    """Start a container for the kernel; idempotent (a kernel never gets two containers).
+
+    ``spec.env`` already holds the cluster's ``HOIST_*`` variables.  The kernels of a session on
+    one agent share a private network where each is reachable by its ``hostname`` (``main1``,
+    ``sub1``, ...); ``extra_hosts`` maps the hostnames of kernels on other agents (multi-node)
+    to their agents' addresses.  ``owner`` labels the volumes the kernel creates."""
 
     kernel_id: Id
     session_id: Id
     image: Image
     resources: Resources
+    owner: Owner = "unknown"
+    spec: KernelSpec = KernelSpec()
+    hostname: Id = "main1"
+    cluster_mode: ClusterMode = "multi-node"
+    extra_hosts: Annotated[dict[Id, str], msgspec.Meta(max_length=128)] = {}
 
 
 class KernelCreated(_Reply, kw_only=True):
     container_id: str
     existed: bool = False  # an earlier create already made it
+    ports: PublishedPorts = []  # where the kernel's ports are reachable
 
 
 class DestroyKernel(_Request, kw_only=True):
@@ -133,11 +164,20 @@ class SyncKernels(_Request, kw_only=True):
     terminating: KernelIds = []
 
 
+class KernelExit(msgspec.Struct, frozen=True, kw_only=True):
+    """How a kernel's process ended."""
+
+    exit_code: ExitCode
+    oom_killed: bool = False
+    ran_s: Seconds = 0.0
+
+
 class KernelsSynced(_Reply, kw_only=True):
     running: list[str]  # kernels with a live container here
     terminating: list[str]  # kernels whose container is being destroyed right now
     terminated: list[str]  # kernels the manager lists that have no (live) container here
     destroyed: list[str] = []  # containers of kernels the manager did not know, now removed
+    exits: dict[str, KernelExit] = {}  # of ``terminated`` kernels whose process ended here
 
 
 class Unload(_Request, kw_only=True):
@@ -185,6 +225,80 @@ class UnloadResult(_Reply, kw_only=True):
     reason: str | None = None  # why not: "in-use: kernel k1", "pulling: task ...", "not-present"
 
 
+class Logs(_Request, kw_only=True):
+    """Open a stream of the kernel container's output (stdout and stderr, as written): the
+    last ``tail`` lines (None: all), then, with ``follow``, what it writes until it ends.
+    Works for an ended kernel until its container is removed."""
+
+    kernel_id: Id
+    tail: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    follow: bool = False
+
+
+class Exec(_Request, kw_only=True):
+    """Run ``command`` in the kernel's running container; its output is a stream whose last
+    chunk carries the exit code.  Killed after ``timeout`` seconds (exit code 124, as
+    coreutils' timeout)."""
+
+    kernel_id: Id
+    command: Argv
+    env: Env = {}
+    workdir: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None = None
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXEC_S)] = 60.0
+
+
+class StreamOpened(_Reply, kw_only=True):
+    """A stream of output to read with stream-read; it is dropped when nobody has read it
+    for ``idle_s`` seconds."""
+
+    stream_id: str
+    idle_s: float
+
+
+class StreamRead(_Request, kw_only=True):
+    """The stream's bytes from ``cursor`` (0: its start), waiting up to ``wait`` seconds for
+    some when there are none yet.  Back-pressure is the reader's pace: the agent keeps a
+    bounded buffer per stream; bytes a reader fell too far behind to get are counted in
+    ``dropped``, never waited for."""
+
+    stream_id: Id
+    cursor: Annotated[int, msgspec.Meta(ge=0)] = 0
+    wait: Annotated[float, msgspec.Meta(ge=0, le=30)] = 0.0
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=512 * 1024)] = 256 * 1024
+
+
+class StreamChunk(_Reply, kw_only=True):
+    data: bytes  # base64 in JSON
+    cursor: int  # where the next read starts
+    dropped: int = 0  # bytes between the asked cursor and this chunk that the buffer lost
+    done: bool = False  # nothing will follow
+    exit_code: ExitCode | None = None  # an exec's, with done
+    error: str | None = None  # why the stream ended early (with done)
+
+
+class ListVolumes(_Request, kw_only=True):
+    owner: Owner | None = None  # None: every owner's
+
+
+class VolumeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    owner: str
+    used_by: list[str] = []  # kernels whose containers mount it now
+
+
+class VolumesListed(_Reply, kw_only=True):
+    volumes: list[VolumeInfo]
+
+
+class RemoveVolume(_Request, kw_only=True):
+    name: Id
+    owner: Owner | None = None  # refused when the volume is another owner's
+
+
+class VolumeRemoved(_Reply, kw_only=True):
+    removed: bool  # False: there was no such volume here
+
+
 class PullStatus(_Request, kw_only=True):
     task_id: Id
 
@@ -223,6 +337,11 @@ REQUESTS: dict[str, type[_Request]] = {
     PULL_STATUS: PullStatus,
     PIN_IMAGES: PinImages,
     IMAGE_GC: ImageGc,
+    LOGS: Logs,
+    EXEC: Exec,
+    STREAM_READ: StreamRead,
+    VOLUMES: ListVolumes,
+    VOLUME_REMOVE: RemoveVolume,
 }
 
 
@@ -240,6 +359,7 @@ class FreeCapacity(msgspec.Struct, frozen=True, kw_only=True):
     cpu: float  # cores not reserved by this agent's kernels
     mem: int  # bytes
     disk: int  # bytes (capacity minus the images held)
+    slots: Slots = {}  # other resource slots not reserved
 
 
 # A heartbeat is a core NATS message with this header and no other.  nats-server answers a
@@ -260,6 +380,8 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     free: FreeCapacity
     images: list[str]  # images held
     pulls: dict[str, str]  # image -> task id of pulls queued or in flight
+    address: str = "127.0.0.1"  # where the agent's published ports are reachable
+    volumes: list[str] = []  # named volumes held
 
 
 # --- progress: hoist.progress.<agent id>.<task id> (stream HOIST_PROGRESS, last per subject) --

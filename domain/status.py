@@ -9,10 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from domain.errors import IllegalTransition
+
+if TYPE_CHECKING:  # domain.events imports this module
+    from domain.events import PublishedPort
 
 
 class KernelStatus(StrEnum):
@@ -102,6 +106,9 @@ class Kernel(msgspec.Struct, kw_only=True):
     agent_id: str | None = None  # set when scheduled
     pull_task_id: str | None = None  # the agent's pull this kernel waits for
     container_id: str | None = None  # set when created
+    ports: tuple[PublishedPort, ...] = ()  # where its exposed ports are reachable (created)
+    exit_code: int | None = None  # set when its process ended on its own
+    ran_s: float | None = None  # how long its command ran
 
     def move_to(self, status: KernelStatus, status_info: str, at: datetime) -> None:
         """Record a change its event decided (kernel events check it first: a stored one may

@@ -106,6 +106,11 @@ SESSION_CREATE = f"{API}.session.create"
 SESSION_GET = f"{API}.session.get"
 SESSION_DESTROY = f"{API}.session.destroy"
 KERNEL_CANCEL = f"{ADMIN}.kernel.cancel"
+SESSION_LOGS = f"{API}.session.logs"
+SESSION_EXEC = f"{API}.session.exec"
+STREAM_READ = f"{API}.stream.read"
+VOLUME_LIST = f"{API}.volume.list"
+VOLUME_REMOVE = f"{API}.volume.remove"
 
 # Prepull policies (domain.contracts.policies)
 POLICY_SET = f"{ADMIN}.image.policy.set"

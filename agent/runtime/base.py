@@ -8,7 +8,7 @@ failed. A pull is aborted by cancelling the task awaiting it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,8 +19,72 @@ LABEL_AGENT = "hoist.agent"
 # What a container was given, so a restarted agent counts it against its capacity again.
 LABEL_CPU = "hoist.cpu"
 LABEL_MEM = "hoist.mem"
+LABEL_SLOTS = "hoist.slots"  # JSON of the resource slots it was given, e.g. {"gpu": 1}
+LABEL_OWNER = "hoist.owner"  # on volumes: whose they are
 
-DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
+# What a kernel runs when the create names no command is the image's own entrypoint and cmd.
+# The tests give kernels that must stay up this command explicitly.
+SLEEP_FOREVER: tuple[str, ...] = ("sleep", "infinity")
+
+
+@dataclass(frozen=True)
+class VolumeMount:
+    volume: str  # a named volume, created on first use, kept after the kernel
+    path: str  # absolute path in the container
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What a kernel's container runs, besides its image and cpu/mem."""
+
+    command: Sequence[str] | None = None  # argv; None: the image's entrypoint and cmd
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    ports: Sequence[int] = ()  # container ports to publish on the agent's address
+    mounts: Sequence[VolumeMount] = ()
+    hostname: str = "main1"  # its name on the session's private network
+    extra_hosts: Mapping[str, str] = field(default_factory=dict)  # hostname -> address
+    slots: Mapping[str, float] = field(default_factory=dict)  # e.g. {"gpu": 1}
+    owner: str = ""  # labels the volumes it creates; a volume of another owner is refused
+
+
+@dataclass(frozen=True)
+class Published:
+    port: int  # in the container
+    host: str
+    host_port: int
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a kernel's process ended (exit code 128+N: killed by signal N)."""
+
+    exit_code: int
+    oom_killed: bool = False
+    ran_s: float = 0.0  # from start to end
+    finished_at: float = 0.0  # unix time
+
+
+@dataclass(frozen=True)
+class Volume:
+    name: str
+    owner: str
+    used_by: tuple[str, ...] = ()  # kernel ids whose containers mount it
+
+
+class ExecRun(Protocol):
+    """A command running in a kernel's container."""
+
+    def output(self) -> AsyncIterator[bytes]:
+        """Its stdout and stderr as written, chunk by chunk, until it ends."""
+        ...
+
+    async def wait(self) -> int:
+        """Its exit code, once it ended."""
+        ...
+
+    async def kill(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +115,9 @@ class KernelContainer:
     running: bool
     cpu: float = 0.0  # cores it was given
     mem_bytes: int = 0
+    slots: Mapping[str, float] = field(default_factory=dict)
+    ports: tuple[Published, ...] = ()
+    exit: ExitInfo | None = None  # set once the process ended (running False)
 
 
 @dataclass(frozen=True)
@@ -120,6 +187,22 @@ class KernelExists(KernelCreateError):
         self.container_id = container_id
 
 
+class KernelNotFound(Exception):
+    """This agent has no container for the kernel."""
+
+    def __init__(self, kernel_id: str) -> None:
+        super().__init__(f"no container for kernel {kernel_id} on this agent")
+        self.kernel_id = kernel_id
+
+
+class VolumeInUse(Exception):
+    """remove_volume refused: a container mounts it."""
+
+    def __init__(self, name: str, kernels: Sequence[str]) -> None:
+        super().__init__(f"volume {name} is mounted by kernels {', '.join(kernels)}")
+        self.name = name
+
+
 class ImageInUse(Exception):
     """remove_image refused: a container still uses the image."""
 
@@ -129,6 +212,7 @@ class ImageInUse(Exception):
 
 
 ProgressCallback = Callable[[PullProgress], None]
+ExitCallback = Callable[[KernelContainer], None]  # a kernel's process ended (``exit`` is set)
 
 
 def validate_create(kernel_id: str, session_id: str, cpu: float, mem_bytes: int) -> None:
@@ -172,10 +256,11 @@ class Runtime(Protocol):
         image: str,
         cpu: float,
         mem_bytes: int,
-        command: Sequence[str] | None = None,
+        spec: ContainerSpec | None = None,
     ) -> str:
-        """Start a container for the kernel (``command`` defaults to sleeping forever); returns
-        its id. Raises ValueError for bad resources, KernelExists, KernelCreateError."""
+        """Start a container for the kernel; returns its id (``list_kernels`` tells its
+        published ports). Raises ValueError for bad resources, KernelExists, KernelCreateError
+        (with the engine's own reason, e.g. no driver for a ``gpu`` slot)."""
         ...
 
     async def destroy(self, kernel_id: str) -> bool:
@@ -183,7 +268,35 @@ class Runtime(Protocol):
         ...
 
     async def list_kernels(self) -> list[KernelContainer]:
-        """This agent's kernel containers, running or not (for sync and after a restart)."""
+        """This agent's kernel containers, running or not (for sync and after a restart);
+        an ended one carries its ``exit``."""
+        ...
+
+    def watch_exits(self, on_exit: ExitCallback) -> None:
+        """Call ``on_exit`` (on the loop) soon after a kernel's process ends, once per end.
+        The agent also polls ``list_kernels``, so a missed call only delays the report."""
+        ...
+
+    def logs(self, kernel_id: str, tail: int | None, follow: bool) -> AsyncIterator[bytes]:
+        """The container's output (the last ``tail`` lines, None: all); with ``follow``, then
+        what it writes until it ends.  Raises KernelNotFound.  Closing the iterator stops it."""
+        ...
+
+    async def exec(
+        self,
+        kernel_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecRun:
+        """Start ``command`` in the kernel's running container. Raises KernelNotFound, or
+        KernelCreateError when it cannot start (e.g. the container is not running)."""
+        ...
+
+    async def list_volumes(self) -> list[Volume]: ...
+
+    async def remove_volume(self, name: str) -> bool:
+        """True if removed, False if absent; raises VolumeInUse."""
         ...
 
     async def close(self) -> None: ...

@@ -11,6 +11,16 @@ changed nothing):
   ``request_id``: the session id is derived from (owner, request_id), so the same request twice
   creates one session (the append expects an empty subject); the same request_id with other
   parameters is refused (``conflict``).
+  What the kernels run: ``command`` (argv; absent: the image's entrypoint and cmd), ``env``,
+  ``workdir``, ``ports`` (container ports; the view gives each kernel's reachable
+  ``host:host_port``), ``mounts`` (``[{volume, path, read_only}]``: named volumes, created on
+  first use on the agent and kept after the session). ``session_type``: ``interactive`` (runs
+  until destroyed) or ``batch`` (ends when its main kernel's command ends: TERMINATED
+  ``succeeded`` on exit code 0, ``exited: code N`` otherwise). ``cluster_mode``:
+  ``multi-node`` (kernels wherever there is room, each told the others' agents' addresses) or
+  ``single-node`` (all on one agent, on a private network where each reaches the others by
+  hostname ``main1``, ``sub1``, ...). ``resources`` is ``{cpu, mem, <slot>: amount}``: any other
+  key is a resource slot agents advertise (``gpu``), scheduled like cpu.
 - ``hoist.api.session.get`` ``{session_id}`` -> the session.
 - ``hoist.api.session.destroy`` ``{session_id, forced=false}`` -> the session: kernels not yet
   running go CANCELLED ``user-requested``, running ones TERMINATING and then TERMINATED once
@@ -19,6 +29,17 @@ changed nothing):
 - ``hoist.admin.kernel.cancel`` ``{kernel_id, reason?}`` -> the session: a superadmin forces a
   kernel that is not running yet (e.g. PULLING) to CANCELLED ``force-cancelled: <reason>``;
   its siblings follow. Only the ``admin`` NATS role may publish ``hoist.admin.>``.
+
+- ``hoist.api.session.logs`` ``{session_id, kernel_id?, tail?, follow=false}`` -> ``StreamOpened``
+  (read it with ``hoist.api.stream.read``): the kernel's output (default: the main kernel's).
+- ``hoist.api.session.exec`` ``{session_id, kernel_id?, command, env?, workdir?, timeout=60}``
+  -> ``StreamOpened``: the command's output; the last chunk carries its exit code.
+- ``hoist.api.stream.read`` ``{agent_id, stream_id, cursor=0, wait=0, max_bytes?}`` -> a chunk
+  (``domain.rpc.StreamChunk``: ``data`` base64, the next ``cursor``, ``dropped``, ``done``,
+  ``exit_code``).
+- ``hoist.api.volume.list`` ``{owner?}`` -> ``{volumes: [{agent_id, name, owner, used_by}]}``
+  from every live agent; ``hoist.api.volume.remove`` ``{name, owner?, agent_id?}`` ->
+  ``{removed: [agent ids], refused: {agent id: why}}``.
 
 Error codes: ``invalid-request`` (the message names the field), ``not-found``, ``conflict``,
 ``illegal-transition``, ``unavailable`` (the event store did not take the write: retry).
@@ -32,8 +53,30 @@ from typing import Annotated
 import msgspec
 
 from domain.contracts.common import TypedReason
-from domain.events import Resources
-from domain.limits import ClusterSize, Id, Image, Owner
+from domain.events import (
+    ClusterMode,
+    KernelSpec,
+    Mount,
+    PublishedPort,
+    Resources,
+    SessionType,
+)
+from domain.limits import (
+    MAX_EXEC_S,
+    MAX_MOUNTS,
+    MAX_PORTS,
+    AbsPath,
+    Argv,
+    ClusterSize,
+    Env,
+    ExitCode,
+    Id,
+    Image,
+    Owner,
+    Port,
+    SlotAmount,
+    SlotName,
+)
 from domain.session import Session
 
 
@@ -41,14 +84,35 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
+# ``{cpu, mem, <slot>: amount}`` per kernel: cpu in cores, mem in bytes (an integer), any other
+# key a resource slot (domain.session.resources_from checks cpu and mem are there).
+ResourceRequest = Annotated[dict[SlotName, SlotAmount], msgspec.Meta(min_length=1, max_length=64)]
+
+
 class CreateSession(_Request, kw_only=True):
     owner: Owner
     image: Image
-    resources: Resources  # per kernel
+    resources: ResourceRequest  # per kernel
     cluster_size: ClusterSize = 1
     resource_group: Id = "default"
     max_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0  # seconds
     request_id: Id | None = None
+    session_type: SessionType = "interactive"
+    cluster_mode: ClusterMode = "multi-node"
+    command: Argv | None = None
+    env: Env = {}
+    workdir: AbsPath | None = None
+    ports: Annotated[list[Port], msgspec.Meta(max_length=MAX_PORTS)] = []
+    mounts: Annotated[list[Mount], msgspec.Meta(max_length=MAX_MOUNTS)] = []
+
+    def spec(self) -> KernelSpec:
+        return KernelSpec(
+            command=self.command,
+            env=self.env,
+            workdir=self.workdir,
+            ports=self.ports,
+            mounts=self.mounts,
+        )
 
 
 class GetSession(_Request, kw_only=True):
@@ -65,13 +129,78 @@ class CancelKernel(_Request, kw_only=True):
     reason: TypedReason | None = None
 
 
+class SessionLogs(_Request, kw_only=True):
+    session_id: Id
+    kernel_id: Id | None = None  # None: the main kernel
+    tail: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    follow: bool = False
+
+
+class SessionExec(_Request, kw_only=True):
+    session_id: Id
+    kernel_id: Id | None = None  # None: the main kernel
+    command: Argv
+    env: Env = {}
+    workdir: AbsPath | None = None
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXEC_S)] = 60.0
+
+
+class ReadStream(_Request, kw_only=True):
+    agent_id: Id
+    stream_id: Id
+    cursor: Annotated[int, msgspec.Meta(ge=0)] = 0
+    wait: Annotated[float, msgspec.Meta(ge=0, le=30)] = 0.0
+    max_bytes: Annotated[int, msgspec.Meta(ge=1, le=512 * 1024)] = 256 * 1024
+
+
+class StreamOpened(msgspec.Struct, frozen=True, kw_only=True):
+    """Where to read a kernel's output or an exec's: ``hoist.api.stream.read``."""
+
+    session_id: str
+    kernel_id: str
+    agent_id: str
+    stream_id: str
+    idle_s: float  # the agent drops the stream when nobody read it this long
+
+
+class ListVolumes(_Request, kw_only=True):
+    owner: Owner | None = None
+
+
+class RemoveVolume(_Request, kw_only=True):
+    name: Id
+    owner: Owner | None = None  # refused on an agent where the volume is another owner's
+    agent_id: Id | None = None  # None: every live agent that holds it
+
+
+class VolumeView(msgspec.Struct, frozen=True, kw_only=True):
+    agent_id: str
+    name: str
+    owner: str
+    used_by: list[str]
+
+
+class VolumesView(msgspec.Struct, frozen=True, kw_only=True):
+    volumes: list[VolumeView]
+    unreachable: list[str] = []  # live agents that did not answer
+
+
+class VolumeRemoval(msgspec.Struct, frozen=True, kw_only=True):
+    removed: list[str]  # agents where it was removed
+    refused: dict[str, str]  # agent -> why not (in use, another owner's, unreachable)
+
+
 class KernelView(msgspec.Struct, frozen=True, kw_only=True):
     kernel_id: str
+    hostname: str  # main1, sub1, ...: its role and index in the cluster
     status: str
     status_info: str
     agent_id: str | None
     pull_task_id: str | None
     container_id: str | None
+    ports: list[PublishedPort] = []
+    exit_code: ExitCode | None = None
+    ran_s: float | None = None  # how long its command ran, once it ended
 
 
 class SessionView(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +213,9 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     cluster_size: int
     resource_group: str
     request_id: str | None
+    session_type: str
+    cluster_mode: str
+    spec: KernelSpec
     status: str
     status_info: str
     kernels: list[KernelView]
@@ -98,16 +230,23 @@ def session_view(session: Session) -> SessionView:
         cluster_size=len(session.kernels),
         resource_group=session.resource_group,
         request_id=session.request_id,
+        session_type=session.session_type,
+        cluster_mode=session.cluster_mode,
+        spec=session.spec,
         status=session.status.value,
         status_info=session.status_info,
         kernels=[
             KernelView(
                 kernel_id=k.kernel_id,
+                hostname=session.hostname(k.kernel_id),
                 status=k.status.value,
                 status_info=k.status_info,
                 agent_id=k.agent_id,
                 pull_task_id=k.pull_task_id,
                 container_id=k.container_id,
+                ports=list(k.ports),
+                exit_code=k.exit_code,
+                ran_s=k.ran_s,
             )
             for k in session.kernels.values()
         ],

@@ -113,6 +113,7 @@ def full_agent_history() -> list[ev.Event]:
     agent.pull_started("127.0.0.1:5000/big:1", "pull-2")
     agent.pull_failed("127.0.0.1:5000/big:1", "pull-2", "manifest unknown")
     agent.image_removed("127.0.0.1:5000/base:1", "gc-disk-pressure")
+    agent.kernel_exited("k-1", "s-1", 137, 2.5, oom_killed=False)
     agent.reregister(
         resource_group="default",
         capacity={"cpu": 8, "mem": 16 * 2**30, "disk": 100 * 2**30},
