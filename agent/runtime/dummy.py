@@ -3,32 +3,48 @@
 Images have configured sizes (split into layers), pulls advance at a bandwidth in ticks, creates
 take a delay; randomness (bandwidth jitter, failure rates) comes from one seeded random.Random so
 a benchmark run can be repeated. Failures are injected per image or by rate.
+
+A kernel runs its command through agent.runtime.dummy_shell (``sleep``, ``echo``, ``exit``,
+``sh -c 'a; b'``; None runs until destroyed); its end is an ExitInfo pushed to watch_exits.
+Logs, execs, published ports (host ports from a counter) and volumes are simulated; with
+``output_bps`` every running kernel writes lines at that rate (one task for all of them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from agent.runtime.base import (
     Capacity,
+    ContainerSpec,
+    ExecRun,
+    ExitCallback,
+    ExitInfo,
     ImageInUse,
     ImageNotFound,
     KernelContainer,
     KernelCreateError,
     KernelExists,
+    KernelNotFound,
     ProgressCallback,
+    Published,
     PulledImage,
     PullError,
     PullProgress,
     TransientPullError,
     Unauthorized,
+    Volume,
+    VolumeInUse,
     validate_create,
 )
+from agent.runtime.dummy_shell import Output, Step, parse, run
 
 FailureKind = Literal["not-found", "unauthorized", "transient", "stall"]
 _ERRORS: dict[str, type[PullError]] = {
@@ -71,8 +87,15 @@ class DummyConfig:
     create_failure_rate: float = 0.0
     preloaded: set[str] = field(default_factory=set)
     capacity: Capacity = field(default_factory=lambda: Capacity(8.0, 32 * 1024**3, 500 * 1024**3))
+    slots: dict[str, float] = field(default_factory=dict)  # the host's devices, e.g. {"gpu": 2}
+    output_bps: float = 0.0  # every running kernel writes lines at this rate (0: only its own)
+    log_limit_bytes: int = 256 * 1024  # output kept per kernel or exec (the oldest is dropped)
 
     def __post_init__(self) -> None:
+        if self.output_bps < 0:
+            raise ValueError("output_bps must be >= 0")
+        if self.log_limit_bytes < 1:
+            raise ValueError("log_limit_bytes must be >= 1")
         if self.bandwidth_bps is not None and self.bandwidth_bps <= 0:
             raise ValueError("bandwidth_bps must be > 0 (or None for instant pulls)")
         if self.layers < 1:
@@ -86,7 +109,48 @@ class DummyHost:
     """What survives an agent restart: pass the same host to the restarted runtime."""
 
     images: dict[str, PulledImage] = field(default_factory=dict)
-    kernels: dict[str, KernelContainer] = field(default_factory=dict)
+    kernels: dict[str, DummyKernel] = field(default_factory=dict)
+    volumes: dict[str, str] = field(default_factory=dict)  # name -> owner
+    next_port: int = 30000  # the last host port published
+    exit_listeners: list[ExitCallback] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class DummyKernel:
+    """A simulated container: its process is a task running the command (None: no task)."""
+
+    kernel_id: str
+    session_id: str
+    container_id: str
+    image: str
+    cpu: float
+    mem_bytes: int
+    spec: ContainerSpec
+    ports: tuple[Published, ...]
+    out: Output
+    started: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    task: asyncio.Task[None] | None = None
+    exit: ExitInfo | None = None
+    execs: set[DummyExec] = field(default_factory=set)
+    lines: int = 0  # lines written at DummyConfig.output_bps
+
+    @property
+    def running(self) -> bool:
+        return self.exit is None
+
+    def container(self) -> KernelContainer:
+        return KernelContainer(
+            self.kernel_id,
+            self.session_id,
+            self.container_id,
+            self.image,
+            running=self.running,
+            cpu=self.cpu,
+            mem_bytes=self.mem_bytes,
+            slots=dict(self.spec.slots),
+            ports=self.ports,
+            exit=self.exit,
+        )
 
 
 def _digest(image: str) -> str:
@@ -95,9 +159,17 @@ def _digest(image: str) -> str:
 
 class DummyRuntime:
     def __init__(
-        self, agent_id: str, config: DummyConfig | None = None, host: DummyHost | None = None
+        self,
+        agent_id: str,
+        config: DummyConfig | None = None,
+        host: DummyHost | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
         self.agent_id = agent_id
+        self.address = address  # where published ports are "reachable"
+        self._listeners: list[ExitCallback] = []  # this runtime's, dropped at close
+        self._ticker: asyncio.Task[None] | None = None
+        self.execs: list[list[str]] = []  # for tests: every command exec'd
         self.config = config or DummyConfig()
         self.rng = random.Random(self.config.seed)
         self.host = host or DummyHost()
@@ -177,6 +249,8 @@ class DummyRuntime:
             raise ImageInUse(image, "a kernel container uses it")
         return self.images.pop(image, None) is not None
 
+    # -- kernels -------------------------------------------------------------------------------
+
     async def create(
         self,
         kernel_id: str,
@@ -184,9 +258,10 @@ class DummyRuntime:
         image: str,
         cpu: float,
         mem_bytes: int,
-        command: Sequence[str] | None = None,
+        spec: ContainerSpec | None = None,
     ) -> str:
         validate_create(kernel_id, session_id, cpu, mem_bytes)
+        spec = spec or ContainerSpec()
         if kernel_id in self.kernels:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
         if image not in self.images:
@@ -198,20 +273,200 @@ class DummyRuntime:
             raise KernelCreateError(kernel_id, "injected create failure")
         if kernel_id in self.kernels:  # a concurrent create won during the delay
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
-        container_id = f"{self.rng.getrandbits(256):064x}"
-        self.kernels[kernel_id] = KernelContainer(
-            kernel_id, session_id, container_id, image, running=True, cpu=cpu, mem_bytes=mem_bytes
+        if spec.slots.get("gpu", 0) > 0 and self.config.slots.get("gpu", 0) <= 0:
+            # What Docker says when a device request finds no driver.
+            raise KernelCreateError(
+                kernel_id, 'could not select device driver "" with capabilities: [[gpu]]'
+            )
+        for mount in spec.mounts:
+            owner = self.host.volumes.get(mount.volume)
+            if owner is not None and owner != spec.owner:
+                raise KernelCreateError(
+                    kernel_id, f"volume {mount.volume} belongs to another owner"
+                )
+        for mount in spec.mounts:
+            self.host.volumes.setdefault(mount.volume, spec.owner)
+        ports = []
+        for port in spec.ports:
+            self.host.next_port += 1
+            ports.append(Published(port, self.address, self.host.next_port))
+        kernel = DummyKernel(
+            kernel_id=kernel_id,
+            session_id=session_id,
+            container_id=f"{self.rng.getrandbits(256):064x}",
+            image=image,
+            cpu=cpu,
+            mem_bytes=mem_bytes,
+            spec=spec,
+            ports=tuple(ports),
+            out=Output(self.config.log_limit_bytes),
         )
-        return container_id
+        self.kernels[kernel_id] = kernel
+        if spec.command is not None:
+            steps = parse(spec.command, spec.env)
+            kernel.task = asyncio.get_running_loop().create_task(self._run(kernel, steps))
+        self._ensure_ticker()
+        return kernel.container_id
+
+    async def _run(self, kernel: DummyKernel, steps: list[Step]) -> None:
+        code = await run(steps, kernel.out.write, kernel.spec.env)
+        loop = asyncio.get_running_loop()
+        kernel.exit = ExitInfo(
+            exit_code=code,
+            ran_s=round(loop.time() - kernel.started, 6),
+            finished_at=time.time(),
+        )
+        kernel.out.close()
+        for run_ in list(kernel.execs):
+            await run_.kill()  # they die with the container
+        container = kernel.container()
+        for callback in list(self.host.exit_listeners):
+            loop.call_soon(callback, container)
 
     async def destroy(self, kernel_id: str) -> bool:
         if kernel_id not in self.kernels:
             return False
         await asyncio.sleep(self.config.destroy_delay_s)
-        return self.kernels.pop(kernel_id, None) is not None
+        kernel = self.kernels.pop(kernel_id, None)
+        if kernel is None:
+            return False
+        if kernel.task is not None:
+            kernel.task.cancel()  # removed, not ended: no exit is reported
+        for run_ in list(kernel.execs):
+            await run_.kill()
+        kernel.out.close()
+        return True
 
     async def list_kernels(self) -> list[KernelContainer]:
-        return list(self.kernels.values())
+        return [k.container() for k in self.kernels.values()]
+
+    def watch_exits(self, on_exit: ExitCallback) -> None:
+        self.host.exit_listeners.append(on_exit)
+        self._listeners.append(on_exit)
+
+    def _kernel(self, kernel_id: str) -> DummyKernel:
+        kernel = self.kernels.get(kernel_id)
+        if kernel is None:
+            raise KernelNotFound(kernel_id)
+        return kernel
+
+    def logs(self, kernel_id: str, tail: int | None, follow: bool) -> AsyncIterator[bytes]:
+        out = self._kernel(kernel_id).out  # raises now, not at the first read
+        return out.read(out.tail_offset(tail), follow)
+
+    async def exec(
+        self,
+        kernel_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecRun:
+        kernel = self._kernel(kernel_id)
+        if not kernel.running:
+            raise KernelCreateError(kernel_id, f"container {kernel.container_id} is not running")
+        run_ = DummyExec(
+            parse(command, {**kernel.spec.env, **(env or {})}),
+            {**kernel.spec.env, **(env or {})},
+            self.config.log_limit_bytes,
+        )
+        kernel.execs.add(run_)
+        run_.task.add_done_callback(lambda _: kernel.execs.discard(run_))
+        self.execs.append(list(command))
+        return run_
+
+    # -- volumes -------------------------------------------------------------------------------
+
+    def _users(self, volume: str) -> tuple[str, ...]:
+        return tuple(
+            sorted(
+                k.kernel_id
+                for k in self.kernels.values()
+                if any(m.volume == volume for m in k.spec.mounts)
+            )
+        )
+
+    async def list_volumes(self) -> list[Volume]:
+        return [Volume(name, owner, self._users(name)) for name, owner in self.host.volumes.items()]
+
+    async def remove_volume(self, name: str) -> bool:
+        if name not in self.host.volumes:
+            return False
+        if users := self._users(name):
+            raise VolumeInUse(name, users)
+        del self.host.volumes[name]
+        return True
+
+    # -- output at a rate (DummyConfig.output_bps) ----------------------------------------------
+
+    def _ensure_ticker(self) -> None:
+        if self.config.output_bps > 0 and (self._ticker is None or self._ticker.done()):
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """One task writes every running kernel's lines (not one per kernel: 1000s of them)."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        due: dict[str, float] = {}
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            now = loop.time()
+            budget = self.config.output_bps * (now - last)
+            last = now
+            for kernel in list(self.kernels.values()):
+                if not kernel.running:
+                    continue
+                owed = due.get(kernel.kernel_id, 0.0) + budget
+                line = f"{kernel.kernel_id} output line {kernel.lines:012d} ".ljust(79, ".")
+                n = int(owed // (len(line) + 1))
+                if n:
+                    chunk = "".join(
+                        f"{kernel.kernel_id} output line {kernel.lines + i:012d} ".ljust(79, ".")
+                        + "\n"
+                        for i in range(n)
+                    )
+                    kernel.lines += n
+                    kernel.out.write(chunk.encode())
+                due[kernel.kernel_id] = owed - n * (len(line) + 1)
+            for kid in due.keys() - self.kernels.keys():
+                del due[kid]
 
     async def close(self) -> None:
-        pass
+        for callback in self._listeners:
+            with contextlib.suppress(ValueError):
+                self.host.exit_listeners.remove(callback)
+        self._listeners.clear()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
+
+class DummyExec:
+    """A command "running" in a dummy kernel (base.ExecRun)."""
+
+    def __init__(self, steps: list[Step], env: Mapping[str, str], limit: int) -> None:
+        self.out = Output(limit)
+        self.code: int | None = None
+        self.task = asyncio.get_running_loop().create_task(self._run(steps, env))
+
+    async def _run(self, steps: list[Step], env: Mapping[str, str]) -> None:
+        try:
+            self.code = await run(steps, self.out.write, env)
+        finally:
+            if self.code is None:
+                self.code = 137  # killed
+            self.out.close()
+
+    def output(self) -> AsyncIterator[bytes]:
+        return self.out.read(0, follow=True)
+
+    async def wait(self) -> int:
+        await asyncio.wait([self.task])
+        assert self.code is not None
+        return self.code
+
+    async def kill(self) -> None:
+        self.task.cancel()
+        await asyncio.wait([self.task])
+        if self.code is None:  # cancelled before it started: its finally never ran
+            self.code = 137
+            self.out.close()

@@ -9,14 +9,20 @@ from collections import defaultdict
 import pytest
 
 from agent.runtime.base import (
+    ContainerSpec,
     ImageInUse,
     ImageNotFound,
     ImageProgress,
+    KernelContainer,
     KernelCreateError,
     KernelExists,
+    KernelNotFound,
     PullProgress,
     TransientPullError,
     Unauthorized,
+    Volume,
+    VolumeInUse,
+    VolumeMount,
 )
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime, PullFailure
 
@@ -159,3 +165,148 @@ async def test_two_hundred_agents_pull_at_zero_delay() -> None:
     )
     assert len(pulled) == 200 and all(p.image == "img:1" for p in pulled)
     assert sum(p.current for p in updates if p.status == "Pull complete") == 200 * 100 * MiB
+
+
+# -- what kernels run (agent.runtime.dummy_shell) -------------------------------------------------
+
+
+def _rt(**cfg: object) -> DummyRuntime:
+    values: dict[str, object] = {"bandwidth_bps": None, "preloaded": {"img:1"}}
+    return DummyRuntime("a", DummyConfig(**{**values, **cfg}), address="10.0.0.7")  # type: ignore[arg-type]
+
+
+async def _exits(rt: DummyRuntime) -> asyncio.Queue[KernelContainer]:
+    ended: asyncio.Queue[KernelContainer] = asyncio.Queue()
+    rt.watch_exits(ended.put_nowait)
+    return ended
+
+
+async def _logs(rt: DummyRuntime, kernel_id: str, tail: int | None = None) -> bytes:
+    return b"".join([c async for c in rt.logs(kernel_id, tail, follow=False)])
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "output"),
+    [
+        (["echo", "hello", "world"], 0, b"hello world\n"),
+        (["true"], 0, b""),
+        (["false"], 1, b""),
+        (["sh", "-c", "echo a; exit 3; echo b"], 3, b"a\n"),
+        (["sh", "-c", "false && echo no; echo yes"], 0, b"yes\n"),
+        (["sh", "-c", "echo $GREETING ${GREETING}!"], 0, b"hi hi!\n"),
+        (["python", "train.py"], 127, b"python: not found\n"),
+        (["sh", "-c", "echo x && nope"], 127, b"x\nnope: not found\n"),
+    ],
+)
+async def test_a_kernel_runs_its_command_and_reports_its_exit(
+    command: list[str], code: int, output: bytes
+) -> None:
+    rt = _rt()
+    ended = await _exits(rt)
+    spec = ContainerSpec(command=command, env={"GREETING": "hi"})
+    cid = await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, spec)
+    k = await asyncio.wait_for(ended.get(), 5)
+    assert (k.kernel_id, k.container_id, k.running) == ("k1", cid, False)
+    assert k.exit is not None and k.exit.exit_code == code
+    [listed] = await rt.list_kernels()
+    assert listed.exit == k.exit  # kept, with its exit, until destroyed
+    assert await _logs(rt, "k1") == output
+
+
+async def test_sleep_takes_its_time_and_none_runs_until_destroyed() -> None:
+    rt = _rt()
+    ended = await _exits(rt)
+    start = time.monotonic()
+    await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(command=["sleep", "0.2"]))
+    await rt.create("k2", "s1", "img:1", 1.0, 64 * MiB)  # no command: runs until destroyed
+    k = await asyncio.wait_for(ended.get(), 5)
+    assert k.kernel_id == "k1" and k.exit is not None and k.exit.exit_code == 0
+    assert 0.19 <= time.monotonic() - start < 1 and 0.19 <= k.exit.ran_s < 1
+    await asyncio.sleep(0.1)
+    assert ended.empty() and {k.kernel_id: k.running for k in await rt.list_kernels()} == {
+        "k1": False,
+        "k2": True,
+    }
+    assert await rt.destroy("k2") is True and ended.empty()  # a removal is not an exit
+
+
+async def test_logs_tail_and_follow_and_exec() -> None:
+    rt = _rt()
+    script = "echo one; echo two; echo three; sleep 0.2; echo four"
+    await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(command=["sh", "-c", script]))
+    await asyncio.sleep(0.05)
+    assert await _logs(rt, "k1", tail=2) == b"two\nthree\n"
+    assert await _logs(rt, "k1", tail=0) == b""
+    followed = b"".join([c async for c in rt.logs("k1", 1, follow=True)])
+    assert followed == b"three\nfour\n"  # until the process ended
+    with pytest.raises(KernelNotFound):
+        rt.logs("nope", None, False)
+    with pytest.raises(KernelCreateError, match="not running"):
+        await rt.exec("k1", ["true"])
+
+    await rt.create("k2", "s1", "img:1", 1.0, 64 * MiB)
+    run = await rt.exec("k2", ["sh", "-c", "echo $X; exit 4"], env={"X": "from exec"})
+    assert b"".join([c async for c in run.output()]) == b"from exec\n"
+    assert await run.wait() == 4
+    slow = await rt.exec("k2", ["sleep", "infinity"])
+    await slow.kill()
+    assert await slow.wait() == 137
+
+
+async def test_output_rate_and_the_bounded_log() -> None:
+    rt = _rt(output_bps=80_000, tick_s=0.02, log_limit_bytes=4000)
+    await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB)
+    await asyncio.sleep(0.3)
+    out = rt.kernels["k1"].out
+    assert 16_000 <= out.end <= 32_000  # about 24 kB written at 80 kB/s
+    assert len(out.data) <= 4000 and out.start > 0  # the oldest dropped
+    logs = await _logs(rt, "k1")
+    assert logs.endswith(b"\n") and b"k1 output line" in logs
+    await rt.close()
+
+
+async def test_ports_volumes_and_slots() -> None:
+    rt = _rt(slots={"gpu": 2})
+    spec = ContainerSpec(
+        ports=[8888, 22],
+        mounts=[VolumeMount("data", "/data")],
+        owner="alice",
+        slots={"gpu": 1},
+    )
+    await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, spec)
+    [k] = await rt.list_kernels()
+    assert [(p.port, p.host) for p in k.ports] == [(8888, "10.0.0.7"), (22, "10.0.0.7")]
+    assert len({p.host_port for p in k.ports}) == 2 and k.slots == {"gpu": 1}
+    assert await rt.list_volumes() == [Volume("data", "alice", ("k1",))]
+    with pytest.raises(KernelCreateError, match="volume data belongs to another owner"):
+        await rt.create("k2", "s2", "img:1", 1.0, 64 * MiB, ContainerSpec(
+            mounts=[VolumeMount("data", "/d")], owner="bob"
+        ))  # fmt: skip
+    with pytest.raises(VolumeInUse, match="k1"):
+        await rt.remove_volume("data")
+    await rt.destroy("k1")
+    assert await rt.remove_volume("data") is True
+    assert await rt.remove_volume("data") is False
+
+    no_gpu = _rt()
+    with pytest.raises(KernelCreateError, match="could not select device driver"):
+        await no_gpu.create("k1", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(slots={"gpu": 1}))
+
+
+async def test_a_thousand_kernels_with_output_stay_cheap() -> None:
+    """50 agents x 20 kernels in one process, each writing 2 kB/s, some exiting."""
+    rts = [_rt(output_bps=2000, tick_s=0.1, seed=i) for i in range(50)]
+    exits: asyncio.Queue[KernelContainer] = asyncio.Queue()
+    for rt in rts:
+        rt.watch_exits(exits.put_nowait)
+    start = time.monotonic()
+    for rt in rts:
+        for i in range(20):
+            command = ["sh", "-c", "sleep 0.3; exit 1"] if i % 10 == 0 else None
+            await rt.create(f"k{i}", "s1", "img:1", 0.1, 8 * MiB, ContainerSpec(command=command))
+    await asyncio.sleep(0.5)
+    assert exits.qsize() == 100
+    assert time.monotonic() - start < 5
+    assert all(len(rt.kernels["k1"].out.data) > 0 for rt in rts)
+    for rt in rts:
+        await rt.close()

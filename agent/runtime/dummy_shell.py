@@ -1,0 +1,161 @@
+"""What a dummy kernel "runs": a tiny interpreter of the commands tests give kernels, and the
+bounded output buffer its logs and execs are read from.
+
+Understood: ``sleep N|infinity``, ``echo [-n] ...``, ``exit N``, ``true``, ``false``, ``:``,
+``printenv NAME``, and ``sh -c 'a; b && c'`` (sequences of those joined by ``;`` or ``&&``, with
+``$NAME``/``${NAME}`` from the environment).  Anything else writes ``<cmd>: not found`` and
+exits 127, as a shell does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+Step = tuple[str, list[str]]  # (the operator before it: ";" or "&&", argv)
+Write = Callable[[bytes], None]
+_SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash"}
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+class Output:
+    """What a process wrote, the newest ``limit`` bytes of it, addressed by absolute offset."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.start = 0  # absolute offset of data[0]: bytes before it were dropped
+        self.ended = False
+        self._changed: asyncio.Event | None = None  # created when someone waits
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+    def write(self, chunk: bytes) -> None:
+        if self.ended or not chunk:
+            return
+        self.data += chunk
+        if (excess := len(self.data) - self.limit) > 0:
+            del self.data[:excess]
+            self.start += excess
+        self._wake()
+
+    def close(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+    def tail_offset(self, lines: int | None) -> int:
+        """Where the last ``lines`` lines start (None: everything kept)."""
+        if lines is None:
+            return self.start
+        pos = len(self.data)
+        if self.data.endswith(b"\n"):
+            pos -= 1
+        for _ in range(lines):
+            found = self.data.rfind(b"\n", 0, pos)
+            if found < 0:
+                return self.start
+            pos = found
+        return self.start + (pos + 1 if lines else len(self.data))
+
+    async def read(self, frm: int, follow: bool) -> AsyncIterator[bytes]:
+        """From ``frm`` on (skipping what was dropped); with ``follow`` until it ends."""
+        pos = frm
+        while True:
+            pos = max(pos, self.start)
+            if pos < self.end:
+                chunk = bytes(self.data[pos - self.start : pos - self.start + 64 * 1024])
+                pos += len(chunk)
+                yield chunk
+                continue
+            if not follow or self.ended:
+                return
+            await self.wait()
+
+
+class Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def parse(argv: Sequence[str], env: Mapping[str, str]) -> list[Step]:
+    """The steps of a command: ``sh -c SCRIPT`` splits SCRIPT, anything else is one step."""
+    if len(argv) >= 3 and argv[0] in _SHELLS and argv[1] == "-c":
+        return _split_script(argv[2], env)
+    return [(";", list(argv))]
+
+
+def _split_script(script: str, env: Mapping[str, str]) -> list[Step]:
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    steps: list[Step] = []
+    op, words = ";", []
+    for token in lexer:
+        if token in (";", "&&", "\n"):
+            steps.append((op, words))
+            op, words = (token if token == "&&" else ";"), []
+        else:
+            words.append(_VAR.sub(lambda m: env.get(m[1] or m[2], ""), token))
+    steps.append((op, words))
+    return [(o, w) for o, w in steps if w]
+
+
+async def run(steps: Sequence[Step], write: Write, env: Mapping[str, str]) -> int:
+    """Run ``steps``; their exit code (an ``exit N`` ends the whole sequence)."""
+    code = 0
+    try:
+        for op, argv in steps:
+            if op == "&&" and code != 0:
+                continue
+            code = await _step(argv, write, env, code)
+    except Exit as e:
+        return e.code
+    return code
+
+
+async def _step(argv: list[str], write: Write, env: Mapping[str, str], last: int) -> int:
+    name, args = argv[0].rsplit("/", 1)[-1], argv[1:]
+    if name == "sleep":
+        if args == ["infinity"]:
+            await asyncio.Event().wait()
+        try:
+            await asyncio.sleep(max(0.0, float(args[0].rstrip("s"))) if args else 0)
+        except ValueError:
+            write(f"sleep: invalid time interval '{args[0]}'\n".encode())
+            return 1
+        return 0
+    if name == "echo":
+        newline = "\n"
+        if args[:1] == ["-n"]:
+            newline, args = "", args[1:]
+        write((" ".join(args) + newline).encode())
+        return 0
+    if name == "exit":
+        try:
+            raise Exit(int(args[0]) % 256 if args else last)
+        except ValueError:
+            raise Exit(2) from None
+    if name in ("true", ":"):
+        return 0
+    if name == "false":
+        return 1
+    if name == "printenv" and args:
+        if args[0] not in env:
+            return 1
+        write(f"{env[args[0]]}\n".encode())
+        return 0
+    write(f"{argv[0]}: not found\n".encode())
+    return 127
