@@ -407,7 +407,7 @@ class KernelExited(Event, frozen=True, kw_only=True, tag="KernelExited"):
     exit_code: ExitCode
     oom_killed: bool = False
     ran_s: Seconds
-    reason: Reason  # "exited: code 3", "oom-killed", "killed: signal 9" (domain.reasons.exit_reason)
+    reason: Reason  # "exited: code 3", "oom-killed", "killed: signal 9" (reasons.exit_reason)
 
 
 class ImagePreloaded(Event, frozen=True, kw_only=True, tag="ImagePreloaded"):

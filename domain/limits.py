@@ -46,7 +46,7 @@ PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff
 # An environment variable's name, as POSIX shells accept it.
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
 # An absolute path inside a container, printable, no ".." step.
-ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*\Z"
+ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
 # A resource slot's name: lower-case letters, digits, '.', '_' and '-' (``gpu``, ``cuda.shares``).
 SLOT_NAME = r"^[a-z][a-z0-9._-]*\Z"
 

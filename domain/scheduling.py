@@ -9,19 +9,29 @@ session keeps while it stays PENDING (seed 004: ``predicate-checks-failed: ...``
 How it decides, per session in FIFO order (enqueued_at, then session_id):
 1. Predicates (per-owner concurrent sessions, per-session cpu / mem totals, cluster size).
    Every failing one is named with its numbers; a predicate failure never blocks the queue.
-2. Placement, kernel by kernel, among the live agents of the session's resource group that
-   have room now: free = capacity - reserved - what this plan already placed there, so two
-   sessions never share free capacity and no agent is over-committed. A session is placed
-   all-or-nothing: if one kernel finds no room, the kernels placed before it are taken back.
+2. Placement among the live agents of the session's resource group that have room now:
+   free = capacity - reserved - what this plan already placed there, for cpu, mem and every
+   resource slot the kernel asks for (``gpu``: an agent that does not offer a slot has 0 of
+   it), so two sessions never share free capacity and no agent is over-committed.
+   ``multi-node`` sessions are placed kernel by kernel (several may share an agent);
+   ``single-node`` ones as one block of cluster_size x resources on one agent. A session is
+   placed all-or-nothing: if one kernel finds no room, the kernels placed before it are
+   taken back.
 3. With ``fifo_strict`` the first session of a resource group that does not fit (but would
    on idle agents) holds back every later session of that group, as Backend.AI's FIFO
    scheduler does; otherwise later, smaller sessions go ahead of it.
 
-Cost: each group keeps its agents sorted by strategy score, and the holders of each image that
-earns a locality bonus in a list of their own; picking an agent takes the first fit of the
-whole list and of the holders' list and compares the two, and agents too full for the
-smallest pending request leave the lists. A request shape
-that found no room is remembered so bigger ones fail without a walk.
+Scores (strategy and locality) count cpu and mem only: slots constrain where a kernel fits
+but do not weigh in, so a cpu-only session may land on a gpu agent when it has the best score
+(nothing keeps gpu agents free for gpu sessions).
+
+Cost: each group keeps its agents sorted by strategy score, the agents offering each asked
+slot in a list of their own, and the holders of each image that earns a locality bonus (per
+slot a request routes by) in lists of their own; picking an agent takes the first fit of the
+request's list (all agents, or those offering its first slot) and of the holders' list and
+compares the two, and agents too full for the smallest pending request (in cpu, mem, and any
+slot every pending request asks for) leave the lists. A request shape (cpu, mem, slots) that
+found no room is remembered so bigger ones fail without a walk.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from typing import Literal
 import msgspec
 
 from domain.errors import InvalidField
-from domain.events import Capacity, Resources
+from domain.events import Capacity, ClusterMode, Resources
 from domain.reasons import Reason
 
 # Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
@@ -45,6 +55,8 @@ LOCALITY_MAX_BYTES = 1000 * 2**20
 
 PREDICATE_FAILED = Reason.PREDICATE_CHECKS_FAILED
 Key = tuple[float, str, int]  # an agent's place in a best-first list: (-score, agent_id, index)
+SlotAsk = tuple[tuple[str, int], ...]  # (slot, milli-units) asked, amount > 0, sorted by slot
+Route = tuple[str, str | None]  # (image, first slot asked or None): which holders' list to walk
 NO_INSTANCES = Reason.NO_AVAILABLE_INSTANCES
 
 
@@ -58,6 +70,9 @@ class AgentView(msgspec.Struct, frozen=True, kw_only=True):
     reserved_mem: int  # bytes held by those kernels
     images: dict[str, int]  # image -> size in bytes, images the agent holds now
     live: bool  # heartbeating and not lost; a dead agent gets nothing
+    # slot -> amount held by its kernels in AGENT_RESOURCE_OCCUPYING statuses (its capacity
+    # offers capacity.slots)
+    reserved_slots: dict[str, float] = {}
 
 
 class PendingSession(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,8 +86,15 @@ class PendingSession(msgspec.Struct, frozen=True, kw_only=True):
     resource_group: str  # agents of this group only
     kernel_ids: list[str]  # cluster_size distinct ids; the keys of Scheduled.placements
     enqueued_at: datetime  # FIFO order (ties: session_id)
+    # "single-node": every kernel on one agent; "multi-node": wherever each kernel has room
+    cluster_mode: ClusterMode = "multi-node"
 
     def __post_init__(self) -> None:
+        if self.cluster_mode not in ("single-node", "multi-node"):
+            raise InvalidField(
+                "cluster_mode",
+                f"must be 'single-node' or 'multi-node', got {self.cluster_mode!r}",
+            )
         if self.cluster_size < 1:
             raise InvalidField("cluster_size", f"must be at least 1, got {self.cluster_size}")
         if len(self.kernel_ids) != self.cluster_size or len(set(self.kernel_ids)) != len(
@@ -86,7 +108,7 @@ class PendingSession(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    """Predicates; None means unlimited."""
+    """Predicates; None means unlimited (no per-session limit on slots yet)."""
 
     max_sessions_per_owner: int | None = None  # concurrent non-terminal sessions (SCHEDULED on)
     max_cpu_per_session: float | None = None  # cores, all kernels of the session together
@@ -246,8 +268,8 @@ def _predicate_failures(session: PendingSession, owners: Mapping[str, int], limi
     return f"{PREDICATE_FAILED}: " + "; ".join(failures) if failures else ""
 
 
-# CPU is counted in integer millicores inside a plan so sums are exact: requests and
-# reservations round up, capacity rounds down (never over-commit by a rounding error).
+# CPU and slots are counted in integer milli-units inside a plan so sums are exact: requests
+# and reservations round up, capacity rounds down (never over-commit by a rounding error).
 def _mc_up(cores: float) -> int:
     return max(0, math.ceil(round(cores * 1000, 6)))
 
@@ -263,6 +285,25 @@ def _fmt_mem(n: int) -> str:
     return f"{n} B"
 
 
+def _fmt_amount(x: float) -> str:
+    return f"{round(x, 6):g}"
+
+
+def _need(cpu: float, mem: int, slots: Mapping[str, float]) -> str:
+    """'2.0 cpu and 4 GiB', or with slots '2.0 cpu, 4 GiB and gpu 2'."""
+    items = [f"{float(round(cpu, 6))} cpu", _fmt_mem(mem)]
+    items += [f"{k} {_fmt_amount(v)}" for k, v in sorted(slots.items()) if v > 0]
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _slot_ask(resources: Resources) -> SlotAsk:
+    return tuple(sorted((k, _mc_up(v)) for k, v in resources.slots.items() if v > 0))
+
+
+def _times(ask: SlotAsk, n: int) -> SlotAsk:
+    return tuple((k, a * n) for k, a in ask)
+
+
 class _Group:
     """One resource group's live agents and their free room during a plan."""
 
@@ -273,28 +314,45 @@ class _Group:
         self.ids: list[str] = []
         self.cap_cpu: list[int] = []
         self.cap_mem: list[int] = []
+        self.cap_slots: list[dict[str, int]] = []  # only the slots pending sessions ask for
         self.free_cpu: list[int] = []
         self.free_mem: list[int] = []
+        self.free_slots: list[dict[str, int]] = []
         self.holders: dict[str, set[int]] = {}  # image -> indices of agents holding it
         self.held_size: dict[str, int] = {}  # image -> largest size an agent reports
-        self.min_cpu = math.inf  # the smallest pending request: agents below it leave `order`
+        # The smallest pending request: agents below it leave the lists. min_slots keeps only
+        # the slots every pending request asks for (a cpu-only request asks 0 of every slot).
+        self.min_cpu = math.inf
         self.min_mem = math.inf
-        self.images: set[str] = set()  # the images pending sessions ask for
-        # Agents best first, as (-score, agent_id, index): `order` holds all of them, and
-        # `holder_orders[image]` the holders of an image that earns a locality bonus.
+        self.min_slots: dict[str, int] | None = None  # None until the first request
+        self.slot_names: set[str] = set()  # the slots pending sessions ask for
+        self.routes: set[Route] = set()  # (image, first slot) of pending requests
+        # Agents best first, as (-score, agent_id, index): `order` holds all of them,
+        # `slot_orders[slot]` those offering a slot, and `holder_orders[(image, slot)]` the
+        # holders of an image that earns a locality bonus (offering the slot, if not None).
         self.order: list[Key] = []
-        self.holder_orders: dict[str, list[Key]] = {}
+        self.slot_orders: dict[str, list[Key]] = {}
+        self.holder_orders: dict[Route, list[Key]] = {}
         self.lists_of: list[list[list[Key]]] = []  # the lists each agent is in
         self.keys: list[Key | None] = []  # each agent's current entry (None: too full)
-        self.no_room: list[tuple[int, int]] = []  # single-kernel shapes that found no room
+        # Shapes (one kernel, or a single-node session's block) that found no room anywhere;
+        # free room only shrinks during a plan, so any shape at least as big has none either.
+        self.no_room: list[tuple[int, int]] = []
+        self.no_room_slots: list[tuple[int, int, dict[str, int]]] = []
         self.bonuses: dict[str, float] = {}
-        self.ever: dict[tuple[int, int, int], bool] = {}
+        self.ever: dict[tuple[int, int, SlotAsk, int, bool], bool] = {}
         self.examined = 0
 
     def note_request(self, session: PendingSession) -> None:
         self.min_cpu = min(self.min_cpu, _mc_up(session.resources.cpu))
         self.min_mem = min(self.min_mem, session.resources.mem)
-        self.images.add(session.image)
+        ask = dict(_slot_ask(session.resources))
+        if self.min_slots is None:
+            self.min_slots = ask
+        else:
+            self.min_slots = {k: min(a, ask[k]) for k, a in self.min_slots.items() if k in ask}
+        self.slot_names.update(ask)
+        self.routes.add((session.image, min(ask) if ask else None))
 
     def add_agent(self, agent: AgentView) -> None:
         i = len(self.ids)
@@ -303,6 +361,11 @@ class _Group:
         self.cap_mem.append(max(1, agent.capacity.mem))
         self.free_cpu.append(self.cap_cpu[i] - _mc_up(agent.reserved_cpu))
         self.free_mem.append(self.cap_mem[i] - agent.reserved_mem)
+        caps = {k: _mc_down(agent.capacity.slots.get(k, 0)) for k in self.slot_names}
+        self.cap_slots.append(caps)
+        self.free_slots.append(
+            {k: c - _mc_up(agent.reserved_slots.get(k, 0)) for k, c in caps.items()}
+        )
         self.keys.append(None)
         self.lists_of.append([self.order])
         for image, size in agent.images.items():
@@ -310,21 +373,31 @@ class _Group:
             self.held_size[image] = max(size, self.held_size.get(image, 0))
 
     def start(self, image_sizes: Mapping[str, int]) -> None:
-        for image in sorted(self.images):
-            size = image_sizes.get(image, self.held_size.get(image, 0))
-            holders = self.holders.get(image, set())
-            bonus = locality_bonus(size, len(holders), len(self.ids), self.locality_weight)
-            self.bonuses[image] = bonus
-            if bonus:
-                self.holder_orders[image] = []
-                for i in holders:
-                    self.lists_of[i].append(self.holder_orders[image])
+        for slot in sorted(self.slot_names):
+            self.slot_orders[slot] = []
+            for i in range(len(self.ids)):
+                if self.cap_slots[i][slot] > 0:
+                    self.lists_of[i].append(self.slot_orders[slot])
+        for image, slot in sorted(self.routes, key=lambda r: (r[0], r[1] or "")):
+            if image not in self.bonuses:
+                size = image_sizes.get(image, self.held_size.get(image, 0))
+                holders = self.holders.get(image, set())
+                self.bonuses[image] = locality_bonus(
+                    size, len(holders), len(self.ids), self.locality_weight
+                )
+            if self.bonuses[image]:
+                self.holder_orders[(image, slot)] = []
+                for i in self.holders[image]:
+                    if slot is None or self.cap_slots[i][slot] > 0:
+                        self.lists_of[i].append(self.holder_orders[(image, slot)])
         for i in range(len(self.ids)):
             self._index(i)
 
     def _index(self, i: int) -> None:
-        """Put agent i into `order` at its current score, unless too full for any request."""
+        """Put agent i into its lists at its current score, unless too full for any request."""
         if self.free_cpu[i] < self.min_cpu or self.free_mem[i] < self.min_mem:
+            return
+        if self.min_slots and any(self.free_slots[i][k] < a for k, a in self.min_slots.items()):
             return
         used = (1 - self.free_cpu[i] / self.cap_cpu[i] + 1 - self.free_mem[i] / self.cap_mem[i]) / 2
         score = used if self.concentrated else 1 - used
@@ -333,8 +406,8 @@ class _Group:
         for order in self.lists_of[i]:
             bisect.insort(order, key)
 
-    def _take(self, i: int, cpu: int, mem: int) -> None:
-        """Change agent i's free room by -cpu / -mem (negative to give back)."""
+    def _take(self, i: int, cpu: int, mem: int, slots: SlotAsk) -> None:
+        """Change agent i's free room by -cpu / -mem / -slots (negative to give back)."""
         key = self.keys[i]
         if key is not None:
             for order in self.lists_of[i]:
@@ -342,78 +415,184 @@ class _Group:
             self.keys[i] = None
         self.free_cpu[i] -= cpu
         self.free_mem[i] -= mem
+        free = self.free_slots[i]
+        for k, a in slots:
+            free[k] -= a
         self._index(i)
 
-    def _first_fit(self, order: list[Key], cpu: int, mem: int) -> Key | None:
-        """The best-scoring entry of `order` with room for (cpu, mem)."""
+    def _first_fit(self, order: list[Key], cpu: int, mem: int, slots: SlotAsk) -> Key | None:
+        """The best-scoring entry of `order` with room for (cpu, mem, slots)."""
         free_cpu, free_mem = self.free_cpu, self.free_mem
-        for seen, key in enumerate(order, 1):
-            i = key[2]
-            if free_cpu[i] >= cpu and free_mem[i] >= mem:
-                self.examined += seen
-                return key
+        if not slots:  # the common case, kept to two comparisons per agent
+            for seen, key in enumerate(order, 1):
+                i = key[2]
+                if free_cpu[i] >= cpu and free_mem[i] >= mem:
+                    self.examined += seen
+                    return key
+        else:
+            free_slots = self.free_slots
+            for seen, key in enumerate(order, 1):
+                i = key[2]
+                if (
+                    free_cpu[i] >= cpu
+                    and free_mem[i] >= mem
+                    and all(free_slots[i][k] >= a for k, a in slots)
+                ):
+                    self.examined += seen
+                    return key
         self.examined += len(order)
         return None
 
-    def _pick(self, cpu: int, mem: int, image: str) -> int | None:
-        """The agent with room for (cpu, mem) and the highest score, plus the image's locality
-        bonus if it holds the image; ties to the smaller agent_id."""
-        best = self._first_fit(self.order, cpu, mem)
-        holders = self.holder_orders.get(image)
+    def _pick(self, cpu: int, mem: int, slots: SlotAsk, image: str) -> int | None:
+        """The agent with room for (cpu, mem, slots) and the highest score, plus the image's
+        locality bonus if it holds the image; ties to the smaller agent_id."""
+        slot = slots[0][0] if slots else None  # only agents offering it can fit
+        best = self._first_fit(
+            self.order if slot is None else self.slot_orders[slot], cpu, mem, slots
+        )
+        holders = self.holder_orders.get((image, slot))
         if best is None or holders is None:
             return None if best is None else best[2]
         bonus = self.bonuses[image]
         if best[2] in self.holders[image]:
             return best[2]  # the best overall holds the image too
-        holder = self._first_fit(holders, cpu, mem)
+        holder = self._first_fit(holders, cpu, mem, slots)
         if holder is not None and (holder[0] - bonus, holder[1]) < best[:2]:
             return holder[2]
         return best[2]
 
+    def _known_no_room(self, cpu: int, mem: int, slots: SlotAsk) -> bool:
+        if any(c <= cpu and m <= mem for c, m in self.no_room):
+            return True
+        if not slots or not self.no_room_slots:
+            return False  # a shape with slots never covers one without
+        asked = dict(slots)
+        return any(
+            c <= cpu and m <= mem and all(asked.get(k, 0) >= a for k, a in s.items())
+            for c, m, s in self.no_room_slots
+        )
+
+    def _remember_no_room(self, cpu: int, mem: int, slots: SlotAsk) -> None:
+        if slots:
+            self.no_room_slots.append((cpu, mem, dict(slots)))
+        else:
+            self.no_room.append((cpu, mem))
+
     def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]:
         """Placements for every kernel, or None and the status_info saying what was needed."""
-        cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
-        need = f"{float(session.resources.cpu)} cpu and {_fmt_mem(mem)}"
         if not self.ids:
             return None, f"{NO_INSTANCES}: resource group {self.name!r} has no live agents"
         if not self.could_ever_fit(session):
-            return None, (
-                f"{NO_INSTANCES}: the live agents of resource group {self.name!r} cannot hold"
-                f" {session.cluster_size} kernel(s) of {need} even when idle"
-            )
-        if any(c <= cpu and m <= mem for c, m in self.no_room):
-            return None, self._no_room_info(session, need, 0)
+            return None, self._never_info(session)
+        n = session.cluster_size
+        cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
+        slots = _slot_ask(session.resources)
+        if _single(session):  # one block of n kernels on one agent
+            cpu, mem, slots = cpu * n, mem * n, _times(slots, n)
+            if self._known_no_room(cpu, mem, slots):
+                return None, self._no_room_info(session, 0)
+            i = self._pick(cpu, mem, slots, session.image)
+            if i is None:
+                self._remember_no_room(cpu, mem, slots)
+                return None, self._no_room_info(session, 0)
+            self._take(i, cpu, mem, slots)
+            return {k: self.ids[i] for k in session.kernel_ids}, ""
+        if self._known_no_room(cpu, mem, slots):
+            return None, self._no_room_info(session, 0)
         taken: list[int] = []
         for _ in session.kernel_ids:
-            i = self._pick(cpu, mem, session.image)
+            i = self._pick(cpu, mem, slots, session.image)
             if i is None:
                 break
-            self._take(i, cpu, mem)
+            self._take(i, cpu, mem, slots)
             taken.append(i)
-        if len(taken) == session.cluster_size:
+        if len(taken) == n:
             return {k: self.ids[i] for k, i in zip(session.kernel_ids, taken, strict=True)}, ""
+        back = _times(slots, -1)
         for i in taken:  # all-or-nothing: give back what this session took
-            self._take(i, -cpu, -mem)
+            self._take(i, -cpu, -mem, back)
         if not taken:
-            self.no_room.append((cpu, mem))
-        return None, self._no_room_info(session, need, len(taken))
+            self._remember_no_room(cpu, mem, slots)
+        return None, self._no_room_info(session, len(taken))
 
-    def _no_room_info(self, session: PendingSession, need: str, fitted: int) -> str:
-        if session.cluster_size == 1:
+    def _no_room_info(self, session: PendingSession, fitted: int) -> str:
+        r, n = session.resources, session.cluster_size
+        if _single(session):
+            need = _need(r.cpu * n, r.mem * n, {k: v * n for k, v in r.slots.items()})
+            return (
+                f"{NO_INSTANCES}: no live agent in resource group {self.name!r} has {need} free"
+                f" for the {n} kernels of this single-node session"
+            )
+        need = _need(r.cpu, r.mem, r.slots)
+        if n == 1:
             return f"{NO_INSTANCES}: no live agent in resource group {self.name!r} has {need} free"
         return (
             f"{NO_INSTANCES}: live agents in resource group {self.name!r} have room for"
-            f" {fitted} of {session.cluster_size} kernels of {need} each"
+            f" {fitted} of {n} kernels of {need} each"
+        )
+
+    def _never_info(self, session: PendingSession) -> str:
+        """Why the group's live agents could not hold the session even when idle."""
+        r, n = session.resources, session.cluster_size
+        short = []  # slots no agent offers enough of for one kernel: the likeliest cause
+        for k, a in _slot_ask(r):
+            most = max(c[k] for c in self.cap_slots)
+            if most < a:
+                have = f"the most is {_fmt_amount(most / 1000)}" if most else f"none offers {k}"
+                short.append(f"{k} {_fmt_amount(r.slots[k])} per kernel ({have})")
+        if short:
+            return (
+                f"{NO_INSTANCES}: no live agent of resource group {self.name!r} offers "
+                + " nor ".join(short)
+            )
+        if _single(session):
+            total_slots = {k: v * n for k, v in r.slots.items()}
+            need = _need(r.cpu * n, r.mem * n, total_slots)
+            lacking = []  # the dimensions in which even the biggest agent is too small
+            if max(self.cap_cpu) < _mc_up(r.cpu) * n:
+                lacking.append(f"{float(max(self.cap_cpu) / 1000)} cpu")
+            if max(self.cap_mem) < r.mem * n:
+                lacking.append(_fmt_mem(max(self.cap_mem)))
+            for k, a in _times(_slot_ask(r), n):
+                most = max(c[k] for c in self.cap_slots)
+                if most < a:
+                    lacking.append(f"{k} {_fmt_amount(most / 1000)}")
+            have = (
+                f"the most any live agent of resource group {self.name!r} has: {', '.join(lacking)}"
+                if lacking
+                else f"no live agent of resource group {self.name!r} has all of it at once"
+            )
+            return (
+                f"{NO_INSTANCES}: single-node session needs {need} on one agent"
+                f" ({n} kernels); {have}"
+            )
+        return (
+            f"{NO_INSTANCES}: the live agents of resource group {self.name!r} cannot hold"
+            f" {n} kernel(s) of {_need(r.cpu, r.mem, r.slots)} even when idle"
         )
 
     def could_ever_fit(self, session: PendingSession) -> bool:
         """Whether the group's live agents, idle, could hold the whole session."""
         cpu, mem, n = _mc_up(session.resources.cpu), session.resources.mem, session.cluster_size
-        shape = (cpu, mem, n)
+        slots, single = _slot_ask(session.resources), _single(session)
+        shape = (cpu, mem, slots, n, single)
         if shape not in self.ever:
-            room = sum(
-                min(c // max(cpu, 1), m // mem)
-                for c, m in zip(self.cap_cpu, self.cap_mem, strict=True)
-            )
-            self.ever[shape] = room >= n
+            caps = zip(self.cap_cpu, self.cap_mem, self.cap_slots, strict=True)
+            if single:
+                self.ever[shape] = any(
+                    c >= cpu * n and m >= mem * n and all(s[k] >= a * n for k, a in slots)
+                    for c, m, s in caps
+                )
+            else:
+                room = sum(
+                    min(c // max(cpu, 1), m // max(mem, 1), *(s[k] // a for k, a in slots))
+                    for c, m, s in caps
+                )
+                self.ever[shape] = room >= n
         return self.ever[shape]
+
+
+def _single(session: PendingSession) -> bool:
+    """Whether the session is placed as one block (a one-kernel session is the same either
+    way, and keeps the one-kernel wording)."""
+    return session.cluster_mode == "single-node" and session.cluster_size > 1

@@ -22,7 +22,7 @@ from domain.errors import (
     require_text,
 )
 from domain.limits import MAX_DETAIL, MAX_REASON, clip
-from domain.reasons import Reason, info
+from domain.reasons import Reason, exit_reason, info
 from domain.status import PRE_RUNNING, TERMINAL, Kernel, KernelStatus, check_transition
 from domain.subjects import check_token
 
@@ -33,6 +33,21 @@ _PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREAT
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
+
+
+# Names a kernel's environment must not set: the cluster info Hoist gives every kernel.
+CLUSTER_ENV_PREFIX = "HOIST_"
+
+
+class ProcessEnd(Protocol):
+    """How a kernel's process ended (an agent's KernelExited fact, or a sync's report)."""
+
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def oom_killed(self) -> bool: ...
+    @property
+    def ran_s(self) -> float: ...
 
 
 class _HasStatus(Protocol):
@@ -67,6 +82,9 @@ class Session(BaseAggregate[str]):
         resources: ev.Resources  # per kernel
         resource_group: str
         request_id: str | None
+        session_type: ev.SessionType
+        cluster_mode: ev.ClusterMode
+        spec: ev.KernelSpec  # what every kernel runs
         kernels: dict[str, Kernel]  # kernel id -> kernel, in enqueue order
 
     @classmethod
@@ -80,9 +98,35 @@ class Session(BaseAggregate[str]):
         cluster_size: int = 1,
         request_id: str | None = None,
         session_id: str | None = None,
+        session_type: ev.SessionType = "interactive",
+        cluster_mode: ev.ClusterMode = "multi-node",
+        spec: ev.KernelSpec | Mapping[str, object] | None = None,
     ) -> Session:
         if isinstance(cluster_size, bool) or not isinstance(cluster_size, int) or cluster_size < 1:
             raise InvalidField("cluster_size", f"must be an integer >= 1, got {cluster_size!r}")
+        if session_type not in ("interactive", "batch"):
+            raise InvalidField(
+                "session_type", f"must be 'interactive' or 'batch', got {session_type!r}"
+            )
+        if cluster_mode not in ("single-node", "multi-node"):
+            raise InvalidField(
+                "cluster_mode", f"must be 'single-node' or 'multi-node', got {cluster_mode!r}"
+            )
+        spec = convert(
+            spec or {}, ev.KernelSpec, "spec", "{command?, env?, workdir?, ports?, mounts?}"
+        )
+        if session_type == "batch" and spec.command is None:
+            raise InvalidField(
+                "command", "a batch session runs a command to its end: give one (argv list)"
+            )
+        if len({m.path for m in spec.mounts}) != len(spec.mounts):
+            raise InvalidField("mounts", "two mounts at one path: give each its own path")
+        if len(set(spec.ports)) != len(spec.ports):
+            raise InvalidField("ports", f"a port is listed twice: {list(spec.ports)}")
+        if reserved := sorted(k for k in spec.env if k.startswith(CLUSTER_ENV_PREFIX)):
+            raise InvalidField(
+                "env", f"{', '.join(reserved)}: names starting {CLUSTER_ENV_PREFIX} are Hoist's own"
+            )
         if request_id is not None:
             require_text(request_id, "request_id")
         return cls._create(
@@ -96,6 +140,9 @@ class Session(BaseAggregate[str]):
             kernel_ids=[uuid4().hex for _ in range(cluster_size)],
             status_info="enqueued",
             request_id=request_id,
+            session_type=session_type,
+            cluster_mode=cluster_mode,
+            spec=spec,
         )
 
     # --- derived state ---------------------------------------------------------------------
@@ -114,6 +161,47 @@ class Session(BaseAggregate[str]):
         except KeyError:
             raise UnknownKernel(self.id, kernel_id) from None
 
+    @property
+    def main_kernel(self) -> Kernel:
+        return next(iter(self.kernels.values()))
+
+    def hostname(self, kernel_id: str) -> str:
+        """The kernel's name in its cluster: the first kernel is ``main1``, the others ``sub1``,
+        ``sub2``, ... in enqueue order (Backend.AI's naming)."""
+        return self._hostnames()[kernel_id]
+
+    def _hostnames(self) -> dict[str, str]:
+        ids = list(self.kernels)
+        return {ids[0]: "main1", **{kid: f"sub{i}" for i, kid in enumerate(ids[1:], 1)}}
+
+    def cluster_env(self, kernel_id: str) -> dict[str, str]:
+        """What a kernel is told about its cluster, besides the session's own env."""
+        names = self._hostnames()
+        name = names[kernel_id]
+        role = "main" if name.startswith("main") else "sub"
+        return {
+            **self.spec.env,
+            "HOIST_SESSION_ID": self.id,
+            "HOIST_KERNEL_ID": kernel_id,
+            "HOIST_CLUSTER_MODE": self.cluster_mode,
+            "HOIST_CLUSTER_ROLE": role,
+            "HOIST_CLUSTER_IDX": name.removeprefix(role),
+            "HOIST_CLUSTER_HOST": name,
+            "HOIST_CLUSTER_SIZE": str(len(names)),
+            "HOIST_CLUSTER_HOSTS": ",".join(names.values()),
+        }
+
+    def extra_hosts(self, kernel_id: str, addresses: Mapping[str, str]) -> dict[str, str]:
+        """Hostname -> address of the kernels on other agents than this one's (multi-node);
+        ``addresses`` maps agent id -> the address its published ports are reachable at."""
+        here = self.kernel(kernel_id).agent_id
+        names = self._hostnames()
+        return {
+            names[k.kernel_id]: addresses[k.agent_id]
+            for k in self.kernels.values()
+            if k.agent_id and k.agent_id != here and k.agent_id in addresses
+        }
+
     # --- state changes: what each event does to the session (Event.apply calls WHEN) --------
     # A stored event may be a forgery: each checks the kernels and transitions it names before
     # it changes anything, so a poison event leaves the session as it was (and is quarantined).
@@ -124,6 +212,9 @@ class Session(BaseAggregate[str]):
         self.resources = e.resources
         self.resource_group = e.resource_group
         self.request_id = e.request_id
+        self.session_type = e.session_type
+        self.cluster_mode = e.cluster_mode
+        self.spec = e.spec
         self.kernels = {}
         for kernel_id in e.kernel_ids:
             kernel = Kernel(kernel_id=kernel_id)
@@ -159,7 +250,14 @@ class Session(BaseAggregate[str]):
         self._on_kernel_event(e).pull_task_id = e.task_id
 
     def _on_kernel_created(self, e: ev.KernelCreated) -> None:
-        self._on_kernel_event(e).container_id = e.container_id
+        kernel = self._on_kernel_event(e)
+        kernel.container_id = e.container_id
+        kernel.ports = tuple(e.ports)
+
+    def _on_kernel_terminated(self, e: ev.KernelTerminated) -> None:
+        kernel = self._on_kernel_event(e)
+        if e.exit_code is not None:
+            kernel.exit_code, kernel.ran_s = e.exit_code, e.ran_s
 
     WHEN = {  # event class -> state change, for Event.apply
         ev.SessionEnqueued: _on_enqueued,
@@ -168,6 +266,7 @@ class Session(BaseAggregate[str]):
         **dict.fromkeys(ev.KERNEL_EVENTS, _on_kernel_event),
         ev.KernelPulling: _on_kernel_pulling,
         ev.KernelCreated: _on_kernel_created,
+        ev.KernelTerminated: _on_kernel_terminated,
     }
 
     # --- commands --------------------------------------------------------------------------
@@ -216,12 +315,19 @@ class Session(BaseAggregate[str]):
     def mark_creating(self, kernel_id: str, status_info: str = "creating") -> None:
         self._move(ev.KernelCreating, kernel_id, status_info)
 
-    def mark_created(self, kernel_id: str, container_id: str, status_info: str = "running") -> None:
+    def mark_created(
+        self,
+        kernel_id: str,
+        container_id: str,
+        status_info: str = "running",
+        ports: Collection[ev.PublishedPort] = (),
+    ) -> None:
         self._move(
             ev.KernelCreated,
             kernel_id,
             status_info,
             container_id=require_text(container_id, "container_id"),
+            ports=list(ports),
         )
 
     def creation_failed(
@@ -237,8 +343,16 @@ class Session(BaseAggregate[str]):
     def mark_terminating(self, kernel_id: str, status_info: str, detail: str = "") -> None:
         self._move(ev.KernelTerminating, kernel_id, status_info, detail=detail)
 
-    def mark_terminated(self, kernel_id: str, status_info: str, detail: str = "") -> None:
-        self._move(ev.KernelTerminated, kernel_id, status_info, detail=detail)
+    def mark_terminated(
+        self,
+        kernel_id: str,
+        status_info: str,
+        detail: str = "",
+        exit_code: int | None = None,
+        ran_s: float | None = None,
+    ) -> None:
+        ended = {} if exit_code is None else {"exit_code": exit_code, "ran_s": ran_s}
+        self._move(ev.KernelTerminated, kernel_id, status_info, detail=detail, **ended)
 
     # --- decisions: what a request or an observed fact means for the kernels ----------------
     # Each looks at the kernels as they are now and records what follows, so the manager's
@@ -359,6 +473,7 @@ class Session(BaseAggregate[str]):
         container_id: str | None = None,
         error: str | None = None,
         detail: str = "",
+        ports: Collection[ev.PublishedPort] = (),
     ) -> None:
         """The agent answered create-kernel: RUNNING in ``container_id``, or ERROR
         ``failed-to-start: <error>`` (``detail``: the runtime's own words).  A kernel no longer
@@ -366,7 +481,7 @@ class Session(BaseAggregate[str]):
         if self.kernel(kernel_id).status is not S.CREATING:
             return
         if container_id is not None:
-            self.mark_created(kernel_id, container_id, Reason.RUNNING)
+            self.mark_created(kernel_id, container_id, Reason.RUNNING, ports)
         elif error is not None:
             self.creation_failed(kernel_id, detail or error, info(Reason.FAILED_TO_START, error))
 
@@ -378,16 +493,24 @@ class Session(BaseAggregate[str]):
             self.mark_terminated(kernel_id, k.status_info, detail)
 
     def containers_gone(
-        self, agent_id: str, kernel_ids: Collection[str], exited: Collection[str]
+        self,
+        agent_id: str,
+        kernel_ids: Collection[str],
+        exited: Collection[str],
+        exits: Mapping[str, ProcessEnd] | None = None,
     ) -> None:
         """Agent resource sync found no live container for these kernels: RUNNING ones are
-        TERMINATED ``container-exited`` (their process ended) or ``container-gone``,
+        TERMINATED as their process ended (``exits``: with its exit code, see
+        ``process_ended``), ``container-exited`` (ended, code unknown) or ``container-gone``;
         TERMINATING ones TERMINATED as their removal would have."""
+        exits = exits or {}
         for kid in kernel_ids:
             k = self.kernels.get(kid)
             if k is None or k.agent_id != agent_id:
                 continue
-            if k.status is S.RUNNING:
+            if k.status is S.RUNNING and kid in exits:
+                self.process_ended(agent_id, kid, exits[kid])
+            elif k.status is S.RUNNING:
                 if kid in exited:
                     why = info(Reason.CONTAINER_EXITED, f"its process ended on agent {agent_id}")
                 else:
@@ -396,13 +519,44 @@ class Session(BaseAggregate[str]):
             elif k.status is S.TERMINATING:
                 self.mark_terminated(kid, k.status_info, "no container was left")
 
+    def process_ended(self, agent_id: str, kernel_id: str, end: ProcessEnd) -> None:
+        """A kernel's process ended on its agent (its KernelExited fact, or a sync's report):
+        a RUNNING kernel there is TERMINATED with the exit code and how long it ran.  The main
+        kernel of a batch session ends the session: ``succeeded`` on exit code 0, and its
+        other kernels stop (``session-ended``).  Anything else (an unknown kernel, another
+        agent, a kernel already ending) is a late or repeated report: nothing to record."""
+        k = self.kernels.get(kernel_id)
+        if k is None or k.agent_id != agent_id or k.status is not S.RUNNING:
+            return
+        main = k is self.main_kernel
+        why = exit_reason(end.exit_code, end.oom_killed)
+        if self.session_type == "batch" and main and end.exit_code == 0 and not end.oom_killed:
+            why = str(Reason.SUCCEEDED)
+        self.mark_terminated(
+            kernel_id,
+            why,
+            f"exit code {end.exit_code} after {end.ran_s:.3f}s on agent {agent_id}",
+            exit_code=end.exit_code,
+            ran_s=end.ran_s,
+        )
+        if self.session_type == "batch" and main:
+            for other in self.kernels.values():
+                if other.status in PRE_RUNNING:
+                    self.cancel(other.kernel_id, info(Reason.SESSION_ENDED, why))
+                elif other.status is S.RUNNING:
+                    self.mark_terminating(other.kernel_id, info(Reason.SESSION_ENDED, why))
+
     def _move(
-        self, event_class: type[ev.KernelEvent], kernel_id: str, status_info: str, **fields: str
+        self,
+        event_class: type[ev.KernelEvent],
+        kernel_id: str,
+        status_info: str,
+        **fields: object,
     ) -> None:
         kernel = self.kernel(kernel_id)
         check_transition(kernel.status, event_class.status, kernel_id)
         if "detail" in fields:  # often a runtime's error text: cut to what readers accept
-            fields["detail"] = clip(fields["detail"], MAX_DETAIL)
+            fields["detail"] = clip(str(fields["detail"]), MAX_DETAIL)
         self.trigger_event(
             event_class,
             kernel_id=kernel_id,

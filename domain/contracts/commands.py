@@ -12,7 +12,17 @@ from domain.contracts.agents import SyncAgents
 from domain.contracts.common import NoRequest
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
-from domain.contracts.sessions import CancelKernel, CreateSession, DestroySession, GetSession
+from domain.contracts.sessions import (
+    CancelKernel,
+    CreateSession,
+    DestroySession,
+    GetSession,
+    ListVolumes,
+    ReadStream,
+    RemoveVolume,
+    SessionExec,
+    SessionLogs,
+)
 from domain.subjects import (
     AGENT_SYNC,
     JOB,
@@ -25,8 +35,13 @@ from domain.subjects import (
     PRELOAD,
     SESSION_CREATE,
     SESSION_DESTROY,
+    SESSION_EXEC,
     SESSION_GET,
+    SESSION_LOGS,
+    STREAM_READ,
     UNLOAD,
+    VOLUME_LIST,
+    VOLUME_REMOVE,
 )
 
 
@@ -47,6 +62,11 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     SESSION_GET: GetSession,
     SESSION_DESTROY: DestroySession,
     KERNEL_CANCEL: CancelKernel,
+    SESSION_LOGS: SessionLogs,
+    SESSION_EXEC: SessionExec,
+    STREAM_READ: ReadStream,
+    VOLUME_LIST: ListVolumes,
+    VOLUME_REMOVE: RemoveVolume,
     AGENT_SYNC: SyncAgents,
     PRELOAD: PreloadRequest,
     UNLOAD: UnloadRequest,

@@ -53,6 +53,7 @@ from typing import Annotated
 import msgspec
 
 from domain.contracts.common import TypedReason
+from domain.errors import InvalidField, convert
 from domain.events import (
     ClusterMode,
     KernelSpec,
@@ -63,6 +64,7 @@ from domain.events import (
 )
 from domain.limits import (
     MAX_EXEC_S,
+    MAX_MEM,
     MAX_MOUNTS,
     MAX_PORTS,
     AbsPath,
@@ -74,7 +76,6 @@ from domain.limits import (
     Image,
     Owner,
     Port,
-    SlotAmount,
     SlotName,
 )
 from domain.session import Session
@@ -86,7 +87,11 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 # ``{cpu, mem, <slot>: amount}`` per kernel: cpu in cores, mem in bytes (an integer), any other
 # key a resource slot (domain.session.resources_from checks cpu and mem are there).
-ResourceRequest = Annotated[dict[SlotName, SlotAmount], msgspec.Meta(min_length=1, max_length=64)]
+# Each key's own bound (cpu, mem, a slot) is checked by resources_from.
+ResourceRequest = Annotated[
+    dict[SlotName, Annotated[float, msgspec.Meta(ge=0, le=MAX_MEM)]],
+    msgspec.Meta(min_length=1, max_length=64),
+]
 
 
 class CreateSession(_Request, kw_only=True):
@@ -105,6 +110,10 @@ class CreateSession(_Request, kw_only=True):
     ports: Annotated[list[Port], msgspec.Meta(max_length=MAX_PORTS)] = []
     mounts: Annotated[list[Mount], msgspec.Meta(max_length=MAX_MOUNTS)] = []
 
+    def kernel_resources(self) -> Resources:
+        """``resources`` as the domain holds them: cpu, mem (whole bytes), the rest slots."""
+        return resources_from(self.resources)
+
     def spec(self) -> KernelSpec:
         return KernelSpec(
             command=self.command,
@@ -113,6 +122,25 @@ class CreateSession(_Request, kw_only=True):
             ports=self.ports,
             mounts=self.mounts,
         )
+
+
+def resources_from(asked: dict[str, float]) -> Resources:
+    """``{cpu, mem, <slot>: amount}`` -> Resources, or InvalidField naming ``resources.<key>``."""
+    for key in ("cpu", "mem"):
+        if key not in asked:
+            raise InvalidField(f"resources.{key}", "is required (cpu in cores, mem in bytes)")
+    cpu, mem = asked["cpu"], asked["mem"]
+    if not cpu > 0:
+        raise InvalidField("resources.cpu", f"must be > 0 cores, got {cpu!r}")
+    if mem != int(mem) or not mem > 0:
+        raise InvalidField("resources.mem", f"must be a whole number of bytes > 0, got {mem!r}")
+    slots = {k: float(v) for k, v in asked.items() if k not in ("cpu", "mem") and v > 0}
+    return convert(
+        {"cpu": cpu, "mem": int(mem), "slots": slots},
+        Resources,
+        "resources",
+        "{cpu: cores > 0, mem: bytes > 0, <slot>: amount >= 0}",
+    )
 
 
 class GetSession(_Request, kw_only=True):

@@ -45,10 +45,13 @@ class AgentRpc:
             **(timeouts or {}),
         }
 
-    async def call(self, agent_id: str, verb: str, request: object) -> Any:
+    async def call(
+        self, agent_id: str, verb: str, request: object, *, wait_s: float | None = None
+    ) -> Any:
+        timeout = wait_s if wait_s is not None else self.timeouts.get(verb, 10)
         try:
             msg = await self.nc.request(
-                agent_rpc(agent_id, verb), rpc.encode(request), timeout=self.timeouts.get(verb, 10)
+                agent_rpc(agent_id, verb), rpc.encode(request), timeout=timeout
             )
         except (NoRespondersError, NatsTimeoutError, TimeoutError) as e:
             raise AgentUnreachable(f"agent {agent_id} {verb}: {type(e).__name__}") from None

@@ -167,7 +167,7 @@ class AgentSync:
             return {"error": str(e)}
         if reply.destroyed:
             log.warning("agent %s: sync destroyed unknown containers %s", agent_id, reply.destroyed)
-        repaired = await self._record_gone(agent_id, reply.terminated, set(exited))
+        repaired = await self._record_gone(agent_id, reply.terminated, set(exited), reply.exits)
         return {
             "running": reply.running,
             "terminated": reply.terminated,
@@ -176,7 +176,11 @@ class AgentSync:
         }
 
     async def _record_gone(
-        self, agent_id: str, kernel_ids: list[str], exited: set[str]
+        self,
+        agent_id: str,
+        kernel_ids: list[str],
+        exited: set[str],
+        exits: dict[str, rpc.KernelExit] | None = None,
     ) -> list[str]:
         """Record what the agent no longer runs; the kernels recorded TERMINATED."""
         by_session: dict[str, list[str]] = {}
@@ -189,7 +193,7 @@ class AgentSync:
             before = self.fleet.sessions[sid].kernels
             was = {kid: before[kid].status for kid in kids if kid in before}
             await self.uow.try_change(
-                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited)
+                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited, exits)
             )
             after = self.fleet.sessions.get(sid)
             repaired.extend(

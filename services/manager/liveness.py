@@ -85,6 +85,11 @@ class LivenessWatcher:
         beat = self.last_beat.get(agent_id)
         return beat.sent_at if beat is not None else None
 
+    def address_of(self, agent_id: str) -> str | None:
+        """Where the agent's published ports are reachable, as its latest heartbeat said."""
+        beat = self.last_beat.get(agent_id)
+        return beat.address if beat is not None else None
+
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user
         # Only a beat (rpc.is_beat), well formed, of this agent counts: nats-server delivers its

@@ -23,7 +23,17 @@ from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
 from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
-from domain.contracts.sessions import CancelKernel, CreateSession, DestroySession, GetSession
+from domain.contracts.sessions import (
+    CancelKernel,
+    CreateSession,
+    DestroySession,
+    GetSession,
+    ListVolumes,
+    ReadStream,
+    RemoveVolume,
+    SessionExec,
+    SessionLogs,
+)
 from domain.scheduling import Limits, Policy
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.repository import Repository
@@ -33,6 +43,7 @@ from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
 from services.manager.images_admin import ImagesAdmin
+from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
@@ -105,6 +116,7 @@ class Manager:
             retry_s=config.retry_s,
             sync_before_create=self.sync.trigger("before-kernel-creation"),
             sync_after_refusal=self.sync.trigger("on-creation-failure"),
+            address_of=self.liveness.address_of,
         )
         self.scheduler = SchedulerLoop(
             self.fleet,
@@ -114,6 +126,7 @@ class Manager:
             **({"planner": planner} if planner else {}),
         )
         self.sessions = SessionCommands(self.fleet, self.uow)
+        self.kernel_io = KernelIO(self.fleet, self.rpc)
         self.prepull = PrepullLoop(
             self.fleet,
             self.repository,
@@ -166,6 +179,7 @@ class Manager:
                 ev.AgentLost: [r.agent_changed, prepull.wake],
                 ev.ImagePulled: [s.wake, r.pull_ended, images.pull_ended],
                 ev.ImagePullFailed: [r.pull_ended, images.pull_ended],
+                ev.KernelExited: [r.kernel_exited],
                 ev.PrepullPolicySet: [prepull.wake],
                 ev.PrepullPolicyRemoved: [prepull.wake],
             },
@@ -174,6 +188,11 @@ class Manager:
                 GetSession: self.sessions.get,
                 DestroySession: self.sessions.destroy,
                 CancelKernel: self.sessions.cancel_kernel,
+                SessionLogs: self.kernel_io.logs,
+                SessionExec: self.kernel_io.exec,
+                ReadStream: self.kernel_io.read,
+                ListVolumes: self.kernel_io.list_volumes,
+                RemoveVolume: self.kernel_io.remove_volume,
                 SyncAgents: sync.handle,
                 PreloadRequest: images.preload,
                 UnloadRequest: images.unload,

@@ -17,7 +17,12 @@ Steps, in order of precedence (each decision is a method of the Session aggregat
 5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``), CANCELLED
    ``image-pull-failed`` when their pull failed (``pull_ended``);
 6. all kernels PREPARED -> CREATING -> create-kernel -> RUNNING, or ERROR ``failed-to-start``
-   (``start_creating``, ``created``).
+   (``start_creating``, ``created``); each create tells the kernel its command, env (with the
+   cluster's ``HOIST_*``), ports, mounts, hostname and, multi-node, the other kernels'
+   agents' addresses (from their heartbeats).
+A kernel's process that ends is an agent's fact (KernelExited), not a state of the session:
+``kernel_exited`` records what it means (``process_ended``) as it arrives; a manager that was
+down meanwhile learns it from agent sync (``containers_gone`` with the exits).
 Agent RPCs run outside the session lock; their results are recorded through the unit of work,
 whose decisions re-check that each kernel is still where the RPC left it.
 """
@@ -73,6 +78,7 @@ class Reactors:
         retry_s: float = 1.0,
         sync_before_create: SyncAgents | None = None,
         sync_after_refusal: SyncAgents | None = None,
+        address_of: Callable[[str], str | None] = lambda agent_id: None,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
@@ -83,6 +89,7 @@ class Reactors:
         # at once: a multi-kernel session can fail on several) and retry those creates once.
         self.sync_before_create = sync_before_create
         self.sync_after_refusal = sync_after_refusal
+        self.address_of = address_of  # agent id -> where its published ports are reachable
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
         self._running: set[str] = set()
         self._again: set[str] = set()
@@ -115,6 +122,21 @@ class Reactors:
     def agent_changed(self, event: ev.AgentLost | ev.AgentReregistered) -> None:
         for sid in self.fleet.sessions_on(event.originator_id):
             self.kick(sid)
+
+    def kernel_exited(self, event: ev.KernelExited) -> None:
+        """An agent says a kernel's process ended there: record it on the kernel's session
+        (nothing when the session does not know that kernel on that agent, or it is no longer
+        RUNNING: a late, repeated or forged report)."""
+        agent_id = event.originator_id  # the subject's id, which only that agent may write
+        if event.session_id not in self.fleet.sessions:
+            return
+        self._tasks.spawn(
+            self.uow.try_change(
+                event.session_id,
+                lambda s: s.process_ended(agent_id, event.kernel_id, event),
+            ),
+            f"kernel {event.kernel_id} exited",
+        )
 
     def kick_later(self, session_id: str) -> None:
         if session_id not in self._later:
@@ -293,6 +315,12 @@ class Reactors:
     async def _create(self, session: Session) -> bool:
         creating = [k for k in session.kernels.values() if k.status is S.CREATING]
 
+        addresses = {
+            k.agent_id: address
+            for k in session.kernels.values()
+            if k.agent_id is not None and (address := self.address_of(k.agent_id)) is not None
+        }
+
         async def one(k: Kernel) -> tuple[str, rpc.KernelCreated | Exception]:
             assert k.agent_id is not None
             request = rpc.CreateKernel(
@@ -300,6 +328,11 @@ class Reactors:
                 session_id=session.id,
                 image=session.image,
                 resources=session.resources,
+                owner=session.owner,
+                spec=msgspec.structs.replace(session.spec, env=session.cluster_env(k.kernel_id)),
+                hostname=session.hostname(k.kernel_id),
+                cluster_mode=session.cluster_mode,
+                extra_hosts=session.extra_hosts(k.kernel_id, addresses),
             )
             try:
                 reply = await self.agents.call(k.agent_id, rpc.CREATE_KERNEL, request)
@@ -325,7 +358,7 @@ class Reactors:
         def decide(s: Session) -> None:
             for kid, result in results.items():
                 if isinstance(result, rpc.KernelCreated):
-                    s.created(kid, container_id=result.container_id)
+                    s.created(kid, container_id=result.container_id, ports=result.ports)
                 elif isinstance(result, AgentRefused):
                     s.created(kid, error=str(result), detail=result.message or str(result))
 

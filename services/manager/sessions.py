@@ -41,11 +41,14 @@ class SessionCommands:
             new = Session.enqueue(
                 owner=req.owner,
                 image=req.image,
-                resources=req.resources,
+                resources=req.kernel_resources(),
                 resource_group=req.resource_group,
                 cluster_size=req.cluster_size,
                 request_id=req.request_id,
                 session_id=sid,
+                session_type=req.session_type,
+                cluster_mode=req.cluster_mode,
+                spec=req.spec(),
             )
         except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
             raise RequestError("invalid-request", str(e)) from None
@@ -90,15 +93,21 @@ class SessionCommands:
 def _same_request(session: Session, req: CreateSession) -> None:
     asked: dict[str, Any] = {
         "image": req.image,
-        "resources": req.resources,
+        "resources": req.kernel_resources(),
         "cluster_size": req.cluster_size,
         "resource_group": req.resource_group,
+        "session_type": req.session_type,
+        "cluster_mode": req.cluster_mode,
+        "spec": req.spec(),
     }
     have: dict[str, Any] = {
         "image": session.image,
         "resources": session.resources,
         "cluster_size": len(session.kernels),
         "resource_group": session.resource_group,
+        "session_type": session.session_type,
+        "cluster_mode": session.cluster_mode,
+        "spec": session.spec,
     }
     differs = [name for name in asked if asked[name] != have[name]]
     if differs:

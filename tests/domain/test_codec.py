@@ -52,7 +52,7 @@ def test_unknown_type_and_bad_headers() -> None:
         decode(data, {**headers, TYPE_HEADER: "SessionExploded"})
     with pytest.raises(EventDecodeError, match="unknown event type"):
         decode(data, {})
-    for schema in ("0", "2", "x", ""):
+    for schema in ("0", str(type(SAMPLES[0]).schema_version + 1), "x", ""):
         with pytest.raises(EventDecodeError, match=SCHEMA_HEADER):
             decode(data, {**headers, SCHEMA_HEADER: schema})
     with pytest.raises(EventDecodeError, match="disagrees with originator_version"):
@@ -74,7 +74,14 @@ FIELDS = [(name, field) for name, e in ONE_OF_EACH.items() for field in e.__stru
 
 # Values no field accepts, except where noted.
 BAD_VALUES: list[object] = [True, [True], {"k": True}, None, ""]
-VALID_ODDITIES = [("request_id", None), ("detail", ""), ("pinned", True)]
+VALID_ODDITIES = [
+    ("request_id", None),
+    ("detail", ""),
+    ("pinned", True),
+    ("oom_killed", True),
+    ("exit_code", None),
+    ("ran_s", None),
+]
 
 
 @pytest.mark.parametrize(("name", "field"), FIELDS)
