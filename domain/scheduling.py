@@ -291,12 +291,16 @@ def _fmt_amount(x: float) -> str:
 
 def _need(cpu: float, mem: int, slots: Mapping[str, float]) -> str:
     """'2.0 cpu and 4 GiB', or with slots '2.0 cpu, 4 GiB and gpu 2'."""
+    if not slots:
+        return f"{float(round(cpu, 6))} cpu and {_fmt_mem(mem)}"
     items = [f"{float(round(cpu, 6))} cpu", _fmt_mem(mem)]
     items += [f"{k} {_fmt_amount(v)}" for k, v in sorted(slots.items()) if v > 0]
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _slot_ask(resources: Resources) -> SlotAsk:
+    if not resources.slots:
+        return ()
     return tuple(sorted((k, _mc_up(v)) for k, v in resources.slots.items() if v > 0))
 
 
@@ -346,10 +350,14 @@ class _Group:
     def note_request(self, session: PendingSession) -> None:
         self.min_cpu = min(self.min_cpu, _mc_up(session.resources.cpu))
         self.min_mem = min(self.min_mem, session.resources.mem)
+        if not session.resources.slots:  # the common case: no slot is asked by every request
+            self.min_slots = {}
+            self.routes.add((session.image, None))
+            return
         ask = dict(_slot_ask(session.resources))
         if self.min_slots is None:
             self.min_slots = ask
-        else:
+        elif self.min_slots:
             self.min_slots = {k: min(a, ask[k]) for k, a in self.min_slots.items() if k in ask}
         self.slot_names.update(ask)
         self.routes.add((session.image, min(ask) if ask else None))
@@ -466,6 +474,9 @@ class _Group:
             return True
         if not slots or not self.no_room_slots:
             return False  # a shape with slots never covers one without
+        return self._known_no_room_slots(cpu, mem, slots)
+
+    def _known_no_room_slots(self, cpu: int, mem: int, slots: SlotAsk) -> bool:
         asked = dict(slots)
         return any(
             c <= cpu and m <= mem and all(asked.get(k, 0) >= a for k, a in s.items())
@@ -482,12 +493,12 @@ class _Group:
         """Placements for every kernel, or None and the status_info saying what was needed."""
         if not self.ids:
             return None, f"{NO_INSTANCES}: resource group {self.name!r} has no live agents"
-        if not self.could_ever_fit(session):
-            return None, self._never_info(session)
-        n = session.cluster_size
+        n, single = session.cluster_size, _single(session)
         cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
         slots = _slot_ask(session.resources)
-        if _single(session):  # one block of n kernels on one agent
+        if not self._ever(cpu, mem, slots, n, single):
+            return None, self._never_info(session)
+        if single:  # one block of n kernels on one agent
             cpu, mem, slots = cpu * n, mem * n, _times(slots, n)
             if self._known_no_room(cpu, mem, slots):
                 return None, self._no_room_info(session, 0)
@@ -497,7 +508,9 @@ class _Group:
                 return None, self._no_room_info(session, 0)
             self._take(i, cpu, mem, slots)
             return {k: self.ids[i] for k in session.kernel_ids}, ""
-        if self._known_no_room(cpu, mem, slots):
+        if any(c <= cpu and m <= mem for c, m in self.no_room) or (
+            slots and self.no_room_slots and self._known_no_room_slots(cpu, mem, slots)
+        ):
             return None, self._no_room_info(session, 0)
         taken: list[int] = []
         for _ in session.kernel_ids:
@@ -574,7 +587,9 @@ class _Group:
     def could_ever_fit(self, session: PendingSession) -> bool:
         """Whether the group's live agents, idle, could hold the whole session."""
         cpu, mem, n = _mc_up(session.resources.cpu), session.resources.mem, session.cluster_size
-        slots, single = _slot_ask(session.resources), _single(session)
+        return self._ever(cpu, mem, _slot_ask(session.resources), n, _single(session))
+
+    def _ever(self, cpu: int, mem: int, slots: SlotAsk, n: int, single: bool) -> bool:
         shape = (cpu, mem, slots, n, single)
         if shape not in self.ever:
             caps = zip(self.cap_cpu, self.cap_mem, self.cap_slots, strict=True)
@@ -583,6 +598,12 @@ class _Group:
                     c >= cpu * n and m >= mem * n and all(s[k] >= a * n for k, a in slots)
                     for c, m, s in caps
                 )
+            elif not slots:
+                cpu, mem = max(cpu, 1), max(mem, 1)
+                room = sum(
+                    min(c // cpu, m // mem) for c, m in zip(self.cap_cpu, self.cap_mem, strict=True)
+                )
+                self.ever[shape] = room >= n
             else:
                 room = sum(
                     min(c // max(cpu, 1), m // max(mem, 1), *(s[k] // a for k, a in slots))

@@ -39,6 +39,12 @@ _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
 CLUSTER_ENV_PREFIX = "HOIST_"
 
 
+def hostname_of(index: int) -> str:
+    """The name of a session's kernel number ``index`` (enqueue order, from 0) in its cluster:
+    ``main1``, then ``sub1``, ``sub2``, ... (Backend.AI's naming)."""
+    return "main1" if index == 0 else f"sub{index}"
+
+
 class ProcessEnd(Protocol):
     """How a kernel's process ended (an agent's KernelExited fact, or a sync's report)."""
 
@@ -171,8 +177,7 @@ class Session(BaseAggregate[str]):
         return self._hostnames()[kernel_id]
 
     def _hostnames(self) -> dict[str, str]:
-        ids = list(self.kernels)
-        return {ids[0]: "main1", **{kid: f"sub{i}" for i, kid in enumerate(ids[1:], 1)}}
+        return {kid: hostname_of(i) for i, kid in enumerate(self.kernels)}
 
     def cluster_env(self, kernel_id: str) -> dict[str, str]:
         """What a kernel is told about its cluster, besides the session's own env."""

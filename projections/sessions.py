@@ -9,10 +9,11 @@ from datetime import datetime
 from typing import ClassVar
 
 import duckdb
+import msgspec
 
 from domain import events as ev
 from domain.admission import Inadmissible
-from domain.session import session_status
+from domain.session import hostname_of, session_status
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
     TERMINAL,
@@ -44,6 +45,11 @@ KERNELS = Table(
         ("pull_task_id", "VARCHAR"),
         ("container_id", "VARCHAR"),
         ("detail", "VARCHAR"),
+        ("hostname", "VARCHAR"),  # main1, sub1, ...
+        ("slots", "VARCHAR"),  # other resource slots, e.g. "gpu=2"
+        ("ports", "VARCHAR"),  # "8080->127.0.0.1:32768, ..." once created
+        ("exit_code", "INTEGER"),  # once its process ended on its own
+        ("ran_s", "DOUBLE"),  # how long its command ran
         ("last_seq", "BIGINT"),
     ),
     key=("kernel_id",),
@@ -70,6 +76,9 @@ SESSIONS = Table(
         ("cpu", "DOUBLE"),  # per kernel
         ("mem", "BIGINT"),  # per kernel
         ("request_id", "VARCHAR"),
+        ("session_type", "VARCHAR"),
+        ("cluster_mode", "VARCHAR"),
+        ("command", "VARCHAR"),  # JSON argv; NULL: the image's entrypoint and cmd
         ("status", "VARCHAR"),
         ("status_info", "VARCHAR"),
         ("created_at", "TIMESTAMPTZ"),
@@ -112,7 +121,9 @@ class SessionsProjection(Projection):
     name: ClassVar[str] = "sessions"
     # v2: built under the admission rule (domain.admission), which refuses events older builds
     # applied (a kernel the session lacks, an illegal transition, a version gap).
-    version: ClassVar[int] = 2
+    # v3: what kernels run and how they ended (hostname, slots, ports, exit_code, ran_s;
+    # session_type, cluster_mode, command).
+    version: ClassVar[int] = 3
     tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
     views: ClassVar[Mapping[str, str]] = {
         "occupancy_by_owner": f"""
@@ -158,8 +169,14 @@ class SessionsProjection(Projection):
             "cpu": e.resources.cpu,
             "mem": e.resources.mem,
             "request_id": e.request_id,
+            "session_type": e.session_type,
+            "cluster_mode": e.cluster_mode,
+            "command": None
+            if e.spec.command is None
+            else msgspec.json.encode(e.spec.command).decode(),
             "created_at": e.timestamp,
         }
+        slots = ", ".join(f"{k}={v:g}" for k, v in sorted(e.resources.slots.items())) or None
         kernels: dict[str, Row] = {}
         status, info = KernelStatus.PENDING, e.status_info
         for index, kernel_id in enumerate(e.kernel_ids):
@@ -167,6 +184,8 @@ class SessionsProjection(Projection):
                 "kernel_id": kernel_id,
                 "session_id": e.originator_id,
                 "kernel_index": index,
+                "hostname": hostname_of(index),
+                "slots": slots,
                 "owner": e.owner,
                 "image": e.image,
                 "resource_group": e.resource_group,
@@ -203,6 +222,11 @@ class SessionsProjection(Projection):
             kernel["pull_task_id"] = e.task_id
         elif isinstance(e, ev.KernelCreated):
             kernel["container_id"] = e.container_id
+            kernel["ports"] = (
+                ", ".join(f"{p.port}->{p.host}:{p.host_port}" for p in e.ports) or None
+            )
+        elif isinstance(e, ev.KernelTerminated) and e.exit_code is not None:
+            kernel["exit_code"], kernel["ran_s"] = e.exit_code, e.ran_s
         detail = getattr(e, "detail", None)
         if detail:
             kernel["detail"] = detail
