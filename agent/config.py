@@ -11,6 +11,7 @@ from typing import Literal
 
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
+from domain.limits import MAX_SLOT, SLOT_NAME
 from domain.subjects import check_token
 
 RuntimeName = Literal["docker", "dummy"]
@@ -48,6 +49,11 @@ class AgentConfig:
     gc: GcPolicy = field(default_factory=GcPolicy)
     # Registry host ("127.0.0.1:5000", "docker.io") -> docker auth config {username, password}.
     registry_auth: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Other resource slots offered (--slot gpu=2), scheduled and reserved like cpu.
+    slots: dict[str, float] = field(default_factory=dict)
+    address: str = "127.0.0.1"  # where this agent's published ports are reachable
+    keep_exited_s: float = 3600.0  # an ended kernel's container (and logs) is kept this long
+    stream_idle_s: float = 30.0  # a logs/exec stream nobody reads this long is closed
 
     def __post_init__(self) -> None:
         check_token(self.agent_id, "agent id (--id)")
@@ -60,6 +66,20 @@ class AgentConfig:
             raise ValueError(f"mem (--mem) must be > 0 bytes, got {self.mem}")
         if self.disk is not None and self.disk < 0:
             raise ValueError(f"disk (--disk) must be >= 0 bytes, got {self.disk}")
+        for name, amount in self.slots.items():
+            if not re.fullmatch(SLOT_NAME, name):
+                raise ValueError(
+                    f"slot name (--slot) must be lower-case letters, digits, '.', '_', '-'"
+                    f" starting with a letter, got {name!r}"
+                )
+            if not 0 < amount <= MAX_SLOT:
+                raise ValueError(f"slot {name} (--slot) must be > 0 and <= {MAX_SLOT:g}")
+        if not self.address or not re.fullmatch(r"[A-Za-z0-9.:_-]+", self.address):
+            raise ValueError(f"address (--address) must be a host name or IP, got {self.address!r}")
+        if not self.stream_idle_s > 0:
+            raise ValueError(f"stream_idle_s must be > 0 seconds, got {self.stream_idle_s}")
+        if self.keep_exited_s < 0:
+            raise ValueError(f"--keep-exited must be >= 0 seconds, got {self.keep_exited_s}")
         if not self.heartbeat_interval_s > 0:
             raise ValueError(
                 f"heartbeat interval (--heartbeat-interval) must be > 0 seconds,"
@@ -68,6 +88,17 @@ class AgentConfig:
 
     def auth_for(self, image: str) -> dict[str, str] | None:
         return self.registry_auth.get(registry_of(image))
+
+
+def parse_slot(value: str) -> tuple[str, float]:
+    """``gpu=2`` -> ("gpu", 2.0) (checked by AgentConfig)."""
+    name, sep, amount = value.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return name.strip(), float(amount)
+    except ValueError:
+        raise ValueError(f"--slot must be NAME=AMOUNT, e.g. gpu=2; got {value!r}") from None
 
 
 def registry_of(image: str) -> str:

@@ -207,3 +207,13 @@ class AgentFacts:
                 agent.image_removed(image, reason)
 
         await self.record(command)
+
+    async def kernel_exited(
+        self, kernel_id: str, session_id: str, exit_code: int, ran_s: float, oom_killed: bool
+    ) -> None:
+        """KernelExited: a kernel's process ended here (once per container: the caller's rule)."""
+
+        def command(agent: Agent) -> None:
+            agent.kernel_exited(kernel_id, session_id, exit_code, ran_s, oom_killed)
+
+        await self.record(command)

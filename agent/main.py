@@ -5,13 +5,14 @@ runs the same).  Runs until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size
+from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size, parse_slot
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
@@ -40,6 +41,23 @@ def parser() -> argparse.ArgumentParser:
     cap.add_argument("--cpu", type=float, help="cores")
     cap.add_argument("--mem", help="bytes, or a size like 512m, 16g")
     cap.add_argument("--disk", help="bytes for images, or a size like 100g")
+    cap.add_argument(
+        "--slot",
+        action="append",
+        default=[],
+        metavar="NAME=AMOUNT",
+        help="another resource slot offered, e.g. gpu=2 (repeatable)",
+    )
+    p.add_argument(
+        "--address", default="127.0.0.1", help="where kernels' published ports are reachable"
+    )
+    p.add_argument(
+        "--keep-exited",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long an ended kernel's container (and its logs) is kept",
+    )
     p.add_argument("--docker-host", help="docker runtime: e.g. unix:///var/run/docker.sock")
     p.add_argument("--dummy-config", type=Path, help="dummy runtime: JSON of DummyConfig fields")
     p.add_argument("--registry-auth", type=Path, help="JSON {registry: {username, password}}")
@@ -69,6 +87,9 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         mem=parse_size(args.mem, "--mem") if args.mem is not None else None,
         disk=parse_size(args.disk, "--disk") if args.disk is not None else None,
         heartbeat_interval_s=args.heartbeat_interval,
+        slots=_slots(args.slot),
+        address=args.address,
+        keep_exited_s=args.keep_exited,
         pulls=PullPolicy(
             max_parallel=args.max_parallel_pulls,
             timeout_s=args.pull_timeout,
@@ -84,11 +105,24 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     )
 
 
+def _slots(values: list[str]) -> dict[str, float]:
+    slots: dict[str, float] = {}
+    for value in values:
+        name, amount = parse_slot(value)
+        if name in slots:
+            raise ValueError(f"--slot {name} is given twice")
+        slots[name] = amount
+    return slots
+
+
 def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
     if args.runtime == "docker":
         from agent.runtime.docker import DockerRuntime
 
-        return DockerRuntime(agent_id, base_url=args.docker_host)
+        kwargs: dict[str, str] = {}
+        if "address" in inspect.signature(DockerRuntime).parameters:
+            kwargs["address"] = args.address  # where it publishes kernels' ports
+        return DockerRuntime(agent_id, base_url=args.docker_host, **kwargs)
     from agent.runtime.dummy import DummyConfig, DummyRuntime
 
     config = DummyConfig()
@@ -97,7 +131,7 @@ def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
             config = DummyConfig(**json.loads(args.dummy_config.read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"--dummy-config {args.dummy_config}: {e}") from None
-    return DummyRuntime(agent_id, config)
+    return DummyRuntime(agent_id, config, address=args.address)
 
 
 async def run(args: argparse.Namespace) -> None:

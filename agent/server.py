@@ -25,13 +25,19 @@ from agent.facts import AgentFacts, Registration
 from agent.gc import GcImage, plan_gc
 from agent.pulls import PullManager, PullTask
 from agent.runtime.base import (
+    ContainerSpec,
+    ExecRun,
     ImageInUse,
     KernelContainer,
     KernelCreateError,
     KernelExists,
+    KernelNotFound,
     PulledImage,
     Runtime,
+    VolumeInUse,
+    VolumeMount,
 )
+from agent.streams import Streams
 from domain import events as ev
 from domain import limits, rpc
 from domain.subjects import (
@@ -53,6 +59,7 @@ log = logging.getLogger(__name__)
 _BEAT = {rpc.BEAT_HEADER: "1"}
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
+VOLUMES_TTL_S = 30.0  # the heartbeat's volume names are listed again after this long
 
 
 class AgentServer:
@@ -88,6 +95,11 @@ class AgentServer:
         self._heartbeats: asyncio.Task[None] | None = None
         self._tasks = Tasks()  # the loops, one per request in flight, preload follow-ups
         self.first_registration: bool | None = None
+        self.streams = Streams(self.id, idle_s=config.stream_idle_s)
+        # Containers whose KernelExited is recorded (or being recorded): once per container.
+        self._exits_noted: set[str] = set()
+        self._expiring: set[str] = set()  # ended kernels whose container is being removed
+        self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -98,6 +110,11 @@ class AgentServer:
             rpc.PULL_STATUS: self.pull_status,
             rpc.PIN_IMAGES: self.pin_images,
             rpc.IMAGE_GC: self.image_gc,
+            rpc.LOGS: self.logs,
+            rpc.EXEC: self.exec,
+            rpc.STREAM_READ: self.stream_read,
+            rpc.VOLUMES: self.volumes,
+            rpc.VOLUME_REMOVE: self.volume_remove,
         }
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -109,12 +126,21 @@ class AgentServer:
             cpu=cfg.cpu if cfg.cpu is not None else measured.cpu,
             mem=cfg.mem if cfg.mem is not None else measured.mem_bytes,
             disk=cfg.disk if cfg.disk is not None else measured.disk_bytes,
+            slots=dict(cfg.slots),
         )
-        # Containers that outlived a restart of this agent still hold what they were given.
-        for k in await self.runtime.list_kernels():
-            if k.cpu and k.mem_bytes:
-                self.reserved[k.kernel_id] = ev.Resources(cpu=k.cpu, mem=k.mem_bytes)
+        # Containers that outlived a restart of this agent still hold what they were given
+        # (an ended one holds nothing: its process is gone).
+        kernels = await self.runtime.list_kernels()
+        for k in kernels:
+            if k.cpu and k.mem_bytes and k.running and k.exit is None:
+                self.reserved[k.kernel_id] = ev.Resources(
+                    cpu=k.cpu, mem=k.mem_bytes, slots=dict(k.slots)
+                )
         self.first_registration = await self.facts.register()
+        # Exits are facts on our subject: watch once registered (list_kernels at each
+        # heartbeat is the backstop, and reports what ended while no agent ran).
+        self.runtime.watch_exits(self._on_exit)
+        self.streams.start()
         if (aggregate := self.facts.aggregate) is not None:  # pins survive a restart
             self.preloaded = {image for image, pinned in aggregate.preloaded.items() if pinned}
         log.info(
@@ -139,6 +165,7 @@ class AgentServer:
         await unsubscribe_all([self._sub])
         self._sub = None
         await self._tasks.stop()
+        await self.streams.stop()
         await self.pulls.close()
         await self.runtime.close()
 
@@ -168,24 +195,82 @@ class AgentServer:
                     kernel_id=k.kernel_id,
                     session_id=k.session_id,
                     container_id=k.container_id,
-                    status="running" if k.running else "exited",
+                    status="running" if k.running and k.exit is None else "exited",
                 )
                 for k in kernels
             ],
             free=self._free(disk_used=sum(i.size_bytes for i in images)),
             images=sorted(i.image for i in images),
             pulls={image: task.task_id for image, task in self.pulls.active.items()},
+            address=self.config.address,
+            volumes=await self._volumes_held(),
         )
         await self.nc.publish(heartbeat(self.id), rpc.encode(beat), headers=_BEAT)
+        self._housekeep(kernels)
         return beat
 
     def _free(self, disk_used: int = 0) -> rpc.FreeCapacity:
         assert self.capacity is not None
+        reserved = self.reserved.values()
         return rpc.FreeCapacity(
-            cpu=round(self.capacity.cpu - sum(r.cpu for r in self.reserved.values()), 6),
-            mem=self.capacity.mem - sum(r.mem for r in self.reserved.values()),
+            cpu=round(self.capacity.cpu - sum(r.cpu for r in reserved), 6),
+            mem=self.capacity.mem - sum(r.mem for r in reserved),
             disk=max(0, self.capacity.disk - disk_used),
+            slots={
+                name: round(amount - sum(r.slots.get(name, 0.0) for r in reserved), 6)
+                for name, amount in self.capacity.slots.items()
+            },
         )
+
+    async def _volumes_held(self) -> list[str]:
+        cached = self._volume_names
+        if cached is None or time.monotonic() - cached[0] > VOLUMES_TTL_S:
+            names = sorted(v.name for v in await self.runtime.list_volumes())
+            self._volume_names = cached = (time.monotonic(), names)
+        return cached[1]
+
+    # -- kernels that ended ----------------------------------------------------------------------
+
+    def _on_exit(self, kernel: KernelContainer) -> None:
+        """runtime.watch_exits: a kernel's process ended."""
+        self._housekeep([kernel], full=False)
+
+    def _housekeep(self, kernels: list[KernelContainer], full: bool = True) -> None:
+        """Record exits not yet recorded; remove ended containers kept long enough."""
+        ended = [k for k in kernels if k.exit is not None]
+        new = [k for k in ended if k.container_id not in self._exits_noted]
+        for k in new:
+            self._exits_noted.add(k.container_id)
+            # Its process is gone: what it was given is free again.
+            self.reserved.pop(k.kernel_id, None)
+            self._tasks.spawn(self._record_exit(k), name=f"exit {k.kernel_id}")
+        if full:  # forget containers that are gone
+            self._exits_noted &= {k.container_id for k in kernels}
+        horizon = time.time() - self.config.keep_exited_s
+        for k in ended:
+            assert k.exit is not None
+            if k.exit.finished_at <= horizon and k.kernel_id not in self._expiring:
+                self._expiring.add(k.kernel_id)
+                self._tasks.spawn(self._expire(k.kernel_id), name=f"expire {k.kernel_id}")
+
+    async def _record_exit(self, k: KernelContainer) -> None:
+        assert k.exit is not None
+        try:
+            await self.facts.kernel_exited(
+                k.kernel_id, k.session_id, k.exit.exit_code, k.exit.ran_s, k.exit.oom_killed
+            )
+        except Exception:
+            # The next listing tries again (the store may be back by then).
+            self._exits_noted.discard(k.container_id)
+            raise
+        log.info("agent %s: kernel %s exited: code %s", self.id, k.kernel_id, k.exit.exit_code)
+
+    async def _expire(self, kernel_id: str) -> None:
+        try:
+            if await self._destroy(kernel_id):
+                log.info("agent %s: removed the ended kernel %s's container", self.id, kernel_id)
+        finally:
+            self._expiring.discard(kernel_id)
 
     async def _beat(self) -> None:
         """One round of the heartbeat loop (a failed one is logged; the next may get through)."""
@@ -306,28 +391,53 @@ class AgentServer:
         async with self._kernel_lock(kernel_id):
             existing = await self._container(kernel_id)
             if existing is not None:
-                return rpc.KernelCreated(container_id=existing.container_id, existed=True)
-            res = request.resources
-            free = self._free()
-            if res.cpu > free.cpu + 1e-9 or res.mem > free.mem:
-                raise rpc.RequestError(
-                    "insufficient-resources",
-                    f"kernel {kernel_id} asks cpu {res.cpu:g}, mem {res.mem} but agent {self.id}"
-                    f" has cpu {free.cpu:g}, mem {free.mem} free: schedule it elsewhere",
+                return rpc.KernelCreated(
+                    container_id=existing.container_id, existed=True, ports=_ports(existing)
                 )
+            res = request.resources
+            self._check_fits(kernel_id, res)
+            # Reserved before the create: a concurrent create sees it, and an exit reported
+            # while the create returns frees it.
+            self.reserved[kernel_id] = res
+            if request.spec.mounts:
+                self._volume_names = None
             try:
                 container_id = await self.runtime.create(
-                    kernel_id, request.session_id, request.image, res.cpu, res.mem
+                    kernel_id, request.session_id, request.image, res.cpu, res.mem, _spec(request)
                 )
             except KernelExists as e:
+                self.reserved.pop(kernel_id, None)
                 return rpc.KernelCreated(container_id=e.container_id, existed=True)
             except KernelCreateError as e:
+                self.reserved.pop(kernel_id, None)
                 raise rpc.RequestError("create-failed", e.reason) from None
             except ValueError as e:
+                self.reserved.pop(kernel_id, None)
                 raise rpc.RequestError("invalid-request", f"resources: {e}") from None
-            self.reserved[kernel_id] = res
+            except BaseException:
+                self.reserved.pop(kernel_id, None)
+                raise
             self.last_used[request.image] = time.time()
-            return rpc.KernelCreated(container_id=container_id)
+            made = await self._container(kernel_id)
+            ports = _ports(made) if made is not None else []
+            return rpc.KernelCreated(container_id=container_id, ports=ports)
+
+    def _check_fits(self, kernel_id: str, res: ev.Resources) -> None:
+        free = self._free()
+        short = [
+            f"{name} {amount:g} (free {free.slots.get(name, 0.0):g})"
+            for name, amount in sorted(res.slots.items())
+            if amount > 0 and amount > free.slots.get(name, 0.0) + 1e-9
+        ]
+        if res.cpu > free.cpu + 1e-9 or res.mem > free.mem:
+            asked = f"cpu {res.cpu:g}, mem {res.mem}"
+            short.insert(0, f"{asked} (free cpu {free.cpu:g}, mem {free.mem})")
+        if short:
+            raise rpc.RequestError(
+                "insufficient-resources",
+                f"kernel {kernel_id} asks {'; '.join(short)} on agent {self.id}:"
+                " schedule it elsewhere",
+            )
 
     async def destroy_kernel(self, request: rpc.DestroyKernel) -> rpc.KernelDestroyed:
         return rpc.KernelDestroyed(destroyed=await self._destroy(request.kernel_id))
@@ -374,30 +484,44 @@ class AgentServer:
         destroy: list[str] = []
         unknown: list[str] = []
         busy: list[str] = []
-        for k in await self.runtime.list_kernels():
+        exits: dict[str, rpc.KernelExit] = {}
+        kernels = await self.runtime.list_kernels()
+        for k in kernels:
             kid = k.kernel_id
+            ended = k.exit is not None or not k.running
+            if k.exit is not None:
+                exits[kid] = rpc.KernelExit(
+                    exit_code=k.exit.exit_code,
+                    oom_killed=k.exit.oom_killed,
+                    ran_s=max(0.0, k.exit.ran_s),
+                )
             if kid in self.terminating:
                 busy.append(kid)
             elif (lock := self._kernel_locks.get(kid)) is not None and lock.locked():
                 # A create-kernel is in flight: the manager asked for it, its view lags.
                 running.append(kid)
+            elif kid in to_end:
+                destroy.append(kid)
+            elif ended:
+                pass  # kept (with its logs) until keep_exited_s, known or not: terminated
             elif kid not in known:
                 unknown.append(kid)
-            elif kid in to_end or not k.running:
-                destroy.append(kid)  # asked to terminate, or its process exited
             else:
                 running.append(kid)
+        self._housekeep(kernels)
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
             log.warning(
                 "agent %s: destroyed containers the manager does not know: %s", self.id, unknown
             )
         have = {*running, *busy}
+        terminated = sorted(k for k in should_end if k not in have)
         return rpc.KernelsSynced(
             running=sorted(running),
             terminating=sorted(k for k in busy if k in known),
-            terminated=sorted(k for k in should_end if k not in have),
+            terminated=terminated,
             destroyed=sorted(unknown),
+            exits={k: exits[k] for k in terminated if k in exits},
         )
 
     async def unload(self, request: rpc.Unload) -> dict[str, rpc.UnloadResult]:
@@ -430,6 +554,77 @@ class AgentServer:
             else:
                 out[image] = rpc.UnloadResult(removed=False, reason="not-present")
         return out
+
+    # -- output streams (agent.streams) and volumes -------------------------------------------
+
+    async def _live(self, kernel_id: str) -> KernelContainer:
+        _check_id(kernel_id, "kernel_id")
+        k = await self._container(kernel_id)
+        if k is None:
+            raise rpc.RequestError(
+                "not-found", f"agent {self.id} has no container for kernel {kernel_id}"
+            )
+        return k
+
+    async def logs(self, request: rpc.Logs) -> rpc.StreamOpened:
+        await self._live(request.kernel_id)
+        try:
+            output = self.runtime.logs(request.kernel_id, request.tail, request.follow)
+        except KernelNotFound as e:
+            raise rpc.RequestError("not-found", str(e)) from None
+        stream = self.streams.logs(output)
+        return rpc.StreamOpened(stream_id=stream.id, idle_s=self.streams.idle_s)
+
+    async def exec(self, request: rpc.Exec) -> rpc.StreamOpened:
+        k = await self._live(request.kernel_id)
+        if k.exit is not None or not k.running:
+            code = f" (exit code {k.exit.exit_code})" if k.exit is not None else ""
+            raise rpc.RequestError(
+                "conflict",
+                f"kernel {k.kernel_id} has ended{code}: exec needs it running (its logs stay"
+                " readable until its container is removed)",
+            )
+
+        async def start() -> ExecRun:
+            try:
+                return await self.runtime.exec(
+                    request.kernel_id, request.command, request.env, request.workdir
+                )
+            except KernelNotFound as e:
+                raise rpc.RequestError("not-found", str(e)) from None
+            except KernelCreateError as e:
+                raise rpc.RequestError("conflict", f"exec failed: {e.reason}") from None
+
+        stream = await self.streams.exec(start, request.timeout)
+        return rpc.StreamOpened(stream_id=stream.id, idle_s=self.streams.idle_s)
+
+    async def stream_read(self, request: rpc.StreamRead) -> rpc.StreamChunk:
+        stream = self.streams.get(request.stream_id)
+        return await stream.read(request.cursor, request.wait, request.max_bytes)
+
+    async def volumes(self, request: rpc.ListVolumes) -> rpc.VolumesListed:
+        held = await self.runtime.list_volumes()
+        self._volume_names = (time.monotonic(), sorted(v.name for v in held))
+        return rpc.VolumesListed(
+            volumes=[
+                rpc.VolumeInfo(name=v.name, owner=v.owner, used_by=list(v.used_by))
+                for v in sorted(held, key=lambda v: v.name)
+                if request.owner is None or v.owner == request.owner
+            ]
+        )
+
+    async def volume_remove(self, request: rpc.RemoveVolume) -> rpc.VolumeRemoved:
+        found = [v for v in await self.runtime.list_volumes() if v.name == request.name]
+        if not found:
+            return rpc.VolumeRemoved(removed=False)
+        if request.owner is not None and found[0].owner != request.owner:
+            raise rpc.RequestError("conflict", f"volume {request.name} belongs to another owner")
+        self._volume_names = None
+        try:
+            removed = await self.runtime.remove_volume(request.name)
+        except VolumeInUse as e:
+            raise rpc.RequestError("conflict", str(e)) from None
+        return rpc.VolumeRemoved(removed=removed)
 
     # -- image GC (agent.gc) --------------------------------------------------------------------
 
@@ -510,6 +705,25 @@ class AgentServer:
                 await self.nc.request(subject, data, timeout=2)
                 return
         await self.nc.publish(subject, data)
+
+
+def _spec(request: rpc.CreateKernel) -> ContainerSpec:
+    spec = request.spec
+    return ContainerSpec(
+        command=spec.command,
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        ports=list(spec.ports),
+        mounts=[VolumeMount(m.volume, m.path, m.read_only) for m in spec.mounts],
+        hostname=request.hostname,
+        extra_hosts=dict(request.extra_hosts),
+        slots=dict(request.resources.slots),
+        owner=request.owner,
+    )
+
+
+def _ports(k: KernelContainer) -> list[ev.PublishedPort]:
+    return [ev.PublishedPort(port=p.port, host=p.host, host_port=p.host_port) for p in k.ports]
 
 
 def _check_id(value: str, field: str) -> None:
