@@ -28,7 +28,7 @@ async def test_python_m_agent_registers_serves_and_stops_cleanly(
         sys.executable, "-m", "agent",
         "--id", "cli-1", "--runtime", "dummy", "--resource-group", "rg",
         "--nats-url", nats_server.url, "--cpu", "2", "--mem", "1g", "--disk", "10GiB",
-        "--heartbeat-interval", "0.2",
+        "--heartbeat-interval", "0.2", "--slot", "gpu=2", "--keep-exited", "60",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -36,7 +36,7 @@ async def test_python_m_agent_registers_serves_and_stops_cleanly(
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert line == b"agent cli-1 ready\n"
         registered = await event_of(store, "cli-1", ev.AgentRegistered)
-        assert registered.capacity == ev.Capacity(cpu=2, mem=GB, disk=10 * GB)
+        assert registered.capacity == ev.Capacity(cpu=2, mem=GB, disk=10 * GB, slots={"gpu": 2})
         reply = await call(nc, "cli-1", rpc.CHECK_AND_PULL, {"images": ["x:1"]})
         await event_of(store, "cli-1", ev.ImagePulled, task_id=reply["x:1"]["task_id"])
     finally:
@@ -56,6 +56,18 @@ async def test_bad_options_exit_2_naming_the_option(nats_server: NatsServer) -> 
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"--mem must be bytes or a size like 512m" in err
+
+
+async def test_a_bad_slot_exits_2_naming_the_option(nats_server: NatsServer) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent",
+        "--id", "cli-4", "--runtime", "dummy", "--resource-group", "rg",
+        "--nats-url", nats_server.url, "--slot", "gpu",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert b"--slot must be NAME=AMOUNT, e.g. gpu=2" in err
 
 
 async def test_no_nats_url_anywhere_exits_2_saying_where_to_put_it() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from nats.js.api import StorageType
 
-from agent.config import AgentConfig, load_registry_auth, parse_size, registry_of
+from agent.config import AgentConfig, load_registry_auth, parse_size, parse_slot, registry_of
 from domain import rpc
 from domain.subjects import PROGRESS_STREAM, agent_progress
 from services.transport import progress
@@ -29,6 +29,15 @@ def test_config_names_the_bad_option() -> None:
         AgentConfig(agent_id="a.b", resource_group="rg")
     with pytest.raises(ValueError, match=r"--heartbeat-interval"):
         AgentConfig(agent_id="a", resource_group="rg", heartbeat_interval_s=0)
+    with pytest.raises(ValueError, match=r"slot gpu \(--slot\) must be > 0"):
+        AgentConfig(agent_id="a", resource_group="rg", slots={"gpu": 0})
+    with pytest.raises(ValueError, match=r"slot name \(--slot\)"):
+        AgentConfig(agent_id="a", resource_group="rg", slots={"GPU": 1})
+    with pytest.raises(ValueError, match=r"--keep-exited"):
+        AgentConfig(agent_id="a", resource_group="rg", keep_exited_s=-1)
+    assert parse_slot("gpu=2") == ("gpu", 2.0)
+    with pytest.raises(ValueError, match="--slot must be NAME=AMOUNT"):
+        parse_slot("gpu=lots")
 
 
 def test_registry_credentials_per_host(tmp_path: Path) -> None:

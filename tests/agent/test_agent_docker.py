@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from agent.pulls import PullPolicy
-from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION
+from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION, SLEEP_FOREVER
 from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
@@ -33,6 +33,7 @@ from tests.infra.proxy import RegistryProxy
 from tests.infra.registry import Registry, blob_path, manifest_path
 
 MiB = 1024 * 1024
+STAY_UP = {"command": list(SLEEP_FOREVER)}  # a kernel runs its image's command unless told
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ async def test_create_sync_destroy_real_containers(
         reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [small_image]})
         if "task_id" in reply[small_image]:
             await event_of(store, agent_id, ev.ImagePulled, within=60, image=small_image)
-        kernel = {"session_id": "s1", "image": small_image}
+        kernel = {"session_id": "s1", "image": small_image, "spec": STAY_UP}
         limits = {"cpu": 0.5, "mem": 64 * MiB}
         created = await call(
             nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k1", **kernel, "resources": limits}
@@ -164,7 +165,12 @@ async def test_a_restarted_agent_reports_its_containers_and_images(
     client: docker.DockerClient,
 ) -> None:
     cfg = docker_config(agent_id)
-    kernel = {"session_id": "s1", "image": small_image, "resources": {"cpu": 0.2, "mem": 32 * MiB}}
+    kernel = {
+        "session_id": "s1",
+        "image": small_image,
+        "resources": {"cpu": 0.2, "mem": 32 * MiB},
+        "spec": STAY_UP,
+    }
     async with running(nc, store, DockerRuntime(agent_id, base_url=docker_engine), cfg):  # type: ignore[arg-type]
         reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [small_image]})
         if "task_id" in reply[small_image]:
