@@ -238,7 +238,12 @@ class AgentServer:
     def _housekeep(self, kernels: list[KernelContainer], full: bool = True) -> None:
         """Record exits not yet recorded; remove ended containers kept long enough."""
         ended = [k for k in kernels if k.exit is not None]
-        new = [k for k in ended if k.container_id not in self._exits_noted]
+        # A kernel being destroyed was stopped by us, not ended on its own.
+        new = [
+            k
+            for k in ended
+            if k.container_id not in self._exits_noted and k.kernel_id not in self.terminating
+        ]
         for k in new:
             self._exits_noted.add(k.container_id)
             # Its process is gone: what it was given is free again.
