@@ -1,49 +1,70 @@
 """The runtime on a real Docker Engine, through the (blocking) docker SDK.
 
-Short calls run in worker threads (``asyncio.to_thread``). A pull streams for minutes, so each
-pull gets its own thread and its own API client: progress is handed to the event loop with
-``call_soon_threadsafe``, and cancelling the awaiting task shuts the pull's socket down, which
-ends the stream at once and makes the daemon abandon the download.
+Short calls run in worker threads (``asyncio.to_thread``). Streams (a pull, logs, an exec's
+output, the engine's events) last long, so each gets its own thread and its own API client:
+what it reads is handed to the event loop with ``call_soon_threadsafe``, and stopping it shuts
+its socket down, which ends the stream at once (a pull: the daemon abandons the download).
+
+A kernel's container joins its session's bridge network on this engine (``hoist-<agent>-
+<session>``, alias = its hostname), publishes its ports on the runtime's address with ports the
+engine picks, and mounts named volumes ``hoist-<name>``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import threading
-from collections.abc import Sequence
+import time
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 import requests
 from docker.utils import parse_repository_tag
 
 from agent.runtime.base import (
-    DEFAULT_COMMAND,
     LABEL_AGENT,
     LABEL_CPU,
     LABEL_KERNEL,
     LABEL_MEM,
+    LABEL_OWNER,
     LABEL_SESSION,
+    LABEL_SLOTS,
     Capacity,
+    ContainerSpec,
+    ExitCallback,
+    ExitInfo,
     ImageInUse,
     ImageNotFound,
     KernelContainer,
     KernelCreateError,
     KernelExists,
+    KernelNotFound,
     ProgressCallback,
+    Published,
     PulledImage,
     PullError,
     PullProgress,
     TransientPullError,
     Unauthorized,
+    Volume,
+    VolumeInUse,
     validate_create,
 )
+
+LABEL_VOLUME = "hoist.volume"  # on volumes: the name Hoist knows it by (without the prefix)
+VOLUME_PREFIX = "hoist-"  # Hoist only ever touches volumes named so
 
 API_VERSION = "1.41"  # Docker 20.10+; pinned so that making a client does no I/O
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -198,15 +219,311 @@ class _Pull:
         return PulledImage(self.image, digest or _repo_digest(attrs, self.image), attrs["Size"])
 
 
-class DockerRuntime:
-    """Kernels of agent ``agent_id`` on the Docker Engine at ``base_url`` (DOCKER_HOST)."""
+def _shutdown_response(r: requests.Response) -> None:
+    """Wake a thread blocked reading ``r``: close() alone does not, shutdown() does. A plain
+    response keeps its socket on the connection; a hijacked one (exec) in its file object."""
+    socks: list[Any] = []
+    with contextlib.suppress(Exception):
+        socks.append(r.raw.connection.sock)  # type: ignore[union-attr]
+    with contextlib.suppress(Exception):
+        raw = r.raw._fp.fp.raw  # type: ignore[union-attr]
+        socks.append(getattr(raw, "_sock", raw))
+    for sock in socks:
+        with contextlib.suppress(Exception):
+            sock.shutdown(socket.SHUT_RDWR)
 
-    def __init__(self, agent_id: str, base_url: str | None = None, timeout: float = 60) -> None:
+
+class _Conn:
+    """An API client of its own for one blocking stream, which another thread can end."""
+
+    def __init__(self, base_url: str) -> None:
+        self.api = docker.APIClient(base_url=base_url, version=API_VERSION)
+        self.api.hooks["response"].append(self._keep_response)
+        # Every response: a stream call may make a short one first (logs inspects the tty).
+        self.responses: list[requests.Response] = []
+        self.aborted = False
+
+    def _keep_response(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self.responses.append(r)
+        if self.aborted:  # aborted before the request went out
+            _shutdown_response(r)
+
+    def abort(self) -> None:
+        self.aborted = True
+        for r in list(self.responses):
+            _shutdown_response(r)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.api.close()
+
+
+_END = object()  # ends a stream's queue
+
+
+def _pump(
+    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], conn: _Conn, chunks: Any
+) -> None:
+    """In a stream's thread: hand every chunk to the loop, then an error (unless aborted), then
+    _END."""
+
+    def put(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    try:
+        for chunk in chunks():
+            if conn.aborted:
+                break
+            if chunk:
+                put(chunk)
+    except BaseException as e:
+        if not conn.aborted:
+            put(e)
+    finally:
+        conn.close()
+        put(_END)
+
+
+async def _drain(queue: asyncio.Queue[Any]) -> AsyncIterator[bytes]:
+    while (item := await queue.get()) is not _END:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _timestamp(text: str | None) -> float:
+    """Docker's RFC 3339 time with nanoseconds -> unix time; its zero time (never) -> 0."""
+    if not text or text.startswith("0001-"):
+        return 0.0
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if m is None:
+        return 0.0
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    frac = (m[2] or "0")[:6].ljust(6, "0")  # datetime keeps microseconds
+    return datetime.fromisoformat(f"{m[1]}.{frac}{zone}").timestamp()
+
+
+def _exit_info(state: Mapping[str, Any]) -> ExitInfo:
+    started, finished = _timestamp(state.get("StartedAt")), _timestamp(state.get("FinishedAt"))
+    return ExitInfo(
+        exit_code=int(state.get("ExitCode") or 0),
+        oom_killed=bool(state.get("OOMKilled")),
+        ran_s=max(0.0, finished - started) if started and finished else 0.0,
+        finished_at=finished,
+    )
+
+
+def _slots(labels: Mapping[str, str]) -> dict[str, float]:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return {str(k): float(v) for k, v in json.loads(labels.get(LABEL_SLOTS) or "{}").items()}
+    return {}
+
+
+def _inspect_ports(attrs: Mapping[str, Any]) -> tuple[Published, ...]:
+    ports = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    return tuple(
+        Published(int(key.split("/")[0]), b["HostIp"], int(b["HostPort"]))
+        for key, bindings in sorted(ports.items())
+        if key.endswith("/tcp")
+        for b in bindings or []
+        if b.get("HostPort")
+    )
+
+
+def _summary_ports(c: Mapping[str, Any]) -> tuple[Published, ...]:
+    return tuple(
+        sorted(
+            Published(int(p["PrivatePort"]), p.get("IP", ""), int(p["PublicPort"]))
+            for p in c.get("Ports") or []
+            if p.get("PublicPort") and p.get("Type", "tcp") == "tcp"
+        )
+    )
+
+
+def _kernel(
+    labels: Mapping[str, str],
+    container_id: str,
+    image: str,
+    running: bool,
+    ports: tuple[Published, ...],
+    exit: ExitInfo | None,
+) -> KernelContainer:
+    return KernelContainer(
+        kernel_id=labels[LABEL_KERNEL],
+        session_id=labels.get(LABEL_SESSION, ""),
+        container_id=container_id,
+        image=image,
+        running=running,
+        cpu=float(labels.get(LABEL_CPU) or 0),
+        mem_bytes=int(labels.get(LABEL_MEM) or 0),
+        slots=_slots(labels),
+        ports=ports,
+        exit=exit,
+    )
+
+
+def _kernel_from_inspect(attrs: Mapping[str, Any]) -> KernelContainer:
+    state = attrs.get("State") or {}
+    running = bool(state.get("Running"))
+    return _kernel(
+        (attrs.get("Config") or {}).get("Labels") or {},
+        attrs["Id"],
+        (attrs.get("Config") or {}).get("Image", ""),
+        running,
+        _inspect_ports(attrs),
+        None if running else _exit_info(state),
+    )
+
+
+class _ExitWatcher:
+    """The engine's ``die`` events of this agent's containers, in a thread, to the loop."""
+
+    def __init__(
+        self, base_url: str, agent_id: str, loop: asyncio.AbstractEventLoop, on_exit: ExitCallback
+    ) -> None:
+        self.base_url = base_url
+        self.agent_id = agent_id
+        self.loop = loop
+        self.on_exit = on_exit
+        self.stopped = threading.Event()
+        self.conn: _Conn | None = None
+        self.thread = threading.Thread(target=self.run, name=f"exits {agent_id}", daemon=True)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.conn is not None:
+            self.conn.abort()
+
+    def run(self) -> None:
+        # From now on; after a broken stream, replay from the last event seen (a repeat is fine:
+        # the agent dedups by container id).
+        since = int(time.time()) - 1  # whole seconds (a die in this second is repeated)
+        backoff = 0.2
+        filters = {"type": "container", "event": "die", "label": f"{LABEL_AGENT}={self.agent_id}"}
+        while not self.stopped.is_set():
+            self.conn = conn = _Conn(self.base_url)
+            if self.stopped.is_set():
+                conn.close()
+                break
+            # Inspections on a client of their own: conn has the one stream to end at stop.
+            inspector = docker.APIClient(base_url=self.base_url, version=API_VERSION)
+            try:
+                for event in conn.api.events(since=since, filters=filters, decode=True):
+                    backoff = 0.2
+                    since = max(since, int(event.get("time") or 0))
+                    self._report(inspector, event)
+            except Exception:
+                pass  # the engine went away or restarted: reconnect below
+            finally:
+                conn.close()
+                inspector.close()
+            self.stopped.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    def _report(self, api: docker.APIClient, event: Mapping[str, Any]) -> None:
+        try:
+            kernel = _kernel_from_inspect(api.inspect_container(event["id"]))
+        except docker.errors.NotFound:  # removed at once (destroy): the event says enough
+            attrs = (event.get("Actor") or {}).get("Attributes") or {}
+            if LABEL_KERNEL not in attrs:
+                return
+            exit_code = int(attrs.get("exitCode") or 0)
+            kernel = _kernel(
+                attrs, event["id"], attrs.get("image", ""), False, (), ExitInfo(exit_code)
+            )
+        except Exception:  # not a kernel's container (no label), or the engine went away
+            return
+        if kernel.exit is None:  # a die event: only if it was restarted at once
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            self.loop.call_soon_threadsafe(self.on_exit, kernel)
+
+
+class _DockerExec:
+    """One exec: its output streams in a thread of its own; ``kill`` signals its process."""
+
+    def __init__(
+        self, runtime: DockerRuntime, exec_id: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.runtime = runtime
+        self.exec_id = exec_id
+        self.conn = _Conn(runtime.base_url)
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.ended = asyncio.Event()
+        self._drained = False
+
+        def chunks() -> Any:
+            return self.conn.api.exec_start(exec_id, stream=True)
+
+        def run() -> None:
+            try:
+                _pump(loop, self.queue, self.conn, chunks)
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self.ended.set)
+
+        threading.Thread(target=run, name=f"exec {exec_id[:12]}", daemon=True).start()
+
+    async def output(self) -> AsyncIterator[bytes]:
+        if self._drained:
+            return
+        self._drained = True
+        async for chunk in _drain(self.queue):
+            yield chunk
+
+    async def _inspect(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.runtime.api.exec_inspect, self.exec_id)
+
+    async def wait(self) -> int:
+        await self.ended.wait()
+        # The output ends when the process closes it; the engine records the exit just after.
+        for _ in range(200):
+            info = await self._inspect()
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"exec {self.exec_id} ended its output but is still running")
+
+    async def kill(self) -> None:
+        # The engine has no API to signal an exec; it is local, so signal its host pid.
+        for _ in range(200):
+            info = await self._inspect()
+            pid = int(info.get("Pid") or 0)
+            if info.get("Running") and pid > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+            if info.get("ExitCode") is not None:
+                break  # ended already
+            await asyncio.sleep(0.05)  # not started yet
+        self.conn.abort()  # a child that inherited its output must not keep the stream open
+
+
+class DockerRuntime:
+    """Kernels of agent ``agent_id`` on the Docker Engine at ``base_url`` (DOCKER_HOST); their
+    ports are published on ``address``."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        base_url: str | None = None,
+        timeout: float = 60,
+        address: str = "127.0.0.1",
+    ) -> None:
         if not agent_id:
             raise ValueError("agent_id must be non-empty")
         self.agent_id = agent_id
+        self.address = address
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
         self.api = docker.APIClient(base_url=self.base_url, version=API_VERSION, timeout=timeout)
+        self._exits: dict[str, ExitInfo] = {}  # container id -> its exit (which never changes)
+        self._watchers: list[_ExitWatcher] = []
+        # Network create/remove and container create/start of one session one at a time, so a
+        # destroy never removes the network under a kernel being created.
+        self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -266,11 +583,66 @@ class DockerRuntime:
         # The name makes a second create of one kernel fail atomically (409), even in a race.
         return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{kernel_id}")
 
-    async def _containers(self, kernel_id: str | None = None) -> list[dict[str, Any]]:
+    def network_name(self, session_id: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{session_id}")
+
+    def _session_lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._session_locks.get(session_id)
+        if lock is None:
+            self._session_locks[session_id] = lock = asyncio.Lock()
+        return lock
+
+    async def _containers(
+        self, kernel_id: str | None = None, session_id: str | None = None
+    ) -> list[dict[str, Any]]:
         labels = [f"{LABEL_AGENT}={self.agent_id}"]
         if kernel_id is not None:
             labels.append(f"{LABEL_KERNEL}={kernel_id}")
+        if session_id is not None:
+            labels.append(f"{LABEL_SESSION}={session_id}")
         return await self._call(self.api.containers, all=True, filters={"label": labels})
+
+    async def _container_id(self, kernel_id: str) -> str:
+        found = await self._containers(kernel_id)
+        if not found:
+            raise KernelNotFound(kernel_id)
+        return str(found[0]["Id"])
+
+    async def _ensure_network(self, kernel_id: str, session_id: str) -> str:
+        name = self.network_name(session_id)
+        found = await self._call(self.api.networks, names=[name])  # a substring match
+        if any(n["Name"] == name for n in found):
+            return name
+        labels = {LABEL_AGENT: self.agent_id, LABEL_SESSION: session_id}
+        try:
+            await self._call(
+                self.api.create_network, name, driver="bridge", labels=labels, check_duplicate=True
+            )
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: another agent process made it meanwhile; use it
+                raise KernelCreateError(kernel_id, f"network {name}: {e.explanation or e}") from e
+        return name
+
+    async def _remove_network_if_unused(self, session_id: str) -> None:
+        if await self._containers(session_id=session_id):
+            return
+        with contextlib.suppress(docker.errors.APIError):  # best effort: absent, or still used
+            await self._call(self.api.remove_network, self.network_name(session_id))
+
+    async def _ensure_volume(self, kernel_id: str, volume: str, owner: str) -> str:
+        full = VOLUME_PREFIX + volume
+        labels = {LABEL_AGENT: self.agent_id, LABEL_OWNER: owner, LABEL_VOLUME: volume}
+        try:
+            # Creating an existing volume returns it unchanged, so a race is harmless; its
+            # labels tell whose it is.
+            await self._call(self.api.create_volume, full, driver="local", labels=labels)
+            attrs = await self._call(self.api.inspect_volume, full)
+        except docker.errors.APIError as e:
+            raise KernelCreateError(kernel_id, f"volume {volume}: {e.explanation or e}") from e
+        theirs = (attrs.get("Labels") or {}).get(LABEL_OWNER, "")
+        if owner and theirs and theirs != owner:
+            raise KernelCreateError(kernel_id, f"volume {volume} belongs to another owner")
+        return full
 
     async def create(
         self,
@@ -279,33 +651,87 @@ class DockerRuntime:
         image: str,
         cpu: float,
         mem_bytes: int,
-        command: Sequence[str] | None = None,
+        spec: ContainerSpec | None = None,
     ) -> str:
         validate_create(kernel_id, session_id, cpu, mem_bytes)
         split_ref(image)
+        spec = spec or ContainerSpec()
         if existing := await self._containers(kernel_id):
             raise KernelExists(kernel_id, existing[0]["Id"])
-        host_config = self.api.create_host_config(
-            nano_cpus=round(cpu * 1e9),
-            mem_limit=mem_bytes,
-            memswap_limit=mem_bytes,  # no swap beyond the limit
-            network_mode="none",
-            init=True,  # an init as PID 1: signals work and zombies are reaped
-        )
         labels = {
             LABEL_KERNEL: kernel_id,
             LABEL_SESSION: session_id,
             LABEL_AGENT: self.agent_id,
             LABEL_CPU: str(cpu),
             LABEL_MEM: str(mem_bytes),
+            LABEL_SLOTS: json.dumps(dict(spec.slots), sort_keys=True),
         }
+        device_requests = []
+        if (gpus := spec.slots.get("gpu", 0)) > 0:
+            device_requests.append(
+                docker.types.DeviceRequest(count=max(1, int(gpus)), capabilities=[["gpu"]])
+            )
+        async with self._session_lock(session_id):
+            network = await self._ensure_network(kernel_id, session_id)
+            try:
+                mounts = [
+                    docker.types.Mount(
+                        target=m.path,
+                        source=await self._ensure_volume(kernel_id, m.volume, spec.owner),
+                        type="volume",
+                        read_only=m.read_only,
+                    )
+                    for m in spec.mounts
+                ]
+                host_config = self.api.create_host_config(
+                    nano_cpus=round(cpu * 1e9),
+                    mem_limit=mem_bytes,
+                    memswap_limit=mem_bytes,  # no swap beyond the limit
+                    network_mode=network,
+                    init=True,  # an init as PID 1: signals work and zombies are reaped
+                    port_bindings={p: (self.address, None) for p in spec.ports},  # engine picks
+                    mounts=mounts,
+                    extra_hosts=dict(spec.extra_hosts) or None,
+                    device_requests=device_requests or None,
+                )
+                networking_config = self.api.create_networking_config(
+                    {network: self.api.create_endpoint_config(aliases=[spec.hostname])}
+                )
+                container_id = await self._create_container(
+                    kernel_id, image, spec, labels, host_config, networking_config
+                )
+                try:
+                    await self._call(self.api.start, container_id)
+                except docker.errors.APIError as e:
+                    with contextlib.suppress(docker.errors.APIError):
+                        await self._call(self.api.remove_container, container_id, force=True)
+                    raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
+            except BaseException:
+                await self._remove_network_if_unused(session_id)
+                raise
+        return container_id
+
+    async def _create_container(
+        self,
+        kernel_id: str,
+        image: str,
+        spec: ContainerSpec,
+        labels: dict[str, str],
+        host_config: dict[str, Any],
+        networking_config: dict[str, Any],
+    ) -> str:
         try:
             created = await self._call(
                 self.api.create_container,
                 image,
-                command=list(command or DEFAULT_COMMAND),
+                command=list(spec.command) if spec.command is not None else None,
+                environment=dict(spec.env) or None,
+                working_dir=spec.workdir,
+                hostname=spec.hostname,
+                ports=list(spec.ports) or None,
                 labels=labels,
                 host_config=host_config,
+                networking_config=networking_config,
                 name=self._name(kernel_id),
             )
         except docker.errors.ImageNotFound as e:
@@ -314,36 +740,138 @@ class DockerRuntime:
             if e.status_code == 409 and (existing := await self._containers(kernel_id)):
                 raise KernelExists(kernel_id, existing[0]["Id"]) from e
             raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
-        container_id: str = created["Id"]
-        try:
-            await self._call(self.api.start, container_id)
-        except docker.errors.APIError as e:
-            with contextlib.suppress(docker.errors.APIError):
-                await self._call(self.api.remove_container, container_id, force=True)
-            raise KernelCreateError(kernel_id, f"start failed: {e.explanation or e}") from e
-        return container_id
+        return str(created["Id"])
 
     async def destroy(self, kernel_id: str) -> bool:
         found = await self._containers(kernel_id)
         for c in found:
             with contextlib.suppress(docker.errors.NotFound):  # gone meanwhile: fine
                 await self._call(self.api.remove_container, c["Id"], force=True)
+            self._exits.pop(c["Id"], None)
+        for session_id in {c["Labels"].get(LABEL_SESSION) for c in found} - {None, ""}:
+            async with self._session_lock(session_id):
+                await self._remove_network_if_unused(session_id)
         return bool(found)
 
+    async def _exit_of(self, container_id: str) -> ExitInfo | None:
+        if (known := self._exits.get(container_id)) is not None:
+            return known
+        try:
+            attrs = await self._call(self.api.inspect_container, container_id)
+        except docker.errors.NotFound:
+            return None
+        state = attrs.get("State") or {}
+        if state.get("Running") or state.get("Status") not in ("exited", "dead"):
+            return None
+        self._exits[container_id] = info = _exit_info(state)
+        return info
+
     async def list_kernels(self) -> list[KernelContainer]:
+        containers = [c for c in await self._containers() if LABEL_KERNEL in c["Labels"]]
+        ended = [c["Id"] for c in containers if c["State"] in ("exited", "dead")]
+        exits = dict(zip(ended, await asyncio.gather(*map(self._exit_of, ended)), strict=True))
+        for gone in self._exits.keys() - {c["Id"] for c in containers}:
+            self._exits.pop(gone, None)
         return [
-            KernelContainer(
-                kernel_id=c["Labels"][LABEL_KERNEL],
-                session_id=c["Labels"].get(LABEL_SESSION, ""),
-                container_id=c["Id"],
-                image=c["Image"],
-                running=c["State"] == "running",
-                cpu=float(c["Labels"].get(LABEL_CPU, 0)),
-                mem_bytes=int(c["Labels"].get(LABEL_MEM, 0)),
+            _kernel(
+                c["Labels"],
+                c["Id"],
+                c["Image"],
+                c["State"] == "running",
+                _summary_ports(c),
+                exits.get(c["Id"]),
             )
-            for c in await self._containers()
-            if LABEL_KERNEL in c["Labels"]
+            for c in containers
         ]
 
+    def watch_exits(self, on_exit: ExitCallback) -> None:
+        watcher = _ExitWatcher(self.base_url, self.agent_id, asyncio.get_running_loop(), on_exit)
+        self._watchers.append(watcher)
+        watcher.thread.start()
+
+    async def logs(self, kernel_id: str, tail: int | None, follow: bool) -> AsyncIterator[bytes]:
+        container_id = await self._container_id(kernel_id)
+        loop, queue, conn = asyncio.get_running_loop(), asyncio.Queue[Any](), _Conn(self.base_url)
+
+        def chunks() -> Any:
+            # Not a tty: the SDK demultiplexes the frames, so stdout and stderr come as written.
+            return conn.api.logs(
+                container_id,
+                stdout=True,
+                stderr=True,
+                stream=True,
+                follow=follow,
+                tail="all" if tail is None else tail,
+            )
+
+        threading.Thread(
+            target=_pump, args=(loop, queue, conn, chunks), name=f"logs {kernel_id}", daemon=True
+        ).start()
+        try:
+            async for chunk in _drain(queue):
+                yield chunk
+        except docker.errors.NotFound as e:
+            raise KernelNotFound(kernel_id) from e
+        finally:
+            conn.abort()
+
+    async def exec(
+        self,
+        kernel_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> _DockerExec:
+        container_id = await self._container_id(kernel_id)
+        try:
+            created = await self._call(
+                self.api.exec_create,
+                container_id,
+                list(command),
+                environment=dict(env) if env else None,
+                workdir=workdir,
+            )
+        except docker.errors.NotFound as e:
+            raise KernelNotFound(kernel_id) from e
+        except docker.errors.APIError as e:  # 409: the container is not running
+            raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
+        return _DockerExec(self, created["Id"], asyncio.get_running_loop())
+
+    async def _mounted_by(self, full: str, agent_only: bool) -> list[str]:
+        filters: dict[str, Any] = {"volume": full}
+        if agent_only:
+            filters["label"] = [f"{LABEL_AGENT}={self.agent_id}"]
+        found = await self._call(self.api.containers, all=True, filters=filters)
+        return [c["Labels"].get(LABEL_KERNEL) or c["Names"][0].lstrip("/") for c in found]
+
+    async def list_volumes(self) -> list[Volume]:
+        found = await self._call(
+            self.api.volumes, filters={"label": f"{LABEL_AGENT}={self.agent_id}"}
+        )
+        volumes = []
+        for v in (found or {}).get("Volumes") or []:
+            labels = v.get("Labels") or {}
+            name = labels.get(LABEL_VOLUME) or v["Name"].removeprefix(VOLUME_PREFIX)
+            used_by = tuple(sorted(await self._mounted_by(v["Name"], agent_only=True)))
+            volumes.append(Volume(name, labels.get(LABEL_OWNER, ""), used_by))
+        return sorted(volumes, key=lambda v: v.name)
+
+    async def remove_volume(self, name: str) -> bool:
+        full = VOLUME_PREFIX + name
+        if users := await self._mounted_by(full, agent_only=False):
+            raise VolumeInUse(name, users)
+        try:
+            await self._call(self.api.remove_volume, full)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as e:
+            if e.status_code == 409:  # mounted by a container made since we looked
+                raise VolumeInUse(name, [str(e.explanation)]) from e
+            raise
+        return True
+
     async def close(self) -> None:
+        for watcher in self._watchers:
+            watcher.stop()
+        self._watchers.clear()
         self.api.close()

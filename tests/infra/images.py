@@ -21,7 +21,11 @@ from tests.infra.registry import Registry
 
 BUSYBOX = Path("/bin/busybox")
 INSTALL_HINT = "run: apt-get install -y busybox-static"
-APPLETS = ("sh", "sleep", "ls", "cat", "echo", "true", "false", "env", "ps", "kill", "id")
+APPLETS = (
+    *("sh", "sleep", "ls", "cat", "echo", "true", "false", "env", "ps", "kill", "id"),
+    # For the runtime's tests: a web server and client, name lookups, memory hogs, files.
+    *("httpd", "wget", "ping", "nc", "head", "dd", "hostname", "tr", "yes", "mkdir", "pwd"),
+)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
