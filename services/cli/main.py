@@ -12,20 +12,38 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 from rich.console import Console
 
 from domain import codec, subjects
 from domain.admission import Inadmissible, admit, writer
-from domain.subjects import KERNEL_CANCEL, SESSION_CREATE, SESSION_DESTROY
+from domain.limits import MAX_SLOT, SLOT_NAME
+from domain.status import TERMINAL, KernelStatus
+from domain.subjects import (
+    KERNEL_CANCEL,
+    SESSION_CREATE,
+    SESSION_DESTROY,
+    SESSION_GET,
+    SESSION_LOGS,
+)
+from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
 from services.cli.connection import CliError, Connection
+from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
 from services.cli.progress_view import FAILED, Outcome, watch
 from services.cli.stack_url import stack_url
+from services.cli.streams import (
+    interrupt_event,
+    process_exit,
+    read_stream,
+    silence_stdout,
+    until_stopped,
+)
 from services.eventstore.store import Recorded, StoreError, event_store
 from services.stack import up as stack
 from services.transport import credentials
@@ -42,13 +60,7 @@ async def _connection(args: argparse.Namespace, role: str = "client") -> AsyncIt
         await conn.close()
 
 
-def _interrupt_event() -> asyncio.Event:
-    """Set on Ctrl-C or SIGTERM, instead of raising inside whatever runs."""
-    event = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, event.set)
-    return event
+_interrupt_event = interrupt_event
 
 
 # --- run, watch ----------------------------------------------------------------------------------
@@ -56,38 +68,50 @@ def _interrupt_event() -> asyncio.Event:
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)(?:i?b)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 DEFAULT_RESOURCES = {"cpu": 1.0, "mem": 512 * 1024**2}
+EXIT_WAIT_S = 30.0  # for the main kernel's exit to be recorded once its output ended
+
+
+_SLOT = re.compile(SLOT_NAME)
 
 
 def parse_resources(specs: list[str]) -> dict[str, float | int]:
-    """``-r cpu=1 -r mem=512m`` -> {"cpu": 1.0, "mem": 536870912}; defaults fill the rest."""
+    """``-r cpu=1 -r mem=512m -r gpu=2`` -> {"cpu": 1.0, "mem": 536870912, "gpu": 2.0}; defaults
+    fill cpu and mem.  Any other name is a resource slot agents advertise (``--slot gpu=2``)."""
     out: dict[str, float | int] = dict(DEFAULT_RESOURCES)
     for spec in specs:
         key, sep, value = spec.partition("=")
         key, value = key.strip().lower(), value.strip()
-        if not sep or key not in out:
-            raise CliError(f"invalid resource spec {spec!r}: write cpu=CORES or mem=SIZE")
+        if not sep or not _SLOT.match(key):
+            raise CliError(f"-r {spec}: write cpu=CORES, mem=SIZE or SLOT=AMOUNT (e.g. gpu=1)")
         if key == "cpu":
             try:
                 cpu = float(value)
             except ValueError:
                 cpu = 0.0
             if not cpu > 0:
-                raise CliError(
-                    f"invalid resource spec {spec!r}: cpu takes a number of cores > 0 like 1 or 0.5"
-                )
+                raise CliError(f"-r {spec}: cpu takes a number of cores > 0 like 1 or 0.5")
             out["cpu"] = cpu
-        else:
+        elif key == "mem":
             m = _SIZE.match(value)
             mem = int(float(m[1]) * _UNITS[m[2].lower()]) if m else 0
             if mem <= 0:
-                raise CliError(f"invalid resource spec {spec!r}: mem takes a size like 512m or 2g")
+                raise CliError(f"-r {spec}: mem takes a size like 512m or 2g")
             out["mem"] = mem
+        else:
+            try:
+                amount = float(value)
+            except ValueError:
+                amount = -1.0
+            if not 0 <= amount <= MAX_SLOT:
+                raise CliError(f"-r {spec}: {key} takes an amount >= 0 like 1 or 0.5")
+            out[key] = amount
     return out
 
 
-def _console() -> Console:
+def _console(stderr: bool = False) -> Console:
     # Piped output is read by scripts and grep: rows are never folded to 80 columns.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 400)
+    out = sys.stderr if stderr else sys.stdout
+    return Console(highlight=False, width=None if out.isatty() else 400, stderr=stderr)
 
 
 async def _watch_and_report(
@@ -100,12 +124,14 @@ async def _watch_and_report(
     return _report(session_id, outcome, max_wait)
 
 
-def _report(session_id: str, outcome: Outcome, max_wait: float) -> int:
+def _report(session_id: str, outcome: Outcome, max_wait: float, file: TextIO | None = None) -> int:
+    file = file or sys.stdout
     status = outcome.status.value if outcome.status else "UNKNOWN"
     if outcome.detached:
         print(
             f"detached from session {session_id} ({status}: {outcome.status_info}); it goes on."
             f" Re-attach with `hoist watch {session_id}`",
+            file=file,
             flush=True,
         )
         return 0
@@ -113,20 +139,27 @@ def _report(session_id: str, outcome: Outcome, max_wait: float) -> int:
         print(
             f"session {session_id} still {status} ({outcome.status_info}) after {max_wait:g}s;"
             f" re-attach with `hoist watch {session_id}`",
+            file=file,
             flush=True,
         )
         return 2
-    print(f"session {session_id} {status} {outcome.status_info}", flush=True)
+    print(f"session {session_id} {status} {outcome.status_info}", file=file, flush=True)
     return 1 if outcome.status in FAILED else 0
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
+    if args.cmd is not None and args.words:
+        raise CliError("give the command once: after IMAGE, or after `--` when it has options")
+    command = args.cmd if args.cmd is not None else (args.words or None)
+    if args.cmd is not None and not args.cmd:
+        raise CliError("nothing after `--`: write hoist run IMAGE -- CMD ...")
     request: dict[str, Any] = {
         "owner": args.owner,
         "image": args.image,
         "resources": parse_resources(args.resource or []),
         "cluster_size": args.cluster_size,
         "resource_group": args.resource_group,
+        **kernel_spec(args, command),
     }
     if args.detach:  # the manager waits for us; without --detach the CLI watches instead
         request["max_wait"] = args.max_wait
@@ -136,9 +169,99 @@ async def cmd_run(args: argparse.Namespace) -> int:
         session_id = reply["session_id"]
         if args.detach:
             print(f"session {session_id} {reply['status']} {reply['status_info']}")
+            _print_ports(reply)
             return 1 if reply["status"] in FAILED else 0
+        if command is not None:  # like `docker run`: the output, then its exit code
+            return await _run_attached(conn, session_id, args.max_wait, detach)
         print(f"session {session_id} created (Ctrl-C detaches; it goes on)", flush=True)
-        return await _watch_and_report(conn, session_id, max_wait=args.max_wait, detach=detach)
+        console = _console()
+        outcome = await watch(
+            conn,
+            session_id,
+            console,
+            live=console.is_terminal,
+            max_wait=args.max_wait,
+            detach=detach,
+        )
+        code = _report(session_id, outcome, args.max_wait)
+        if outcome.status is KernelStatus.RUNNING and not (outcome.detached or outcome.timed_out):
+            _print_ports(await conn.request(SESSION_GET, {"session_id": session_id}))
+        return code
+
+
+def _print_ports(view: dict[str, Any], file: TextIO | None = None) -> None:
+    for line in port_lines(view):
+        print(line, file=file or sys.stdout, flush=True)
+
+
+async def _run_attached(
+    conn: Connection, session_id: str, max_wait: float, detach: asyncio.Event
+) -> int:
+    """The pull view and status lines on stderr (stdout is the command's output, for pipes),
+    then the main kernel's output until it ends; its exit code becomes ours."""
+    err = sys.stderr
+    print(f"session {session_id} created (Ctrl-C detaches; it goes on)", file=err, flush=True)
+    console = _console(stderr=True)
+    outcome = await watch(
+        conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
+    )
+    code = _report(session_id, outcome, max_wait, file=err)
+    if outcome.detached or outcome.timed_out or outcome.status in FAILED:
+        return code
+    view = await conn.request(SESSION_GET, {"session_id": session_id})
+    _print_ports(view, err)
+    main_id = view["kernels"][0]["kernel_id"]  # main1: the first kernel
+    try:
+        opened = await conn.request(
+            SESSION_LOGS, {"session_id": session_id, "kernel_id": main_id, "follow": True}
+        )
+    except CliError as e:  # e.g. destroyed meanwhile: no container, no logs; the code still
+        print(f"hoist: no output: {e}", file=err, flush=True)
+    else:
+        end = await read_stream(conn, opened, detach)
+        if end.interrupted:
+            print(
+                f"detached from session {session_id}; it goes on."
+                f" Its output: `hoist logs -f {session_id}`",
+                file=err,
+                flush=True,
+            )
+            return INTERRUPTED
+        if end.pipe_closed:
+            return 0
+        if end.error:
+            print(f"hoist: the output ended early: {end.error}", file=err, flush=True)
+    assert outcome.status is not None  # settled
+    shown = f"session {session_id} {outcome.status.value} {outcome.status_info}"
+    return await _main_exit_code(conn, session_id, main_id, detach, shown)
+
+
+async def _main_exit_code(
+    conn: Connection, session_id: str, kernel_id: str, stop: asyncio.Event, shown: str
+) -> int:
+    """The main kernel's exit code, once its end is recorded (the output can end a moment
+    before the agent's KernelExited reaches the log); the session's status line on stderr
+    unless it is ``shown`` already."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while True:
+        view = await conn.request(SESSION_GET, {"session_id": session_id})
+        kernel = next(k for k in view["kernels"] if k["kernel_id"] == kernel_id)
+        line = f"session {session_id} {view['status']} {view['status_info']}"
+        if kernel.get("exit_code") is not None:
+            if line != shown:
+                print(line, file=sys.stderr, flush=True)
+            return process_exit(kernel["exit_code"])
+        if KernelStatus(kernel["status"]) in TERMINAL:  # ended without an exit code: destroyed
+            print(f"{line}; main kernel {kernel['status_info']}", file=sys.stderr, flush=True)
+            return 1
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"the output of session {session_id} ended but its main kernel is still"
+                f" {kernel['status']} after {EXIT_WAIT_S:g}s; see `hoist watch {session_id}`"
+            )
+        await until_stopped(asyncio.sleep(0.2), stop)
+        if stop.is_set():
+            return INTERRUPTED
 
 
 async def cmd_watch(args: argparse.Namespace) -> int:
@@ -442,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-r",
         action="append",
         metavar="KEY=VALUE",
-        help="per kernel: cpu=CORES, mem=SIZE (default cpu=1 mem=512m)",
+        help="per kernel: cpu=CORES, mem=SIZE, SLOT=AMOUNT such as gpu=1 (default cpu=1 mem=512m)",
     )
     run.add_argument("--owner", default=_default_owner())
     run.add_argument("--resource-group", default="default")
@@ -450,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-wait", type=float, default=0.0, help="stop watching after S seconds (0: no limit)"
     )
     run.add_argument("--detach", "-d", action="store_true", help="print the session id, no view")
-    run.set_defaults(func=cmd_run)
+    kernel_cli.add_run_flags(run)
+    run.set_defaults(func=cmd_run, cmd=None)
 
     watch_p = sub.add_parser("watch", help="show a session live (again), from its current state")
     watch_p.add_argument("session_id")
@@ -470,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.set_defaults(func=cmd_cancel_kernel)
 
     cli_read.add_commands(sub, cmd_read)
+    kernel_cli.register(sub, _connection)
 
     history = sub.add_parser("history", help="every event of a session, in order")
     history.add_argument("session_id")
@@ -524,6 +649,9 @@ def run(
         return asyncio.run(func(args)) or 0
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `hoist ... | head`: the reader has what it wanted
+        silence_stdout()
+        return 0
     except CliError as e:
         print(f"hoist: {e}", file=sys.stderr)
         return 1
@@ -544,7 +672,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in PROCESSES:
         os.execv(sys.executable, [sys.executable, "-m", PROCESSES[argv[0]], *argv[1:]])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    head, command = kernel_cli.split_command(argv)
+    args = parser.parse_args(head if command is not None else argv)
+    if command is not None:
+        if args.command in ("run", "exec"):
+            args.cmd = command
+        else:  # `--` meant nothing special here: argparse's own reading of it
+            args = parser.parse_args(argv)
     return run(args.func, args)
 
 

@@ -28,7 +28,7 @@ from rich.text import Text
 from domain import admission, rpc, subjects
 from domain.events import Event
 from domain.session import Session
-from domain.status import TERMINAL, KernelStatus
+from domain.status import TERMINAL, Kernel, KernelStatus
 from services.cli.connection import CliError, Connection
 from services.eventstore.store import EventStore
 from services.transport import progress as progress_stream
@@ -265,7 +265,7 @@ def render(state: SessionState) -> RenderableType:
             Text(f"  kernel {kernel.kernel_id[:12]}"),
             Text(kernel.agent_id or "-", style="magenta"),
             _status_text(kernel.status),
-            Text(kernel.status_info, style="dim"),
+            Text(kernel_info(kernel), style="dim"),
             "",
             "",
         )
@@ -310,6 +310,14 @@ def render(state: SessionState) -> RenderableType:
     return Group(*rows)
 
 
+def kernel_info(kernel: Kernel) -> str:
+    """Its status_info, and how long its command ran once it ended: ``exited: code 3 (ran
+    1.2s)``."""
+    if kernel.ran_s is None:
+        return kernel.status_info
+    return f"{kernel.status_info} (ran {kernel.ran_s:.1f}s)"
+
+
 def _rate_text(rate: float | None, current: int, total: int) -> str:
     if rate is None:
         return ""
@@ -331,7 +339,7 @@ class PlainPrinter:
             return
         stamp = datetime.now().strftime("%H:%M:%S")
         for kernel in state.session.kernels.values():
-            now = (kernel.agent_id or "-", kernel.status.value, kernel.status_info)
+            now = (kernel.agent_id or "-", kernel.status.value, kernel_info(kernel))
             if self.seen.get(kernel.kernel_id) != now:
                 self.seen[kernel.kernel_id] = now
                 print(f"{stamp} kernel {kernel.kernel_id[:12]} {' '.join(now)}", file=self.out)

@@ -26,11 +26,15 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "kernel_id",
             "session_id",
+            "hostname",
             "owner",
             "image",
             "agent_id",
             "status",
             "status_info",
+            "exit_code",
+            "ran_s",
+            "ports",
             "cpu",
             "mem",
             "status_changed_at",
@@ -38,7 +42,16 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "sessions": (
         "sessions",
-        ("session_id", "owner", "image", "cluster_size", "status", "status_info", "created_at"),
+        (
+            "session_id",
+            "owner",
+            "image",
+            "session_type",
+            "cluster_size",
+            "status",
+            "status_info",
+            "created_at",
+        ),
     ),
     "agents": (
         "agents",
@@ -75,6 +88,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("agent_id", "image", "task_id", "outcome", "bytes", "duration_s", "started_at", "reason"),
     ),
 }
+# Shown only when some row has a value: most kernels publish no port and have not ended.
+_SPARSE_COLUMNS = ("exit_code", "ran_s", "ports")
 _ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
 _BYTE_COLUMNS = ("mem", "free_mem", "disk", "free_disk", "size_bytes", "bytes")
 
@@ -134,9 +149,11 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
         print(json.dumps(reply, indent=2, default=str))
         return
     rows = reply.get("rows", [])
-    shown = [c for c in columns if any(c in r for r in rows)] or sorted(
-        {k for r in rows for k in r}
-    )
+    shown = [
+        c
+        for c in columns
+        if any(c in r and (c not in _SPARSE_COLUMNS or r[c] is not None) for r in rows)
+    ] or sorted({k for r in rows for k in r})
     console.print(_table(shown, [[r.get(c) for c in shown] for r in rows]))
     _footer(console, reply, len(rows))
 
@@ -172,6 +189,8 @@ def _cell(column: str, value: Any) -> str:
         return "-"
     if column in _ID_COLUMNS and isinstance(value, str):
         return value[:12]
+    if column == "ran_s" and isinstance(value, int | float):
+        return f"{value:.1f}s"
     if column in _BYTE_COLUMNS and isinstance(value, int | float):
         return human_bytes(value)
     if isinstance(value, str) and len(value) > 19 and value[4:5] == "-" and value[10:11] == "T":

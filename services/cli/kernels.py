@@ -1,0 +1,315 @@
+"""What kernels run and what they write: `hoist run`'s flags for the kernel spec (-e, -p, -v,
+--workdir), `hoist logs`, `hoist exec`, `hoist volumes` and `hoist volume rm`.
+
+Flags are checked here, so an error names the flag the user typed (``-e``), not the wire
+field the manager would name (``env``); the manager checks them again at its door.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+
+from domain.limits import ABS_PATH, ENV_NAME, TOKEN
+from domain.subjects import SESSION_EXEC, SESSION_LOGS, VOLUME_LIST, VOLUME_REMOVE
+from services.cli.connection import CliError, Connection
+from services.cli.streams import interrupt_event, process_exit, read_stream
+
+Connect = Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager[Connection]]
+
+_ENV_NAME = re.compile(ENV_NAME)
+_ABS_PATH = re.compile(ABS_PATH)
+_TOKEN = re.compile(TOKEN)
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+# --- flags ---------------------------------------------------------------------------------------
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``[..., "--", CMD, ...]`` -> (the options before ``--``, the command after it).
+
+    argparse cannot take "everything after IMAGE" without also eating the options that follow
+    it, so the command is cut off before parsing."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def parse_env(specs: list[str], flag: str = "-e") -> dict[str, str]:
+    """``-e K=V`` (or ``-e K``: its value in this environment, as docker does)."""
+    env: dict[str, str] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not _ENV_NAME.match(name):
+            raise CliError(
+                f"{flag} {spec}: {name!r} is not a variable name (letters, digits and '_',"
+                " not starting with a digit); write NAME=VALUE"
+            )
+        if name.startswith("HOIST_"):
+            raise CliError(f"{flag} {spec}: HOIST_* variables are set by Hoist (cluster info)")
+        if not sep:
+            if name not in os.environ:
+                raise CliError(f"{flag} {spec}: {name} is not set here; write {name}=VALUE")
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+def parse_ports(specs: list[str]) -> list[int]:
+    """``-p 8080`` (``8080/tcp`` too): container ports the session view gives addresses for."""
+    ports: list[int] = []
+    for spec in specs:
+        text = spec.removesuffix("/tcp")
+        port = int(text) if text.isdigit() else 0
+        if not 1 <= port <= 65535:
+            raise CliError(f"-p {spec}: a container port is a number from 1 to 65535")
+        if port in ports:
+            raise CliError(f"-p {spec}: port {port} is given twice")
+        ports.append(port)
+    return ports
+
+
+def parse_mounts(specs: list[str]) -> list[dict[str, Any]]:
+    """``-v NAME:/path[:ro|rw]``: a named volume of the agent, mounted at ``/path``."""
+    mounts: list[dict[str, Any]] = []
+    for spec in specs:
+        name, _, rest = spec.partition(":")
+        path, _, mode = rest.partition(":")
+        if not _TOKEN.match(name) or len(name) > 128:
+            raise CliError(
+                f"-v {spec}: write NAME:/path[:ro]; NAME is 1-128 letters, digits, '_' or '-'"
+            )
+        if not path:
+            raise CliError(f"-v {spec}: no path: write {name}:/path[:ro]")
+        if not _ABS_PATH.match(path):
+            raise CliError(f"-v {spec}: {path!r} must be an absolute path without '..'")
+        if mode not in ("", "ro", "rw"):
+            raise CliError(f"-v {spec}: the mode after the path is ro or rw, not {mode!r}")
+        if any(m["path"] == path for m in mounts):
+            raise CliError(f"-v {spec}: {path} is mounted twice")
+        mounts.append({"volume": name, "path": path, "read_only": mode == "ro"})
+    return mounts
+
+
+def parse_workdir(workdir: str | None) -> str | None:
+    if workdir is not None and not _ABS_PATH.match(workdir):
+        raise CliError(f"--workdir {workdir}: must be an absolute path without '..'")
+    return workdir
+
+
+def kernel_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
+    """The create request's fields for what the kernels run (unset ones left out)."""
+    spec: dict[str, Any] = {
+        "session_type": "batch" if args.batch else "interactive",
+        "cluster_mode": args.cluster_mode,
+    }
+    if args.batch and not command:
+        raise CliError("--batch needs a command: hoist run IMAGE --batch -- CMD ...")
+    if command:
+        spec["command"] = command
+    if env := parse_env(args.env or []):
+        spec["env"] = env
+    if workdir := parse_workdir(args.workdir):
+        spec["workdir"] = workdir
+    if ports := parse_ports(args.port or []):
+        spec["ports"] = ports
+    if mounts := parse_mounts(args.volume or []):
+        spec["mounts"] = mounts
+    return spec
+
+
+def port_lines(view: dict[str, Any]) -> list[str]:
+    """``main1: 8080 -> 10.0.0.5:32768`` per published port of a session view."""
+    return [
+        f"{k.get('hostname') or k['kernel_id'][:12]}: {p['port']} -> {p['host']}:{p['host_port']}"
+        for k in view.get("kernels", [])
+        for p in k.get("ports") or []
+    ]
+
+
+# --- logs, exec ----------------------------------------------------------------------------------
+
+
+async def cmd_logs(conn: Connection, args: argparse.Namespace) -> int:
+    stop = interrupt_event()
+    payload: dict[str, Any] = {"session_id": args.session_id, "follow": args.follow}
+    if args.kernel:
+        payload["kernel_id"] = args.kernel
+    if args.tail is not None:
+        if args.tail < 0:
+            raise CliError(f"--tail {args.tail}: a number of lines >= 0")
+        payload["tail"] = args.tail
+    opened = await conn.request(SESSION_LOGS, payload)
+    end = await read_stream(conn, opened, stop)
+    if end.interrupted:
+        return INTERRUPTED
+    if end.error and not end.pipe_closed:
+        raise CliError(f"logs of kernel {opened['kernel_id']}: {end.error}")
+    return 0
+
+
+async def cmd_exec(conn: Connection, args: argparse.Namespace) -> int:
+    if args.cmd is not None and args.words:
+        raise CliError("give the command once: after SESSION, or after `--` when it has options")
+    command = args.cmd if args.cmd is not None else args.words
+    if not command:
+        raise CliError("exec needs a command: hoist exec SESSION [--kernel K] -- CMD ...")
+    if not args.timeout > 0:
+        raise CliError(f"--timeout {args.timeout:g}: a number of seconds > 0")
+    stop = interrupt_event()
+    payload: dict[str, Any] = {
+        "session_id": args.session_id,
+        "command": command,
+        "timeout": args.timeout,
+    }
+    if args.kernel:
+        payload["kernel_id"] = args.kernel
+    if env := parse_env(args.env or []):
+        payload["env"] = env
+    if workdir := parse_workdir(args.workdir):
+        payload["workdir"] = workdir
+    # The agent runs it for up to --timeout: wait for the stream's opening a bit longer.
+    opened = await conn.request(SESSION_EXEC, payload, wait_s=30)
+    end = await read_stream(conn, opened, stop)
+    if end.interrupted:
+        # Unread, the stream expires after idle_s and the agent kills the command then.
+        print(
+            f"hoist: interrupted; the command is killed when its stream expires"
+            f" ({opened.get('idle_s', 30):g}s unread)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
+    if end.pipe_closed:
+        return 0
+    if end.error:
+        print(f"hoist: exec: {end.error}", file=sys.stderr)
+    if end.exit_code is None:
+        return 1 if end.error else 0
+    return process_exit(end.exit_code)
+
+
+# --- volumes -------------------------------------------------------------------------------------
+
+
+async def cmd_volumes(conn: Connection, args: argparse.Namespace) -> int:
+    payload = {"owner": args.owner} if args.owner else {}
+    reply = await conn.request(VOLUME_LIST, payload, wait_s=20)
+    if args.json:
+        print(json.dumps(reply, indent=2))
+        return 0
+    from services.cli.read import _table
+
+    rows = [
+        [v["agent_id"], v["name"], v["owner"], ", ".join(k[:12] for k in v["used_by"]) or "-"]
+        for v in reply["volumes"]
+    ]
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 400)
+    console.print(_table(["agent", "name", "owner", "used by"], rows))
+    note = f"{len(rows)} volume(s)"
+    if reply.get("unreachable"):
+        note += f"; not answering: {', '.join(reply['unreachable'])}"
+    console.print(f"[dim]{note}[/dim]")
+    return 0
+
+
+async def cmd_volume_rm(conn: Connection, args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {"name": args.name}
+    if args.agent:
+        payload["agent_id"] = args.agent
+    if args.owner:
+        payload["owner"] = args.owner
+    reply = await conn.request(VOLUME_REMOVE, payload, wait_s=20)
+    if reply["removed"]:
+        print(f"volume {args.name} removed from {', '.join(reply['removed'])}")
+    for agent_id, why in sorted(reply["refused"].items()):
+        print(f"hoist: volume {args.name} not removed from {agent_id}: {why}", file=sys.stderr)
+    return 0 if reply["removed"] and not reply["refused"] else 1
+
+
+# --- the parser ----------------------------------------------------------------------------------
+
+
+def add_run_flags(run: argparse.ArgumentParser) -> None:
+    """`hoist run`'s flags for what the kernels run (the rest are in main.build_parser)."""
+    run.add_argument(
+        "words",
+        nargs="*",
+        metavar="CMD",
+        help="the command (after `--` when it has options: hoist run IMAGE -- sh -c '...')",
+    )
+    run.add_argument("--env", "-e", action="append", metavar="K=V", help="environment (repeat)")
+    run.add_argument(
+        "--port", "-p", action="append", metavar="PORT", help="a container port to publish"
+    )
+    run.add_argument(
+        "--volume",
+        "-v",
+        action="append",
+        metavar="NAME:/path[:ro]",
+        help="a named volume on the agent (created on first use, kept)",
+    )
+    run.add_argument("--workdir", "-w", help="the command's working directory")
+    run.add_argument(
+        "--batch",
+        action="store_true",
+        help="run the command to completion; the session ends with it",
+    )
+    run.add_argument(
+        "--cluster-mode",
+        choices=("single-node", "multi-node"),
+        default="multi-node",
+        help="single-node: all kernels on one agent, on a private network (default multi-node)",
+    )
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    connect: Connect,
+) -> None:
+    def wrap(
+        fn: Callable[[Connection, argparse.Namespace], Any],
+    ) -> Callable[[argparse.Namespace], Any]:
+        async def run(args: argparse.Namespace) -> int:
+            async with connect(args) as conn:
+                return int(await fn(conn, args))
+
+        return run
+
+    logs = sub.add_parser("logs", help="a kernel's output (stdout and stderr)")
+    logs.add_argument("session_id")
+    logs.add_argument("--kernel", "-k", help="kernel id or hostname (main1, sub1); default main1")
+    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    logs.set_defaults(func=wrap(cmd_logs))
+
+    exec_p = sub.add_parser("exec", help="run a command in a running kernel: hoist exec S -- CMD")
+    exec_p.add_argument("session_id")
+    exec_p.add_argument("words", nargs="*", metavar="CMD", help="the command (after `--`)")
+    exec_p.add_argument("--kernel", "-k", help="kernel id or hostname (main1, sub1); default main1")
+    exec_p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    exec_p.add_argument("--env", "-e", action="append", metavar="K=V")
+    exec_p.add_argument("--workdir", "-w")
+    exec_p.set_defaults(func=wrap(cmd_exec), cmd=None)
+
+    volumes = sub.add_parser("volumes", help="the agents' named volumes")
+    volumes.add_argument("--owner", help="only this owner's")
+    volumes.add_argument("--json", action="store_true")
+    volumes.set_defaults(func=wrap(cmd_volumes))
+
+    volume = sub.add_parser("volume", help="volume commands: rm")
+    volume_sub = volume.add_subparsers(dest="volume_command", required=True)
+    rm = volume_sub.add_parser("rm", help="remove a named volume no kernel uses")
+    rm.add_argument("name")
+    rm.add_argument("--agent", help="only on this agent (default: every live agent)")
+    rm.add_argument("--owner", help="refuse where the volume is another owner's")
+    rm.set_defaults(func=wrap(cmd_volume_rm))
