@@ -88,8 +88,28 @@ class DockerDaemon:
         except OSError:
             return "(no log)"
 
+    def _remove_networks(self) -> None:
+        """A user-defined network's bridge lives in the host's namespace and outlives the daemon
+        (and its data-root): left behind, such bridges take the default address pools (about
+        30 networks) from every later daemon on the host."""
+        try:
+            client = docker.APIClient(base_url=self.url, version=API_VERSION, timeout=30)
+        except Exception:
+            return
+        try:
+            for c in client.containers(all=True):
+                client.remove_container(c["Id"], force=True)
+            for n in client.networks():
+                if n["Name"] not in ("bridge", "host", "none"):
+                    client.remove_network(n["Id"])
+        except Exception:
+            pass  # best effort: the daemon is going away
+        finally:
+            client.close()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self._remove_networks()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
