@@ -434,7 +434,7 @@ class _ExitWatcher:
             )
         except Exception:  # not a kernel's container (no label), or the engine went away
             return
-        if kernel.exit is None:  # a die event: only if it was restarted at once
+        if kernel.exit is None:  # running again already (restarted): no end to report
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed
             self.loop.call_soon_threadsafe(self.on_exit, kernel)
