@@ -39,15 +39,18 @@ def agent(
     reserved_mem: int = 0,
     images: dict[str, int] | None = None,
     live: bool = True,
+    slots: dict[str, float] | None = None,
+    reserved_slots: dict[str, float] | None = None,
 ) -> AgentView:
     return AgentView(
         agent_id=agent_id,
         resource_group=group,
-        capacity=Capacity(cpu=cpu, mem=mem, disk=100 * GiB),
+        capacity=Capacity(cpu=cpu, mem=mem, disk=100 * GiB, slots=slots or {}),
         reserved_cpu=reserved_cpu,
         reserved_mem=reserved_mem,
         images=images or {},
         live=live,
+        reserved_slots=reserved_slots or {},
     )
 
 
@@ -61,16 +64,19 @@ def session(
     owner: str = "alice",
     image: str = "img",
     group: str = "default",
+    slots: dict[str, float] | None = None,
+    mode: str = "multi-node",
 ) -> PendingSession:
     return PendingSession(
         session_id=session_id,
         owner=owner,
         image=image,
-        resources=Resources(cpu=cpu, mem=mem),
+        resources=Resources(cpu=cpu, mem=mem, slots=slots or {}),
         cluster_size=n,
         resource_group=group,
         kernel_ids=[f"{session_id}-k{i}" for i in range(n)],
         enqueued_at=T0 + timedelta(milliseconds=at),
+        cluster_mode=mode,  # type: ignore[arg-type]
     )
 
 
@@ -316,6 +322,7 @@ def assert_within_capacity(
     assert sorted(d.session_id for d in out) == sorted(by_id)
     cpu: Counter[str] = Counter()
     mem: Counter[str] = Counter()
+    slots: dict[str, Counter[str]] = {}  # agent -> slot -> amount placed
     kernels = 0
     for d in out:
         s = by_id[d.session_id]
@@ -327,19 +334,27 @@ def assert_within_capacity(
             assert len(d.status_info) > len("no-available-instances: ")
             continue
         assert sorted(d.placements) == sorted(s.kernel_ids)
+        if s.cluster_mode == "single-node":
+            assert len(set(d.placements.values())) == 1, d
         for agent_id in d.placements.values():
             a = agents[agent_id]
             assert a.live and a.resource_group == s.resource_group
             cpu[agent_id] += s.resources.cpu
             mem[agent_id] += s.resources.mem
+            slots.setdefault(agent_id, Counter()).update(s.resources.slots)
             kernels += 1
     for agent_id in cpu:
         a = agents[agent_id]
         assert cpu[agent_id] <= a.capacity.cpu - a.reserved_cpu + 1e-6, agent_id
         assert mem[agent_id] <= a.capacity.mem - a.reserved_mem, agent_id
+        for slot, placed in slots[agent_id].items():
+            if placed > 0:
+                offered = a.capacity.slots.get(slot, 0) - a.reserved_slots.get(slot, 0)
+                assert placed <= offered + 1e-6, (agent_id, slot)
     return kernels
 
 
+SLOTS = ("gpu", "tpu")
 fleets = st.lists(
     st.builds(
         agent,
@@ -351,6 +366,8 @@ fleets = st.lists(
         reserved_mem=st.integers(0, 8).map(lambda g: g * GiB),
         images=st.dictionaries(st.sampled_from(["i1", "i2"]), st.sampled_from([MiB, 3 * GiB])),
         live=st.booleans(),
+        slots=st.dictionaries(st.sampled_from(SLOTS), st.integers(0, 8).map(lambda g: g / 2)),
+        reserved_slots=st.dictionaries(st.just("gpu"), st.integers(0, 4).map(lambda g: g / 2)),
     ),
     max_size=10,
     unique_by=lambda a: a.agent_id,
@@ -366,6 +383,19 @@ requests = st.lists(
         owner=st.sampled_from(["u1", "u2", "u3"]),
         image=st.sampled_from(["i1", "i2", "i3"]),
         group=st.sampled_from(["default", "gpu", "none"]),
+        slots=st.sampled_from(
+            [
+                None,
+                None,
+                {"gpu": 0},
+                {"gpu": 0.5},
+                {"gpu": 1},
+                {"gpu": 2},
+                {"tpu": 1},
+                {"gpu": 1, "tpu": 0.5},
+            ]
+        ),
+        mode=st.sampled_from(["multi-node", "single-node"]),
     ),
     max_size=40,
     unique_by=lambda s: s.session_id,
@@ -413,8 +443,19 @@ def test_property_each_kernel_goes_to_a_best_scoring_agent_with_room(
         for a in fleet
         if a.live
     }
+    free_slots = {  # may go negative (reserved above capacity): no Counter arithmetic
+        a.agent_id: {k: a.capacity.slots.get(k, 0) - a.reserved_slots.get(k, 0) for k in SLOTS}
+        for a in fleet
+        if a.live
+    }
 
-    def candidates(s: PendingSession) -> dict[str, float]:
+    def take(agent_id: str, s: PendingSession, times: int) -> None:
+        free[agent_id][0] -= s.resources.cpu * times
+        free[agent_id][1] -= s.resources.mem * times
+        for k, v in s.resources.slots.items():
+            free_slots[agent_id][k] -= v * times
+
+    def candidates(s: PendingSession, times: int = 1) -> dict[str, float]:
         group = [a for a in fleet if a.live and a.resource_group == s.resource_group]
         holders = [a for a in group if s.image in a.images]
         size = max((a.images[s.image] for a in holders), default=0)
@@ -422,7 +463,15 @@ def test_property_each_kernel_goes_to_a_best_scoring_agent_with_room(
         scores = {}
         for a in group:
             f_cpu, f_mem = free[a.agent_id]
-            if f_cpu + 1e-9 >= s.resources.cpu and f_mem >= s.resources.mem:
+            if (
+                f_cpu + 1e-9 >= s.resources.cpu * times
+                and f_mem >= s.resources.mem * times
+                and all(
+                    free_slots[a.agent_id][k] >= v * times
+                    for k, v in s.resources.slots.items()
+                    if v > 0
+                )
+            ):
                 used = (1 - f_cpu / a.capacity.cpu + 1 - f_mem / a.capacity.mem) / 2
                 score = used if strategy == "concentrated" else 1 - used
                 scores[a.agent_id] = score + (bonus if a in holders else 0)
@@ -430,29 +479,279 @@ def test_property_each_kernel_goes_to_a_best_scoring_agent_with_room(
 
     for d in out:
         s = by_id[d.session_id]
+        single = s.cluster_mode == "single-node"
         if isinstance(d, Unschedulable):
             if d.status_info.startswith("no-available-instances"):
+                if single:
+                    assert not candidates(s, s.cluster_size), d
+                    continue
                 taken = []
                 for _ in range(s.cluster_size):  # greedy fill of identical kernels is maximal
                     scores = candidates(s)
                     if not scores:
                         break
                     best = max(scores, key=scores.__getitem__)
-                    free[best][0] -= s.resources.cpu
-                    free[best][1] -= s.resources.mem
+                    take(best, s, 1)
                     taken.append(best)
                 assert len(taken) < s.cluster_size, d
                 for best in taken:
-                    free[best][0] += s.resources.cpu
-                    free[best][1] += s.resources.mem
+                    take(best, s, -1)
+            continue
+        if single:  # one block, scored before it is placed
+            scores = candidates(s, s.cluster_size)
+            chosen = next(iter(d.placements.values()))
+            assert chosen in scores
+            assert scores[chosen] >= max(scores.values()) - 1e-9
+            take(chosen, s, s.cluster_size)
             continue
         for kernel_id in s.kernel_ids:
             scores = candidates(s)
             chosen = d.placements[kernel_id]
             assert chosen in scores
             assert scores[chosen] >= max(scores.values()) - 1e-9
-            free[chosen][0] -= s.resources.cpu
-            free[chosen][1] -= s.resources.mem
+            take(chosen, s, 1)
+
+
+# --- resource slots ---------------------------------------------------------------------------
+
+
+def test_slots_are_reserved_within_a_plan_and_counted_with_what_agents_hold() -> None:
+    fleet = [
+        agent("g1", slots={"gpu": 2}, reserved_slots={"gpu": 1}),
+        agent("g2", slots={"gpu": 2}),
+    ]
+    pending = [session(f"s{i}", at=i, mem=1 * GiB, slots={"gpu": 1}) for i in range(4)]
+    got = run(pending, fleet)
+    assert sorted(a for i in range(3) for a in agents_of(got[f"s{i}"])) == ["g1", "g2", "g2"]
+    assert info(got["s3"]) == (
+        "no-available-instances: no live agent in resource group 'default' has"
+        " 1.0 cpu, 1 GiB and gpu 1 free"
+    )
+
+
+def test_fractional_slots_add_up_exactly() -> None:
+    fleet = [agent("g1", cpu=64, slots={"cuda.shares": 1.0})]
+    pending = [
+        session(f"s{i:02}", at=i, mem=1 * GiB, slots={"cuda.shares": 0.1}) for i in range(11)
+    ]
+    got = run(pending, fleet)
+    assert [isinstance(got[f"s{i:02}"], Scheduled) for i in range(11)] == [True] * 10 + [False]
+
+
+def test_a_session_that_does_not_fit_gives_its_slots_back() -> None:
+    fleet = [
+        agent("g1", slots={"gpu": 3}, reserved_slots={"gpu": 1}),
+        agent("g2", slots={"gpu": 1}),
+    ]
+    pending = [
+        session("big", mem=1 * GiB, n=4, slots={"gpu": 1}),  # 3 gpus free in the group
+        session("fits", at=1, mem=1 * GiB, n=3, slots={"gpu": 1}),
+    ]
+    got = run(pending, fleet)
+    assert info(got["big"]) == (
+        "no-available-instances: live agents in resource group 'default' have room for 3 of 4"
+        " kernels of 1.0 cpu, 1 GiB and gpu 1 each"
+    )
+    assert Counter(agents_of(got["fits"])) == {"g1": 2, "g2": 1}
+
+
+def test_a_bigger_slot_request_without_room_does_not_stop_a_smaller_one() -> None:
+    fleet = [agent("g1", slots={"gpu": 2}, reserved_slots={"gpu": 1})]
+    pending = [
+        session("two", mem=1 * GiB, slots={"gpu": 2}),
+        session("one", at=1, mem=1 * GiB, slots={"gpu": 1}),
+        session("again", at=2, mem=1 * GiB, slots={"gpu": 2}),
+    ]
+    got = run(pending, fleet)
+    assert info(got["two"]).endswith("has 1.0 cpu, 1 GiB and gpu 2 free")
+    assert agents_of(got["one"]) == ["g1"]
+    assert info(got["again"]) == info(got["two"])
+
+
+def test_a_slot_no_agent_offers_enough_of_is_named() -> None:
+    fleet = [agent("g1", slots={"gpu": 2}), agent("g2", slots={"gpu": 1}), agent("c1")]
+    got = run(
+        [
+            session("gpu4", slots={"gpu": 4}),
+            session("tpu", at=1, slots={"tpu": 1}),
+            session("both", at=2, slots={"gpu": 3, "tpu": 1}),
+            session("three", at=3, n=4, slots={"gpu": 1}),  # 3 gpus in the whole group
+            session("zero", at=4, slots={"tpu": 0}),  # asking 0 is not asking
+        ],
+        fleet,
+        fifo_strict=True,  # none of these can ever fit, so none blocks the group
+    )
+    assert info(got["gpu4"]) == (
+        "no-available-instances: no live agent of resource group 'default' offers"
+        " gpu 4 per kernel (the most is 2)"
+    )
+    assert info(got["tpu"]) == (
+        "no-available-instances: no live agent of resource group 'default' offers"
+        " tpu 1 per kernel (none offers tpu)"
+    )
+    assert info(got["both"]) == (
+        "no-available-instances: no live agent of resource group 'default' offers"
+        " gpu 3 per kernel (the most is 2) nor tpu 1 per kernel (none offers tpu)"
+    )
+    assert info(got["three"]) == (
+        "no-available-instances: the live agents of resource group 'default' cannot hold"
+        " 4 kernel(s) of 1.0 cpu, 4 GiB and gpu 1 even when idle"
+    )
+    assert agents_of(got["zero"]) == ["c1"]
+
+
+def test_cpu_only_sessions_still_land_on_gpu_agents() -> None:
+    # g1 is the emptiest (dispersed) though it has no gpu left: cpu-only sessions go there.
+    fleet = [
+        agent("c1", cpu=8, reserved_cpu=4),
+        agent("g1", cpu=16, slots={"gpu": 1}, reserved_slots={"gpu": 1}),
+    ]
+    pending = [
+        session("gpu", cpu=1, slots={"gpu": 1}),  # no room: must not hide g1 from the rest
+        session("cpu", at=1, cpu=1),
+        session("gpu-again", at=2, cpu=2, slots={"gpu": 1}),
+        session("cpu-again", at=3, cpu=2),
+    ]
+    for strategy in ("dispersed", "concentrated"):
+        got = run(pending, fleet, strategy=strategy)
+        assert info(got["gpu"]).endswith("has 1.0 cpu, 4 GiB and gpu 1 free")
+        assert info(got["gpu-again"]).endswith("has 2.0 cpu, 4 GiB and gpu 1 free")
+        expected = "g1" if strategy == "dispersed" else "c1"
+        assert agents_of(got["cpu"]) == [expected]
+        assert agents_of(got["cpu-again"]) == [expected]
+
+
+def test_gpu_requests_walk_only_the_agents_offering_gpus() -> None:
+    # 200 big cpu agents score best (dispersed) and stay listed for the cpu-only session, yet
+    # a gpu request looks only at the 4 gpu agents.
+    fleet = [agent(f"c{i:03}", cpu=64, mem=256 * GiB) for i in range(200)]
+    fleet += [agent(f"g{i}", slots={"gpu": 1}) for i in range(4)]
+    pending = [session(f"s{i}", at=i, slots={"gpu": 1}) for i in range(6)]
+    pending.append(session("cpu", at=9))
+    stats = PlanStats()
+    out = plan(pending, fleet, {}, Limits(), Policy(), {}, stats)
+    assert sorted(a for d in out[:4] for a in agents_of(d)) == ["g0", "g1", "g2", "g3"]
+    assert all(isinstance(d, Unschedulable) for d in out[4:6])
+    assert agents_of(out[6]) == ["c000"]
+    assert stats.agents_examined <= 12, stats
+    assert_within_capacity(pending, fleet, out)
+
+
+def test_gpu_sessions_prefer_gpu_agents_holding_the_image() -> None:
+    fleet = [
+        agent("c1", images={"big": 5 * GiB}),
+        agent("g1", slots={"gpu": 1}),
+        agent("g2", slots={"gpu": 1}, images={"big": 5 * GiB}),
+    ]
+    got = run([session("s", image="big", slots={"gpu": 1})], fleet)
+    assert agents_of(got["s"]) == ["g2"]
+
+
+# --- cluster mode -----------------------------------------------------------------------------
+
+
+def test_single_node_puts_every_kernel_on_one_agent() -> None:
+    fleet = [agent("a1", cpu=4), agent("a2", cpu=4, reserved_cpu=1)]
+    for strategy in ("dispersed", "concentrated"):
+        got = run(
+            [session("s", cpu=1, mem=1 * GiB, n=3, mode="single-node")], fleet, strategy=strategy
+        )
+        placed = agents_of(got["s"])
+        assert len(placed) == 3 and len(set(placed)) == 1
+        assert set(placed) == ({"a1"} if strategy == "dispersed" else {"a2"})
+
+
+def test_single_node_is_placed_together_or_not_at_all() -> None:
+    # 2 cpu free on each agent: 4 kernels of 1 cpu fit across them, not on one.
+    fleet = [agent("a1", cpu=4, reserved_cpu=2), agent("a2", cpu=4, reserved_cpu=2)]
+    pending = [
+        session("single", cpu=1, mem=1 * GiB, n=4, mode="single-node"),
+        session("multi", at=1, cpu=1, mem=1 * GiB, n=4),
+    ]
+    got = run(pending, fleet)
+    assert info(got["single"]) == (
+        "no-available-instances: no live agent in resource group 'default' has 4.0 cpu and"
+        " 4 GiB free for the 4 kernels of this single-node session"
+    )
+    assert Counter(agents_of(got["multi"])) == {"a1": 2, "a2": 2}  # multi-node: unchanged
+
+
+def test_single_node_blocks_count_slots_together() -> None:
+    fleet = [
+        agent("g1", slots={"gpu": 2}),
+        agent("g2", slots={"gpu": 4}, reserved_slots={"gpu": 1}),
+    ]
+    got = run(
+        [
+            session("two", mem=1 * GiB, n=2, slots={"gpu": 1}, mode="single-node"),
+            session("three", at=1, mem=1 * GiB, n=3, slots={"gpu": 1}, mode="single-node"),
+        ],
+        fleet,
+    )
+    assert set(agents_of(got["two"])) == {"g1"}
+    assert set(agents_of(got["three"])) == {"g2"}
+
+
+def test_single_node_too_big_for_any_agent_says_so() -> None:
+    fleet = [agent("a1", cpu=4, mem=32 * GiB, slots={"gpu": 2}), agent("a2", cpu=2, mem=64 * GiB)]
+    got = run(
+        [
+            session("cpu", cpu=4, mem=2 * GiB, n=2, mode="single-node"),
+            session("gpu", at=1, cpu=1, mem=2 * GiB, n=2, slots={"gpu": 2}, mode="single-node"),
+            session("mix", at=2, cpu=1.5, mem=20 * GiB, n=2, mode="single-node"),
+            session("multi", at=3, cpu=4, mem=2 * GiB, n=2),
+        ],
+        fleet,
+        fifo_strict=True,  # none of these can ever fit, so none blocks the group
+    )
+    assert info(got["cpu"]) == (
+        "no-available-instances: single-node session needs 8.0 cpu and 4 GiB on one agent"
+        " (2 kernels); the most any live agent of resource group 'default' has: 4.0 cpu"
+    )
+    assert info(got["gpu"]) == (
+        "no-available-instances: single-node session needs 2.0 cpu, 4 GiB and gpu 4 on one"
+        " agent (2 kernels); the most any live agent of resource group 'default' has: gpu 2"
+    )
+    # 3 cpu and 40 GiB: a1 has the cpu, a2 the mem, neither both.
+    assert info(got["mix"]) == (
+        "no-available-instances: single-node session needs 3.0 cpu and 40 GiB on one agent"
+        " (2 kernels); no live agent of resource group 'default' has all of it at once"
+    )
+    assert info(got["multi"]).endswith(
+        "cannot hold 2 kernel(s) of 4.0 cpu and 2 GiB even when idle"
+    )
+
+
+def test_one_kernel_sessions_are_the_same_in_either_mode() -> None:
+    fleet = [agent("a1", cpu=2), agent("a2", cpu=4, reserved_cpu=1)]
+    for cpu in (1, 3, 8):
+        single = run([session("s", cpu=cpu, mode="single-node")], fleet)["s"]
+        multi = run([session("s", cpu=cpu)], fleet)["s"]
+        assert single == multi
+
+
+def test_a_failed_single_node_block_does_not_stop_smaller_kernels() -> None:
+    fleet = [agent("a1", cpu=2), agent("a2", cpu=2)]
+    pending = [
+        session("single", cpu=1.5, mem=1 * GiB, n=2, mode="single-node"),
+        session("multi", at=1, cpu=1.5, mem=1 * GiB, n=2),
+        session("one", at=2, cpu=0.5, mem=1 * GiB),
+    ]
+    got = run(pending, fleet)
+    assert info(got["single"]).startswith("no-available-instances: single-node session needs 3.0")
+    assert Counter(agents_of(got["multi"])) == {"a1": 1, "a2": 1}
+    assert agents_of(got["one"]) == ["a1"]
+
+
+def test_strict_fifo_holds_the_group_behind_a_single_node_session_that_could_fit() -> None:
+    fleet = [agent("a1", cpu=4, reserved_cpu=2), agent("a2", cpu=4, reserved_cpu=2)]
+    pending = [
+        session("single", cpu=1, mem=1 * GiB, n=3, mode="single-node"),
+        session("small", at=1, cpu=1, mem=1 * GiB),
+    ]
+    got = run(pending, fleet, fifo_strict=True)
+    assert "single-node session" in info(got["single"])
+    assert info(got["small"]).startswith("no-available-instances: queued behind session 'single'")
 
 
 # --- FIFO -------------------------------------------------------------------------------------
@@ -531,6 +830,8 @@ def test_bad_input_names_the_field() -> None:
             kernel_ids=["k", "k"],
             enqueued_at=T0,
         )
+    with pytest.raises(InvalidField, match="cluster_mode"):
+        session("s", mode="one-node")
     with pytest.raises(InvalidField, match="strategy"):
         Policy(strategy="random")  # type: ignore[arg-type]
     with pytest.raises(InvalidField, match="agents"):
