@@ -9,14 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from domain.errors import IllegalTransition
-
-if TYPE_CHECKING:  # domain.events imports this module
-    from domain.events import PublishedPort
 
 
 class KernelStatus(StrEnum):
@@ -106,7 +102,9 @@ class Kernel(msgspec.Struct, kw_only=True):
     agent_id: str | None = None  # set when scheduled
     pull_task_id: str | None = None  # the agent's pull this kernel waits for
     container_id: str | None = None  # set when created
-    ports: tuple[PublishedPort, ...] = ()  # where its exposed ports are reachable (created)
+    # Where its exposed ports are reachable (domain.events.PublishedPort; that module imports
+    # this one).
+    ports: tuple[object, ...] = ()
     exit_code: int | None = None  # set when its process ended on its own
     ran_s: float | None = None  # how long its command ran
 

@@ -48,12 +48,13 @@ Error codes: ``invalid-request`` (the message names the field), ``not-found``, `
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import msgspec
 
 from domain.contracts.common import TypedReason
-from domain.errors import InvalidField, convert
+from domain.errors import InvalidField
 from domain.events import (
     ClusterMode,
     KernelSpec,
@@ -64,18 +65,20 @@ from domain.events import (
 )
 from domain.limits import (
     MAX_EXEC_S,
-    MAX_MEM,
     MAX_MOUNTS,
     MAX_PORTS,
     AbsPath,
     Argv,
     ClusterSize,
+    Cpu,
     Env,
     ExitCode,
     Id,
     Image,
+    Mem,
     Owner,
     Port,
+    SlotAmount,
     SlotName,
 )
 from domain.session import Session
@@ -86,12 +89,9 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 # ``{cpu, mem, <slot>: amount}`` per kernel: cpu in cores, mem in bytes (an integer), any other
-# key a resource slot (domain.session.resources_from checks cpu and mem are there).
-# Each key's own bound (cpu, mem, a slot) is checked by resources_from.
-ResourceRequest = Annotated[
-    dict[SlotName, Annotated[float, msgspec.Meta(ge=0, le=MAX_MEM)]],
-    msgspec.Meta(min_length=1, max_length=64),
-]
+# key a resource slot.  Each value is decoded by resources_from with its key's own bound, so an
+# error names the key (``$.resources.mem``), which msgspec's path for a map value does not.
+ResourceRequest = Annotated[dict[SlotName, msgspec.Raw], msgspec.Meta(min_length=1, max_length=64)]
 
 
 class CreateSession(_Request, kw_only=True):
@@ -124,23 +124,27 @@ class CreateSession(_Request, kw_only=True):
         )
 
 
-def resources_from(asked: dict[str, float]) -> Resources:
-    """``{cpu, mem, <slot>: amount}`` -> Resources, or InvalidField naming ``resources.<key>``."""
+_RESOURCE_TYPES: dict[str, object] = {"cpu": Cpu, "mem": Mem}
+
+
+def resources_from(asked: Mapping[str, msgspec.Raw | float]) -> Resources:
+    """``{cpu, mem, <slot>: amount}`` -> Resources, or InvalidField naming
+    ``$.resources.<key>``; a slot asked with amount 0 is no slot."""
+    values: dict[str, Any] = {}
+    for key, value in asked.items():
+        type_ = _RESOURCE_TYPES.get(key, SlotAmount)
+        try:
+            if isinstance(value, msgspec.Raw):
+                values[key] = msgspec.json.decode(value, type=type_)
+            else:
+                values[key] = msgspec.convert(value, type_)
+        except msgspec.DecodeError as e:
+            raise InvalidField(f"$.resources.{key}", str(e).removesuffix(" - at `$`")) from None
     for key in ("cpu", "mem"):
-        if key not in asked:
-            raise InvalidField(f"resources.{key}", "is required (cpu in cores, mem in bytes)")
-    cpu, mem = asked["cpu"], asked["mem"]
-    if not cpu > 0:
-        raise InvalidField("resources.cpu", f"must be > 0 cores, got {cpu!r}")
-    if mem != int(mem) or not mem > 0:
-        raise InvalidField("resources.mem", f"must be a whole number of bytes > 0, got {mem!r}")
-    slots = {k: float(v) for k, v in asked.items() if k not in ("cpu", "mem") and v > 0}
-    return convert(
-        {"cpu": cpu, "mem": int(mem), "slots": slots},
-        Resources,
-        "resources",
-        "{cpu: cores > 0, mem: bytes > 0, <slot>: amount >= 0}",
-    )
+        if key not in values:
+            raise InvalidField(f"$.resources.{key}", "is required (cpu in cores, mem in bytes)")
+    slots = {k: float(v) for k, v in values.items() if k not in ("cpu", "mem") and v > 0}
+    return Resources(cpu=values["cpu"], mem=values["mem"], slots=slots)
 
 
 class GetSession(_Request, kw_only=True):
