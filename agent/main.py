@@ -5,7 +5,6 @@ runs the same).  Runs until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -119,10 +118,7 @@ def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
     if args.runtime == "docker":
         from agent.runtime.docker import DockerRuntime
 
-        kwargs: dict[str, str] = {}
-        if "address" in inspect.signature(DockerRuntime).parameters:
-            kwargs["address"] = args.address  # where it publishes kernels' ports
-        return DockerRuntime(agent_id, base_url=args.docker_host, **kwargs)
+        return DockerRuntime(agent_id, base_url=args.docker_host, address=args.address)
     from agent.runtime.dummy import DummyConfig, DummyRuntime
 
     config = DummyConfig()
