@@ -63,6 +63,7 @@ class AgentState:
     agent: Agent
     reserved_cpu: float = 0.0
     reserved_mem: int = 0
+    reserved_slots: dict[str, float] = field(default_factory=dict)  # e.g. gpu held
     # image -> (task id, reason) of its last failed pull, until a new pull starts or succeeds
     failed_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
     registered_seq: int = 0  # stream sequence of its latest (re)registration
@@ -94,6 +95,7 @@ class _Footprint:
     pending: bool
     live_on: frozenset[str]  # agents with a non-terminal kernel of this session
     pulling_on: frozenset[str]
+    slots: dict[str, dict[str, float]] = field(default_factory=dict)  # agent -> slot -> held
 
 
 _EMPTY = _Footprint({}, False, False, frozenset(), frozenset())
@@ -264,6 +266,8 @@ class Fleet:
         """Bring the indexes in line with ``session`` as it is now."""
         sid = session.id
         held: dict[str, tuple[float, int]] = {}
+        slots: dict[str, dict[str, float]] = {}
+        asked_slots = session.resources.slots
         live_on: set[str] = set()
         pulling_on: set[str] = set()
         owner_active = False
@@ -280,11 +284,17 @@ class Fleet:
             if st in AGENT_RESOURCE_OCCUPYING:
                 cpu, mem = held.get(k.agent_id, (0.0, 0))
                 held[k.agent_id] = (cpu + session.resources.cpu, mem + session.resources.mem)
+                if asked_slots:
+                    on_agent = slots.setdefault(k.agent_id, {})
+                    for name, amount in asked_slots.items():
+                        on_agent[name] = on_agent.get(name, 0.0) + amount
             if st not in TERMINAL:
                 live_on.add(k.agent_id)
             if st is S.PULLING:
                 pulling_on.add(k.agent_id)
-        new = _Footprint(held, owner_active, all_pending, frozenset(live_on), frozenset(pulling_on))
+        new = _Footprint(
+            held, owner_active, all_pending, frozenset(live_on), frozenset(pulling_on), slots
+        )
         first = next(iter(session.kernels.values()), None)
         if first is not None and first.status_history:
             at = first.status_history[0].at  # enqueued
@@ -315,6 +325,19 @@ class Fleet:
                 state.reserved_cpu = max(0.0, round(state.reserved_cpu + ncpu - ocpu, 9))
                 state.reserved_mem = max(0, state.reserved_mem + nmem - omem)
             freed = freed or ncpu < ocpu or nmem < omem
+        for agent_id in old.slots.keys() | new.slots.keys():
+            state = self.agents.get(agent_id)
+            oslots, nslots = old.slots.get(agent_id, {}), new.slots.get(agent_id, {})
+            if state is None or oslots == nslots:
+                continue
+            for name in oslots.keys() | nslots.keys():
+                delta = nslots.get(name, 0.0) - oslots.get(name, 0.0)
+                held_now = round(state.reserved_slots.get(name, 0.0) + delta, 9)
+                if held_now > 0:
+                    state.reserved_slots[name] = held_now
+                else:
+                    state.reserved_slots.pop(name, None)
+                freed = freed or delta < 0
         if old.owner_active != new.owner_active:
             self.owner_sessions[owner] += 1 if new.owner_active else -1
             freed = freed or not new.owner_active  # a per-owner limit may let one through now
@@ -351,6 +374,7 @@ class Fleet:
                 capacity=s.agent.capacity,
                 reserved_cpu=s.reserved_cpu,
                 reserved_mem=s.reserved_mem,
+                reserved_slots=dict(s.reserved_slots),
                 images={image: held.size_bytes for image, held in s.agent.images.items()},
                 live=s.live,
             )
@@ -375,6 +399,7 @@ class Fleet:
                     resource_group=s.resource_group,
                     kernel_ids=[k.kernel_id for k in kernels],
                     enqueued_at=kernels[0].status_history[0].at,
+                    cluster_mode=s.cluster_mode,
                 )
             )
         return out
