@@ -63,13 +63,14 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
         (("admin", "cancel-kernel", "nope"), "no kernel 'nope'"),
         (
             ("run", "test/image-0:1", "-r", "mem=lots"),
-            "invalid resource spec 'mem=lots': mem takes a size like 512m or 2g",
+            "-r mem=lots: mem takes a size like 512m or 2g",
         ),
         (
             ("run", "test/image-0:1", "-r", "cpu=-1"),
-            "invalid resource spec 'cpu=-1': cpu takes a number of cores > 0",
+            "-r cpu=-1: cpu takes a number of cores > 0",
         ),
-        (("run", "test/image-0:1", "-r", "gpu=1"), "invalid resource spec 'gpu=1'"),
+        (("run", "test/image-0:1", "-r", "gpu=x"), "-r gpu=x: gpu takes an amount >= 0"),
+        (("run", "test/image-0:1", "-r", "Gpu!=1"), "-r Gpu!=1: write cpu=CORES, mem=SIZE"),
         (("run", "test/image-0:1", "--cluster-size", "0"), "cluster_size"),
     ],
 )
