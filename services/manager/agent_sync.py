@@ -15,7 +15,8 @@ When it runs:
   multi-kernel session failing on several agents is handled, which the original was not);
 - without any trigger, every ``interval_s``: each live agent's last heartbeat is compared with
   the view, and an agent that drifted is synced: a running kernel with no container (killed
-  outside Hoist), a container of a kernel the manager does not know or ended. A kernel
+  outside Hoist), a running container of a kernel the manager does not know or ended (an
+  ended container is no drift: the agent keeps it a while for its logs). A kernel
   CREATING that the agent never got (no container after ``create_grace_s``) gets its
   create-kernel asked again (idempotent). A difference younger than ``grace_s`` (the beat
   may predate the change) is left for the next round.
@@ -250,6 +251,8 @@ class AgentSync:
                 if beat.sent_at - k.status_history[-1].at > self.create_grace:
                     self.uow.publish(LookAgain(session.id))  # create-kernel is asked again
         for kid in live.keys() - mine:
+            if live[kid].status == "exited":
+                continue  # an ended kernel's container, kept by the agent for its logs
             sid = self.fleet.kernel_session.get(kid)
             session = self.fleet.sessions.get(sid) if sid else None
             if session is None:
