@@ -58,6 +58,14 @@ AGENT_FORGERIES: dict[str, ev.Event] = {
     "ImageRemoved": _forged(ev.ImageRemoved, image="base:1", reason="forged"),
     "ImagePreloaded": _forged(ev.ImagePreloaded, image="base:1", reason="forged", pinned=True),
     "AgentLost of B": _forged(ev.AgentLost, status_info="forged"),
+    "KernelExited": _forged(
+        ev.KernelExited,
+        kernel_id="k-evil",
+        session_id="s-evil",
+        exit_code=0,
+        ran_s=1.0,
+        reason="exited: code 0",
+    ),
 }
 
 
