@@ -724,6 +724,7 @@ def _spec(request: rpc.CreateKernel) -> ContainerSpec:
         extra_hosts=dict(request.extra_hosts),
         slots=dict(request.resources.slots),
         owner=request.owner,
+        private_network=request.cluster_size > 1,
     )
 
 

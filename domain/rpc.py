@@ -27,7 +27,19 @@ from domain.events import (
     Resources,
     Seconds,
 )
-from domain.limits import MAX_EXEC_S, MAX_LIST, Argv, Env, ExitCode, Id, Image, Owner, Reason, Slots
+from domain.limits import (
+    MAX_EXEC_S,
+    MAX_LIST,
+    Argv,
+    ClusterSize,
+    Env,
+    ExitCode,
+    Id,
+    Image,
+    Owner,
+    Reason,
+    Slots,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -120,10 +132,12 @@ class PullTask(_Reply, kw_only=True):
 class CreateKernel(_Request, kw_only=True):
     """Start a container for the kernel; idempotent (a kernel never gets two containers).
 
-    ``spec.env`` already holds the cluster's ``HOIST_*`` variables.  The kernels of a session on
-    one agent share a private network where each is reachable by its ``hostname`` (``main1``,
-    ``sub1``, ...); ``extra_hosts`` maps the hostnames of kernels on other agents (multi-node)
-    to their agents' addresses.  ``owner`` labels the volumes the kernel creates."""
+    ``spec.env`` already holds the cluster's ``HOIST_*`` variables.  The kernels of a session of
+    several (``cluster_size`` > 1) on one agent share a private network where each is reachable
+    by its ``hostname`` (``main1``, ``sub1``, ...); a single-kernel session's kernel joins the
+    agent's shared network instead.  ``extra_hosts`` maps the hostnames of kernels on other
+    agents (multi-node) to their agents' addresses.  ``owner`` labels the volumes the kernel
+    creates."""
 
     kernel_id: Id
     session_id: Id
@@ -134,6 +148,9 @@ class CreateKernel(_Request, kw_only=True):
     hostname: Id = "main1"
     cluster_mode: ClusterMode = "multi-node"
     extra_hosts: Annotated[dict[Id, str], msgspec.Meta(max_length=128)] = {}
+    # How many kernels the session has, on all agents (added later: absent, it decodes as 1,
+    # so an older manager's multi-kernel sessions get no private network; upgrade it first).
+    cluster_size: ClusterSize = 1
 
 
 class KernelCreated(_Reply, kw_only=True):

@@ -43,10 +43,14 @@ class ContainerSpec:
     workdir: str | None = None
     ports: Sequence[int] = ()  # container ports to publish on the agent's address
     mounts: Sequence[VolumeMount] = ()
-    hostname: str = "main1"  # its name on the session's private network
+    hostname: str = "main1"  # the container's hostname; its name on the private network
     extra_hosts: Mapping[str, str] = field(default_factory=dict)  # hostname -> address
     slots: Mapping[str, float] = field(default_factory=dict)  # e.g. {"gpu": 1}
     owner: str = ""  # labels the volumes it creates; a volume of another owner is refused
+    # True: the session's kernels on this agent get a network of their own where they reach
+    # each other by hostname (a session of several kernels).  False: the kernel joins one
+    # network the agent's single kernels share, where sessions do not reach each other.
+    private_network: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,17 @@ output, the engine's events) last long, so each gets its own thread and its own 
 what it reads is handed to the event loop with ``call_soon_threadsafe``, and stopping it shuts
 its socket down, which ends the stream at once (a pull: the daemon abandons the download).
 
-A kernel's container joins its session's bridge network on this engine (``hoist-<agent>-
-<session>``, alias = its hostname), publishes its ports on the runtime's address with ports the
-engine picks, and mounts named volumes ``hoist-<name>``.
+A kernel's container joins a bridge network on this engine.  With ``private_network`` (a session
+of several kernels) that is its session's own, ``hoist-<agent>-<session>``, with its hostname as
+alias, so the session's kernels reach each other by name.  Else it is one network the agent's
+single kernels share, ``hoist-<agent>``: an engine with the default address pools fits only
+about 31 user-defined networks, so a network per session would cap an agent at about 31
+sessions.  The shared network gets no aliases from us (the engine adds each hostname anyway: an
+equal hostname of several sessions just resolves to several addresses, and a kernel's own
+hostname is its own in its /etc/hosts), and inter-container traffic is off on it (where the
+engine manages iptables), so sessions stay apart as on networks of their own.  A network goes
+with the last container on it.  A container publishes its ports on the runtime's address with
+ports the engine picks, and mounts named volumes ``hoist-<name>``.
 """
 
 from __future__ import annotations
@@ -71,6 +79,13 @@ DEFAULT_HOST = "unix:///var/run/docker.sock"
 
 _UNAUTHORIZED = ("unauthorized", "authentication required", "no basic auth credentials", "denied")
 _NOT_FOUND = ("not found", "manifest unknown", "name unknown", "invalid reference format")
+_ICC = "com.docker.network.bridge.enable_icc"
+# The engine's words when no address pool is left for a new network.
+_NO_POOL = ("address pool", "non-overlapping")
+_POOLS_HINT = (
+    "(the engine fits about 31 user-defined networks by default): raise default-address-pools"
+    " in /etc/docker/daemon.json"
+)
 # Statuses after which a layer's bytes are all downloaded.
 _DOWNLOADED = {"Verifying Checksum", "Download complete", "Extracting", "Pull complete"}
 
@@ -341,6 +356,11 @@ def _summary_ports(c: Mapping[str, Any]) -> tuple[Published, ...]:
     )
 
 
+def _network_mode(c: Mapping[str, Any]) -> str:
+    """The network a container (as listed) was created on."""
+    return str((c.get("HostConfig") or {}).get("NetworkMode") or "")
+
+
 def _kernel(
     labels: Mapping[str, str],
     container_id: str,
@@ -524,6 +544,10 @@ class DockerRuntime:
         self._session_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
+        # The agent's shared network: made or removed under this lock, and never removed while
+        # a create that joins it is under way (``_agent_network_users``) or a container is on it.
+        self._agent_network_lock = asyncio.Lock()
+        self._agent_network_users = 0
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -584,7 +608,13 @@ class DockerRuntime:
         return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{kernel_id}")
 
     def network_name(self, session_id: str) -> str:
+        """The session's private network (``private_network`` kernels)."""
         return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{session_id}")
+
+    @property
+    def agent_network_name(self) -> str:
+        """The network the agent's kernels without ``private_network`` share."""
+        return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}")
 
     def _session_lock(self, session_id: str) -> asyncio.Lock:
         lock = self._session_locks.get(session_id)
@@ -608,26 +638,82 @@ class DockerRuntime:
             raise KernelNotFound(kernel_id)
         return str(found[0]["Id"])
 
-    async def _ensure_network(self, kernel_id: str, session_id: str) -> str:
-        name = self.network_name(session_id)
+    async def _ensure_network(
+        self,
+        kernel_id: str,
+        name: str,
+        labels: dict[str, str],
+        no_pool: str,
+        options: dict[str, str] | None = None,
+    ) -> str:
         found = await self._call(self.api.networks, names=[name])  # a substring match
         if any(n["Name"] == name for n in found):
             return name
-        labels = {LABEL_AGENT: self.agent_id, LABEL_SESSION: session_id}
         try:
             await self._call(
-                self.api.create_network, name, driver="bridge", labels=labels, check_duplicate=True
+                self.api.create_network,
+                name,
+                driver="bridge",
+                labels=labels,
+                options=options,
+                check_duplicate=True,
             )
         except docker.errors.APIError as e:
-            if e.status_code != 409:  # 409: another agent process made it meanwhile; use it
-                raise KernelCreateError(kernel_id, f"network {name}: {e.explanation or e}") from e
+            if e.status_code == 409:  # another agent process made it meanwhile; use it
+                return name
+            text = str(e.explanation or e)
+            if any(k in text.lower() for k in _NO_POOL):
+                raise KernelCreateError(kernel_id, f"{no_pool} ({text})") from e
+            raise KernelCreateError(kernel_id, f"network {name}: {text}") from e
         return name
+
+    async def _ensure_session_network(self, kernel_id: str, session_id: str) -> str:
+        return await self._ensure_network(
+            kernel_id,
+            self.network_name(session_id),
+            {LABEL_AGENT: self.agent_id, LABEL_SESSION: session_id},
+            f"no address pool left for the session's network {_POOLS_HINT},"
+            " or run fewer multi-kernel sessions per agent",
+        )
 
     async def _remove_network_if_unused(self, session_id: str) -> None:
         if await self._containers(session_id=session_id):
             return
         with contextlib.suppress(docker.errors.APIError):  # best effort: absent, or still used
             await self._call(self.api.remove_network, self.network_name(session_id))
+
+    @contextlib.asynccontextmanager
+    async def _joining_agent_network(self, kernel_id: str) -> AsyncIterator[str]:
+        """The agent's shared network, made on first use and kept while the create runs; after
+        a failed create it goes if nothing else uses it."""
+        async with self._agent_network_lock:
+            name = await self._ensure_network(
+                kernel_id,
+                self.agent_network_name,
+                {LABEL_AGENT: self.agent_id},
+                f"no address pool left for the agent's network {_POOLS_HINT},"
+                " or remove networks the engine no longer needs",
+                {_ICC: "false"},  # sessions do not reach each other on it
+            )
+            self._agent_network_users += 1
+        try:
+            yield name
+        except BaseException:
+            self._agent_network_users -= 1
+            await self._remove_agent_network_if_unused()
+            raise
+        else:
+            self._agent_network_users -= 1
+
+    async def _remove_agent_network_if_unused(self) -> None:
+        name = self.agent_network_name
+        async with self._agent_network_lock:
+            if self._agent_network_users:
+                return
+            if any(_network_mode(c) == name for c in await self._containers()):
+                return
+            with contextlib.suppress(docker.errors.APIError):  # absent, or used by another process
+                await self._call(self.api.remove_network, name)
 
     async def _ensure_volume(self, kernel_id: str, volume: str, owner: str) -> str:
         full = VOLUME_PREFIX + volume
@@ -671,45 +757,52 @@ class DockerRuntime:
             device_requests.append(
                 docker.types.DeviceRequest(count=max(1, int(gpus)), capabilities=[["gpu"]])
             )
-        async with self._session_lock(session_id):
-            network = await self._ensure_network(kernel_id, session_id)
+
+        async def run(network: str, aliases: list[str] | None) -> str:
+            mounts = [
+                docker.types.Mount(
+                    target=m.path,
+                    source=await self._ensure_volume(kernel_id, m.volume, spec.owner),
+                    type="volume",
+                    read_only=m.read_only,
+                )
+                for m in spec.mounts
+            ]
+            host_config = self.api.create_host_config(
+                nano_cpus=round(cpu * 1e9),
+                mem_limit=mem_bytes,
+                memswap_limit=mem_bytes,  # no swap beyond the limit
+                network_mode=network,
+                init=True,  # an init as PID 1: signals work and zombies are reaped
+                port_bindings={p: (self.address, None) for p in spec.ports},  # engine picks
+                mounts=mounts,
+                extra_hosts=dict(spec.extra_hosts) or None,
+                device_requests=device_requests or None,
+            )
+            networking_config = self.api.create_networking_config(
+                {network: self.api.create_endpoint_config(aliases=aliases)}
+            )
+            container_id = await self._create_container(
+                kernel_id, image, spec, labels, host_config, networking_config
+            )
             try:
-                mounts = [
-                    docker.types.Mount(
-                        target=m.path,
-                        source=await self._ensure_volume(kernel_id, m.volume, spec.owner),
-                        type="volume",
-                        read_only=m.read_only,
-                    )
-                    for m in spec.mounts
-                ]
-                host_config = self.api.create_host_config(
-                    nano_cpus=round(cpu * 1e9),
-                    mem_limit=mem_bytes,
-                    memswap_limit=mem_bytes,  # no swap beyond the limit
-                    network_mode=network,
-                    init=True,  # an init as PID 1: signals work and zombies are reaped
-                    port_bindings={p: (self.address, None) for p in spec.ports},  # engine picks
-                    mounts=mounts,
-                    extra_hosts=dict(spec.extra_hosts) or None,
-                    device_requests=device_requests or None,
-                )
-                networking_config = self.api.create_networking_config(
-                    {network: self.api.create_endpoint_config(aliases=[spec.hostname])}
-                )
-                container_id = await self._create_container(
-                    kernel_id, image, spec, labels, host_config, networking_config
-                )
-                try:
-                    await self._call(self.api.start, container_id)
-                except docker.errors.APIError as e:
-                    with contextlib.suppress(docker.errors.APIError):
-                        await self._call(self.api.remove_container, container_id, force=True)
-                    raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
+                await self._call(self.api.start, container_id)
+            except docker.errors.APIError as e:
+                with contextlib.suppress(docker.errors.APIError):
+                    await self._call(self.api.remove_container, container_id, force=True)
+                raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
+            return container_id
+
+        if not spec.private_network:
+            async with self._joining_agent_network(kernel_id) as network:
+                return await run(network, None)
+        async with self._session_lock(session_id):
+            network = await self._ensure_session_network(kernel_id, session_id)
+            try:
+                return await run(network, [spec.hostname])
             except BaseException:
                 await self._remove_network_if_unused(session_id)
                 raise
-        return container_id
 
     async def _create_container(
         self,
@@ -748,9 +841,14 @@ class DockerRuntime:
             with contextlib.suppress(docker.errors.NotFound):  # gone meanwhile: fine
                 await self._call(self.api.remove_container, c["Id"], force=True)
             self._exits.pop(c["Id"], None)
-        for session_id in {c["Labels"].get(LABEL_SESSION) for c in found} - {None, ""}:
+        shared = self.agent_network_name
+        for session_id in {
+            c["Labels"].get(LABEL_SESSION) for c in found if _network_mode(c) != shared
+        } - {None, ""}:
             async with self._session_lock(session_id):
                 await self._remove_network_if_unused(session_id)
+        if any(_network_mode(c) == shared for c in found):
+            await self._remove_agent_network_if_unused()
         return bool(found)
 
     async def _exit_of(self, container_id: str) -> ExitInfo | None:

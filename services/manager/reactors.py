@@ -333,6 +333,7 @@ class Reactors:
                 hostname=session.hostname(k.kernel_id),
                 cluster_mode=session.cluster_mode,
                 extra_hosts=session.extra_hosts(k.kernel_id, addresses),
+                cluster_size=len(session.kernels),
             )
             try:
                 reply = await self.agents.call(k.agent_id, rpc.CREATE_KERNEL, request)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import docker
 import pytest
+import requests
 
 from agent.runtime.base import (
     LABEL_AGENT,
@@ -50,7 +51,16 @@ async def runtime(docker_engine: str) -> AsyncIterator[DockerRuntime]:
         await rt.destroy(k.kernel_id)
     for v in await rt.list_volumes():
         await rt.remove_volume(v.name)
+    # Every test has an agent of its own: a network left behind would eat an address pool.
+    api = docker.APIClient(base_url=docker_engine, version="1.41")
+    try:
+        left = api.networks(filters={"label": f"{LABEL_AGENT}={rt.agent_id}"})
+        for n in left:
+            api.remove_network(n["Id"])
+    finally:
+        api.close()
     await rt.close()
+    assert [n["Name"] for n in left] == []  # the runtime removes a network with its last kernel
 
 
 @pytest.fixture
@@ -178,7 +188,16 @@ async def test_create_runs_a_limited_labelled_container_and_destroy_removes_it(
     assert ctr.id == cid and ctr.status == "running"
     host = ctr.attrs["HostConfig"]
     assert host["NanoCpus"] == 500_000_000 and host["Memory"] == 64 * MiB
-    assert host["NetworkMode"] == runtime.network_name("s1")
+    # A single kernel joins the agent's shared network (no alias given; the engine adds its
+    # hostname and short id), where its containers cannot talk to each other.
+    shared = runtime.agent_network_name
+    assert host["NetworkMode"] == shared
+    assert list(ctr.attrs["NetworkSettings"]["Networks"]) == [shared]
+    assert ctr.attrs["Config"]["Hostname"] == "main1"
+    [net] = nets(client, shared)
+    assert net["Labels"] == {LABEL_AGENT: runtime.agent_id}
+    assert net["Options"] == {"com.docker.network.bridge.enable_icc": "false"}
+    assert nets(client, runtime.network_name("s1")) == []
     assert ctr.labels[LABEL_SESSION] == "s1" and ctr.labels[LABEL_AGENT] == runtime.agent_id
 
     [k] = await runtime.list_kernels()
@@ -193,6 +212,7 @@ async def test_create_runs_a_limited_labelled_container_and_destroy_removes_it(
     assert await runtime.destroy("k1") is True
     assert client.containers.list(all=True, filters={"label": f"{LABEL_KERNEL}=k1"}) == []
     assert await runtime.list_kernels() == []
+    assert nets(client, shared) == []  # gone with its last kernel
     assert await runtime.destroy("k1") is False
 
 
@@ -451,26 +471,38 @@ async def test_kernels_of_a_session_reach_each_other_by_hostname(
     runtime: DockerRuntime, small_image: str, client: docker.DockerClient
 ) -> None:
     await runtime.pull(small_image, lambda p: None)
-    serve = ContainerSpec(["sh", "-c", SERVE_HI], hostname="main1")
+    serve = ContainerSpec(["sh", "-c", SERVE_HI], hostname="main1", private_network=True)
     await runtime.create("m", "s", small_image, 0.5, 32 * MiB, serve)
     fetch = "for i in $(seq 50); do wget -qO- http://main1:8080/ && exit 0; sleep 0.2; done; exit 1"
-    spec = ContainerSpec(["sh", "-c", fetch], hostname="sub1")
+    spec = ContainerSpec(["sh", "-c", fetch], hostname="sub1", private_network=True)
     await runtime.create("w", "s", small_image, 0.5, 32 * MiB, spec)
     k = await wait_exit(runtime, "w")
     assert k.exit is not None and k.exit.exit_code == 0, await read_logs(runtime, "w")
     assert await read_logs(runtime, "w") == b"hi\n"
 
     # Kernels on other agents are reached through extra_hosts.
-    hosts = ContainerSpec(["cat", "/etc/hosts"], hostname="sub2", extra_hosts={"far1": "10.9.8.7"})
+    hosts = ContainerSpec(
+        ["cat", "/etc/hosts"],
+        hostname="sub2",
+        extra_hosts={"far1": "10.9.8.7"},
+        private_network=True,
+    )
     await runtime.create("h", "s", small_image, 0.5, 32 * MiB, hosts)
     await wait_exit(runtime, "h")
     assert b"10.9.8.7\tfar1\n" in await read_logs(runtime, "h")
 
     # Another session's kernel is on another network: main1 is not known there.
-    other = ContainerSpec(["sh", "-c", "wget -qO- -T 2 http://main1:8080/"], hostname="sub1")
+    get_main1 = ["sh", "-c", "wget -qO- -T 2 http://main1:8080/"]
+    other = ContainerSpec(get_main1, hostname="sub1", private_network=True)
     await runtime.create("o", "s-other", small_image, 0.5, 32 * MiB, other)
     o = await wait_exit(runtime, "o")
     assert o.exit is not None and o.exit.exit_code != 0
+    # Nor on the agent's shared network (of single-kernel sessions).
+    single = ContainerSpec(get_main1, hostname="sub1")
+    await runtime.create("x", "s-single", small_image, 0.5, 32 * MiB, single)
+    x = await wait_exit(runtime, "x")
+    assert x.exit is not None and x.exit.exit_code != 0
+    assert nets(client, runtime.agent_network_name)
 
     [net] = nets(client, runtime.network_name("s"))
     assert net["Labels"] == {LABEL_AGENT: runtime.agent_id, LABEL_SESSION: "s"}
@@ -479,6 +511,9 @@ async def test_kernels_of_a_session_reach_each_other_by_hostname(
         assert nets(client, runtime.network_name("s"))  # "h" is still there
     await runtime.destroy("h")
     assert nets(client, runtime.network_name("s")) == []  # with the last one
+    assert nets(client, runtime.network_name("s-other"))
+    await runtime.destroy("x")
+    assert nets(client, runtime.agent_network_name) == []
     assert nets(client, runtime.network_name("s-other"))
 
 
@@ -548,6 +583,7 @@ async def test_a_gpu_slot_without_a_gpu_driver_fails_with_dockers_reason(
         == []
     )
     assert nets(client, runtime.network_name("s")) == []
+    assert nets(client, runtime.agent_network_name) == []  # made for it, gone with it
 
 
 async def test_slots_are_labelled_and_listed(
@@ -561,3 +597,60 @@ async def test_slots_are_labelled_and_listed(
     )
     [k] = await runtime.list_kernels()
     assert k.slots == {"tpu": 2.0, "cpu.fast": 0.5}
+
+
+async def test_many_single_kernel_sessions_share_one_network(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    # An engine with the default address pools fits about 31 user-defined networks: a network
+    # per session would fail the 32nd. Each kernel here is a session of its own, with a port,
+    # and the same hostname.
+    await runtime.pull(small_image, lambda p: None)
+    n = 40
+    spec = ContainerSpec(SLEEP_FOREVER, ports=[8080])
+    ids = [f"k{i}" for i in range(n)]
+    try:
+        for batch in range(0, n, 8):
+            await asyncio.gather(
+                *(
+                    runtime.create(k, f"s-{k}", small_image, 0.01, 8 * MiB, spec)
+                    for k in ids[batch : batch + 8]
+                )
+            )
+        kernels = await runtime.list_kernels()
+        assert sorted(k.kernel_id for k in kernels) == sorted(ids)
+        assert all(k.running for k in kernels)
+        host_ports = {p.host_port for k in kernels for p in k.ports if p.port == 8080}
+        assert len(host_ports) == n  # each published on a port of its own
+        mine = client.api.networks(filters={"label": f"{LABEL_AGENT}={runtime.agent_id}"})
+        assert [net["Name"] for net in mine] == [runtime.agent_network_name]
+    finally:
+        for batch in range(0, n, 8):
+            await asyncio.gather(*(runtime.destroy(k) for k in ids[batch : batch + 8]))
+    assert await runtime.list_kernels() == []
+    assert nets(client, runtime.agent_network_name) == []
+
+
+async def test_no_address_pool_for_a_sessions_network_says_what_to_do(
+    runtime: DockerRuntime, small_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's own words once its default pools are used up (its 32nd network).
+    full = (
+        "could not find an available, non-overlapping IPv4 address pool among the defaults to"
+        " assign to the network"
+    )
+
+    def create_network(*args: object, **kwargs: object) -> None:
+        response = requests.Response()
+        response.status_code = 403
+        raise docker.errors.APIError("403 Forbidden", response, explanation=full)
+
+    monkeypatch.setattr(runtime.api, "create_network", create_network)
+    spec = ContainerSpec(SLEEP_FOREVER, private_network=True)
+    with pytest.raises(KernelCreateError) as err:
+        await runtime.create("k", "s", small_image, 0.01, 8 * MiB, spec)
+    reason = err.value.reason
+    assert "no address pool left for the session's network" in reason, reason
+    assert "default-address-pools in /etc/docker/daemon.json" in reason, reason
+    assert "fewer multi-kernel sessions per agent" in reason and full in reason, reason
+    assert await runtime.list_kernels() == []
