@@ -30,6 +30,7 @@ whose decisions re-check that each kernel is still where the RPC left it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,13 @@ _MAX_STEPS = 32  # per kick; a session needs at most ~8
 SyncAgents = Callable[[set[str]], Awaitable[None]]
 # The session whose worker is recording a change in the current task (None otherwise).
 _worker_of: ContextVar[str | None] = ContextVar("reactor_worker_of", default=None)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def _was_creating(kernel: Kernel) -> bool:
@@ -315,10 +323,13 @@ class Reactors:
     async def _create(self, session: Session) -> bool:
         creating = [k for k in session.kernels.values() if k.status is S.CREATING]
 
+        # A loopback address names the container itself from inside it: no use to a peer.
         addresses = {
             k.agent_id: address
             for k in session.kernels.values()
-            if k.agent_id is not None and (address := self.address_of(k.agent_id)) is not None
+            if k.agent_id is not None
+            and (address := self.address_of(k.agent_id)) is not None
+            and not _loopback(address)
         }
 
         async def one(k: Kernel) -> tuple[str, rpc.KernelCreated | Exception]:
