@@ -5,6 +5,7 @@ runs the same).  Runs until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -127,6 +128,8 @@ def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
             config = DummyConfig(**json.loads(args.dummy_config.read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"--dummy-config {args.dummy_config}: {e}") from None
+    if not config.slots:  # a simulated host has the devices its agent offers
+        config = dataclasses.replace(config, slots=_slots(args.slot))
     return DummyRuntime(agent_id, config, address=args.address)
 
 

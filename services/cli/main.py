@@ -426,6 +426,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         runtime=runtime,
         docker_host=args.docker_host,
         dummy_config=_read_json(args.dummy_config) if args.dummy_config else None,
+        slots=args.slot,
     )
     try:
         await local.start()
@@ -542,6 +543,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--dummy-config",
         type=Path,
         help="dummy agents: JSON of DummyConfig fields (default: the demo images)",
+    )
+    up.add_argument(
+        "--slot",
+        action="append",
+        default=[],
+        metavar="NAME=AMOUNT",
+        help="a resource slot every agent offers, e.g. gpu=2 (repeatable)",
     )
     up.set_defaults(func=cmd_up)
 

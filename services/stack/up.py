@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -241,6 +242,7 @@ class Stack:
         runtime: RuntimeName = "dummy",
         docker_host: str | None = None,
         dummy_config: dict[str, object] | None = None,
+        slots: Sequence[str] = (),
     ) -> None:
         if agents < 0:
             raise StackError(f"--agents must be >= 0, got {agents}")
@@ -250,6 +252,7 @@ class Stack:
         self.runtime = runtime
         self.docker_host = docker_host
         self.dummy_config = dummy_config or DUMMY_CONFIG
+        self.slots = list(slots)  # "gpu=2": each agent's --slot (it checks them)
         self.server: NatsServer | None = None
         self.creds: credentials.Credentials | None = None
         self.children: list[Child] = []
@@ -309,6 +312,8 @@ class Stack:
                 "agent",
                 *("--id", agent_id, "--runtime", self.runtime, "--resource-group", "default"),
             ]
+            for slot in self.slots:
+                args += ["--slot", slot]
             if self.runtime == "dummy":
                 args += ["--dummy-config", str(dummy_config)]
             elif self.docker_host:

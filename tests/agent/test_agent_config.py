@@ -83,3 +83,15 @@ async def test_the_progress_stream_keeps_the_last_state_per_pull(nc: Client) -> 
     await progress.ensure(js, storage=StorageType.FILE, max_age_s=60)
     info = await js.stream_info(PROGRESS_STREAM)
     assert (info.config.storage, info.config.max_age) == (StorageType.FILE, 60)
+
+
+def test_a_dummy_host_has_the_slots_its_agent_offers() -> None:
+    from agent.main import make_runtime, parser
+    from agent.runtime.dummy import DummyRuntime
+
+    args = parser().parse_args(
+        ["--id", "a1", "--runtime", "dummy", "--resource-group", "g", "--slot", "gpu=2"]
+    )
+    runtime = make_runtime(args, "a1")
+    assert isinstance(runtime, DummyRuntime)
+    assert runtime.config.slots == {"gpu": 2.0}
