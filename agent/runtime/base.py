@@ -20,6 +20,7 @@ LABEL_AGENT = "hoist.agent"
 LABEL_CPU = "hoist.cpu"
 LABEL_MEM = "hoist.mem"
 LABEL_SLOTS = "hoist.slots"  # JSON of the resource slots it was given, e.g. {"gpu": 1}
+LABEL_GPUS = "hoist.gpus"  # comma-separated GPU ids the kernel was given
 LABEL_OWNER = "hoist.owner"  # on volumes: whose they are
 
 # What a kernel runs when the create names no command is the image's own entrypoint and cmd.
@@ -51,6 +52,9 @@ class ContainerSpec:
     # each other by hostname (a session of several kernels).  False: the kernel joins one
     # network the agent's single kernels share, where sessions do not reach each other.
     private_network: bool = False
+    # The host's GPUs the agent gave this kernel (device indices or UUIDs): the runtime asks
+    # the engine for exactly these, so two kernels never share one.
+    gpu_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class KernelContainer:
     cpu: float = 0.0  # cores it was given
     mem_bytes: int = 0
     slots: Mapping[str, float] = field(default_factory=dict)
+    gpu_ids: tuple[str, ...] = ()  # the GPUs it was given (a label), for a restarted agent
     ports: tuple[Published, ...] = ()
     exit: ExitInfo | None = None  # set once the process ended (running False)
 
