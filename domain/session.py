@@ -544,12 +544,22 @@ class Session(BaseAggregate[str]):
             exit_code=end.exit_code,
             ran_s=end.ran_s,
         )
-        if self.session_type == "batch" and main:
-            for other in self.kernels.values():
-                if other.status in PRE_RUNNING:
-                    self.cancel(other.kernel_id, info(Reason.SESSION_ENDED, why))
-                elif other.status is S.RUNNING:
-                    self.mark_terminating(other.kernel_id, info(Reason.SESSION_ENDED, why))
+        self.end_batch()
+
+    def end_batch(self) -> None:
+        """A batch session ends with its main kernel: once that is TERMINATED (its command
+        ended, its container went, its agent was lost), the other kernels stop
+        (``session-ended: <the main kernel's reason>``).  A main kernel that failed or was
+        cancelled winds the others down instead (``wind_down``)."""
+        main = self.main_kernel
+        if self.session_type != "batch" or main.status is not S.TERMINATED:
+            return
+        why = info(Reason.SESSION_ENDED, main.status_info)
+        for other in self.kernels.values():
+            if other.status in PRE_RUNNING:
+                self.cancel(other.kernel_id, why)
+            elif other.status is S.RUNNING:
+                self.mark_terminating(other.kernel_id, why)
 
     def _move(
         self,

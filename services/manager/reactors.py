@@ -9,7 +9,8 @@ gets create-kernel asked again (idempotent on the agent: a kernel never gets two
 
 Steps, in order of precedence (each decision is a method of the Session aggregate):
 1. kernels not yet running on a lost agent -> CANCELLED ``agent-lost`` (``agents_lost``);
-2. a kernel ERROR or CANCELLED -> the others wind down ``sibling-failed`` (``wind_down``);
+2. a kernel ERROR or CANCELLED -> the others wind down ``sibling-failed`` (``wind_down``); a
+   batch session's main kernel TERMINATED -> the others stop ``session-ended`` (``end_batch``);
 3. TERMINATING kernels, cancelled ones a create may have reached, and force-terminated ones
    -> destroy-kernel (``container_removed``);
 4. SCHEDULED kernels -> PREPARING (``start_preparing``), then one check-and-pull per agent
@@ -99,6 +100,9 @@ class Reactors:
         self.sync_after_refusal = sync_after_refusal
         self.address_of = address_of  # agent id -> where its published ports are reachable
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
+        # Exits reported while the kernel was still CREATING (its command was quicker than
+        # the create-kernel reply): recorded with the reply.
+        self._early_exits: dict[str, ev.KernelExited] = {}
         self._running: set[str] = set()
         self._again: set[str] = set()
         self._tasks = Tasks()
@@ -134,16 +138,22 @@ class Reactors:
     def kernel_exited(self, event: ev.KernelExited) -> None:
         """An agent says a kernel's process ended there: record it on the kernel's session
         (nothing when the session does not know that kernel on that agent, or it is no longer
-        RUNNING: a late, repeated or forged report)."""
+        RUNNING: a late, repeated or forged report).  A quick command can end before its
+        create-kernel reply is recorded: the exit of a kernel still CREATING there is kept and
+        recorded right after its KernelCreated (``_create``)."""
         agent_id = event.originator_id  # the subject's id, which only that agent may write
         if event.session_id not in self.fleet.sessions:
             return
+
+        def decide(s: Session) -> None:
+            k = s.kernels.get(event.kernel_id)
+            if k is not None and k.agent_id == agent_id and k.status is S.CREATING:
+                self._early_exits[event.kernel_id] = event
+            else:
+                s.process_ended(agent_id, event.kernel_id, event)
+
         self._tasks.spawn(
-            self.uow.try_change(
-                event.session_id,
-                lambda s: s.process_ended(agent_id, event.kernel_id, event),
-            ),
-            f"kernel {event.kernel_id} exited",
+            self.uow.try_change(event.session_id, decide), f"kernel {event.kernel_id} exited"
         )
 
     def kick_later(self, session_id: str) -> None:
@@ -207,6 +217,12 @@ class Reactors:
         failed = any(k.status in (S.ERROR, S.CANCELLED) for k in kernels)
         if failed and any(k.status in PRE_RUNNING or k.status is S.RUNNING for k in kernels):
             return await self._change(sid, Session.wind_down)
+        if (
+            session.session_type == "batch"
+            and kernels[0].status is S.TERMINATED
+            and any(k.status in PRE_RUNNING or k.status is S.RUNNING for k in kernels)
+        ):
+            return await self._change(sid, Session.end_batch)
         to_destroy = [
             k
             for k in kernels
@@ -371,7 +387,14 @@ class Reactors:
             for kid, result in results.items():
                 if isinstance(result, rpc.KernelCreated):
                     s.created(kid, container_id=result.container_id, ports=result.ports)
+                    if (early := self._early_exits.get(kid)) is not None:
+                        s.process_ended(early.originator_id, kid, early)
                 elif isinstance(result, AgentRefused):
                     s.created(kid, error=str(result), detail=result.message or str(result))
 
-        return await self._change(session.id, decide)
+        try:
+            return await self._change(session.id, decide)
+        finally:
+            for kid, result in results.items():
+                if not isinstance(result, AgentUnreachable):
+                    self._early_exits.pop(kid, None)
