@@ -46,6 +46,7 @@ from domain.limits import (
     Id,
     Image,
     Mem,
+    MountPath,
     Owner,
     Port,
     Reason,
@@ -95,7 +96,7 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     agent, kept after the session)."""
 
     volume: Id
-    path: AbsPath
+    path: MountPath
     read_only: bool = False
 
 
@@ -347,6 +348,13 @@ class AgentRegistered(
     runtime: Runtime  # "docker", "dummy"
     images: HeldImages = {}
 
+    # v2: ``capacity.slots`` (an older reader refuses the unknown field, so it is a new schema).
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return state
+
 
 class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered"):
     """A known agent started again: its report replaces capacity and image inventory, and the
@@ -356,6 +364,13 @@ class AgentReregistered(Event, frozen=True, kw_only=True, tag="AgentReregistered
     capacity: Capacity
     runtime: Runtime
     images: HeldImages = {}
+
+    # v2: ``capacity.slots``, as AgentRegistered.
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return state
 
 
 class ImagePullStarted(Event, frozen=True, kw_only=True, tag="ImagePullStarted"):

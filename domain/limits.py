@@ -47,6 +47,8 @@ PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
 # An absolute path inside a container, printable, no ".." step.
 ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
+# Where a volume is mounted: an absolute path, not "/" itself, no trailing or doubled "/".
+MOUNT_PATH = r"^(?!.*//)(?!.*/\Z)(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
 # A resource slot's name: lower-case letters, digits, '.', '_' and '-' (``gpu``, ``cuda.shares``).
 SLOT_NAME = r"^[a-z][a-z0-9._-]*\Z"
 
@@ -59,12 +61,15 @@ Cpu = Annotated[float, msgspec.Meta(gt=0, le=MAX_CPU)]
 Mem = Annotated[int, msgspec.Meta(gt=0, le=MAX_MEM)]
 Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_BYTES)]
 ClusterSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_CLUSTER)]
-Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]  # argv: any text, even control characters
+# argv items and environment values: any text but NUL, which no exec(2) argument can hold.
+NO_NUL = r"^[^\x00]*\Z"
+Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG, pattern=NO_NUL)]
 Argv = Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGS)]
 EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ENV_NAME)]
-EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG)]
+EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG, pattern=NO_NUL)]
 Env = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)]
 AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH, pattern=ABS_PATH)]
+MountPath = Annotated[str, msgspec.Meta(min_length=2, max_length=MAX_PATH, pattern=MOUNT_PATH)]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 SlotName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=SLOT_NAME)]
 SlotAmount = Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOT)]

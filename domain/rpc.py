@@ -498,6 +498,8 @@ _PATTERN_WORDS = {
     limits.PRINTABLE: "printable text (no control or invisible characters)",
     limits.TOKEN: "1-128 letters, digits, '_' or '-'",
     limits.ABS_PATH: "an absolute path (starting with '/', no '..' step, printable)",
+    limits.MOUNT_PATH: "an absolute path other than '/' (no '..' step, no trailing or double '/')",
+    limits.NO_NUL: "text without NUL characters",
     limits.ENV_NAME: "a variable name (letters, digits and '_', not starting with a digit)",
     limits.SLOT_NAME: "a slot name (lower-case letters, digits, '.', '_', '-'; e.g. gpu)",
 }

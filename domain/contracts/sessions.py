@@ -39,7 +39,8 @@ changed nothing):
   ``exit_code``).
 - ``hoist.api.volume.list`` ``{owner?}`` -> ``{volumes: [{agent_id, name, owner, used_by}]}``
   from every live agent; ``hoist.api.volume.remove`` ``{name, owner?, agent_id?}`` ->
-  ``{removed: [agent ids], refused: {agent id: why}}``.
+  ``{removed: [agent ids], refused: {agent id: why}}`` (``owner`` is required: only that owner's
+  volume is removed).
 
 Error codes: ``invalid-request`` (the message names the field), ``not-found``, ``conflict``,
 ``illegal-transition``, ``unavailable`` (the event store did not take the write: retry).
@@ -143,6 +144,8 @@ def resources_from(asked: Mapping[str, msgspec.Raw | float]) -> Resources:
     for key in ("cpu", "mem"):
         if key not in values:
             raise InvalidField(f"$.resources.{key}", "is required (cpu in cores, mem in bytes)")
+    if values.get("gpu", 0) != int(values.get("gpu", 0)):
+        raise InvalidField("$.resources.gpu", f"is a number of whole GPUs, got {values['gpu']}")
     slots = {k: float(v) for k, v in values.items() if k not in ("cpu", "mem") and v > 0}
     return Resources(cpu=values["cpu"], mem=values["mem"], slots=slots)
 
@@ -201,7 +204,7 @@ class ListVolumes(_Request, kw_only=True):
 
 class RemoveVolume(_Request, kw_only=True):
     name: Id
-    owner: Owner | None = None  # refused on an agent where the volume is another owner's
+    owner: Owner  # whose volume: refused on an agent where it is another owner's
     agent_id: Id | None = None  # None: every live agent that holds it
 
 

@@ -223,11 +223,9 @@ async def cmd_volumes(conn: Connection, args: argparse.Namespace) -> int:
 
 
 async def cmd_volume_rm(conn: Connection, args: argparse.Namespace) -> int:
-    payload: dict[str, Any] = {"name": args.name}
+    payload: dict[str, Any] = {"name": args.name, "owner": args.owner}
     if args.agent:
         payload["agent_id"] = args.agent
-    if args.owner:
-        payload["owner"] = args.owner
     reply = await conn.request(VOLUME_REMOVE, payload, wait_s=20)
     if reply["removed"]:
         print(f"volume {args.name} removed from {', '.join(reply['removed'])}")
@@ -275,6 +273,7 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
 def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     connect: Connect,
+    default_owner: str,
 ) -> None:
     def wrap(
         fn: Callable[[Connection, argparse.Namespace], Any],
@@ -311,5 +310,9 @@ def register(
     rm = volume_sub.add_parser("rm", help="remove a named volume no kernel uses")
     rm.add_argument("name")
     rm.add_argument("--agent", help="only on this agent (default: every live agent)")
-    rm.add_argument("--owner", help="refuse where the volume is another owner's")
+    rm.add_argument(
+        "--owner",
+        default=default_owner,
+        help=f"whose volume (default {default_owner}); refused where it is another owner's",
+    )
     rm.set_defaults(func=wrap(cmd_volume_rm))

@@ -602,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.set_defaults(func=cmd_cancel_kernel)
 
     cli_read.add_commands(sub, cmd_read)
-    kernel_cli.register(sub, _connection)
+    kernel_cli.register(sub, _connection, _default_owner())
 
     history = sub.add_parser("history", help="every event of a session, in order")
     history.add_argument("session_id")

@@ -60,10 +60,12 @@ _worker_of: ContextVar[str | None] = ContextVar("reactor_worker_of", default=Non
 
 
 def _loopback(address: str) -> bool:
+    """An address that, from inside a container, names the container itself."""
     try:
-        return ipaddress.ip_address(address).is_loopback
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return address == "localhost"
+    return ip.is_loopback or ip.is_unspecified
 
 
 def _was_creating(kernel: Kernel) -> bool:

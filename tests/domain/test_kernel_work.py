@@ -216,3 +216,45 @@ def test_v1_session_upcasts_to_sleeping_kernels() -> None:
     assert (old.session_type, old.cluster_mode) == ("interactive", "multi-node")
     # An event without slots keeps its shape: the field is omitted when empty.
     assert b"slots" not in encode(enqueued)[0]
+
+
+def test_a_batch_session_ends_with_its_main_kernel_whatever_ended_it() -> None:
+    s = running("batch", size=2)
+    main, sub = s.kernels
+    s.containers_gone("a0", [main], exited=[])  # gone without an exit code
+    assert s.kernels[main].status_info.startswith("container-gone")
+    assert s.kernels[sub].status is S.RUNNING  # the reactors' step decides the rest
+    s.end_batch()
+    assert s.kernels[sub].status is S.TERMINATING
+    assert s.kernels[sub].status_info.startswith("session-ended: container-gone")
+    interactive = running("interactive", size=2)
+    first = next(iter(interactive.kernels))
+    interactive.containers_gone("a0", [first], exited=[])
+    interactive.end_batch()  # not a batch session: nothing
+    assert [k.status for k in interactive.kernels.values()] == [S.TERMINATED, S.RUNNING]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"command": ["echo", "a\x00b"]}, "$.command[1]"),
+        ({"env": {"A": "x\x00"}}, "$.env"),
+        ({"mounts": [{"volume": "a", "path": "/"}]}, "$.mounts[0].path"),
+        ({"mounts": [{"volume": "a", "path": "/data/"}]}, "$.mounts[0].path"),
+        ({"mounts": [{"volume": "a", "path": "/a//b"}]}, "$.mounts[0].path"),
+    ],
+)
+def test_what_no_container_can_take_is_refused_at_the_door(
+    payload: dict[str, object], field: str
+) -> None:
+    request = {"owner": "o", "image": "i", "resources": {"cpu": 1, "mem": 8 * MiB}, **payload}
+    with pytest.raises(RequestError) as e:
+        decode_request_create(request)
+    assert field in e.value.message
+
+
+def test_gpus_are_whole() -> None:
+    assert resources_from({"cpu": 1, "mem": 1, "gpu": 2}).slots == {"gpu": 2.0}
+    with pytest.raises(InvalidField, match=r"resources\.gpu.*whole"):
+        resources_from({"cpu": 1, "mem": 1, "gpu": 0.5})
+    assert resources_from({"cpu": 1, "mem": 1, "tpu": 0.5}).slots == {"tpu": 0.5}

@@ -247,7 +247,7 @@ async def test_a_named_volume_keeps_a_file_across_two_sessions(
         assert [(v["name"], v["agent_id"]) for v in listed["volumes"]] == [(vol, agent_id)], listed
         assert client.volumes.get(f"hoist-{vol}").attrs["Labels"]["hoist.owner"] == "alice"
         # In use by the kept containers: refused, naming the agent.
-        removal = await request(nc, VOLUME_REMOVE, {"name": vol})
+        removal = await request(nc, VOLUME_REMOVE, {"name": vol, "owner": "alice"})
         assert removal.get("removed") == [] and agent_id in removal.get("refused", {}), removal
 
 
