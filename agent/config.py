@@ -54,6 +54,9 @@ class AgentConfig:
     address: str = "127.0.0.1"  # where this agent's published ports are reachable
     keep_exited_s: float = 3600.0  # an ended kernel's container (and logs) is kept this long
     stream_idle_s: float = 30.0  # a logs/exec stream nobody reads this long is closed
+    # The host's GPUs the agent hands out, one kernel each (--gpu-ids: indices or UUIDs);
+    # empty: "0".."N-1" for --slot gpu=N.
+    gpu_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_token(self.agent_id, "agent id (--id)")
@@ -74,6 +77,7 @@ class AgentConfig:
                 )
             if not 0 < amount <= MAX_SLOT:
                 raise ValueError(f"slot {name} (--slot) must be > 0 and <= {MAX_SLOT:g}")
+        self._check_gpus()
         if not self.address or not re.fullmatch(r"[A-Za-z0-9.:_-]+", self.address):
             raise ValueError(f"address (--address) must be a host name or IP, got {self.address!r}")
         if not self.stream_idle_s > 0:
@@ -85,6 +89,31 @@ class AgentConfig:
                 f"heartbeat interval (--heartbeat-interval) must be > 0 seconds,"
                 f" got {self.heartbeat_interval_s}"
             )
+
+    def _check_gpus(self) -> None:
+        gpus = self.slots.get("gpu")
+        if gpus is not None and gpus != int(gpus):
+            raise ValueError(f"slot gpu (--slot) must be a whole number of GPUs, got {gpus:g}")
+        if not self.gpu_ids:
+            # frozen: the default is filled in once, here
+            object.__setattr__(self, "gpu_ids", tuple(str(i) for i in range(int(gpus or 0))))
+            return
+        object.__setattr__(self, "gpu_ids", tuple(self.gpu_ids))
+        if gpus is None:
+            raise ValueError("--gpu-ids needs --slot gpu=N (N: how many ids it names)")
+        if len(self.gpu_ids) != int(gpus):
+            raise ValueError(
+                f"--gpu-ids names {len(self.gpu_ids)} GPUs but --slot gpu={gpus:g}: give one id"
+                " per GPU"
+            )
+        for gpu in self.gpu_ids:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9:._-]*", gpu):
+                raise ValueError(
+                    f"--gpu-ids: a GPU id is an index or UUID (letters, digits, ':', '.', '_',"
+                    f" '-'), got {gpu!r}"
+                )
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise ValueError(f"--gpu-ids names a GPU twice: {','.join(self.gpu_ids)}")
 
     def auth_for(self, image: str) -> dict[str, str] | None:
         return self.registry_auth.get(registry_of(image))
@@ -99,6 +128,11 @@ def parse_slot(value: str) -> tuple[str, float]:
         return name.strip(), float(amount)
     except ValueError:
         raise ValueError(f"--slot must be NAME=AMOUNT, e.g. gpu=2; got {value!r}") from None
+
+
+def parse_gpu_ids(value: str) -> tuple[str, ...]:
+    """``0,1`` or ``GPU-uuid1,GPU-uuid2`` -> the ids (checked by AgentConfig)."""
+    return tuple(part.strip() for part in value.split(","))
 
 
 def registry_of(image: str) -> str:

@@ -19,7 +19,7 @@ from agent.runtime.base import PulledImage
 from domain import events as ev
 from domain.admission import Inadmissible, admit
 from domain.agent import Agent
-from domain.subjects import liveness_events
+from domain.subjects import agent_events, liveness_events
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository
 from services.eventstore.store import ConcurrencyError
@@ -217,3 +217,17 @@ class AgentFacts:
             agent.kernel_exited(kernel_id, session_id, exit_code, ran_s, oom_killed)
 
         await self.record(command)
+
+    async def recorded_exits(self) -> set[tuple[str, str, int, float]]:
+        """(kernel id, session id, exit code, ran_s) of every KernelExited on this agent's
+        subject: what a restarted agent must not record again (one read of the subject)."""
+        out: set[tuple[str, str, int, float]] = set()
+        subject = agent_events(self.agent_id)
+        for record in await self.repository.store.read_subject(subject):
+            try:
+                event = admit(record.subject, record.headers, record.data)
+            except Inadmissible:
+                continue  # not this agent's fact (quarantined when the aggregate is loaded)
+            if isinstance(event, ev.KernelExited):
+                out.add((event.kernel_id, event.session_id, event.exit_code, event.ran_s))
+        return out

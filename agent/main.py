@@ -12,7 +12,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.config import RUNTIMES, AgentConfig, load_registry_auth, parse_size, parse_slot
+from agent.config import (
+    RUNTIMES,
+    AgentConfig,
+    load_registry_auth,
+    parse_gpu_ids,
+    parse_size,
+    parse_slot,
+)
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
@@ -47,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=AMOUNT",
         help="another resource slot offered, e.g. gpu=2 (repeatable)",
+    )
+    cap.add_argument(
+        "--gpu-ids",
+        metavar="ID,ID,...",
+        help="with --slot gpu=N: the N GPUs to hand out, device indices or UUIDs"
+        " (default: 0,1,...,N-1)",
     )
     p.add_argument(
         "--address", default="127.0.0.1", help="where kernels' published ports are reachable"
@@ -88,6 +101,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         disk=parse_size(args.disk, "--disk") if args.disk is not None else None,
         heartbeat_interval_s=args.heartbeat_interval,
         slots=_slots(args.slot),
+        gpu_ids=parse_gpu_ids(args.gpu_ids) if args.gpu_ids else (),
         address=args.address,
         keep_exited_s=args.keep_exited,
         pulls=PullPolicy(

@@ -60,6 +60,9 @@ _BEAT = {rpc.BEAT_HEADER: "1"}
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
 VOLUMES_TTL_S = 30.0  # the heartbeat's volume names are listed again after this long
+# A container the agent destroyed: an exit reported for it this long after is no exit (a die
+# event of the kill can come after the destroy returned).
+TOMBSTONE_S = 60.0
 
 
 class AgentServer:
@@ -79,6 +82,8 @@ class AgentServer:
         )
         self.capacity: ev.Capacity | None = None
         self.reserved: dict[str, ev.Resources] = {}  # kernel id -> what its container was given
+        # kernel id -> the GPUs (config.gpu_ids) its container was given: never two kernels one
+        self.gpus: dict[str, tuple[str, ...]] = {}
         # What image GC must keep besides images in use or being pulled (agent.gc):
         self.preloaded: set[str] = set()  # pinned by preload jobs (ImagePreloaded pinned)
         self.policy_pins: set[str] = set()  # prepull policies (the manager's pin-images)
@@ -97,7 +102,13 @@ class AgentServer:
         self.first_registration: bool | None = None
         self.streams = Streams(self.id, idle_s=config.stream_idle_s)
         # Containers whose KernelExited is recorded (or being recorded): once per container.
-        self._exits_noted: set[str] = set()
+        # container id -> when it was noted (a count, self._notes): a listing begun after that
+        # which lacks the container shows it removed for good, and only then is it forgotten.
+        self._exits_noted: dict[str, int] = {}
+        self._notes = 0
+        # Containers this agent destroyed -> when (monotonic): their exits are never recorded.
+        self._destroyed: dict[str, float] = {}
+        self._stopping = False  # exit callbacks are ignored from then on
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
@@ -132,11 +143,17 @@ class AgentServer:
         # (an ended one holds nothing: its process is gone).
         kernels = await self.runtime.list_kernels()
         for k in kernels:
-            if k.cpu and k.mem_bytes and k.running and k.exit is None:
+            if not k.running or k.exit is not None:
+                continue
+            if k.cpu and k.mem_bytes:
                 self.reserved[k.kernel_id] = ev.Resources(
                     cpu=k.cpu, mem=k.mem_bytes, slots=dict(k.slots)
                 )
+            if k.gpu_ids:
+                self.gpus[k.kernel_id] = tuple(k.gpu_ids)
         self.first_registration = await self.facts.register()
+        if not self.first_registration:
+            await self._note_recorded_exits(kernels)
         # Exits are facts on our subject: watch once registered (list_kernels at each
         # heartbeat is the backstop, and reports what ended while no agent ran).
         self.runtime.watch_exits(self._on_exit)
@@ -162,6 +179,8 @@ class AgentServer:
         )
 
     async def stop(self) -> None:
+        # First: an exit reported from now on spawns nothing (the tasks are about to stop).
+        self._stopping = True
         await unsubscribe_all([self._sub])
         self._sub = None
         await self._tasks.stop()
@@ -185,6 +204,7 @@ class AgentServer:
     # (rpc.is_beat: the header tells a beat from a stored message the server reflected here)
 
     async def send_heartbeat(self) -> rpc.Heartbeat:
+        listed_after = self._notes
         kernels = await self.runtime.list_kernels()
         images = await self.runtime.list_images()
         beat = rpc.Heartbeat(
@@ -195,7 +215,9 @@ class AgentServer:
                     kernel_id=k.kernel_id,
                     session_id=k.session_id,
                     container_id=k.container_id,
-                    status="running" if k.running and k.exit is None else "exited",
+                    # Only an exit is an end: a container never started (or paused) is no
+                    # kernel kept for its logs (sync-kernels destroys it).
+                    status="exited" if k.exit is not None else "running",
                 )
                 for k in kernels
             ],
@@ -206,7 +228,7 @@ class AgentServer:
             volumes=await self._volumes_held(),
         )
         await self.nc.publish(heartbeat(self.id), rpc.encode(beat), headers=_BEAT)
-        self._housekeep(kernels)
+        self._housekeep(kernels, listed_after)
         return beat
 
     def _free(self, disk_used: int = 0) -> rpc.FreeCapacity:
@@ -225,7 +247,12 @@ class AgentServer:
     async def _volumes_held(self) -> list[str]:
         cached = self._volume_names
         if cached is None or time.monotonic() - cached[0] > VOLUMES_TTL_S:
-            names = sorted(v.name for v in await self.runtime.list_volumes())
+            # Names only (docker: one call; list_volumes asks which containers use each one).
+            cheap = getattr(self.runtime, "volume_names", None)
+            if cheap is not None:
+                names = sorted(await cheap())
+            else:  # a runtime from before volume_names
+                names = sorted(v.name for v in await self.runtime.list_volumes())
             self._volume_names = cached = (time.monotonic(), names)
         return cached[1]
 
@@ -233,24 +260,61 @@ class AgentServer:
 
     def _on_exit(self, kernel: KernelContainer) -> None:
         """runtime.watch_exits: a kernel's process ended."""
-        self._housekeep([kernel], full=False)
+        self._housekeep([kernel])
 
-    def _housekeep(self, kernels: list[KernelContainer], full: bool = True) -> None:
-        """Record exits not yet recorded; remove ended containers kept long enough."""
+    def _note(self, container_id: str) -> None:
+        self._notes += 1
+        self._exits_noted[container_id] = self._notes
+
+    async def _note_recorded_exits(self, kernels: list[KernelContainer]) -> None:
+        """After a restart: the kept containers whose exit an earlier agent process recorded
+        are noted, so their exits are not recorded again.  A recorded KernelExited names no
+        container: one matches an ended container of the same kernel and session with the
+        same exit code and run time (to the microsecond, from the engine's timestamps)."""
         ended = [k for k in kernels if k.exit is not None]
-        # A kernel being destroyed was stopped by us, not ended on its own.
-        new = [
+        if not ended:
+            return
+        try:
+            recorded = await self.facts.recorded_exits()
+        except Exception as e:  # not fatal: the manager ignores a repeated exit
+            log.warning("agent %s: exits recorded before could not be read: %s", self.id, e)
+            return
+        for k in ended:
+            assert k.exit is not None
+            key = (k.kernel_id, k.session_id, k.exit.exit_code, max(0.0, float(k.exit.ran_s)))
+            if key in recorded:
+                self._note(k.container_id)
+
+    def _housekeep(self, kernels: list[KernelContainer], listed_after: int | None = None) -> None:
+        """Record exits not yet recorded; remove ended containers kept long enough.
+
+        ``listed_after``: ``kernels`` is a full listing begun when ``self._notes`` was that;
+        then noted containers it lacks are forgotten (only those noted before it began: one
+        that ended and was noted while the listing was under way may be missing from it)."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        self._destroyed = {c: t for c, t in self._destroyed.items() if now - t < TOMBSTONE_S}
+        # An exit of a container we destroyed (or are destroying) is our kill, not an end.
+        ended = [
             k
-            for k in ended
-            if k.container_id not in self._exits_noted and k.kernel_id not in self.terminating
+            for k in kernels
+            if k.exit is not None
+            and k.container_id not in self._destroyed
+            and k.kernel_id not in self.terminating
         ]
-        for k in new:
-            self._exits_noted.add(k.container_id)
+        for k in ended:
+            if k.container_id in self._exits_noted:
+                continue
+            self._note(k.container_id)
             # Its process is gone: what it was given is free again.
-            self.reserved.pop(k.kernel_id, None)
+            self._release(k.kernel_id)
             self._tasks.spawn(self._record_exit(k), name=f"exit {k.kernel_id}")
-        if full:  # forget containers that are gone
-            self._exits_noted &= {k.container_id for k in kernels}
+        if listed_after is not None:
+            present = {k.container_id for k in kernels}
+            self._exits_noted = {
+                c: n for c, n in self._exits_noted.items() if c in present or n > listed_after
+            }
         horizon = time.time() - self.config.keep_exited_s
         for k in ended:
             assert k.exit is not None
@@ -266,7 +330,7 @@ class AgentServer:
             )
         except Exception:
             # The next listing tries again (the store may be back by then).
-            self._exits_noted.discard(k.container_id)
+            self._exits_noted.pop(k.container_id, None)
             raise
         log.info("agent %s: kernel %s exited: code %s", self.id, k.kernel_id, k.exit.exit_code)
 
@@ -395,32 +459,52 @@ class AgentServer:
         _check_id(request.session_id, "session_id")
         async with self._kernel_lock(kernel_id):
             existing = await self._container(kernel_id)
+            if existing is not None and existing.exit is None and not existing.running:
+                # Never started (an agent that died between create and start) or paused: not
+                # the kernel's running container, and it would be forever: made again.
+                log.warning(
+                    "agent %s: kernel %s has a container that is not running (%s): replacing it",
+                    self.id,
+                    kernel_id,
+                    existing.container_id[:12],
+                )
+                await self._destroy_locked(kernel_id)
+                existing = None
             if existing is not None:
                 return rpc.KernelCreated(
                     container_id=existing.container_id, existed=True, ports=_ports(existing)
                 )
             res = request.resources
+            gpus = _whole_gpus(res)
             self._check_fits(kernel_id, res)
+            gpu_ids = self._pick_gpus(kernel_id, gpus)
             # Reserved before the create: a concurrent create sees it, and an exit reported
             # while the create returns frees it.
             self.reserved[kernel_id] = res
+            if gpu_ids:
+                self.gpus[kernel_id] = gpu_ids
             if request.spec.mounts:
                 self._volume_names = None
             try:
                 container_id = await self.runtime.create(
-                    kernel_id, request.session_id, request.image, res.cpu, res.mem, _spec(request)
+                    kernel_id,
+                    request.session_id,
+                    request.image,
+                    res.cpu,
+                    res.mem,
+                    _spec(request, gpu_ids),
                 )
             except KernelExists as e:
-                self.reserved.pop(kernel_id, None)
+                self._release(kernel_id)
                 return rpc.KernelCreated(container_id=e.container_id, existed=True)
             except KernelCreateError as e:
-                self.reserved.pop(kernel_id, None)
+                self._release(kernel_id)
                 raise rpc.RequestError("create-failed", e.reason) from None
             except ValueError as e:
-                self.reserved.pop(kernel_id, None)
+                self._release(kernel_id)
                 raise rpc.RequestError("invalid-request", f"resources: {e}") from None
             except BaseException:
-                self.reserved.pop(kernel_id, None)
+                self._release(kernel_id)
                 raise
             self.last_used[request.image] = time.time()
             made = await self._container(kernel_id)
@@ -444,17 +528,45 @@ class AgentServer:
                 " schedule it elsewhere",
             )
 
+    def _pick_gpus(self, kernel_id: str, count: int) -> tuple[str, ...]:
+        """``count`` of the agent's GPUs no kernel holds (in --gpu-ids order)."""
+        if not count:
+            return ()
+        held = {gpu for ids in self.gpus.values() for gpu in ids}
+        free = [gpu for gpu in self.config.gpu_ids if gpu not in held]
+        if len(free) < count:
+            raise rpc.RequestError(
+                "insufficient-resources",
+                f"kernel {kernel_id} asks gpu {count} (free GPUs {len(free)}) on agent {self.id}:"
+                " schedule it elsewhere",
+            )
+        return tuple(free[:count])
+
+    def _release(self, kernel_id: str) -> None:
+        """What the kernel's container was given is free again."""
+        self.reserved.pop(kernel_id, None)
+        self.gpus.pop(kernel_id, None)
+
     async def destroy_kernel(self, request: rpc.DestroyKernel) -> rpc.KernelDestroyed:
         return rpc.KernelDestroyed(destroyed=await self._destroy(request.kernel_id))
 
     async def _destroy(self, kernel_id: str) -> bool:
         async with self._kernel_lock(kernel_id):
-            self.terminating.add(kernel_id)
-            try:
-                return await self.runtime.destroy(kernel_id)
-            finally:
-                self.terminating.discard(kernel_id)
-                self.reserved.pop(kernel_id, None)
+            return await self._destroy_locked(kernel_id)
+
+    async def _destroy_locked(self, kernel_id: str) -> bool:
+        """Destroy the kernel's container (its lock held)."""
+        # Which container goes, so that an exit reported for it later (the kill's die event
+        # can come after the destroy returned) is never recorded.
+        k = await self._container(kernel_id)
+        if k is not None:
+            self._destroyed[k.container_id] = time.monotonic()
+        self.terminating.add(kernel_id)
+        try:
+            return await self.runtime.destroy(kernel_id)
+        finally:
+            self.terminating.discard(kernel_id)
+            self._release(kernel_id)
 
     @contextlib.asynccontextmanager
     async def _kernel_lock(self, kernel_id: str) -> AsyncIterator[None]:
@@ -490,10 +602,11 @@ class AgentServer:
         unknown: list[str] = []
         busy: list[str] = []
         exits: dict[str, rpc.KernelExit] = {}
+        listed_after = self._notes
         kernels = await self.runtime.list_kernels()
         for k in kernels:
             kid = k.kernel_id
-            ended = k.exit is not None or not k.running
+            ended = k.exit is not None  # kept for its logs; not running without an exit is not
             if k.exit is not None:
                 exits[kid] = rpc.KernelExit(
                     exit_code=k.exit.exit_code,
@@ -511,9 +624,11 @@ class AgentServer:
                 pass  # kept (with its logs) until keep_exited_s, known or not: terminated
             elif kid not in known:
                 unknown.append(kid)
+            elif not k.running:
+                destroy.append(kid)  # never started, or paused: not the kernel running
             else:
                 running.append(kid)
-        self._housekeep(kernels)
+        self._housekeep(kernels, listed_after)
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
             log.warning(
@@ -572,22 +687,30 @@ class AgentServer:
         return k
 
     async def logs(self, request: rpc.Logs) -> rpc.StreamOpened:
+        # A kernel without a container is refused here, on every runtime: the docker runtime's
+        # logs is an async generator, which raises KernelNotFound only at its first read (in
+        # the stream, too late for a refusal).
         await self._live(request.kernel_id)
         try:
             output = self.runtime.logs(request.kernel_id, request.tail, request.follow)
-        except KernelNotFound as e:
+        except KernelNotFound as e:  # removed since (a runtime that checks at once)
             raise rpc.RequestError("not-found", str(e)) from None
         stream = self.streams.logs(output)
         return rpc.StreamOpened(stream_id=stream.id, idle_s=self.streams.idle_s)
 
     async def exec(self, request: rpc.Exec) -> rpc.StreamOpened:
         k = await self._live(request.kernel_id)
-        if k.exit is not None or not k.running:
-            code = f" (exit code {k.exit.exit_code})" if k.exit is not None else ""
+        if k.exit is not None:
             raise rpc.RequestError(
                 "conflict",
-                f"kernel {k.kernel_id} has ended{code}: exec needs it running (its logs stay"
-                " readable until its container is removed)",
+                f"kernel {k.kernel_id} has ended (exit code {k.exit.exit_code}): exec needs it"
+                " running (its logs stay readable until its container is removed)",
+            )
+        if not k.running:
+            raise rpc.RequestError(
+                "conflict",
+                f"kernel {k.kernel_id}'s container is not running (never started, or paused):"
+                " exec needs it running",
             )
 
         async def start() -> ExecRun:
@@ -712,7 +835,17 @@ class AgentServer:
         await self.nc.publish(subject, data)
 
 
-def _spec(request: rpc.CreateKernel) -> ContainerSpec:
+def _whole_gpus(res: ev.Resources) -> int:
+    amount = res.slots.get("gpu", 0.0)
+    if amount != int(amount):
+        raise rpc.RequestError(
+            "invalid-request",
+            f"resources.gpu must be a whole number of GPUs (one GPU is not shared), got {amount:g}",
+        )
+    return int(amount)
+
+
+def _spec(request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = ()) -> ContainerSpec:
     spec = request.spec
     return ContainerSpec(
         command=spec.command,
@@ -725,6 +858,7 @@ def _spec(request: rpc.CreateKernel) -> ContainerSpec:
         slots=dict(request.resources.slots),
         owner=request.owner,
         private_network=request.cluster_size > 1,
+        gpu_ids=gpu_ids,
     )
 
 

@@ -3,7 +3,8 @@
 One ``Stream`` per open stream: a producer task appends what the runtime yields to a bounded
 buffer and never waits for a reader (a slow reader never blocks the agent: what it fell too far
 behind to get is counted as ``dropped``).  A reader asks for the bytes from its cursor.  A stream
-nobody read for ``idle_s`` is closed: its producer is cancelled (an exec's command is killed).
+nobody read for ``idle_s`` (and no read waits on) is closed: its producer is cancelled (an exec's
+command is killed).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Stream:
         self.exit_code: int | None = None
         self.error: str | None = None
         self.read_at = time.monotonic()
+        self.readers = 0  # stream-reads waiting on it now: it is not idle while there are any
         self.delivered = False  # a read returned its last chunk
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -67,9 +69,13 @@ class Stream:
             )
         if cursor == self.end and not self.done and wait > 0:
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._changed.wait()
+            self.readers += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._changed.wait()
+            finally:
+                self.readers -= 1
         dropped = max(0, self.start - cursor)
         cursor = max(cursor, self.start)
         data = bytes(self.data[cursor - self.start : cursor - self.start + max_bytes])
@@ -161,7 +167,7 @@ class Streams:
     def expire(self) -> None:
         now = time.monotonic()
         for stream in list(self.open.values()):
-            if now - stream.read_at > self.idle_s:
+            if not stream.readers and now - stream.read_at > self.idle_s:
                 self._close(stream)
 
     def _close(self, stream: Stream) -> None:

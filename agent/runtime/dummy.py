@@ -133,10 +133,12 @@ class DummyKernel:
     exit: ExitInfo | None = None
     execs: set[DummyExec] = field(default_factory=set)
     lines: int = 0  # lines written at DummyConfig.output_bps
+    # Set by tests: not running, yet no exit (a container created but never started, or paused).
+    stopped: bool = False
 
     @property
     def running(self) -> bool:
-        return self.exit is None
+        return self.exit is None and not self.stopped
 
     def container(self) -> KernelContainer:
         return KernelContainer(
@@ -148,6 +150,7 @@ class DummyKernel:
             cpu=self.cpu,
             mem_bytes=self.mem_bytes,
             slots=dict(self.spec.slots),
+            gpu_ids=tuple(self.spec.gpu_ids),  # as the docker runtime's hoist.gpus label
             ports=self.ports,
             exit=self.exit,
         )
@@ -170,6 +173,7 @@ class DummyRuntime:
         self._listeners: list[ExitCallback] = []  # this runtime's, dropped at close
         self._ticker: asyncio.Task[None] | None = None
         self.execs: list[list[str]] = []  # for tests: every command exec'd
+        self.volume_listings = 0  # for tests: volume_names calls
         self.config = config or DummyConfig()
         self.rng = random.Random(self.config.seed)
         self.host = host or DummyHost()
@@ -273,7 +277,8 @@ class DummyRuntime:
             raise KernelCreateError(kernel_id, "injected create failure")
         if kernel_id in self.kernels:  # a concurrent create won during the delay
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
-        if spec.slots.get("gpu", 0) > 0 and self.config.slots.get("gpu", 0) <= 0:
+        wants_gpu = spec.slots.get("gpu", 0) > 0 or bool(spec.gpu_ids)
+        if wants_gpu and self.config.slots.get("gpu", 0) <= 0:
             # What Docker says when a device request finds no driver.
             raise KernelCreateError(
                 kernel_id, 'could not select device driver "" with capabilities: [[gpu]]'
@@ -387,6 +392,10 @@ class DummyRuntime:
 
     async def list_volumes(self) -> list[Volume]:
         return [Volume(name, owner, self._users(name)) for name, owner in self.host.volumes.items()]
+
+    async def volume_names(self) -> list[str]:
+        self.volume_listings += 1
+        return sorted(self.host.volumes)
 
     async def remove_volume(self, name: str) -> bool:
         if name not in self.host.volumes:

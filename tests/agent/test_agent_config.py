@@ -95,3 +95,26 @@ def test_a_dummy_host_has_the_slots_its_agent_offers() -> None:
     runtime = make_runtime(args, "a1")
     assert isinstance(runtime, DummyRuntime)
     assert runtime.config.slots == {"gpu": 2.0}
+
+
+def test_gpu_ids_default_to_indices_or_are_named_one_per_gpu() -> None:
+    from agent.main import config_from, parser
+
+    def cfg(*extra: str) -> AgentConfig:
+        argv = ["--id", "a1", "--runtime", "dummy", "--resource-group", "g", *extra]
+        return config_from(parser().parse_args(argv))
+
+    assert cfg().gpu_ids == ()
+    assert cfg("--slot", "gpu=3").gpu_ids == ("0", "1", "2")
+    named = cfg("--slot", "gpu=2", "--gpu-ids", "GPU-1f2e,GPU-9a8b")
+    assert named.gpu_ids == ("GPU-1f2e", "GPU-9a8b")
+    with pytest.raises(ValueError, match=r"--gpu-ids names 1 GPUs but --slot gpu=2"):
+        cfg("--slot", "gpu=2", "--gpu-ids", "0")
+    with pytest.raises(ValueError, match=r"--gpu-ids needs --slot gpu=N"):
+        cfg("--gpu-ids", "0")
+    with pytest.raises(ValueError, match=r"names a GPU twice"):
+        cfg("--slot", "gpu=2", "--gpu-ids", "0,0")
+    with pytest.raises(ValueError, match=r"a GPU id is an index or UUID"):
+        cfg("--slot", "gpu=1", "--gpu-ids", "a b")
+    with pytest.raises(ValueError, match=r"slot gpu \(--slot\) must be a whole number"):
+        cfg("--slot", "gpu=1.5")
