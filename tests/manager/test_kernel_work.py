@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.pulls import PullPolicy
 from agent.server import AgentServer
-from domain import subjects
+from domain import rpc, subjects
 from domain.codec import TYPE_HEADER
 from domain.subjects import (
     SESSION_CREATE,
@@ -148,6 +148,13 @@ async def test_a_batch_session_whose_command_exits_0_succeeds(
         done = await until(nc, created["session_id"], ended, what="ended")
         assert (done["status"], done["status_info"]) == ("TERMINATED", "succeeded"), done
         assert done["kernels"][0]["exit_code"] == 0
+        print(
+            "AGENT",
+            [
+                r.headers.get(TYPE_HEADER)
+                for r in await store.read_subject(subjects.agent_events("a1"))
+            ],
+        )
         [row] = await kernel_rows(nc, created["session_id"])
         assert row["exit_code"] == 0 and row["status_info"] == "succeeded", row
 
@@ -460,30 +467,29 @@ async def test_a_thousand_batch_sessions_on_fifty_agents_end_with_their_exit_cod
 async def test_an_exit_quicker_than_the_create_reply_is_recorded_with_its_code(
     nc: Client, store: EventStore
 ) -> None:
-    """The agent's KernelExited can arrive while the manager still has the kernel CREATING
-    (the command ended before the create-kernel reply was recorded): it is recorded right
-    after KernelCreated, not left for agent sync (off here: no reconcile round runs)."""
-    async with agents(nc, store, ["a1"]) as running_, manager(nc, reconcile_interval_s=3600):
+    """The agent's KernelExited can reach the manager while it still has the kernel CREATING
+    (the command ended before the create-kernel reply was recorded): it is kept and recorded
+    right after KernelCreated, not left for agent sync (off here: no reconcile round runs)."""
+    async with (
+        agents(nc, store, ["a1"]) as running_,
+        manager(nc, reconcile_interval_s=3600) as m,
+    ):
         agent = running_["a1"]
         create_kernel = agent.create_kernel
 
         async def slow_reply(request: Any) -> Any:
             reply = await create_kernel(request)
-
-            async def exit_recorded() -> bool:
-                facts = await store.read_subject(subjects.agent_events("a1"))
-                return any(
-                    r.headers.get(TYPE_HEADER) == "KernelExited"
-                    and request.kernel_id.encode() in r.data
-                    for r in facts
-                )
-
-            # The process ended at once: its fact is in the log before the reply is sent.
-            await wait_for(exit_recorded, 5, "the KernelExited fact before the reply")
+            # The process ended at once; the reply waits until the manager has the exit.
+            await wait_for(
+                lambda: request.kernel_id in m.reactors._early_exits,
+                5,
+                "the exit seen while the kernel is CREATING",
+            )
             return reply
 
-        agent.create_kernel = slow_reply  # type: ignore[method-assign]
+        agent._verbs[rpc.CREATE_KERNEL] = slow_reply
         created = await create(nc, session_type="batch", command=["exit", "0"])
         done = await until(nc, created["session_id"], ended, what="ended", within=10)
         assert (done["status"], done["status_info"]) == ("TERMINATED", "succeeded"), done
         assert done["kernels"][0]["exit_code"] == 0
+        assert not m.reactors._early_exits
