@@ -304,6 +304,10 @@ class Runtime(Protocol):
 
     async def list_volumes(self) -> list[Volume]: ...
 
+    async def volume_names(self) -> list[str]:
+        """The names of this agent's volumes, cheaply (for the heartbeat; no ``used_by``)."""
+        ...
+
     async def remove_volume(self, name: str) -> bool:
         """True if removed, False if absent; raises VolumeInUse."""
         ...

@@ -3,19 +3,27 @@
 Short calls run in worker threads (``asyncio.to_thread``). Streams (a pull, logs, an exec's
 output, the engine's events) last long, so each gets its own thread and its own API client:
 what it reads is handed to the event loop with ``call_soon_threadsafe``, and stopping it shuts
-its socket down, which ends the stream at once (a pull: the daemon abandons the download).
+its socket down, which ends the stream at once (a pull: the daemon abandons the download).  A
+log or exec stream hands its bytes over through a bounded buffer (``_Handoff``): at most about
+``HANDOFF_BYTES`` wait per stream (then its thread waits for the reader, as on a pipe), and what
+waits is taken as one chunk, so a big log is a few large chunks, not a callback per line.
 
 A kernel's container joins a bridge network on this engine.  With ``private_network`` (a session
-of several kernels) that is its session's own, ``hoist-<agent>-<session>``, with its hostname as
+of several kernels) that is its session's own, ``hoist-<agent>.<session>``, with its hostname as
 alias, so the session's kernels reach each other by name.  Else it is one network the agent's
-single kernels share, ``hoist-<agent>``: an engine with the default address pools fits only
+single kernels share, ``hoist-net-<agent>``: an engine with the default address pools fits only
 about 31 user-defined networks, so a network per session would cap an agent at about 31
-sessions.  The shared network gets no aliases from us (the engine adds each hostname anyway: an
-equal hostname of several sessions just resolves to several addresses, and a kernel's own
-hostname is its own in its /etc/hosts), and inter-container traffic is off on it (where the
-engine manages iptables), so sessions stay apart as on networks of their own.  A network goes
-with the last container on it.  A container publishes its ports on the runtime's address with
-ports the engine picks, and mounts named volumes ``hoist-<name>``.
+sessions.  (Ids are letters, digits, '_' and '-', so the '.' keeps the two kinds of names apart
+for any ids; the networks' labels say whose they are.)  The shared network gets no aliases from
+us (the engine adds each hostname anyway: an equal hostname of several sessions just resolves
+to several addresses, and a kernel's own hostname is its own in its /etc/hosts), and
+inter-container traffic is off on it (where the engine manages iptables), so sessions stay apart
+as on networks of their own.  The shared network goes with the last container on it.  A
+session's network goes as soon as no running container is on it: a container that ends is
+disconnected from it (its logs stay readable), so kept exited containers do not hold address
+pools; ``prune_networks`` (also run by the first ``list_kernels``) removes what a crash left.
+A container publishes its ports on the runtime's address with ports the engine picks, and mounts
+named volumes ``hoist-<name>``.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +52,7 @@ from docker.utils import parse_repository_tag
 from agent.runtime.base import (
     LABEL_AGENT,
     LABEL_CPU,
+    LABEL_GPUS,
     LABEL_KERNEL,
     LABEL_MEM,
     LABEL_OWNER,
@@ -88,6 +97,13 @@ _POOLS_HINT = (
 )
 # Statuses after which a layer's bytes are all downloaded.
 _DOWNLOADED = {"Verifying Checksum", "Download complete", "Extracting", "Pull complete"}
+# At most this many bytes of one log or exec stream wait for the reader (plus one chunk).
+HANDOFF_BYTES = 1 << 20
+# A stream's bytes that come fast are handed over at most every _BATCH_S unless this many wait.
+_BATCH_BYTES = 64 * 1024
+_BATCH_S = 0.005
+# Container states in which a container is on its networks.
+_UP = ("running", "paused", "restarting")
 
 
 def classify(image: str, message: str, status_code: int | None = None) -> PullError:
@@ -273,38 +289,111 @@ class _Conn:
             self.api.close()
 
 
-_END = object()  # ends a stream's queue
+class _Handoff:
+    """Bytes from a stream's thread to the loop, bounded: ``put`` waits while ``limit`` bytes or
+    more wait for the reader, so the runtime never holds more than ``limit`` plus one chunk of a
+    stream; ``get`` takes all that waits as one chunk (one loop callback per batch, not per
+    chunk), and while bytes come fast, a few small ones at most every ``_BATCH_S`` (an
+    occasional line still comes at once).  ``close`` (the reader went away) makes ``put``
+    refuse at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int | None = None) -> None:
+        self.loop = loop
+        self.limit = limit or HANDOFF_BYTES
+        self._cond = threading.Condition()
+        self._buf = bytearray()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self._notified = False  # a wake-up is on its way to the loop
+        self._ready = asyncio.Event()
+        self._taken_at = 0.0  # monotonic time of the last get that took bytes
+        self.peak = 0  # the most bytes that waited at once (for tests)
+        self.wakeups = 0  # loop callbacks made (for tests)
+
+    # In the stream's thread.
+    def put(self, chunk: bytes, aborted: Callable[[], bool] = lambda: False) -> bool:
+        """False once the reader went away (or ``aborted()``): stop reading."""
+        with self._cond:
+            while len(self._buf) >= self.limit:
+                if self._closed or aborted() or self.loop.is_closed():
+                    return False
+                self._cond.wait(0.1)  # a timeout: an abort must wake it, however it comes
+            if self._closed:
+                return False
+            self._buf += chunk
+            self.peak = max(self.peak, len(self._buf))
+            self._wake()
+        return True
+
+    def finish(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._ended, self._error = True, error
+            self._wake()
+
+    def _wake(self) -> None:
+        if not self._notified:
+            self._notified = True
+            self.wakeups += 1
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads
+                self.loop.call_soon_threadsafe(self._ready.set)
+
+    # On the loop.
+    async def get(self) -> bytes | None:
+        """What waits, as one chunk; None at the end (after raising the stream's error)."""
+        while True:
+            with self._cond:
+                delay = 0.0
+                if 0 < len(self._buf) < _BATCH_BYTES and not self._ended:
+                    delay = self._taken_at + _BATCH_S - time.monotonic()
+                if delay > 0:
+                    self._notified = True  # no wake-ups needed: the loop looks after the delay
+                else:
+                    self._notified = False
+                    self._ready.clear()
+                    if self._buf:
+                        data = bytes(self._buf)
+                        self._buf.clear()
+                        self._taken_at = time.monotonic()
+                        self._cond.notify_all()
+                        return data
+                    if self._ended:
+                        error, self._error = self._error, None
+                        if error is not None:
+                            raise error
+                        return None
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await self._ready.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 
-def _pump(
-    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], conn: _Conn, chunks: Any
-) -> None:
+def _pump(handoff: _Handoff, conn: _Conn, chunks: Any) -> None:
     """In a stream's thread: hand every chunk to the loop, then an error (unless aborted), then
-    _END."""
-
-    def put(item: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
+    the end."""
+    error: BaseException | None = None
     try:
         for chunk in chunks():
             if conn.aborted:
                 break
-            if chunk:
-                put(chunk)
+            if chunk and not handoff.put(chunk, lambda: conn.aborted):
+                break
     except BaseException as e:
         if not conn.aborted:
-            put(e)
+            error = e
     finally:
         conn.close()
-        put(_END)
+        handoff.finish(error)
 
 
-async def _drain(queue: asyncio.Queue[Any]) -> AsyncIterator[bytes]:
-    while (item := await queue.get()) is not _END:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+async def _drain(handoff: _Handoff) -> AsyncIterator[bytes]:
+    while (chunk := await handoff.get()) is not None:
+        yield chunk
 
 
 def _timestamp(text: str | None) -> float:
@@ -361,6 +450,28 @@ def _network_mode(c: Mapping[str, Any]) -> str:
     return str((c.get("HostConfig") or {}).get("NetworkMode") or "")
 
 
+def _networks(c: Mapping[str, Any]) -> set[str]:
+    """The networks a container (as listed) is connected to now."""
+    return set((c.get("NetworkSettings") or {}).get("Networks") or {})
+
+
+def _container_pid(host_pid: int, container_id: str) -> int | None:
+    """The pid inside its container of our ``/proc``'s process ``host_pid``, if /proc says it
+    is a process of that container (its cgroup names the container); else None (gone, or our
+    /proc is of another pid namespace than the daemon's)."""
+    try:
+        with open(f"/proc/{host_pid}/cgroup") as f:
+            if container_id not in f.read():
+                return None
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])  # the innermost namespace's: the container's
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _kernel(
     labels: Mapping[str, str],
     container_id: str,
@@ -378,6 +489,7 @@ def _kernel(
         cpu=float(labels.get(LABEL_CPU) or 0),
         mem_bytes=int(labels.get(LABEL_MEM) or 0),
         slots=_slots(labels),
+        gpu_ids=tuple(g for g in (labels.get(LABEL_GPUS) or "").split(",") if g),
         ports=ports,
         exit=exit,
     )
@@ -461,7 +573,7 @@ class _ExitWatcher:
 
 
 class _DockerExec:
-    """One exec: its output streams in a thread of its own; ``kill`` signals its process."""
+    """One exec: its output streams in a thread of its own; ``kill`` ends its process."""
 
     def __init__(
         self, runtime: DockerRuntime, exec_id: str, loop: asyncio.AbstractEventLoop
@@ -469,7 +581,7 @@ class _DockerExec:
         self.runtime = runtime
         self.exec_id = exec_id
         self.conn = _Conn(runtime.base_url)
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.handoff = _Handoff(loop)
         self.ended = asyncio.Event()
         self._drained = False
 
@@ -478,18 +590,20 @@ class _DockerExec:
 
         def run() -> None:
             try:
-                _pump(loop, self.queue, self.conn, chunks)
+                _pump(self.handoff, self.conn, chunks)
             finally:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self.ended.set)
 
-        threading.Thread(target=run, name=f"exec {exec_id[:12]}", daemon=True).start()
+        self.thread = threading.Thread(target=run, name=f"exec {exec_id[:12]}", daemon=True)
+        self.thread.start()
 
     async def output(self) -> AsyncIterator[bytes]:
+        """Read it: once ``HANDOFF_BYTES`` wait unread, the command waits to write, as on a pipe."""
         if self._drained:
             return
         self._drained = True
-        async for chunk in _drain(self.queue):
+        async for chunk in _drain(self.handoff):
             yield chunk
 
     async def _inspect(self) -> dict[str, Any]:
@@ -506,18 +620,53 @@ class _DockerExec:
         raise TimeoutError(f"exec {self.exec_id} ended its output but is still running")
 
     async def kill(self) -> None:
-        # The engine has no API to signal an exec; it is local, so signal its host pid.
-        for _ in range(200):
-            info = await self._inspect()
-            pid = int(info.get("Pid") or 0)
-            if info.get("Running") and pid > 0:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-            if info.get("ExitCode") is not None:
-                break  # ended already
-            await asyncio.sleep(0.05)  # not started yet
-        self.conn.abort()  # a child that inherited its output must not keep the stream open
+        try:
+            for _ in range(200):
+                info = await self._inspect()
+                pid = int(info.get("Pid") or 0)
+                if info.get("Running") and pid > 0:
+                    await self._kill(str(info.get("ContainerID") or ""), pid)
+                    break
+                if info.get("ExitCode") is not None:
+                    break  # ended already
+                await asyncio.sleep(0.05)  # not started yet
+        finally:
+            # Whatever happened above: a child that inherited its output must not keep the
+            # stream (and its thread) going.
+            self.handoff.close()
+            self.conn.abort()
+
+    async def _kill(self, container_id: str, pid: int) -> None:
+        """The engine has no API to signal an exec; ``pid`` is its process as the daemon sees
+        it (in the daemon's pid namespace)."""
+        if not self.runtime.local:
+            # A remote daemon: its pids are not ours, and nothing tells the command's pid inside
+            # the container.  The command runs on until it ends; its stream is closed (by the
+            # caller), so nobody waits for it.
+            return
+        in_container = await asyncio.to_thread(_container_pid, pid, container_id)
+        if in_container is None:
+            # Our /proc is not the daemon's (the agent runs in another pid namespace) or the
+            # process is gone: as with a remote daemon, it runs on until it ends.
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return  # ended meanwhile
+        except OSError:
+            pass  # not ours to signal (an agent that is not root): kill it from inside
+        api = self.runtime.api
+        with contextlib.suppress(docker.errors.APIError, requests.RequestException):
+            killer = await asyncio.to_thread(
+                api.exec_create, container_id, ["kill", "-9", str(in_container)], user="0"
+            )
+            await asyncio.to_thread(api.exec_start, killer["Id"])
+
+
+def _id(text: str) -> str:
+    """An id in a name: ids are letters, digits, '_' and '-'; anything else (a '.' too) -> '_'."""
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", text)
 
 
 class DockerRuntime:
@@ -537,6 +686,8 @@ class DockerRuntime:
         self.address = address
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
         self.api = docker.APIClient(base_url=self.base_url, version=API_VERSION, timeout=timeout)
+        # A daemon on this host (its socket): its pids may be ours (an exec's kill).
+        self.local = self.base_url.startswith(("unix://", "http+unix://"))
         self._exits: dict[str, ExitInfo] = {}  # container id -> its exit (which never changes)
         self._watchers: list[_ExitWatcher] = []
         # Network create/remove and container create/start of one session one at a time, so a
@@ -548,6 +699,8 @@ class DockerRuntime:
         # a create that joins it is under way (``_agent_network_users``) or a container is on it.
         self._agent_network_lock = asyncio.Lock()
         self._agent_network_users = 0
+        self._pruned = False  # the first list_kernels prunes what a crash left
+        self._tasks: set[asyncio.Task[Any]] = set()  # session networks released after a die
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -604,17 +757,19 @@ class DockerRuntime:
         return True
 
     def _name(self, kernel_id: str) -> str:
-        # The name makes a second create of one kernel fail atomically (409), even in a race.
-        return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{kernel_id}")
+        # The name makes a second create of one kernel fail atomically (409), even in a race;
+        # the '.' (in no id) keeps agent "a-b" kernel "c" apart from agent "a" kernel "b-c".
+        return f"hoist-{_id(self.agent_id)}.{_id(kernel_id)}"
 
     def network_name(self, session_id: str) -> str:
         """The session's private network (``private_network`` kernels)."""
-        return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}-{session_id}")
+        return f"hoist-{_id(self.agent_id)}.{_id(session_id)}"
 
     @property
     def agent_network_name(self) -> str:
-        """The network the agent's kernels without ``private_network`` share."""
-        return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"hoist-{self.agent_id}")
+        """The network the agent's kernels without ``private_network`` share (no '.', unlike
+        a session's)."""
+        return f"hoist-net-{_id(self.agent_id)}"
 
     def _session_lock(self, session_id: str) -> asyncio.Lock:
         lock = self._session_locks.get(session_id)
@@ -676,11 +831,77 @@ class DockerRuntime:
             " or run fewer multi-kernel sessions per agent",
         )
 
-    async def _remove_network_if_unused(self, session_id: str) -> None:
-        if await self._containers(session_id=session_id):
+    async def _release_session_network(
+        self, session_id: str, name: str | None = None, remove_empty: bool = True
+    ) -> bool:
+        """Disconnect the session's containers that are not running from its network ``name``
+        (a stopped container can be; its logs stay), and remove the network once no running
+        container is on it.  ``remove_empty``: also when no container of the session was on it
+        (a failed create, a destroy, a crash's leftover).  True if it was removed."""
+        async with self._session_lock(session_id):
+            return await self._release_locked(session_id, name, remove_empty)
+
+    async def _release_locked(
+        self, session_id: str, name: str | None = None, remove_empty: bool = True
+    ) -> bool:
+        name = name or self.network_name(session_id)
+        on_it = [
+            c
+            for c in await self._containers(session_id=session_id)
+            if name in _networks(c) or _network_mode(c) == name
+        ]
+        if not on_it and not remove_empty:
+            return False
+        up = False
+        for c in on_it:
+            if c["State"] in _UP:
+                up = True
+            elif name in _networks(c):
+                with contextlib.suppress(docker.errors.NotFound):  # gone meanwhile
+                    await self._call(self.api.disconnect_container_from_network, c["Id"], name)
+        if up:
+            return False
+        try:
+            await self._call(self.api.remove_network, name)
+        except docker.errors.APIError:  # absent, or used by a container of someone else
+            return False
+        return True
+
+    def _released_after_exit(self, kernel: KernelContainer) -> None:
+        """A kernel ended: its session's network may go (in a task of its own)."""
+        if not kernel.session_id:
             return
-        with contextlib.suppress(docker.errors.APIError):  # best effort: absent, or still used
-            await self._call(self.api.remove_network, self.network_name(session_id))
+        task = asyncio.get_running_loop().create_task(
+            self._quietly(self._release_session_network(kernel.session_id, remove_empty=False))
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _quietly(coro: Any) -> None:
+        # Best effort: list_kernels and prune_networks try again.
+        with contextlib.suppress(docker.errors.APIError, requests.RequestException, OSError):
+            await coro
+
+    async def prune_networks(self) -> list[str]:
+        """Remove this agent's networks (by their labels) that no running container is on:
+        what a crash between a network's create and its container's left, or a session's
+        network whose containers ended while no runtime watched.  Returns their names."""
+        found = await self._call(
+            self.api.networks, filters={"label": f"{LABEL_AGENT}={self.agent_id}"}
+        )
+        removed = []
+        for n in found:
+            labels = n.get("Labels") or {}
+            if labels.get(LABEL_AGENT) != self.agent_id:
+                continue
+            if session_id := labels.get(LABEL_SESSION):
+                gone = await self._release_session_network(session_id, n["Name"])
+            else:
+                gone = await self._remove_agent_network_if_unused(n["Name"])
+            if gone:
+                removed.append(n["Name"])
+        return removed
 
     @contextlib.asynccontextmanager
     async def _joining_agent_network(self, kernel_id: str) -> AsyncIterator[str]:
@@ -705,15 +926,18 @@ class DockerRuntime:
         else:
             self._agent_network_users -= 1
 
-    async def _remove_agent_network_if_unused(self) -> None:
-        name = self.agent_network_name
+    async def _remove_agent_network_if_unused(self, name: str | None = None) -> bool:
+        name = name or self.agent_network_name
         async with self._agent_network_lock:
             if self._agent_network_users:
-                return
+                return False
             if any(_network_mode(c) == name for c in await self._containers()):
-                return
-            with contextlib.suppress(docker.errors.APIError):  # absent, or used by another process
+                return False
+            try:
                 await self._call(self.api.remove_network, name)
+            except docker.errors.APIError:  # absent, or used by another process
+                return False
+            return True
 
     async def _ensure_volume(self, kernel_id: str, volume: str, owner: str) -> str:
         full = VOLUME_PREFIX + volume
@@ -753,7 +977,13 @@ class DockerRuntime:
             LABEL_SLOTS: json.dumps(dict(spec.slots), sort_keys=True),
         }
         device_requests = []
-        if (gpus := spec.slots.get("gpu", 0)) > 0:
+        if spec.gpu_ids:  # exactly the GPUs the agent picked, so no two kernels share one
+            labels[LABEL_GPUS] = ",".join(spec.gpu_ids)
+            device_requests.append(
+                docker.types.DeviceRequest(device_ids=list(spec.gpu_ids), capabilities=[["gpu"]])
+            )
+        elif (gpus := spec.slots.get("gpu", 0)) > 0:
+            # A caller that picks none: any N (the engine gives every such kernel the first N).
             device_requests.append(
                 docker.types.DeviceRequest(count=max(1, int(gpus)), capabilities=[["gpu"]])
             )
@@ -801,7 +1031,7 @@ class DockerRuntime:
             try:
                 return await run(network, [spec.hostname])
             except BaseException:
-                await self._remove_network_if_unused(session_id)
+                await self._release_locked(session_id, network)
                 raise
 
     async def _create_container(
@@ -845,8 +1075,7 @@ class DockerRuntime:
         for session_id in {
             c["Labels"].get(LABEL_SESSION) for c in found if _network_mode(c) != shared
         } - {None, ""}:
-            async with self._session_lock(session_id):
-                await self._remove_network_if_unused(session_id)
+            await self._release_session_network(session_id)
         if any(_network_mode(c) == shared for c in found):
             await self._remove_agent_network_if_unused()
         return bool(found)
@@ -865,8 +1094,22 @@ class DockerRuntime:
         return info
 
     async def list_kernels(self) -> list[KernelContainer]:
+        if not self._pruned:  # the agent lists its kernels first thing: tidy up after a crash
+            self._pruned = True
+            await self._quietly(self.prune_networks())
         containers = [c for c in await self._containers() if LABEL_KERNEL in c["Labels"]]
         ended = [c["Id"] for c in containers if c["State"] in ("exited", "dead")]
+        # An ended kernel still on its session's network (no die event seen): release it.
+        for session_id in sorted(
+            {
+                s
+                for c in containers
+                if c["State"] in ("exited", "dead")
+                and (s := c["Labels"].get(LABEL_SESSION))
+                and self.network_name(s) in _networks(c)
+            }
+        ):
+            await self._quietly(self._release_session_network(session_id, remove_empty=False))
         exits = dict(zip(ended, await asyncio.gather(*map(self._exit_of, ended)), strict=True))
         for gone in self._exits.keys() - {c["Id"] for c in containers}:
             self._exits.pop(gone, None)
@@ -883,13 +1126,17 @@ class DockerRuntime:
         ]
 
     def watch_exits(self, on_exit: ExitCallback) -> None:
-        watcher = _ExitWatcher(self.base_url, self.agent_id, asyncio.get_running_loop(), on_exit)
+        def ended(kernel: KernelContainer) -> None:
+            self._released_after_exit(kernel)
+            on_exit(kernel)
+
+        watcher = _ExitWatcher(self.base_url, self.agent_id, asyncio.get_running_loop(), ended)
         self._watchers.append(watcher)
         watcher.thread.start()
 
     async def logs(self, kernel_id: str, tail: int | None, follow: bool) -> AsyncIterator[bytes]:
         container_id = await self._container_id(kernel_id)
-        loop, queue, conn = asyncio.get_running_loop(), asyncio.Queue[Any](), _Conn(self.base_url)
+        handoff, conn = _Handoff(asyncio.get_running_loop()), _Conn(self.base_url)
 
         def chunks() -> Any:
             # Not a tty: the SDK demultiplexes the frames, so stdout and stderr come as written.
@@ -903,14 +1150,15 @@ class DockerRuntime:
             )
 
         threading.Thread(
-            target=_pump, args=(loop, queue, conn, chunks), name=f"logs {kernel_id}", daemon=True
+            target=_pump, args=(handoff, conn, chunks), name=f"logs {kernel_id}", daemon=True
         ).start()
         try:
-            async for chunk in _drain(queue):
+            async for chunk in _drain(handoff):
                 yield chunk
         except docker.errors.NotFound as e:
             raise KernelNotFound(kernel_id) from e
         finally:
+            handoff.close()
             conn.abort()
 
     async def exec(
@@ -942,17 +1190,43 @@ class DockerRuntime:
         found = await self._call(self.api.containers, all=True, filters=filters)
         return [c["Labels"].get(LABEL_KERNEL) or c["Names"][0].lstrip("/") for c in found]
 
-    async def list_volumes(self) -> list[Volume]:
+    async def _volumes(self) -> list[dict[str, Any]]:
         found = await self._call(
             self.api.volumes, filters={"label": f"{LABEL_AGENT}={self.agent_id}"}
         )
-        volumes = []
-        for v in (found or {}).get("Volumes") or []:
-            labels = v.get("Labels") or {}
-            name = labels.get(LABEL_VOLUME) or v["Name"].removeprefix(VOLUME_PREFIX)
-            used_by = tuple(sorted(await self._mounted_by(v["Name"], agent_only=True)))
-            volumes.append(Volume(name, labels.get(LABEL_OWNER, ""), used_by))
-        return sorted(volumes, key=lambda v: v.name)
+        return list((found or {}).get("Volumes") or [])
+
+    @staticmethod
+    def _volume_name(v: Mapping[str, Any]) -> str:
+        labelled = (v.get("Labels") or {}).get(LABEL_VOLUME)
+        return str(labelled or v["Name"].removeprefix(VOLUME_PREFIX))
+
+    async def volume_names(self) -> list[str]:
+        """The names of this agent's volumes: one engine call (the agent's heartbeat)."""
+        return sorted(self._volume_name(v) for v in await self._volumes())
+
+    async def list_volumes(self) -> list[Volume]:
+        found = await self._volumes()
+        if not found:
+            return []
+        used: dict[str, list[str]] = {}  # volume's full name -> kernels of ours mounting it
+        for c in await self._containers():
+            for m in c.get("Mounts") or []:
+                if m.get("Type") == "volume" and m.get("Name"):
+                    used.setdefault(m["Name"], []).append(
+                        c["Labels"].get(LABEL_KERNEL) or c["Names"][0].lstrip("/")
+                    )
+        return sorted(
+            (
+                Volume(
+                    self._volume_name(v),
+                    (v.get("Labels") or {}).get(LABEL_OWNER, ""),
+                    tuple(sorted(used.get(v["Name"], ()))),
+                )
+                for v in found
+            ),
+            key=lambda v: v.name,
+        )
 
     async def remove_volume(self, name: str) -> bool:
         full = VOLUME_PREFIX + name
@@ -972,4 +1246,8 @@ class DockerRuntime:
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()
+        if self._tasks:  # releases after a die: let them end (bounded), then stop them
+            _, pending = await asyncio.wait(set(self._tasks), timeout=10)
+            for task in pending:
+                task.cancel()
         self.api.close()

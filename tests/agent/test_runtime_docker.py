@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import docker
 import pytest
 import requests
 
+from agent.runtime import docker as docker_runtime
 from agent.runtime.base import (
     LABEL_AGENT,
+    LABEL_GPUS,
     LABEL_KERNEL,
     LABEL_SESSION,
     LABEL_SLOTS,
@@ -34,7 +38,7 @@ from agent.runtime.base import (
     VolumeInUse,
     VolumeMount,
 )
-from agent.runtime.docker import DockerRuntime, classify
+from agent.runtime.docker import HANDOFF_BYTES, DockerRuntime, classify
 from services.stack.natsserver import free_port
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
@@ -506,15 +510,20 @@ async def test_kernels_of_a_session_reach_each_other_by_hostname(
 
     [net] = nets(client, runtime.network_name("s"))
     assert net["Labels"] == {LABEL_AGENT: runtime.agent_id, LABEL_SESSION: "s"}
-    for kernel in ("m", "w"):
-        await runtime.destroy(kernel)
-        assert nets(client, runtime.network_name("s"))  # "h" is still there
-    await runtime.destroy("h")
-    assert nets(client, runtime.network_name("s")) == []  # with the last one
-    assert nets(client, runtime.network_name("s-other"))
+    # "w" and "h" ended: off the network already (their logs stay); "m" still serves on it.
+    for kernel in ("w", "h"):
+        assert _attached(client, runtime, kernel) == []
+    assert _attached(client, runtime, "m") == [runtime.network_name("s")]
+    assert await read_logs(runtime, "w") == b"hi\n"
+    await runtime.destroy("w")
+    assert nets(client, runtime.network_name("s"))  # "m" is still running on it
+    await runtime.destroy("m")
+    assert nets(client, runtime.network_name("s")) == []  # with the last running one
+    assert b"far1" in await read_logs(runtime, "h")  # kept, readable
+    # "o" ended, alone in its session: its network went with it.
+    assert nets(client, runtime.network_name("s-other")) == []
     await runtime.destroy("x")
     assert nets(client, runtime.agent_network_name) == []
-    assert nets(client, runtime.network_name("s-other"))
 
 
 async def test_a_kill_from_outside_is_exit_137_in_list_kernels_and_watch_exits(
@@ -567,6 +576,14 @@ async def test_the_exit_watch_reconnects_and_stops_at_close(
     await runtime.close()
     await asyncio.to_thread(watcher.thread.join, 5)
     assert not watcher.thread.is_alive()
+
+
+def _attached(client: docker.DockerClient, rt: DockerRuntime, kernel_id: str) -> list[str]:
+    """The networks the kernel's container is connected to now."""
+    [c] = client.api.containers(
+        all=True, filters={"label": [f"{LABEL_AGENT}={rt.agent_id}", f"{LABEL_KERNEL}={kernel_id}"]}
+    )
+    return sorted(c["NetworkSettings"]["Networks"] or {})
 
 
 async def test_a_gpu_slot_without_a_gpu_driver_fails_with_dockers_reason(
@@ -654,3 +671,347 @@ async def test_no_address_pool_for_a_sessions_network_says_what_to_do(
     assert "default-address-pools in /etc/docker/daemon.json" in reason, reason
     assert "fewer multi-kernel sessions per agent" in reason and full in reason, reason
     assert await runtime.list_kernels() == []
+
+
+# --- GPUs the agent picked ---
+
+
+async def test_the_gpus_the_agent_picked_are_requested_by_id_and_labelled(
+    runtime: DockerRuntime,
+    small_image: str,
+    client: docker.DockerClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    sent: list[dict[str, Any]] = []
+    create = runtime.api.create_container
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.api, "create_container", recording)
+    spec = ContainerSpec(SLEEP_FOREVER, slots={"gpu": 2}, gpu_ids=("1", "GPU-3f0a"))
+    with pytest.raises(KernelCreateError) as err:  # this engine has no GPU driver
+        await runtime.create("k", "s", small_image, 0.5, 32 * MiB, spec)
+    assert 'could not select device driver "" with capabilities: [[gpu]]' in err.value.reason
+    [kwargs] = sent
+    [request] = kwargs["host_config"]["DeviceRequests"]
+    assert request["DeviceIDs"] == ["1", "GPU-3f0a"] and request["Capabilities"] == [["gpu"]]
+    assert not request.get("Count")  # not "any two": exactly these
+    assert kwargs["labels"][LABEL_GPUS] == "1,GPU-3f0a"
+    assert await runtime.list_kernels() == []
+
+    # An old caller (a gpu slot, no ids): any N, as before.
+    sent.clear()
+    with pytest.raises(KernelCreateError):
+        await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(slots={"gpu": 2}))
+    [request] = sent[0]["host_config"]["DeviceRequests"]
+    assert request["Count"] == 2 and not request.get("DeviceIDs")
+    assert LABEL_GPUS not in sent[0]["labels"]
+
+
+async def test_list_kernels_tells_a_kernels_gpus_from_its_label(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    # As a previous agent process left it (a GPU host is not at hand: the container is only
+    # created, with the labels create gives it).
+    await runtime.pull(small_image, lambda p: None)
+    labels = {
+        LABEL_AGENT: runtime.agent_id,
+        LABEL_KERNEL: "k",
+        LABEL_SESSION: "s",
+        LABEL_GPUS: "0,2",
+    }
+    client.api.create_container(
+        small_image, labels=labels, host_config=client.api.create_host_config(network_mode="none")
+    )
+    [k] = await runtime.list_kernels()
+    assert (k.kernel_id, k.gpu_ids, k.running) == ("k", ("0", "2"), False)
+
+
+# --- Exec kill ---
+
+
+def _exec_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("exec ")}
+
+
+async def _kill_a_sleep(runtime: DockerRuntime) -> tuple[Any, float]:
+    before = _exec_threads()
+    run = await runtime.exec("k", ["sleep", "100"])
+    await _until(lambda: bool(run.conn.responses), 10)  # its stream is open
+    began = time.monotonic()
+    await asyncio.wait_for(run.kill(), 10)
+    await _until(lambda: _exec_threads() <= before, 5)  # its thread ended
+    assert not run.thread.is_alive()
+    return run, time.monotonic() - began
+
+
+async def test_exec_kill_by_pid_when_the_daemon_is_local(
+    runtime: DockerRuntime, small_image: str
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+    assert runtime.local
+    run, took = await _kill_a_sleep(runtime)
+    assert await asyncio.wait_for(run.wait(), 10) == 137 and took < 5
+
+
+async def test_exec_kill_from_inside_when_the_pid_is_not_ours_to_signal(
+    runtime: DockerRuntime, small_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An agent that is not root may not signal the container's processes: it kills the
+    # command from inside the container (by its pid there), with a second exec.
+    await runtime.pull(small_image, lambda p: None)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+    tried: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        tried.append(pid)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(docker_runtime.os, "kill", kill)
+    run, took = await _kill_a_sleep(runtime)
+    assert len(tried) == 1
+    assert await asyncio.wait_for(run.wait(), 10) == 137 and took < 5
+
+
+async def test_exec_kill_on_a_remote_daemon_closes_the_stream_and_signals_nothing_here(
+    runtime: DockerRuntime, small_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+
+    def kill(pid: int, sig: int) -> None:
+        raise AssertionError("a remote daemon's pid is not ours")
+
+    monkeypatch.setattr(docker_runtime.os, "kill", kill)
+    monkeypatch.setattr(runtime, "local", False)
+    run, took = await _kill_a_sleep(runtime)
+    assert took < 5 and [c async for c in run.output()] == []
+    # The command runs on (until it ends); nobody waits for its stream.
+    assert runtime.api.exec_inspect(run.exec_id)["Running"] is True
+
+
+async def test_a_pid_of_another_container_is_not_signalled(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    cid = await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+    other = await runtime.create("o", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+    pid = client.api.inspect_container(cid)["State"]["Pid"]
+    assert docker_runtime._container_pid(pid, cid) == 1  # its init, pid 1 inside
+    assert docker_runtime._container_pid(pid, other) is None
+    assert docker_runtime._container_pid(os.getpid(), cid) is None
+
+
+# --- Bounded streams ---
+
+
+TWENTY_MB = 20_000_000
+
+
+async def test_a_chatty_exec_read_slowly_holds_a_bounded_buffer(
+    runtime: DockerRuntime, small_image: str
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+    run = await runtime.exec("k", ["sh", "-c", f"yes | head -c {TWENTY_MB}"])
+    got = 0
+    chunks = 0
+    async for chunk in run.output():
+        assert set(chunk) <= set(b"y\n")
+        got += len(chunk)
+        chunks += 1
+        await asyncio.sleep(0.02)  # a slow reader: the thread waits for it
+        assert run.handoff.peak <= HANDOFF_BYTES + 256 * 1024
+    assert got == TWENTY_MB  # nothing lost
+    assert await run.wait() == 0
+    assert chunks < 200  # coalesced (about 1 MiB each while the reader lags), not 10^4 frames
+    assert run.handoff.peak >= HANDOFF_BYTES // 2  # the reader lagged: it filled up
+
+
+async def test_a_big_log_comes_in_few_chunks_and_an_unread_one_is_bounded(
+    runtime: DockerRuntime, small_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    # Lines of 1000 bytes: the engine logs a message per line, so not "y\n" lines here.
+    script = f"yes $(printf 'y%.0s' $(seq 999)) | head -c {TWENTY_MB}"
+    await runtime.create("k", "s", small_image, 0.5, 64 * MiB, sh(script))
+    await wait_exit(runtime, "k", 60)
+
+    handoffs: list[Any] = []
+    real = docker_runtime._Handoff
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        handoffs.append(h := real(*args, **kwargs))
+        return h
+
+    monkeypatch.setattr(docker_runtime, "_Handoff", recording)
+    got, chunks = 0, 0
+    async for chunk in runtime.logs("k", None, follow=False):
+        got += len(chunk)
+        chunks += 1
+    assert got == TWENTY_MB
+    [h] = handoffs
+    assert h.wakeups <= chunks + 2  # one loop callback per batch
+    assert chunks < 1000, chunks  # 20 000 lines, coalesced
+    assert h.peak <= HANDOFF_BYTES + 64 * 1024
+
+    # Nobody reads: the thread stops at the bound; closing the stream ends the thread.
+    threads = _stream_threads()
+    stream = runtime.logs("k", None, follow=False)
+    first = await anext(stream)
+    [_, h] = handoffs
+    await asyncio.sleep(1)
+    assert len(first) + h.peak <= 2 * HANDOFF_BYTES + 64 * 1024
+    assert h.peak <= HANDOFF_BYTES + 64 * 1024
+    await stream.aclose()
+    await _until(lambda: _stream_threads() <= threads, 5)
+
+
+# --- Session networks go when their containers end ---
+
+
+async def test_a_sessions_network_goes_when_its_kernels_end_and_they_stay_readable(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    exits = Exits()
+    runtime.watch_exits(exits)
+    net = runtime.network_name("s")
+    up = ContainerSpec(SLEEP_FOREVER, hostname="main1", private_network=True)
+    a = await runtime.create("a", "s", small_image, 0.5, 32 * MiB, up)
+    done = ContainerSpec(["sh", "-c", "echo a line"], hostname="sub1", private_network=True)
+    await runtime.create("b", "s", small_image, 0.5, 32 * MiB, done)
+    await exits.of("b")  # the die event alone (no list_kernels) disconnects it
+    await _until(lambda: _attached(client, runtime, "b") == [], 10)
+    assert _attached(client, runtime, "a") == [net] and nets(client, net)
+
+    client.api.kill(a)
+    await exits.of("a")
+    await _until(lambda: nets(client, net) == [], 10)  # no running container is on it
+    assert _attached(client, runtime, "a") == []
+    assert await read_logs(runtime, "b") == b"a line\n"
+    kept = {k.kernel_id: k for k in await runtime.list_kernels()}
+    assert set(kept) == {"a", "b"} and kept["a"].exit is not None
+    assert kept["a"].exit.exit_code == 137  # type: ignore[union-attr]
+
+
+async def test_list_kernels_releases_a_network_no_die_event_released(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    # No watch_exits: the agent's polling list_kernels finds the ended kernel.
+    await runtime.pull(small_image, lambda p: None)
+    spec = ContainerSpec(["true"], private_network=True)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, spec)
+    await wait_exit(runtime, "k")
+    assert nets(client, runtime.network_name("s")) == []
+    assert _attached(client, runtime, "k") == []
+
+
+async def test_more_multi_kernel_sessions_than_address_pools_over_time(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+) -> None:
+    # An engine's default pools fit about 31 networks; kept ended kernels must not hold them.
+    await runtime.pull(small_image, lambda p: None)
+    spec = ContainerSpec(["true"], private_network=True)
+    for batch in range(0, 36, 9):  # 9 sessions at a time, 36 in all
+        ids = range(batch, batch + 9)
+        await asyncio.gather(
+            *(runtime.create(f"k{i}", f"s{i}", small_image, 0.01, 8 * MiB, spec) for i in ids)
+        )
+        for i in ids:
+            await wait_exit(runtime, f"k{i}")
+    assert len(await runtime.list_kernels()) == 36
+    assert client.api.networks(filters={"label": f"{LABEL_AGENT}={runtime.agent_id}"}) == []
+
+
+async def test_prune_removes_networks_a_crash_left(
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient, docker_engine: str
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    mine = runtime.agent_id
+    # A crash after the network's create, before its container's: nothing is on them.
+    client.api.create_network(
+        runtime.network_name("lost"), labels={LABEL_AGENT: mine, LABEL_SESSION: "lost"}
+    )
+    client.api.create_network(runtime.agent_network_name, labels={LABEL_AGENT: mine})
+    # A session with a running kernel keeps its network; another agent's are not ours.
+    up = ContainerSpec(SLEEP_FOREVER, private_network=True)
+    await runtime.create("k", "live", small_image, 0.5, 32 * MiB, up)
+    theirs = f"hoist-{uuid.uuid4().hex[:6]}.x"
+    client.api.create_network(theirs, labels={LABEL_AGENT: "someone-else"})
+    try:
+        restarted = DockerRuntime(mine, base_url=docker_engine)
+        try:
+            await restarted.list_kernels()  # its first: prunes
+            assert nets(client, runtime.network_name("lost")) == []
+            assert nets(client, runtime.agent_network_name) == []
+            assert nets(client, runtime.network_name("live"))
+            assert nets(client, theirs)
+            assert await restarted.prune_networks() == []
+        finally:
+            await restarted.close()
+    finally:
+        client.api.remove_network(theirs)
+
+
+async def test_network_names_of_odd_ids_do_not_clash(
+    small_image: str, client: docker.DockerClient, docker_engine: str
+) -> None:
+    # Agent "p-b" (its shared network) vs agent "p" session "b" (a private one): once both
+    # "hoist-p-b". And container names: agent "p-b" kernel "k" vs agent "p" kernel "b-k".
+    p = f"test-{uuid.uuid4().hex[:6]}"
+    one = DockerRuntime(f"{p}-b", base_url=docker_engine)
+    two = DockerRuntime(p, base_url=docker_engine)
+    try:
+        await one.pull(small_image, lambda x: None)
+        assert one.agent_network_name != two.network_name("b")
+        await one.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
+        spec = ContainerSpec(SLEEP_FOREVER, private_network=True)
+        await two.create("b-k", "b", small_image, 0.5, 32 * MiB, spec)
+        assert [k.kernel_id for k in await one.list_kernels()] == ["k"]
+        assert [k.kernel_id for k in await two.list_kernels()] == ["b-k"]
+        assert nets(client, one.agent_network_name)[0]["Labels"] == {LABEL_AGENT: f"{p}-b"}
+        assert nets(client, two.network_name("b"))[0]["Labels"][LABEL_AGENT] == p
+        await one.destroy("k")
+        assert nets(client, two.network_name("b"))  # not the other agent's to remove
+        await two.destroy("b-k")
+        assert nets(client, two.network_name("b")) == []
+    finally:
+        for rt in (one, two):
+            for k in await rt.list_kernels():
+                await rt.destroy(k.kernel_id)
+            await rt.close()
+
+
+# --- Volumes: cheaply ---
+
+
+async def test_volume_names_and_list_volumes_make_one_call_each(
+    runtime: DockerRuntime, small_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    vols = [f"v{i}-{uuid.uuid4().hex[:4]}" for i in range(3)]
+    for i, v in enumerate(vols):
+        spec = ContainerSpec(["true"], mounts=[VolumeMount(v, "/d")], owner="alice")
+        await runtime.create(f"k{i}", "s", small_image, 0.5, 32 * MiB, spec)
+    calls: defaultdict[str, int] = defaultdict(int)
+    for name in ("containers", "volumes", "inspect_volume", "inspect_container"):
+        real = getattr(runtime.api, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(runtime.api, name, counted)
+    assert await runtime.volume_names() == sorted(vols)
+    assert dict(calls) == {"volumes": 1}
+    calls.clear()
+    listed = await runtime.list_volumes()
+    assert dict(calls) == {"volumes": 1, "containers": 1}
+    assert [(v.name, v.owner, v.used_by) for v in listed] == [
+        (v, "alice", (f"k{vols.index(v)}",)) for v in sorted(vols)
+    ]
