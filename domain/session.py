@@ -37,6 +37,8 @@ _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
 
 # Names a kernel's environment must not set: the cluster info Hoist gives every kernel.
 CLUSTER_ENV_PREFIX = "HOIST_"
+# Paths the container engine itself mounts into every container: no volume may replace them.
+_KERNEL_PATHS = ("/proc", "/sys", "/dev")
 
 
 def hostname_of(index: int) -> str:
@@ -127,6 +129,12 @@ class Session(BaseAggregate[str]):
             )
         if len({m.path for m in spec.mounts}) != len(spec.mounts):
             raise InvalidField("mounts", "two mounts at one path: give each its own path")
+        for m in spec.mounts:
+            if any(m.path == p or m.path.startswith(f"{p}/") for p in _KERNEL_PATHS):
+                raise InvalidField(
+                    "mounts",
+                    f"{m.path}: the kernel's own {', '.join(_KERNEL_PATHS)} cannot be a volume",
+                )
         if len(set(spec.ports)) != len(spec.ports):
             raise InvalidField("ports", f"a port is listed twice: {list(spec.ports)}")
         if reserved := sorted(k for k in spec.env if k.startswith(CLUSTER_ENV_PREFIX)):

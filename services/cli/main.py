@@ -678,8 +678,14 @@ PROCESSES = {"agent": "agent", "manager": "services.manager"}
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in PROCESSES:
-        os.execv(sys.executable, [sys.executable, "-m", PROCESSES[argv[0]], *argv[1:]])
+    # A process parses its own options (its --help too), also after `--data-dir D`.
+    first = 0
+    if argv[:1] == ["--data-dir"]:
+        first = 2
+    elif argv and argv[0].startswith("--data-dir="):
+        first = 1
+    if len(argv) > first and argv[first] in PROCESSES:
+        os.execv(sys.executable, [sys.executable, "-m", PROCESSES[argv[first]], *argv[first + 1 :]])
     parser = build_parser()
     head, command = kernel_cli.split_command(argv)
     args = parser.parse_args(head if command is not None else argv)

@@ -276,7 +276,7 @@ def render(state: SessionState) -> RenderableType:
         if kernel.status != S.PULLING:
             if pull is not None and pull.done:
                 outcome = f"pull failed: {pull.error}" if pull.error else "image pulled"
-                grid.add_row(f"    {outcome}", "", "", human_bytes(pull.total), "", "")
+                grid.add_row(Text(f"    {outcome}"), "", "", human_bytes(pull.total), "", "")
             continue
         if pull is None:
             grid.add_row("    waiting for progress", "", "", "", "", "")

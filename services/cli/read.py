@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from domain import subjects
 from services.cli.connection import Connection
@@ -163,7 +164,8 @@ def _table(columns: list[str], rows: list[list[Any]]) -> Table:
     for c in columns:
         table.add_column(c, overflow="fold")
     for row in rows:
-        table.add_row(*(_cell(c, v) for c, v in zip(columns, row, strict=True)))
+        # Text, not str: rich would read "[...]" in a value (an owner, a reason) as markup.
+        table.add_row(*(Text(_cell(c, v)) for c, v in zip(columns, row, strict=True)))
     return table
 
 

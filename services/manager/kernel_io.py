@@ -28,7 +28,7 @@ from domain.contracts.sessions import (
     VolumeView,
 )
 from domain.rpc import RequestError
-from domain.session import Session
+from domain.session import CLUSTER_ENV_PREFIX, Session
 from domain.status import Kernel, KernelStatus
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
@@ -56,6 +56,11 @@ class KernelIO:
         return await self._open(session, kernel, rpc.LOGS, request)
 
     async def exec(self, req: SessionExec) -> StreamOpened:
+        if reserved := sorted(k for k in req.env if k.startswith(CLUSTER_ENV_PREFIX)):
+            raise RequestError(
+                "invalid-request",
+                f"env: {', '.join(reserved)}: names starting {CLUSTER_ENV_PREFIX} are Hoist's own",
+            )
         session = await self._session(req.session_id)
         kernel = _kernel(session, req.kernel_id)
         if kernel.status is not S.RUNNING or kernel.agent_id is None:
@@ -170,7 +175,8 @@ class KernelIO:
             ) from None
         except AgentRefused as e:
             code = e.code if e.code in ("not-found", "conflict", "invalid-request") else "conflict"
-            raise RequestError(code, f"agent {agent_id}: {e.message}") from None
+            said = e.message if e.message.startswith(f"agent {agent_id}") else None
+            raise RequestError(code, said or f"agent {agent_id}: {e.message}") from None
 
 
 def _kernel(session: Session, kernel_id: str | None) -> Kernel:

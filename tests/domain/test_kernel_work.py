@@ -140,6 +140,10 @@ def test_enqueue_refuses_what_cannot_run() -> None:
         )
     with pytest.raises(InvalidField, match="ports"):
         Session.enqueue(**base, spec={"ports": [80, 80]})  # type: ignore[arg-type]
+    for path in ("/proc", "/sys/fs", "/dev/shm"):
+        with pytest.raises(InvalidField, match="mounts"):
+            Session.enqueue(**base, spec={"mounts": [{"volume": "a", "path": path}]})  # type: ignore[arg-type]
+    Session.enqueue(**base, spec={"mounts": [{"volume": "a", "path": "/devdata"}]})  # type: ignore[arg-type]
     with pytest.raises(InvalidField, match="cluster_mode"):
         Session.enqueue(**base, cluster_mode="everywhere")  # type: ignore[arg-type]
 
