@@ -17,7 +17,7 @@ from domain import events as ev
 from domain.limits import MAX_BYTES
 from domain.status import AGENT_RESOURCE_OCCUPYING
 from projections.base import Projection, fetch_rows
-from projections.sessions import _in
+from projections.sessions import _in, slots_text
 from projections.table import Row, Table
 
 AGENTS = Table(
@@ -29,6 +29,7 @@ AGENTS = Table(
         ("cpu", "DOUBLE"),
         ("mem", "BIGINT"),
         ("disk", "BIGINT"),
+        ("slots", "VARCHAR"),  # other resource slots offered, e.g. "gpu=2"
         ("alive", "BOOLEAN"),
         ("status_info", "VARCHAR"),  # registered, reregistered, or why it was lost
         ("registered_at", "TIMESTAMPTZ"),
@@ -79,14 +80,14 @@ PULLS = Table(
 class AgentsProjection(Projection):
     name: ClassVar[str] = "agents"
     # v2: AgentLost only from the manager's liveness subject (one on an agent's own subject is
-    # quarantined), so a model built before is rebuilt.
-    version: ClassVar[int] = 2
+    # quarantined), so a model built before is rebuilt.  v3: the slots an agent offers.
+    version: ClassVar[int] = 3
     tables: ClassVar[tuple[Table, ...]] = (AGENTS,)
     views: ClassVar[Mapping[str, str]] = {
         # The images' sum is capped at MAX_BYTES (like the disk): BIGINT never overflows.
         "agents_view": f"""
             SELECT a.agent_id, a.resource_group, a.runtime, a.alive, a.status_info,
-                   a.cpu, a.mem, a.disk,
+                   a.cpu, a.mem, a.disk, a.slots,
                    round(a.cpu - coalesce(o.cpu, 0), 6) AS free_cpu,  -- no 1e-14 residue
                    a.mem - coalesce(o.mem, 0) AS free_mem,
                    a.disk - coalesce(i.bytes, 0) AS free_disk,
@@ -130,6 +131,7 @@ class AgentsProjection(Projection):
             cpu=e.capacity.cpu,
             mem=e.capacity.mem,
             disk=e.capacity.disk,
+            slots=slots_text(e.capacity.slots),
             alive=True,
             last_seq=seq,
         )

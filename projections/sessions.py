@@ -89,6 +89,11 @@ SESSIONS = Table(
 )
 
 
+def slots_text(slots: Mapping[str, float]) -> str | None:
+    """Resource slots as a cell reads them: ``gpu=2, tpu=0.5`` (None: no slot)."""
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(slots.items())) or None
+
+
 def _in(statuses: frozenset[KernelStatus]) -> str:
     return ", ".join(f"'{s.value}'" for s in sorted(statuses))
 
@@ -176,7 +181,7 @@ class SessionsProjection(Projection):
             else msgspec.json.encode(e.spec.command).decode(),
             "created_at": e.timestamp,
         }
-        slots = ", ".join(f"{k}={v:g}" for k, v in sorted(e.resources.slots.items())) or None
+        slots = slots_text(e.resources.slots)
         kernels: dict[str, Row] = {}
         status, info = KernelStatus.PENDING, e.status_info
         for index, kernel_id in enumerate(e.kernel_ids):

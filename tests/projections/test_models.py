@@ -289,3 +289,33 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     [base] = rows(con, "SELECT removed, rules FROM prepull_policies WHERE name = 'base'")
     assert not base["removed"] and json.loads(base["rules"])[0]["images"] == ["b:2"]
     assert compare(snapshot(con)[1], await rebuilt(store)) == []
+
+
+async def test_slots_an_agent_offers_and_a_kernel_asks_are_in_the_models() -> None:
+    from domain.agent import Agent
+    from domain.session import Session
+    from projections.agents import AgentsProjection
+    from projections.sessions import SessionsProjection, slots_text
+
+    assert slots_text({"tpu": 0.5, "gpu": 2}) == "gpu=2, tpu=0.5"
+    assert slots_text({}) is None
+    agent = Agent.register(
+        agent_id="g1",
+        resource_group="default",
+        capacity={"cpu": 4, "mem": 2**33, "disk": 2**40, "slots": {"gpu": 2}},
+        runtime="dummy",
+    )
+    session = Session.enqueue(
+        owner="o",
+        image="i:1",
+        resources={"cpu": 1, "mem": 2**20, "slots": {"gpu": 1}},
+        resource_group="default",
+    )
+    agents, sessions = AgentsProjection(), SessionsProjection()
+    for seq, e in enumerate([*agent.collect_events(), *session.collect_events()], 1):
+        for p in (agents, sessions):
+            if type(e) in p.handlers:
+                p.handlers[type(e)](e, seq)
+    assert agents.agents["g1"]["slots"] == "gpu=2"
+    [kernel] = sessions.live[session.id].rows.values()
+    assert kernel["slots"] == "gpu=1"
