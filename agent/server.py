@@ -690,12 +690,19 @@ class AgentServer:
         # A kernel without a container is refused here, on every runtime: the docker runtime's
         # logs is an async generator, which raises KernelNotFound only at its first read (in
         # the stream, too late for a refusal).
-        await self._live(request.kernel_id)
+        k = await self._live(request.kernel_id)
         try:
             output = self.runtime.logs(request.kernel_id, request.tail, request.follow)
         except KernelNotFound as e:  # removed since (a runtime that checks at once)
             raise rpc.RequestError("not-found", str(e)) from None
-        stream = self.streams.logs(output)
+        try:
+            stream = self.streams.logs(output, k.session_id)  # counts against its session
+        except rpc.RequestError:
+            aclose = getattr(output, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            raise
         return rpc.StreamOpened(stream_id=stream.id, idle_s=self.streams.idle_s)
 
     async def exec(self, request: rpc.Exec) -> rpc.StreamOpened:
@@ -723,7 +730,7 @@ class AgentServer:
             except KernelCreateError as e:
                 raise rpc.RequestError("conflict", f"exec failed: {e.reason}") from None
 
-        stream = await self.streams.exec(start, request.timeout)
+        stream = await self.streams.exec(start, request.timeout, k.session_id)
         return rpc.StreamOpened(stream_id=stream.id, idle_s=self.streams.idle_s)
 
     async def stream_read(self, request: rpc.StreamRead) -> rpc.StreamChunk:

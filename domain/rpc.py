@@ -290,7 +290,9 @@ class StreamChunk(_Reply, kw_only=True):
     dropped: int = 0  # bytes between the asked cursor and this chunk that the buffer lost
     done: bool = False  # nothing will follow
     exit_code: ExitCode | None = None  # an exec's, with done
-    error: str | None = None  # why the stream ended early (with done)
+    # Why the stream ended early (with done), e.g. "timed out after 1s".  Not ``error``: that
+    # key is every failure envelope's ({"error": {"code", "message"}}).
+    reason: str | None = None
 
 
 class ListVolumes(_Request, kw_only=True):

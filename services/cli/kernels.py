@@ -29,6 +29,7 @@ _ENV_NAME = re.compile(ENV_NAME)
 _ABS_PATH = re.compile(ABS_PATH)
 _TOKEN = re.compile(TOKEN)
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+MAX_REOPENS = 3  # `hoist logs` opens a lost stream again at most this often without progress
 
 
 # --- flags ---------------------------------------------------------------------------------------
@@ -150,11 +151,39 @@ async def cmd_logs(conn: Connection, args: argparse.Namespace) -> int:
             raise CliError(f"--tail {args.tail}: a number of lines >= 0")
         payload["tail"] = args.tail
     opened = await conn.request(SESSION_LOGS, payload)
-    end = await read_stream(conn, opened, stop)
+    printed, stalled = 0, 0  # bytes of the logs printed (or dropped); reopens without progress
+    while True:
+        end = await read_stream(conn, opened, stop, skip=printed)
+        if end.lost is None:
+            break
+        # The agent expired or evicted the stream: open it again where that gives the same
+        # bytes (all the logs, not followed: skip what was printed), else say what is lost.
+        stalled = stalled + 1 if end.cursor <= printed else 0
+        if stalled >= MAX_REOPENS:
+            raise CliError(f"logs of kernel {opened['kernel_id']}: {end.lost}")
+        if args.follow:
+            print(
+                f"hoist: the log stream of kernel {opened['kernel_id']} was lost on its agent"
+                " (unread for a while, or evicted to make room): output may be missing here;"
+                " following new output",
+                file=sys.stderr,
+                flush=True,
+            )
+            payload["tail"], printed = 0, 0
+        elif args.tail is None:
+            printed = max(printed, end.cursor)
+        else:
+            raise CliError(
+                f"logs of kernel {opened['kernel_id']}: the stream was lost on its agent after"
+                f" {end.cursor} bytes (unread for a while, or evicted to make room), and the"
+                f" last {args.tail} lines may differ now: run `hoist logs` again"
+            )
+        payload["kernel_id"] = opened["kernel_id"]  # the same kernel
+        opened = await conn.request(SESSION_LOGS, payload)
     if end.interrupted:
         return INTERRUPTED
-    if end.error and not end.pipe_closed:
-        raise CliError(f"logs of kernel {opened['kernel_id']}: {end.error}")
+    if end.reason and not end.pipe_closed:
+        raise CliError(f"logs of kernel {opened['kernel_id']}: {end.reason}")
     return 0
 
 
@@ -191,10 +220,18 @@ async def cmd_exec(conn: Connection, args: argparse.Namespace) -> int:
         return INTERRUPTED
     if end.pipe_closed:
         return 0
-    if end.error:
-        print(f"hoist: exec: {end.error}", file=sys.stderr)
+    if end.lost is not None:
+        # Closing the stream killed the command: its further output and exit code are gone.
+        raise CliError(
+            f"exec: the output stream was lost on the agent before the command ended (unread"
+            f" for {opened.get('idle_s', 30):g}s, or evicted to make room): the rest of the"
+            f" output and the exit code are lost, and the command was killed with its stream"
+            f" ({end.lost})"
+        )
+    if end.reason:
+        print(f"hoist: exec: {end.reason}", file=sys.stderr)
     if end.exit_code is None:
-        return 1 if end.error else 0
+        return 1 if end.reason else 0
     return process_exit(end.exit_code)
 
 

@@ -215,8 +215,13 @@ async def _run_attached(
         opened = await conn.request(
             SESSION_LOGS, {"session_id": session_id, "kernel_id": main_id, "follow": True}
         )
-    except CliError as e:  # e.g. destroyed meanwhile: no container, no logs; the code still
-        print(f"hoist: no output: {e}", file=err, flush=True)
+    except CliError as e:  # e.g. destroyed meanwhile, or too many streams: the code still
+        print(
+            f"hoist: the output of session {session_id} cannot be shown here: {e};"
+            f" `hoist logs {session_id}` reads it",
+            file=err,
+            flush=True,
+        )
     else:
         end = await read_stream(conn, opened, detach)
         if end.interrupted:
@@ -229,8 +234,16 @@ async def _run_attached(
             return INTERRUPTED
         if end.pipe_closed:
             return 0
-        if end.error:
-            print(f"hoist: the output ended early: {end.error}", file=err, flush=True)
+        if end.lost is not None:  # expired or evicted on the agent: the rest is not shown
+            print(
+                f"hoist: the output stream of session {session_id} was lost on its agent"
+                f" (unread for a while, or evicted to make room) after {end.cursor} bytes;"
+                f" the rest is not shown here: `hoist logs {session_id}` reads the output",
+                file=err,
+                flush=True,
+            )
+        if end.reason:
+            print(f"hoist: the output ended early: {end.reason}", file=err, flush=True)
     assert outcome.status is not None  # settled
     shown = f"session {session_id} {outcome.status.value} {outcome.status_info}"
     return await _main_exit_code(conn, session_id, main_id, detach, shown)

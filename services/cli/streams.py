@@ -5,7 +5,9 @@ The reader sets the pace: each read asks for the bytes after its cursor, waiting
 up to a few seconds when there are none yet.  The agent keeps a bounded buffer per stream and
 never waits for us; bytes we fell too far behind to get come back as ``dropped`` (said on
 stderr, so stdout holds only the output).  Ctrl-C and a closed stdout (``| head``) end the loop
-without a traceback.
+without a traceback.  A stream the agent no longer has (unread for its ``idle_s``, or evicted
+to make room for others) ends the loop with ``StreamEnd.lost``: the caller decides whether to
+open it again (``skip`` then passes over what was printed already).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from services.cli.connection import CliError, Connection
 T = TypeVar("T")
 MAX_WAIT_S = 10.0  # a read waits at most this long on the agent (the contract allows 30)
 REPLY_MARGIN_S = 15.0  # on top of the wait: the manager relays the read to the agent
+# The start of the agent's not-found for a stream it expired or evicted (agent.streams.EVICTED).
+EVICTED = "stream expired or evicted"
 
 
 @dataclass
@@ -33,10 +37,12 @@ class StreamEnd:
     """How reading a stream ended."""
 
     exit_code: int | None = None  # an exec's (with done)
-    error: str | None = None  # why the stream ended early (timed out, closed)
+    reason: str | None = None  # why the stream ended early (timed out, closed)
     interrupted: bool = False  # Ctrl-C or SIGTERM
     pipe_closed: bool = False  # whoever read our stdout went away
     dropped: int = 0  # bytes the agent's buffer lost before we read them
+    lost: str | None = None  # the agent no longer has the stream (expired, evicted): its words
+    cursor: int = 0  # how far into the stream we got (bytes printed, skipped or dropped)
 
 
 def interrupt_event() -> asyncio.Event:
@@ -80,9 +86,11 @@ async def read_stream(
     opened: Mapping[str, Any],
     stop: asyncio.Event,
     out: BinaryIO | None = None,
+    skip: int = 0,
 ) -> StreamEnd:
     """Copy the stream ``opened`` (a ``StreamOpened`` reply) to ``out`` (stdout) until it is
-    done, ``stop`` is set or ``out`` is closed."""
+    done, ``stop`` is set, ``out`` is closed or the agent no longer has it (``lost``).  The
+    first ``skip`` bytes are not printed (a stream opened again after one was lost)."""
     out = out if out is not None else sys.stdout.buffer
     # Reads must come more often than the agent's idle expiry, or it drops the stream.
     wait = max(0.5, min(MAX_WAIT_S, float(opened.get("idle_s", 30.0)) / 3))
@@ -94,19 +102,26 @@ async def read_stream(
             "cursor": cursor,
             "wait": wait,
         }
-        chunk = await until_stopped(
-            conn.request(STREAM_READ, payload, wait_s=wait + REPLY_MARGIN_S), stop
-        )
+        try:
+            chunk = await until_stopped(
+                conn.request(STREAM_READ, payload, wait_s=wait + REPLY_MARGIN_S), stop
+            )
+        except CliError as e:
+            if EVICTED not in str(e):
+                raise
+            return StreamEnd(lost=str(e), dropped=dropped, cursor=cursor)
         if chunk is None:
-            return StreamEnd(interrupted=True, dropped=dropped)
-        if chunk.get("dropped"):
-            dropped += chunk["dropped"]
+            return StreamEnd(interrupted=True, dropped=dropped, cursor=cursor)
+        data = base64.b64decode(chunk.get("data") or "")
+        start = cursor + (chunk.get("dropped") or 0)  # where data begins: [cursor, start) lost
+        if lost := max(0, start - max(cursor, skip)):
+            dropped += lost
             print(
-                f"hoist: … {chunk['dropped']} bytes dropped: the reader fell behind",
+                f"hoist: … {lost} bytes dropped: the reader fell behind",
                 file=sys.stderr,
                 flush=True,
             )
-        data = base64.b64decode(chunk.get("data") or "")
+        data = data[max(0, skip - start) :]
         if data:
             try:
                 out.write(data)
@@ -114,7 +129,7 @@ async def read_stream(
             except BrokenPipeError:
                 if out is sys.stdout.buffer:
                     silence_stdout()
-                return StreamEnd(pipe_closed=True, dropped=dropped)
+                return StreamEnd(pipe_closed=True, dropped=dropped, cursor=cursor)
         if chunk["cursor"] < cursor:
             raise CliError(
                 f"stream {opened['stream_id']}: the agent went back to {chunk['cursor']}"
@@ -122,7 +137,10 @@ async def read_stream(
         cursor = chunk["cursor"]
         if chunk.get("done"):
             return StreamEnd(
-                exit_code=chunk.get("exit_code"), error=chunk.get("error"), dropped=dropped
+                exit_code=chunk.get("exit_code"),
+                reason=chunk.get("reason"),
+                dropped=dropped,
+                cursor=cursor,
             )
 
 

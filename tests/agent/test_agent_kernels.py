@@ -238,14 +238,14 @@ async def test_a_stream_with_a_reader_waiting_is_not_idle() -> None:
         await asyncio.Event().wait()
         yield b""
 
-    stream = streams.logs(quiet())
+    stream = streams.logs(quiet(), "s1")
     try:
         reading = asyncio.create_task(stream.read(0, 1.0, 100))
         await asyncio.sleep(0.5)  # longer than idle_s: the reader waits all the while
         streams.expire()
         assert stream.id in streams.open
         chunk = await reading
-        assert (chunk.data, chunk.done, chunk.error) == (b"", False, None)
+        assert (chunk.data, chunk.done, chunk.reason) == (b"", False, None)
         streams.expire()
         assert stream.id in streams.open  # just read
         await asyncio.sleep(0.3)

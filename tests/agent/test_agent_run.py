@@ -46,14 +46,14 @@ def kernel(kid: str, command: list[str] | None = None, **extra: Any) -> dict[str
 
 
 async def read_all(nc: Client, stream_id: str, within: float = 10) -> dict[str, Any]:
-    """Read a stream to its end: {data, dropped, exit_code, error}."""
+    """Read a stream to its end: {data, dropped, exit_code, reason}."""
     data, dropped, cursor = b"", 0, 0
     deadline = asyncio.get_running_loop().time() + within
     while True:
         chunk = await call(
             nc, "a1", rpc.STREAM_READ, {"stream_id": stream_id, "cursor": cursor, "wait": 1}
         )
-        assert "error" not in chunk or "data" in chunk, chunk
+        assert "error" not in chunk, chunk  # a refusal (a chunk says why it ended in reason)
         data += base64.b64decode(chunk["data"])
         dropped += chunk.get("dropped", 0)
         cursor = chunk["cursor"]
@@ -62,7 +62,7 @@ async def read_all(nc: Client, stream_id: str, within: float = 10) -> dict[str, 
                 "data": data,
                 "dropped": dropped,
                 "exit_code": chunk.get("exit_code"),
-                "error": chunk.get("error"),
+                "reason": chunk.get("reason"),
             }
         assert asyncio.get_running_loop().time() < deadline, "stream did not end"
 
@@ -101,7 +101,7 @@ async def test_an_exit_is_recorded_once_and_the_container_kept_for_its_logs(
             "data": b"working\nfailing\n",
             "dropped": 0,
             "exit_code": None,
-            "error": None,
+            "reason": None,
         }
         for _ in range(3):
             await agent.send_heartbeat()
@@ -150,13 +150,13 @@ async def test_exec_logs_follow_and_their_errors(nc: Client, store: EventStore) 
             {"kernel_id": "k2", "command": ["sh", "-c", "echo $WHO; exit 7"], "env": {"WHO": "me"}},
         )
         ran = await read_all(nc, opened["stream_id"])
-        assert ran == {"data": b"me\n", "dropped": 0, "exit_code": 7, "error": None}
+        assert ran == {"data": b"me\n", "dropped": 0, "exit_code": 7, "reason": None}
 
         opened = await call(
             nc, "a1", rpc.EXEC, {"kernel_id": "k2", "command": ["sleep", "5"], "timeout": 0.3}
         )
         slow = await read_all(nc, opened["stream_id"])
-        assert (slow["exit_code"], slow["error"]) == (124, "timed out after 0.3s")
+        assert (slow["exit_code"], slow["reason"]) == (124, "timed out after 0.3s")
         assert not runtime.kernels["k2"].execs  # killed
 
         ended = await call(nc, "a1", rpc.EXEC, {"kernel_id": "k1", "command": ["true"]})
@@ -194,20 +194,63 @@ async def test_an_unread_stream_closes_and_its_exec_is_killed(
 ) -> None:
     runtime = dummy()
     async with running(nc, store, runtime, config("a1", stream_idle_s=0.4)) as agent:
-        agent.streams.max_streams = 2
         await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k1"))
         opened = await call(
             nc, "a1", rpc.EXEC, {"kernel_id": "k1", "command": ["sleep", "infinity"]}
         )
         assert opened["idle_s"] == 0.4
-        await call(nc, "a1", rpc.LOGS, {"kernel_id": "k1", "follow": True})
-        full = await call(nc, "a1", rpc.LOGS, {"kernel_id": "k1"})
-        assert full["error"]["code"] == "conflict" and "2 streams open" in full["error"]["message"]
         assert runtime.kernels["k1"].execs
         await wait_for(lambda: not runtime.kernels["k1"].execs, 5, "the exec killed")
         read = await call(nc, "a1", rpc.STREAM_READ, {"stream_id": opened["stream_id"]})
         assert read["error"]["code"] == "not-found"
+        assert "stream expired or evicted: open it again" in read["error"]["message"]
         assert agent.streams.open == {}
+
+
+async def test_stream_limits_a_session_and_evict_the_least_recently_used(
+    nc: Client, store: EventStore
+) -> None:
+    """One session's unread streams cannot block another's logs or exec: a session has its
+    own cap, and a full agent evicts its least recently used stream (killing its exec)."""
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")) as agent:
+        agent.streams.max_session_streams, agent.streams.max_streams = 2, 3
+        await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k1"))
+        await call(nc, "a1", rpc.CREATE_KERNEL, {**kernel("k2"), "session_id": "s2"})
+        first = await call(
+            nc, "a1", rpc.EXEC, {"kernel_id": "k1", "command": ["sleep", "infinity"]}
+        )
+        second = await call(nc, "a1", rpc.LOGS, {"kernel_id": "k1", "follow": True})
+        assert "stream_id" in second, second
+        third = await call(nc, "a1", rpc.LOGS, {"kernel_id": "k1", "follow": True})
+        assert third["error"]["code"] == "conflict", third
+        assert "session s1 has 2 streams open on agent a1" in third["error"]["message"]
+        assert "idle_s" in third["error"]["message"]
+        # Another session is not blocked: the agent has room for one more...
+        theirs = await call(nc, "a1", rpc.LOGS, {"kernel_id": "k2", "follow": True})
+        assert "stream_id" in theirs, theirs
+        await call(nc, "a1", rpc.STREAM_READ, {"stream_id": first["stream_id"]})  # used now
+        # ...and then makes room by evicting the least recently used: s1's follow stream.
+        again = await call(nc, "a1", rpc.EXEC, {"kernel_id": "k2", "command": ["true"]})
+        assert "stream_id" in again, again
+        evicted = await call(nc, "a1", rpc.STREAM_READ, {"stream_id": second["stream_id"]})
+        assert evicted["error"]["code"] == "not-found", evicted
+        assert "stream expired or evicted: open it again" in evicted["error"]["message"]
+        assert set(agent.streams.open) == {
+            first["stream_id"],
+            theirs["stream_id"],
+            again["stream_id"],
+        }
+        # s1 has one stream again: it may open another (evicting, again, the least recent).
+        reopened = await call(nc, "a1", rpc.LOGS, {"kernel_id": "k1", "follow": True})
+        assert "stream_id" in reopened, reopened
+        assert theirs["stream_id"] not in agent.streams.open
+        # The exec's stream is the least recently used now: evicted, its command is killed.
+        assert runtime.kernels["k1"].execs
+        await call(nc, "a1", rpc.LOGS, {"kernel_id": "k2", "follow": True})
+        assert first["stream_id"] not in agent.streams.open
+        assert {again["stream_id"], reopened["stream_id"]} < set(agent.streams.open)
+        await wait_for(lambda: not runtime.kernels["k1"].execs, 5, "the evicted exec killed")
 
 
 async def test_volumes_list_remove_and_conflicts(nc: Client, store: EventStore) -> None:

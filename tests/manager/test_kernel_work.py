@@ -59,7 +59,7 @@ async def read_stream(
             {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "cursor": cursor,
              "wait": 1},
         )  # fmt: skip
-        assert not isinstance(chunk.get("error"), dict), chunk  # a refusal; a str: why it ended
+        assert "error" not in chunk, chunk  # a refusal (why a stream ended is its "reason")
         data += base64.b64decode(chunk["data"])
         cursor = chunk["cursor"]
         if chunk.get("done"):
@@ -190,6 +190,12 @@ async def test_exec_returns_output_and_exit_code(nc: Client, store: EventStore) 
         assert running_["a1"].runtime.execs == [["sh", "-c", "echo hi $X; exit 4"]]
         opened = await request(nc, SESSION_EXEC, {"session_id": sid, "command": ["true"]})
         assert (await read_stream(nc, opened))[1].get("exit_code") == 0
+        # A timeout ends the stream with a reason, relayed as is: no "error" (a refusal's key).
+        opened = await request(
+            nc, SESSION_EXEC, {"session_id": sid, "command": ["sleep", "9"], "timeout": 0.3}
+        )
+        _, last = await read_stream(nc, opened)
+        assert (last.get("exit_code"), last.get("reason")) == (124, "timed out after 0.3s"), last
         # A kernel name that is not the session's: not-found, naming the field.
         reply = await request(
             nc, SESSION_EXEC, {"session_id": sid, "kernel_id": "sub9", "command": ["true"]}
