@@ -261,7 +261,7 @@ async def test_a_single_node_clusters_sub1_reaches_main1_by_name(
 ) -> None:
     fetch = (
         "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25; do"
-        " wget -qO- http://main1:8080/ && exit 0; sleep 0.4; done; exit 1"
+        " wget -qO- http://main1:8080/ 2>/dev/null && exit 0; sleep 0.4; done; exit 1"
     )
     script = f'case "$HOIST_CLUSTER_ROLE" in main) {SERVE_HI};; *) {fetch};; esac'
     async with docker_agent(nc, store, docker_engine, agent_id), manager(nc):
