@@ -60,6 +60,10 @@ _BEAT = {rpc.BEAT_HEADER: "1"}
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
 VOLUMES_TTL_S = 30.0  # the heartbeat's volume names are listed again after this long
+# A heartbeat waits this long for the runtime's listings; past it (an engine under load, a
+# container it cannot read) it sends the last listing: an agent that is alive must not be
+# marked lost, which would end its running kernels.
+LISTING_WAIT_S = 5.0
 # A container the agent destroyed: an exit reported for it this long after is no exit (a die
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
@@ -111,6 +115,7 @@ class AgentServer:
         self._stopping = False  # exit callbacks are ignored from then on
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
+        self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -205,8 +210,21 @@ class AgentServer:
 
     async def send_heartbeat(self) -> rpc.Heartbeat:
         listed_after = self._notes
-        kernels = await self.runtime.list_kernels()
-        images = await self.runtime.list_images()
+        try:
+            kernels, images = await asyncio.wait_for(
+                asyncio.gather(self.runtime.list_kernels(), self.runtime.list_images()),
+                LISTING_WAIT_S,
+            )
+            self._last_listing = (kernels, images)
+            fresh = True
+        except Exception as e:  # a slow or failing engine: still say we are alive
+            if self._last_listing is None:
+                raise
+            log.warning(
+                "agent %s: listing for the heartbeat failed (%r): last one sent", self.id, e
+            )
+            kernels, images = self._last_listing
+            fresh = False
         beat = rpc.Heartbeat(
             agent_id=self.id,
             sent_at=datetime.now(UTC),
@@ -228,7 +246,8 @@ class AgentServer:
             volumes=await self._volumes_held(),
         )
         await self.nc.publish(heartbeat(self.id), rpc.encode(beat), headers=_BEAT)
-        self._housekeep(kernels, listed_after)
+        if fresh:
+            self._housekeep(kernels, listed_after)
         return beat
 
     def _free(self, disk_used: int = 0) -> rpc.FreeCapacity:
@@ -248,11 +267,11 @@ class AgentServer:
         cached = self._volume_names
         if cached is None or time.monotonic() - cached[0] > VOLUMES_TTL_S:
             # Names only (docker: one call; list_volumes asks which containers use each one).
-            cheap = getattr(self.runtime, "volume_names", None)
-            if cheap is not None:
-                names = sorted(await cheap())
-            else:  # a runtime from before volume_names
-                names = sorted(v.name for v in await self.runtime.list_volumes())
+            try:
+                names = sorted(await self.runtime.volume_names())
+            except Exception as e:  # the beat goes out anyway, with the names it had
+                log.warning("agent %s: volumes not listed (%r)", self.id, e)
+                return cached[1] if cached is not None else []
             self._volume_names = cached = (time.monotonic(), names)
         return cached[1]
 

@@ -57,7 +57,7 @@ class ContainerSpec:
     gpu_ids: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)  # listed in order: port, host, host_port
 class Published:
     port: int  # in the container
     host: str

@@ -294,3 +294,19 @@ async def test_the_heartbeat_lists_volume_names_only(nc: Client, store: EventSto
         await call(nc, "a1", rpc.CREATE_KERNEL, {**kernel("k1"), "spec": spec})
         assert (await agent.send_heartbeat()).volumes == ["data"]
     assert runtime.volume_listings >= 1 and listed == []
+
+
+async def test_a_listing_that_fails_still_sends_a_heartbeat(nc: Client, store: EventStore) -> None:
+    """A runtime that cannot list (an engine under load, a container it cannot read) must not
+    make a live agent look dead: the beat goes out with the last listing."""
+    runtime = DummyRuntime("a1", DummyConfig())
+    async with running(nc, store, runtime, config("a1")) as agent:
+        first = await agent.send_heartbeat()
+
+        async def broken() -> list[Any]:
+            raise TypeError("cannot read a container")
+
+        runtime.list_kernels = broken  # type: ignore[method-assign]
+        again = await agent.send_heartbeat()
+        assert again.kernels == first.kernels
+        assert again.sent_at > first.sent_at

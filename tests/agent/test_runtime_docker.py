@@ -407,6 +407,17 @@ async def test_a_port_is_published_on_the_runtimes_address(
     assert body == b"hi\n"
 
 
+async def test_several_ports_are_published_and_listed_in_order(
+    runtime: DockerRuntime, small_image: str
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    spec = ContainerSpec(command=SLEEP_FOREVER, ports=[9090, 8080, 8081])
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, spec)
+    [k] = await runtime.list_kernels()  # a trial's agent failed here on every call
+    assert [p.port for p in k.ports] == [8080, 8081, 9090]
+    assert len({p.host_port for p in k.ports}) == 3
+
+
 async def test_exec_output_exit_code_kill_and_a_stopped_container(
     runtime: DockerRuntime, small_image: str
 ) -> None:
