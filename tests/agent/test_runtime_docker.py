@@ -6,7 +6,6 @@ import asyncio
 import os
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +39,7 @@ from agent.runtime.base import (
 )
 from agent.runtime.docker import HANDOFF_BYTES, DockerRuntime, classify
 from services.stack.natsserver import free_port
+from tests.infra.http import SERVE_HI, http_get
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.infra.registry import Registry, blob_path, manifest_path
@@ -298,21 +298,6 @@ def nets(client: docker.DockerClient, name: str) -> list[dict[str, object]]:
 
 def sh(script: str) -> ContainerSpec:
     return ContainerSpec(command=["sh", "-c", script])
-
-
-SERVE_HI = "mkdir -p /www && echo hi > /www/index.html && exec httpd -f -p 8080 -h /www"
-
-
-def http_get(url: str, timeout: float = 20) -> bytes:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return bytes(r.read())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 async def test_a_command_exit_code_reaches_list_kernels_logs_and_watch_exits(

@@ -3,6 +3,7 @@ package, as tests/agent does), and the API called over NATS like a client would.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +14,7 @@ from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import AgentServer
 from domain.scheduling import Limits, Policy
-from domain.subjects import SESSION_CREATE, SESSION_GET
+from domain.subjects import SESSION_CREATE, SESSION_GET, SESSION_LOGS, STREAM_READ
 from services.eventstore.store import EventStore
 from services.manager.main import Manager, ManagerConfig
 from services.transport.client import Client
@@ -131,3 +132,38 @@ async def until(
 
 def elapsed(start: float) -> float:
     return time.monotonic() - start
+
+
+ENDED = {"TERMINATED", "CANCELLED", "ERROR"}
+
+
+def ended(s: dict[str, Any]) -> bool:
+    return s["status"] in ENDED
+
+
+async def read_stream(
+    nc: Client, opened: dict[str, Any], within: float = 30
+) -> tuple[bytes, dict[str, Any]]:
+    """Everything a kernel output stream gives until its last chunk: (the bytes, that chunk)."""
+    assert "error" not in opened, opened
+    data, cursor = b"", 0
+    deadline = time.monotonic() + within
+    while True:
+        chunk = await request(
+            nc,
+            STREAM_READ,
+            {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "cursor": cursor,
+             "wait": 1},
+        )  # fmt: skip
+        assert "error" not in chunk, chunk  # a refusal (why a stream ended is its "reason")
+        data += base64.b64decode(chunk["data"])
+        cursor = chunk["cursor"]
+        if chunk.get("done"):
+            return data, chunk
+        assert time.monotonic() < deadline, f"stream not done after {within}s: {data!r}"
+
+
+async def logs(nc: Client, session_id: str, **extra: Any) -> bytes:
+    """A kernel's whole output (the main kernel's unless ``kernel_id`` says another)."""
+    opened = await request(nc, SESSION_LOGS, {"session_id": session_id, **extra})
+    return (await read_stream(nc, opened))[0]

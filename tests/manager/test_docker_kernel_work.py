@@ -7,9 +7,7 @@ gpu slot on an engine without a GPU driver."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -26,23 +24,26 @@ from agent.server import AgentServer
 from domain.subjects import (
     SESSION_DESTROY,
     SESSION_EXEC,
-    SESSION_LOGS,
-    STREAM_READ,
     VOLUME_LIST,
     VOLUME_REMOVE,
 )
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running
-from tests.manager.harness import MB, create, manager, request, until
+from tests.infra.http import SERVE_HI, http_get
+from tests.manager.harness import (
+    ENDED,
+    MB,
+    create,
+    ended,
+    logs,
+    manager,
+    read_stream,
+    request,
+    until,
+)
 
-ENDED = {"TERMINATED", "CANCELLED", "ERROR"}
 SMALL = {"cpu": 0.5, "mem": 64 * MB}
-SERVE_HI = "mkdir -p /www && echo hi > /www/index.html && exec httpd -f -p 8080 -h /www"
-
-
-def ended(s: dict[str, Any]) -> bool:
-    return s["status"] in ENDED
 
 
 def running_(s: dict[str, Any]) -> bool:
@@ -92,45 +93,6 @@ async def docker_agent(
             running(nc, store, runtime, config(agent_id, **{**values, **cfg}))
         )
         yield agent
-
-
-async def read_stream(
-    nc: Client, opened: dict[str, Any], within: float = 30
-) -> tuple[bytes, dict[str, Any]]:
-    """Everything a stream gives until its last chunk; (the bytes, the last chunk)."""
-    assert "error" not in opened, opened
-    data, cursor = b"", 0
-    deadline = time.monotonic() + within
-    while True:
-        chunk = await request(
-            nc,
-            STREAM_READ,
-            {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "cursor": cursor,
-             "wait": 1},
-        )  # fmt: skip
-        assert "error" not in chunk, chunk  # a refusal (why a stream ended is its "reason")
-        data += base64.b64decode(chunk["data"])
-        cursor = chunk["cursor"]
-        if chunk.get("done"):
-            return data, chunk
-        assert time.monotonic() < deadline, f"stream not done after {within}s: {data!r}"
-
-
-async def logs(nc: Client, session_id: str, **extra: Any) -> bytes:
-    opened = await request(nc, SESSION_LOGS, {"session_id": session_id, **extra})
-    return (await read_stream(nc, opened))[0]
-
-
-def http_get(url: str, timeout: float = 20) -> bytes:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return bytes(r.read())
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 async def test_a_batch_session_ends_with_exit_code_3_and_its_logs_show_hello(

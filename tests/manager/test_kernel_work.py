@@ -5,7 +5,6 @@ slots, single-node clusters, the cluster env, create validation, and 1,000 batch
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,57 +19,26 @@ from domain.subjects import (
     SESSION_DESTROY,
     SESSION_EXEC,
     SESSION_LOGS,
-    STREAM_READ,
     query_subject,
 )
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import (
+    ENDED,
     GB,
     MB,
     agents,
     create,
     create_payload,
     dummy,
+    ended,
+    logs,
     manager,
+    read_stream,
     request,
     until,
 )
-
-ENDED = {"TERMINATED", "CANCELLED", "ERROR"}
-
-
-def ended(s: dict[str, Any]) -> bool:
-    return s["status"] in ENDED
-
-
-async def read_stream(
-    nc: Client, opened: dict[str, Any], within: float = 10
-) -> tuple[bytes, dict[str, Any]]:
-    """Everything a stream gives until its last chunk; (the bytes, the last chunk)."""
-    assert "error" not in opened, opened
-    data, cursor = b"", 0
-    deadline = time.monotonic() + within
-    while True:
-        chunk = await request(
-            nc,
-            STREAM_READ,
-            {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "cursor": cursor,
-             "wait": 1},
-        )  # fmt: skip
-        assert "error" not in chunk, chunk  # a refusal (why a stream ended is its "reason")
-        data += base64.b64decode(chunk["data"])
-        cursor = chunk["cursor"]
-        if chunk.get("done"):
-            return data, chunk
-        assert time.monotonic() < deadline, f"stream not done after {within}s: {data!r}"
-
-
-async def logs(nc: Client, session_id: str, **extra: Any) -> bytes:
-    opened = await request(nc, SESSION_LOGS, {"session_id": session_id, **extra})
-    data, _ = await read_stream(nc, opened)
-    return data
 
 
 async def query(nc: Client, name: str, **filters: Any) -> list[dict[str, Any]]:
