@@ -67,6 +67,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
             "mem",
             "free_mem",
             "free_disk",
+            "slots",
             "kernels",
             "last_heartbeat_at",
         ),
@@ -90,7 +91,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
 }
 # Shown only when some row has a value: most kernels publish no port and have not ended.
-_SPARSE_COLUMNS = ("exit_code", "ran_s", "ports")
+_SPARSE_COLUMNS = ("exit_code", "ran_s", "ports", "slots")  # shown when some row has one
 _ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
 _BYTE_COLUMNS = ("mem", "free_mem", "disk", "free_disk", "size_bytes", "bytes")
 
