@@ -34,20 +34,15 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import threading
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import docker
 import docker.errors
 import docker.types
 import requests
-from docker.utils import parse_repository_tag
 
 from agent.runtime.base import (
     LABEL_AGENT,
@@ -63,31 +58,44 @@ from agent.runtime.base import (
     ExitCallback,
     ExitInfo,
     ImageInUse,
-    ImageNotFound,
     KernelContainer,
     KernelCreateError,
     KernelExists,
     KernelNotFound,
     ProgressCallback,
-    Published,
     PulledImage,
-    PullError,
-    PullProgress,
-    TransientPullError,
-    Unauthorized,
     Volume,
     VolumeInUse,
     validate_create,
 )
+from agent.runtime.docker_client import API_VERSION, _Conn
+from agent.runtime.docker_containers import (
+    _exit_info,
+    _ExitWatcher,
+    _kernel,
+    _network_mode,
+    _networks,
+    _summary_ports,
+)
+from agent.runtime.docker_pulls import _Pull, _repo_digest, classify, split_ref
+from agent.runtime.docker_streams import HANDOFF_BYTES, _DockerExec, _drain, _Handoff, _pump
+
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_HOST",
+    "HANDOFF_BYTES",
+    "LABEL_VOLUME",
+    "VOLUME_PREFIX",
+    "DockerRuntime",
+    "classify",
+    "split_ref",
+]
 
 LABEL_VOLUME = "hoist.volume"  # on volumes: the name Hoist knows it by (without the prefix)
 VOLUME_PREFIX = "hoist-"  # Hoist only ever touches volumes named so
 
-API_VERSION = "1.41"  # Docker 20.10+; pinned so that making a client does no I/O
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 
-_UNAUTHORIZED = ("unauthorized", "authentication required", "no basic auth credentials", "denied")
-_NOT_FOUND = ("not found", "manifest unknown", "name unknown", "invalid reference format")
 _ICC = "com.docker.network.bridge.enable_icc"
 # The engine's words when no address pool is left for a new network.
 _NO_POOL = ("address pool", "non-overlapping")
@@ -95,573 +103,8 @@ _POOLS_HINT = (
     "(the engine fits about 31 user-defined networks by default): raise default-address-pools"
     " in /etc/docker/daemon.json"
 )
-# Statuses after which a layer's bytes are all downloaded.
-_DOWNLOADED = {"Verifying Checksum", "Download complete", "Extracting", "Pull complete"}
-# At most this many bytes of one log or exec stream wait for the reader (plus one chunk).
-HANDOFF_BYTES = 1 << 20
-# A stream's bytes that come fast are handed over at most every _BATCH_S unless this many wait.
-_BATCH_BYTES = 64 * 1024
-_BATCH_S = 0.005
 # Container states in which a container is on its networks.
 _UP = ("running", "paused", "restarting")
-
-
-def classify(image: str, message: str, status_code: int | None = None) -> PullError:
-    """Map a daemon error to permanent (not found, unauthorized) or transient."""
-    text = message.lower()
-    if status_code in (401, 403) or any(k in text for k in _UNAUTHORIZED):
-        return Unauthorized(image, message)
-    if status_code == 404 or any(k in text for k in _NOT_FOUND):
-        return ImageNotFound(image, message)
-    return TransientPullError(image, message)
-
-
-def split_ref(image: str) -> tuple[str, str]:
-    """``repo:tag`` or ``repo@sha256:...`` -> (repo, tag or digest); no tag means latest."""
-    if not image or image != image.strip():
-        raise ValueError(f"image must be a non-empty reference without spaces, got {image!r}")
-    repo, tag = parse_repository_tag(image)
-    return repo, tag or "latest"
-
-
-def _repo_digest(attrs: dict[str, Any], image: str) -> str:
-    repo = split_ref(image)[0]
-    for rd in attrs.get("RepoDigests") or []:
-        name, _, digest = rd.partition("@")
-        if name == repo:
-            return digest
-    return attrs["Id"]
-
-
-class _LayerTracker:
-    """Turns the daemon's progress lines into per-layer PullProgress with monotonic bytes."""
-
-    def __init__(self, image: str) -> None:
-        self.image = image
-        self.layers: dict[str, PullProgress] = {}
-
-    def update(self, line: dict[str, Any]) -> PullProgress | None:
-        layer, status = line.get("id"), line.get("status", "")
-        if not layer or status.startswith("Pulling from"):
-            return None
-        prev = self.layers.get(layer)
-        current, total = (prev.current, prev.total) if prev else (0, 0)
-        detail = line.get("progressDetail") or {}
-        if status == "Downloading":
-            total = detail.get("total") or total
-            current = max(current, detail.get("current", 0))
-        elif status in _DOWNLOADED:
-            current = total  # Extracting reports unpacked bytes; the download is done
-        if prev and (prev.status, prev.current, prev.total) == (status, current, total):
-            return None
-        self.layers[layer] = p = PullProgress(self.image, layer, status, current, total)
-        return p
-
-
-class _Pull:
-    """One pull in its own thread; the loop side awaits ``result`` and may call ``abort``."""
-
-    def __init__(
-        self,
-        base_url: str,
-        image: str,
-        auth: dict[str, str] | None,
-        loop: asyncio.AbstractEventLoop,
-        on_progress: ProgressCallback,
-    ) -> None:
-        self.image = image
-        self.auth = auth
-        self.loop = loop
-        self.on_progress = on_progress
-        self.api = docker.APIClient(base_url=base_url, version=API_VERSION)
-        self.api.hooks["response"].append(self._keep_response)
-        self.response: requests.Response | None = None
-        self.aborted = False
-        self.result: asyncio.Future[PulledImage] = loop.create_future()
-        self.ended = asyncio.Event()
-
-    def _keep_response(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
-        self.response = r
-        if self.aborted:
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        # close() alone does not wake a thread blocked in recv(); shutdown() does.
-        with contextlib.suppress(Exception):
-            sock = self.response.raw.connection.sock  # type: ignore[union-attr]
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def abort(self) -> None:
-        self.aborted = True
-        if self.response is not None:
-            self._shutdown()
-
-    def _emit(self, p: PullProgress) -> None:
-        if not self.aborted:
-            self.on_progress(p)
-
-    def _settle(self, result: PulledImage | None, error: BaseException | None) -> None:
-        if not self.result.done():
-            if error is not None:
-                self.result.set_exception(error)
-            else:
-                self.result.set_result(result)  # type: ignore[arg-type]
-        self.ended.set()
-
-    def run(self) -> None:
-        result, error = None, None
-        try:
-            result = self._pull()
-        except BaseException as e:
-            error = e
-        finally:
-            self.api.close()
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                self.loop.call_soon_threadsafe(self._settle, result, error)
-
-    def _pull(self) -> PulledImage:
-        repo, tag = split_ref(self.image)
-        tracker, digest, complete = _LayerTracker(self.image), None, False
-        try:
-            stream = self.api.pull(
-                repo, tag=tag, stream=True, decode=True, auth_config=self.auth or None
-            )
-            for line in stream:
-                if "error" in line:
-                    raise classify(self.image, line["error"])
-                status = line.get("status", "")
-                if status.startswith("Digest: "):
-                    digest = status.removeprefix("Digest: ")
-                elif status.startswith("Status: "):
-                    complete = True
-                elif (p := tracker.update(line)) is not None:
-                    self.loop.call_soon_threadsafe(self._emit, p)
-        except docker.errors.APIError as e:
-            raise classify(self.image, str(e.explanation or e), e.status_code) from e
-        except (requests.RequestException, OSError, ValueError) as e:
-            if self.aborted:
-                raise asyncio.CancelledError from e
-            raise TransientPullError(self.image, f"connection to the docker daemon: {e}") from e
-        if self.aborted:
-            raise asyncio.CancelledError
-        if not complete:
-            raise TransientPullError(self.image, "the daemon ended the pull stream early")
-        attrs = self.api.inspect_image(self.image)
-        return PulledImage(self.image, digest or _repo_digest(attrs, self.image), attrs["Size"])
-
-
-def _shutdown_response(r: requests.Response) -> None:
-    """Wake a thread blocked reading ``r``: close() alone does not, shutdown() does. A plain
-    response keeps its socket on the connection; a hijacked one (exec) in its file object."""
-    socks: list[Any] = []
-    with contextlib.suppress(Exception):
-        socks.append(r.raw.connection.sock)  # type: ignore[union-attr]
-    with contextlib.suppress(Exception):
-        raw = r.raw._fp.fp.raw  # type: ignore[union-attr]
-        socks.append(getattr(raw, "_sock", raw))
-    for sock in socks:
-        with contextlib.suppress(Exception):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-class _Conn:
-    """An API client of its own for one blocking stream, which another thread can end."""
-
-    def __init__(self, base_url: str) -> None:
-        self.api = docker.APIClient(base_url=base_url, version=API_VERSION)
-        self.api.hooks["response"].append(self._keep_response)
-        # Every response: a stream call may make a short one first (logs inspects the tty).
-        self.responses: list[requests.Response] = []
-        self.aborted = False
-
-    def _keep_response(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
-        self.responses.append(r)
-        if self.aborted:  # aborted before the request went out
-            _shutdown_response(r)
-
-    def abort(self) -> None:
-        self.aborted = True
-        for r in list(self.responses):
-            _shutdown_response(r)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.api.close()
-
-
-class _Handoff:
-    """Bytes from a stream's thread to the loop, bounded: ``put`` waits while ``limit`` bytes or
-    more wait for the reader, so the runtime never holds more than ``limit`` plus one chunk of a
-    stream; ``get`` takes all that waits as one chunk (one loop callback per batch, not per
-    chunk), and while bytes come fast, a few small ones at most every ``_BATCH_S`` (an
-    occasional line still comes at once).  ``close`` (the reader went away) makes ``put``
-    refuse at once."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int | None = None) -> None:
-        self.loop = loop
-        self.limit = limit or HANDOFF_BYTES
-        self._cond = threading.Condition()
-        self._buf = bytearray()
-        self._ended = False
-        self._error: BaseException | None = None
-        self._closed = False
-        self._notified = False  # a wake-up is on its way to the loop
-        self._ready = asyncio.Event()
-        self._taken_at = 0.0  # monotonic time of the last get that took bytes
-        self.peak = 0  # the most bytes that waited at once (for tests)
-        self.wakeups = 0  # loop callbacks made (for tests)
-
-    # In the stream's thread.
-    def put(self, chunk: bytes, aborted: Callable[[], bool] = lambda: False) -> bool:
-        """False once the reader went away (or ``aborted()``): stop reading."""
-        with self._cond:
-            while len(self._buf) >= self.limit:
-                if self._closed or aborted() or self.loop.is_closed():
-                    return False
-                self._cond.wait(0.1)  # a timeout: an abort must wake it, however it comes
-            if self._closed:
-                return False
-            self._buf += chunk
-            self.peak = max(self.peak, len(self._buf))
-            self._wake()
-        return True
-
-    def finish(self, error: BaseException | None = None) -> None:
-        with self._cond:
-            self._ended, self._error = True, error
-            self._wake()
-
-    def _wake(self) -> None:
-        if not self._notified:
-            self._notified = True
-            self.wakeups += 1
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads
-                self.loop.call_soon_threadsafe(self._ready.set)
-
-    # On the loop.
-    async def get(self) -> bytes | None:
-        """What waits, as one chunk; None at the end (after raising the stream's error)."""
-        while True:
-            with self._cond:
-                delay = 0.0
-                if 0 < len(self._buf) < _BATCH_BYTES and not self._ended:
-                    delay = self._taken_at + _BATCH_S - time.monotonic()
-                if delay > 0:
-                    self._notified = True  # no wake-ups needed: the loop looks after the delay
-                else:
-                    self._notified = False
-                    self._ready.clear()
-                    if self._buf:
-                        data = bytes(self._buf)
-                        self._buf.clear()
-                        self._taken_at = time.monotonic()
-                        self._cond.notify_all()
-                        return data
-                    if self._ended:
-                        error, self._error = self._error, None
-                        if error is not None:
-                            raise error
-                        return None
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await self._ready.wait()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-
-def _pump(handoff: _Handoff, conn: _Conn, chunks: Any) -> None:
-    """In a stream's thread: hand every chunk to the loop, then an error (unless aborted), then
-    the end."""
-    error: BaseException | None = None
-    try:
-        for chunk in chunks():
-            if conn.aborted:
-                break
-            if chunk and not handoff.put(chunk, lambda: conn.aborted):
-                break
-    except BaseException as e:
-        if not conn.aborted:
-            error = e
-    finally:
-        conn.close()
-        handoff.finish(error)
-
-
-async def _drain(handoff: _Handoff) -> AsyncIterator[bytes]:
-    while (chunk := await handoff.get()) is not None:
-        yield chunk
-
-
-def _timestamp(text: str | None) -> float:
-    """Docker's RFC 3339 time with nanoseconds -> unix time; its zero time (never) -> 0."""
-    if not text or text.startswith("0001-"):
-        return 0.0
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
-    if m is None:
-        return 0.0
-    zone = "+00:00" if m[3] == "Z" else m[3]
-    frac = (m[2] or "0")[:6].ljust(6, "0")  # datetime keeps microseconds
-    return datetime.fromisoformat(f"{m[1]}.{frac}{zone}").timestamp()
-
-
-def _exit_info(state: Mapping[str, Any]) -> ExitInfo:
-    started, finished = _timestamp(state.get("StartedAt")), _timestamp(state.get("FinishedAt"))
-    return ExitInfo(
-        exit_code=int(state.get("ExitCode") or 0),
-        oom_killed=bool(state.get("OOMKilled")),
-        ran_s=max(0.0, finished - started) if started and finished else 0.0,
-        finished_at=finished,
-    )
-
-
-def _slots(labels: Mapping[str, str]) -> dict[str, float]:
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return {str(k): float(v) for k, v in json.loads(labels.get(LABEL_SLOTS) or "{}").items()}
-    return {}
-
-
-def _inspect_ports(attrs: Mapping[str, Any]) -> tuple[Published, ...]:
-    ports = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
-    return tuple(
-        Published(int(key.split("/")[0]), b["HostIp"], int(b["HostPort"]))
-        for key, bindings in sorted(ports.items())
-        if key.endswith("/tcp")
-        for b in bindings or []
-        if b.get("HostPort")
-    )
-
-
-def _summary_ports(c: Mapping[str, Any]) -> tuple[Published, ...]:
-    return tuple(
-        sorted(
-            Published(int(p["PrivatePort"]), p.get("IP", ""), int(p["PublicPort"]))
-            for p in c.get("Ports") or []
-            if p.get("PublicPort") and p.get("Type", "tcp") == "tcp"
-        )
-    )
-
-
-def _network_mode(c: Mapping[str, Any]) -> str:
-    """The network a container (as listed) was created on."""
-    return str((c.get("HostConfig") or {}).get("NetworkMode") or "")
-
-
-def _networks(c: Mapping[str, Any]) -> set[str]:
-    """The networks a container (as listed) is connected to now."""
-    return set((c.get("NetworkSettings") or {}).get("Networks") or {})
-
-
-def _container_pid(host_pid: int, container_id: str) -> int | None:
-    """The pid inside its container of our ``/proc``'s process ``host_pid``, if /proc says it
-    is a process of that container (its cgroup names the container); else None (gone, or our
-    /proc is of another pid namespace than the daemon's)."""
-    try:
-        with open(f"/proc/{host_pid}/cgroup") as f:
-            if container_id not in f.read():
-                return None
-        with open(f"/proc/{host_pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])  # the innermost namespace's: the container's
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _kernel(
-    labels: Mapping[str, str],
-    container_id: str,
-    image: str,
-    running: bool,
-    ports: tuple[Published, ...],
-    exit: ExitInfo | None,
-) -> KernelContainer:
-    return KernelContainer(
-        kernel_id=labels[LABEL_KERNEL],
-        session_id=labels.get(LABEL_SESSION, ""),
-        container_id=container_id,
-        image=image,
-        running=running,
-        cpu=float(labels.get(LABEL_CPU) or 0),
-        mem_bytes=int(labels.get(LABEL_MEM) or 0),
-        slots=_slots(labels),
-        gpu_ids=tuple(g for g in (labels.get(LABEL_GPUS) or "").split(",") if g),
-        ports=ports,
-        exit=exit,
-    )
-
-
-def _kernel_from_inspect(attrs: Mapping[str, Any]) -> KernelContainer:
-    state = attrs.get("State") or {}
-    running = bool(state.get("Running"))
-    return _kernel(
-        (attrs.get("Config") or {}).get("Labels") or {},
-        attrs["Id"],
-        (attrs.get("Config") or {}).get("Image", ""),
-        running,
-        _inspect_ports(attrs),
-        None if running else _exit_info(state),
-    )
-
-
-class _ExitWatcher:
-    """The engine's ``die`` events of this agent's containers, in a thread, to the loop."""
-
-    def __init__(
-        self, base_url: str, agent_id: str, loop: asyncio.AbstractEventLoop, on_exit: ExitCallback
-    ) -> None:
-        self.base_url = base_url
-        self.agent_id = agent_id
-        self.loop = loop
-        self.on_exit = on_exit
-        self.stopped = threading.Event()
-        self.conn: _Conn | None = None
-        self.thread = threading.Thread(target=self.run, name=f"exits {agent_id}", daemon=True)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.conn is not None:
-            self.conn.abort()
-
-    def run(self) -> None:
-        # From now on; after a broken stream, replay from the last event seen (a repeat is fine:
-        # the agent dedups by container id).
-        since = int(time.time()) - 1  # whole seconds (a die in this second is repeated)
-        backoff = 0.2
-        filters = {"type": "container", "event": "die", "label": f"{LABEL_AGENT}={self.agent_id}"}
-        while not self.stopped.is_set():
-            self.conn = conn = _Conn(self.base_url)
-            if self.stopped.is_set():
-                conn.close()
-                break
-            # Inspections on a client of their own: conn has the one stream to end at stop.
-            inspector = docker.APIClient(base_url=self.base_url, version=API_VERSION)
-            try:
-                for event in conn.api.events(since=since, filters=filters, decode=True):
-                    backoff = 0.2
-                    since = max(since, int(event.get("time") or 0))
-                    self._report(inspector, event)
-            except Exception:
-                pass  # the engine went away or restarted: reconnect below
-            finally:
-                conn.close()
-                inspector.close()
-            self.stopped.wait(backoff)
-            backoff = min(backoff * 2, 10.0)
-
-    def _report(self, api: docker.APIClient, event: Mapping[str, Any]) -> None:
-        try:
-            kernel = _kernel_from_inspect(api.inspect_container(event["id"]))
-        except docker.errors.NotFound:  # removed at once (destroy): the event says enough
-            attrs = (event.get("Actor") or {}).get("Attributes") or {}
-            if LABEL_KERNEL not in attrs:
-                return
-            exit_code = int(attrs.get("exitCode") or 0)
-            kernel = _kernel(
-                attrs, event["id"], attrs.get("image", ""), False, (), ExitInfo(exit_code)
-            )
-        except Exception:  # not a kernel's container (no label), or the engine went away
-            return
-        if kernel.exit is None:  # running again already (restarted): no end to report
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed
-            self.loop.call_soon_threadsafe(self.on_exit, kernel)
-
-
-class _DockerExec:
-    """One exec: its output streams in a thread of its own; ``kill`` ends its process."""
-
-    def __init__(
-        self, runtime: DockerRuntime, exec_id: str, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        self.runtime = runtime
-        self.exec_id = exec_id
-        self.conn = _Conn(runtime.base_url)
-        self.handoff = _Handoff(loop)
-        self.ended = asyncio.Event()
-        self._drained = False
-
-        def chunks() -> Any:
-            return self.conn.api.exec_start(exec_id, stream=True)
-
-        def run() -> None:
-            try:
-                _pump(self.handoff, self.conn, chunks)
-            finally:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self.ended.set)
-
-        self.thread = threading.Thread(target=run, name=f"exec {exec_id[:12]}", daemon=True)
-        self.thread.start()
-
-    async def output(self) -> AsyncIterator[bytes]:
-        """Read it: once ``HANDOFF_BYTES`` wait unread, the command waits to write, as on a pipe."""
-        if self._drained:
-            return
-        self._drained = True
-        async for chunk in _drain(self.handoff):
-            yield chunk
-
-    async def _inspect(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self.runtime.api.exec_inspect, self.exec_id)
-
-    async def wait(self) -> int:
-        await self.ended.wait()
-        # The output ends when the process closes it; the engine records the exit just after.
-        for _ in range(200):
-            info = await self._inspect()
-            if not info.get("Running") and info.get("ExitCode") is not None:
-                return int(info["ExitCode"])
-            await asyncio.sleep(0.05)
-        raise TimeoutError(f"exec {self.exec_id} ended its output but is still running")
-
-    async def kill(self) -> None:
-        try:
-            for _ in range(200):
-                info = await self._inspect()
-                pid = int(info.get("Pid") or 0)
-                if info.get("Running") and pid > 0:
-                    await self._kill(str(info.get("ContainerID") or ""), pid)
-                    break
-                if info.get("ExitCode") is not None:
-                    break  # ended already
-                await asyncio.sleep(0.05)  # not started yet
-        finally:
-            # Whatever happened above: a child that inherited its output must not keep the
-            # stream (and its thread) going.
-            self.handoff.close()
-            self.conn.abort()
-
-    async def _kill(self, container_id: str, pid: int) -> None:
-        """The engine has no API to signal an exec; ``pid`` is its process as the daemon sees
-        it (in the daemon's pid namespace)."""
-        if not self.runtime.local:
-            # A remote daemon: its pids are not ours, and nothing tells the command's pid inside
-            # the container.  The command runs on until it ends; its stream is closed (by the
-            # caller), so nobody waits for it.
-            return
-        in_container = await asyncio.to_thread(_container_pid, pid, container_id)
-        if in_container is None:
-            # Our /proc is not the daemon's (the agent runs in another pid namespace) or the
-            # process is gone: as with a remote daemon, it runs on until it ends.
-            return
-        try:
-            os.kill(pid, signal.SIGKILL)
-            return
-        except ProcessLookupError:
-            return  # ended meanwhile
-        except OSError:
-            pass  # not ours to signal (an agent that is not root): kill it from inside
-        api = self.runtime.api
-        with contextlib.suppress(docker.errors.APIError, requests.RequestException):
-            killer = await asyncio.to_thread(
-                api.exec_create, container_id, ["kill", "-9", str(in_container)], user="0"
-            )
-            await asyncio.to_thread(api.exec_start, killer["Id"])
 
 
 def _id(text: str) -> str:

@@ -38,6 +38,7 @@ from agent.runtime.base import (
     VolumeMount,
 )
 from agent.runtime.docker import HANDOFF_BYTES, DockerRuntime, classify
+from agent.runtime.docker_streams import _container_pid
 from services.stack.natsserver import free_port
 from tests.infra.http import SERVE_HI, http_get
 from tests.infra.images import remove_local
@@ -801,9 +802,9 @@ async def test_a_pid_of_another_container_is_not_signalled(
     cid = await runtime.create("k", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
     other = await runtime.create("o", "s", small_image, 0.5, 32 * MiB, ContainerSpec(SLEEP_FOREVER))
     pid = client.api.inspect_container(cid)["State"]["Pid"]
-    assert docker_runtime._container_pid(pid, cid) == 1  # its init, pid 1 inside
-    assert docker_runtime._container_pid(pid, other) is None
-    assert docker_runtime._container_pid(os.getpid(), cid) is None
+    assert _container_pid(pid, cid) == 1  # its init, pid 1 inside
+    assert _container_pid(pid, other) is None
+    assert _container_pid(os.getpid(), cid) is None
 
 
 # --- Bounded streams ---
