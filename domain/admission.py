@@ -26,7 +26,7 @@ from domain import liveness as _liveness  # noqa: F401  registers what AgentLost
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS
+from domain.subjects import EVENTS, LIVENESS, RESOURCE_POLICY
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -46,6 +46,9 @@ AGENT_EVENTS: frozenset[type[ev.Event]] = frozenset(
 )
 LIVENESS_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.AgentLost})
 POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.PrepullPolicySet, ev.PrepullPolicyRemoved})
+RESOURCE_POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {ev.ResourcePolicySet, ev.ResourcePolicyRemoved}
+)
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
 BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
@@ -53,6 +56,7 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     "agent": AGENT_EVENTS,
     LIVENESS: LIVENESS_EVENTS,
     "prepull-policy": POLICY_EVENTS,
+    RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
 }
 # The event that starts each aggregate (its first event must be one of these).
 _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
@@ -60,7 +64,10 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     "agent": (ev.AgentRegistered,),
     LIVENESS: (ev.AgentLost,),
     "prepull-policy": (ev.PrepullPolicySet,),
+    RESOURCE_POLICY: (ev.ResourcePolicySet,),
 }
+# Kinds whose start event may come again (a policy is set again, also after a removal).
+_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY})
 _PREFIX = f"{EVENTS}."
 
 
@@ -128,7 +135,8 @@ def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> 
     """Why ``event`` cannot follow the admitted events of its aggregate on ``subject`` (at
     ``last_version``; None: nothing admitted yet), or None.  The rule of every reader: the
     first event starts the aggregate (at its own version, as eventsourcing does), a start does
-    not come twice (a prepull policy may be set again), every later event is the next version."""
+    not come twice (a prepull or resource policy may be set again), every later event is the
+    next version."""
     if last_version is None:
         kind, _ = binding(subject)
         first = _FIRST.get(kind, ())
@@ -140,7 +148,7 @@ def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> 
         )
     if isinstance(event, CanInitAggregate):
         kind, aggregate_id = binding(subject)
-        if kind != "prepull-policy":
+        if kind not in _SET_AGAIN:
             return f"{ev.type_name(type(event))} again: {kind} {aggregate_id!r} already exists"
     if event.originator_version != last_version + 1:
         return (

@@ -51,6 +51,7 @@ from domain.limits import (
     Port,
     Reason,
     Size,
+    SlotName,
     Slots,
 )
 from domain.status import KernelStatus
@@ -490,6 +491,44 @@ class PrepullPolicyRemoved(Event, frozen=True, kw_only=True, tag="PrepullPolicyR
     reason: Reason
 
 
+# --- resource policies (subject hoist.events.resource-policy.<owner or "default">) ---------
+
+QuotaCpu = Annotated[float, msgspec.Meta(ge=0, le=2**40)]  # cores, all of an owner's kernels
+QuotaAmount = Annotated[float, msgspec.Meta(ge=0, le=2**40)]
+QuotaSlots = Annotated[dict[SlotName, QuotaAmount], msgspec.Meta(max_length=64)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=2**40)]
+
+
+class ResourcePolicySet(
+    Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="ResourcePolicySet"
+):
+    """An owner's resource policy (or the ``default`` one) was created or replaced (also after
+    a removal).  Every limit is optional: None is unlimited.  What counts against it is what
+    the owner's kernels hold in USER_RESOURCE_OCCUPYING statuses (a PULLING kernel holds
+    nothing, seed 000); see domain.quota."""
+
+    originator_topic: Topic
+    max_cpu: QuotaCpu | None = None  # cores held at once
+    max_mem: Bytes | None = None  # bytes held at once
+    max_slots: QuotaSlots = {}  # slot -> amount held at once; a slot not named is unlimited
+    max_sessions: Count | None = None  # sessions holding resources at once
+    max_kernels_per_session: Count | None = None
+    max_lifetime_s: Seconds | None = None  # an interactive session RUNNING longer is ended
+    reason: Reason  # e.g. "set-by-admin"
+
+    def mutate(self, aggregate: Any) -> Any:
+        if aggregate is None:
+            return CanInitAggregate.mutate(self, aggregate)
+        return CanMutateAggregate.mutate(self, aggregate)
+
+
+class ResourcePolicyRemoved(Event, frozen=True, kw_only=True, tag="ResourcePolicyRemoved"):
+    """The policy no longer applies: the owner falls back to ``default`` (or no limit)."""
+
+    reason: Reason
+
+
 AnyEvent = (
     SessionEnqueued
     | SessionSchedulingFailed
@@ -514,6 +553,8 @@ AnyEvent = (
     | KernelExited
     | PrepullPolicySet
     | PrepullPolicyRemoved
+    | ResourcePolicySet
+    | ResourcePolicyRemoved
 )
 
 # Every kernel status change, in the order of the status machine.

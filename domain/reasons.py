@@ -38,6 +38,7 @@ class Reason(StrEnum):
     AGENT_LOST = "agent-lost"
     CONTAINER_GONE = "container-gone"
     CONTAINER_EXITED = "container-exited"
+    LIFETIME_EXCEEDED = "lifetime-exceeded"
     # How a kernel's process ended (its KernelTerminated carries the exit code).
     SUCCEEDED = "succeeded"
     EXITED = "exited"
@@ -72,6 +73,8 @@ TEXT: dict[Reason, str] = {
     Reason.AGENT_LOST: "the kernel's agent stopped sending heartbeats",
     Reason.CONTAINER_GONE: "the agent has no container for a running kernel",
     Reason.CONTAINER_EXITED: "the kernel's process ended on its own",
+    Reason.LIFETIME_EXCEEDED: "the interactive session ran longer than its owner's resource"
+    " policy allows (max_lifetime_s)",
     Reason.SUCCEEDED: "a batch session's main kernel ran its command to the end with exit code 0",
     Reason.EXITED: "the kernel's process ended with this exit code",
     Reason.KILLED: "the kernel's process was killed by this signal (from outside, or at destroy)",

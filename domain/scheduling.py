@@ -7,8 +7,10 @@ session keeps while it stays PENDING (seed 004: ``predicate-checks-failed: ...``
 ``no-available-instances: ...``).
 
 How it decides, per session in FIFO order (enqueued_at, then session_id):
-1. Predicates (per-owner concurrent sessions, per-session cpu / mem totals, cluster size).
-   Every failing one is named with its numbers; a predicate failure never blocks the queue.
+1. Predicates (per-owner concurrent sessions, per-session cpu / mem totals, cluster size, and
+   the owner's resource policy: ``user cpu quota (3.0 of 4.0 used, asks 2.0)``, see
+   domain.quota).  Every failing one is named with its numbers; a predicate failure never
+   blocks the queue.
 2. Placement among the live agents of the session's resource group that have room now:
    free = capacity - reserved - what this plan already placed there, for cpu, mem and every
    resource slot the kernel asks for (``gpu``: an agent that does not offer a slot has 0 of
@@ -46,6 +48,7 @@ import msgspec
 
 from domain.errors import InvalidField
 from domain.events import Capacity, ClusterMode, Resources
+from domain.quota import Quota, Usage, quota_failures, totals
 from domain.reasons import Reason
 
 # Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
@@ -184,13 +187,19 @@ def plan(
     policy: Policy,
     image_sizes: Mapping[str, int] = {},  # read only, never mutated
     stats: PlanStats | None = None,
+    *,
+    quotas: Mapping[str, Quota] = {},  # read only
+    usage: Mapping[str, Usage] = {},  # read only (copied for the owners it charges)
 ) -> list[Scheduled | Unschedulable]:
     """Decide every pending session, in FIFO order (enqueued_at, session_id).
 
     ``owner_sessions``: owner -> their sessions already SCHEDULED or later and not terminal.
     ``image_sizes``: image -> size in bytes when known (e.g. from the registry); otherwise the
-    size an agent holding it reports. The result has one entry per pending session, in the
-    order they were decided.
+    size an agent holding it reports.  ``quotas``: owner -> their effective resource policy
+    (an owner not named has none); ``usage``: owner -> what their kernels in
+    USER_RESOURCE_OCCUPYING hold now (domain.quota).  Sessions placed earlier in this plan count
+    against their owner's quota and session limit.  The result has one entry per pending
+    session, in the order they were decided.
     """
     _check_unique("agents", [a.agent_id for a in agents])
     _check_unique("pending", [s.session_id for s in pending])
@@ -210,10 +219,16 @@ def plan(
     owners = dict(owner_sessions)
     blocked_by: dict[str, str] = {}  # resource group -> the session holding it (fifo_strict)
     out: list[Scheduled | Unschedulable] = []
+    used: dict[str, Usage] = {}  # owners charged in this plan: their usage so far
     for session in queue:
-        failed = _predicate_failures(session, owners, limits)
-        if failed:
-            out.append(Unschedulable(session_id=session.session_id, status_info=failed))
+        failures = _predicate_failures(session, owners, limits)
+        quota = quotas.get(session.owner)
+        if quota is not None:
+            now = used.get(session.owner) or usage.get(session.owner) or Usage()
+            failures += quota_failures(quota, now, session.resources, session.cluster_size)
+        if failures:
+            info = f"{PREDICATE_FAILED}: " + "; ".join(failures)
+            out.append(Unschedulable(session_id=session.session_id, status_info=info))
             continue
         group = groups[session.resource_group]
         head = blocked_by.get(session.resource_group)
@@ -231,6 +246,11 @@ def plan(
             out.append(Unschedulable(session_id=session.session_id, status_info=info))
         else:
             owners[session.owner] = owners.get(session.owner, 0) + 1
+            if quota is not None:
+                if session.owner not in used:
+                    used[session.owner] = (usage.get(session.owner) or Usage()).copy()
+                cpu, mem, slots = totals(session.resources, session.cluster_size)
+                used[session.owner].add(cpu, mem, slots, 1)
             out.append(Scheduled(session_id=session.session_id, placements=placements))
     if stats is not None:
         stats.agents_examined += sum(g.examined for g in groups.values())
@@ -243,8 +263,10 @@ def _check_unique(field: str, ids: list[str]) -> None:
         raise InvalidField(field, f"ids must be unique; repeated: {dupes}")
 
 
-def _predicate_failures(session: PendingSession, owners: Mapping[str, int], limits: Limits) -> str:
-    """'' when every predicate passes, else the status_info naming each failure."""
+def _predicate_failures(
+    session: PendingSession, owners: Mapping[str, int], limits: Limits
+) -> list[str]:
+    """Each predicate of ``limits`` that fails, with its numbers (empty when all pass)."""
     failures = []
     n = session.cluster_size
     active = owners.get(session.owner, 0)
@@ -265,7 +287,7 @@ def _predicate_failures(session: PendingSession, owners: Mapping[str, int], limi
         )
     if limits.max_cluster_size is not None and n > limits.max_cluster_size:
         failures.append(f"max_cluster_size ({n} kernels asked, limit {limits.max_cluster_size})")
-    return f"{PREDICATE_FAILED}: " + "; ".join(failures) if failures else ""
+    return failures
 
 
 # CPU and slots are counted in integer milli-units inside a plan so sums are exact: requests

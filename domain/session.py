@@ -7,6 +7,7 @@ command raises and leaves the session unchanged with no pending event.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 from uuid import uuid4
 
@@ -424,6 +425,26 @@ class Session(BaseAggregate[str]):
                     f"no heartbeat for {grace_s:g}s after it was marked lost: the kernel is"
                     " given up",
                 )
+
+    def running_since(self) -> datetime | None:
+        """When the session became RUNNING (its last kernel did), or None if it is not."""
+        if self.status is not S.RUNNING:
+            return None
+        return max(
+            next(c.at for c in reversed(k.status_history) if c.status is S.RUNNING)
+            for k in self.kernels.values()
+            if k.status is S.RUNNING
+        )
+
+    def lifetime_exceeded(self, limit_s: float) -> None:
+        """An interactive session ran longer than its owner's ``max_lifetime_s``: its running
+        kernels are TERMINATING ``lifetime-exceeded`` (the others CANCELLED)."""
+        why = info(Reason.LIFETIME_EXCEEDED, f"ran longer than {limit_s:g}s")
+        for k in self.kernels.values():
+            if k.status in PRE_RUNNING:
+                self.cancel(k.kernel_id, why)
+            elif k.status is S.RUNNING:
+                self.mark_terminating(k.kernel_id, why)
 
     def wind_down(self) -> None:
         """A kernel ended in ERROR or CANCELLED: the others stop too (``sibling-failed``)."""

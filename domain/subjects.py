@@ -1,9 +1,10 @@
 """Every NATS subject and stream name Hoist uses: the one place agent, manager and clients agree on.
 
 Events live in one JetStream stream, one subject per aggregate:
-``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness`` or
-``prepull-policy``; domain.admission says which events each may hold).  An agent publishes only
-under its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``); nats.conf enforces it.
+``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness``,
+``prepull-policy`` or ``resource-policy``; domain.admission says which events each may
+hold).  An agent publishes only under its own id (``hoist.events.agent.<id>``,
+``hoist.progress.<id>.>``); nats.conf enforces it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def agent_events(agent_id: str) -> str:
 # can say an agent (itself or another) was lost.  Manager-only facts per agent (e.g. issue 17's
 # reservations) get subjects of this shape too: ``hoist.events.<manager kind>.<agent id>``.
 LIVENESS = "liveness"
+# Per-owner resource policies (domain.quota): hoist.events.resource-policy.<owner or "default">.
+RESOURCE_POLICY = "resource-policy"
 
 
 def liveness_events(agent_id: str) -> str:
@@ -80,7 +83,7 @@ def liveness_events(agent_id: str) -> str:
 # The kinds of aggregate subject only the manager writes; an agent writes only its own
 # ``hoist.events.agent.<id>``.  services.natsauth grants exactly this at the server, so the
 # manager cannot write an agent's facts and an agent cannot write anything else.
-MANAGER_KINDS = ("session", LIVENESS, "prepull-policy")
+MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY)
 
 
 def session_events(session_id: str) -> str:
@@ -117,6 +120,11 @@ POLICY_SET = f"{ADMIN}.image.policy.set"
 POLICY_REMOVE = f"{ADMIN}.image.policy.remove"
 POLICY_LIST = f"{ADMIN}.image.policy.list"
 POLICY_PLAN = f"{ADMIN}.image.policy.plan"
+
+# Resource policies and quotas (domain.contracts.quotas)
+QUOTA_SET = f"{ADMIN}.quota.set"
+QUOTA_REMOVE = f"{ADMIN}.quota.remove"
+QUOTA_SHOW = f"{ADMIN}.quota.show"
 
 # Preload and unload jobs (domain.contracts.images)
 PRELOAD = f"{ADMIN}.image.preload"

@@ -9,6 +9,7 @@ from domain.agent import Agent
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
+from domain.quota import Quota, ResourcePolicy
 from domain.session import Session
 from domain.status import KernelStatus
 
@@ -133,6 +134,13 @@ def full_policy_history() -> list[ev.Event]:
     policy = PrepullPolicy.set(
         None, name="p", resource_groups=[], rules=[{"kind": "images", "images": ["a:1"]}]
     )
+    policy.remove()
+    return list(policy.collect_events())
+
+
+def full_resource_policy_history() -> list[ev.Event]:
+    quota = Quota(max_cpu=4, max_mem=8 * 2**30, max_slots={"gpu": 1}, max_lifetime_s=3600)
+    policy = ResourcePolicy.set(None, name="alice", quota=quota)
     policy.remove()
     return list(policy.collect_events())
 

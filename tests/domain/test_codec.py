@@ -17,11 +17,16 @@ from tests.domain.histories import (
     full_agent_history,
     full_liveness_history,
     full_policy_history,
+    full_resource_policy_history,
     full_session_history,
 )
 
 SAMPLES = (
-    full_session_history() + full_agent_history() + full_liveness_history() + full_policy_history()
+    full_session_history()
+    + full_agent_history()
+    + full_liveness_history()
+    + full_policy_history()
+    + full_resource_policy_history()
 )
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 
@@ -81,6 +86,8 @@ VALID_ODDITIES = [
     ("oom_killed", True),
     ("exit_code", None),
     ("ran_s", None),
+    *((f, None) for f in ("max_cpu", "max_mem", "max_sessions", "max_kernels_per_session")),
+    ("max_lifetime_s", None),  # a resource policy's None: unlimited
 ]
 
 

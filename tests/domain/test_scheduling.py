@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from domain.errors import InvalidField
 from domain.events import Capacity, Resources
+from domain.quota import Quota, Usage, quota_failures
 from domain.scheduling import (
     AgentView,
     Limits,
@@ -108,6 +109,48 @@ def info(decision: Scheduled | Unschedulable) -> str:
 
 
 # --- predicates -------------------------------------------------------------------------------
+
+
+def test_owner_quota_counts_usage_and_sessions_placed_earlier_in_the_plan() -> None:
+    pending = [session("s1", 1, cpu=2), session("s2", 2, cpu=2), session("s3", 3, cpu=1)]
+    used = {"alice": Usage(cpu=1.0, mem=4 * GiB, sessions=1)}
+    out = plan(
+        pending, [agent("a1", cpu=16, mem=64 * GiB)], {}, Limits(), Policy(),
+        quotas={"alice": Quota(max_cpu=4)}, usage=used,
+    )  # fmt: skip
+    got = {d.session_id: d for d in out}
+    assert isinstance(got["s1"], Scheduled)
+    assert info(got["s2"]) == "predicate-checks-failed: user cpu quota (3.0 of 4.0 used, asks 2.0)"
+    assert isinstance(got["s3"], Scheduled)  # a smaller one still fits: 4.0 of 4.0
+    assert used["alice"] == Usage(cpu=1.0, mem=4 * GiB, sessions=1)  # not changed
+
+
+def test_every_quota_limit_is_named_with_its_numbers() -> None:
+    q = Quota(max_cpu=8, max_mem=8 * GiB, max_slots={"gpu": 1}, max_sessions=2,
+              max_kernels_per_session=2)  # fmt: skip
+    used = Usage(cpu=1.0, mem=6 * GiB, slots={"gpu": 0.5}, sessions=2)
+    s = session("s1", cpu=1, mem=GiB, n=3, slots={"gpu": 1})
+    (d,) = plan([s], [agent("a1", slots={"gpu": 4})], {}, Limits(), Policy(),
+                quotas={"alice": q}, usage={"alice": used})  # fmt: skip
+    assert info(d) == (
+        "predicate-checks-failed: user sessions quota (2 of 2 used, asks 1);"
+        " user kernels quota (3 kernels asked, limit 2 per session);"
+        " user mem quota (6 GiB of 8 GiB used, asks 3 GiB);"
+        " user gpu quota (0.5 of 1 used, asks 3)"
+    )
+    others = plan([session("s2", owner="bob")], [agent("a1")], {}, Limits(), Policy(),
+                  quotas={"alice": q}, usage={"alice": used})  # fmt: skip
+    assert isinstance(others[0], Scheduled)  # a quota is per owner
+
+
+def test_limits_and_quotas_are_named_together() -> None:
+    (d,) = plan([session("s1", cpu=4)], [agent("a1")], {"alice": 1},
+                Limits(max_sessions_per_owner=1), Policy(),
+                quotas={"alice": Quota(max_cpu=2)})  # fmt: skip
+    assert info(d) == (
+        "predicate-checks-failed: max_sessions_per_owner (1 running, limit 1);"
+        " user cpu quota (0.0 of 2.0 used, asks 4.0)"
+    )
 
 
 def test_owner_limit_counts_running_sessions_and_those_scheduled_in_this_plan() -> None:
@@ -426,6 +469,80 @@ def test_property_never_over_commits_and_decides_every_session(
     if per_owner is not None:
         assert scheduled_per_owner["u1"] <= per_owner - 1
         assert all(v <= per_owner for v in scheduled_per_owner.values())
+
+
+quotas = st.dictionaries(
+    st.sampled_from(["u1", "u2", "u3"]),
+    st.builds(
+        Quota,
+        max_cpu=st.none() | st.integers(0, 12).map(lambda c: c / 2),
+        max_mem=st.none() | st.integers(0, 12).map(lambda g: g * GiB),
+        max_slots=st.dictionaries(st.sampled_from(SLOTS), st.integers(0, 6).map(lambda g: g / 2)),
+        max_sessions=st.none() | st.integers(0, 4),
+        max_kernels_per_session=st.none() | st.integers(1, 4),
+    ),
+)
+usages = st.dictionaries(
+    st.sampled_from(["u1", "u2", "u3"]),
+    st.builds(
+        Usage,
+        st.integers(0, 8).map(lambda c: c / 2),
+        st.integers(0, 8).map(lambda g: g * GiB),
+        st.dictionaries(st.just("gpu"), st.integers(1, 4).map(lambda g: g / 2)),
+        st.integers(0, 3),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets, requests, policies, quotas, usages)
+def test_property_no_owner_goes_over_its_quota(
+    fleet: list[AgentView],
+    pending: list[PendingSession],
+    policy: Policy,
+    quota: dict[str, Quota],
+    usage: dict[str, Usage],
+) -> None:
+    before = {o: u.copy() for o, u in usage.items()}
+    out = plan(pending, fleet, {}, Limits(), policy, quotas=quota, usage=usage)
+    assert usage == before  # read only
+    assert_within_capacity(pending, fleet, out)
+    by_id = {s.session_id: s for s in pending}
+    charged = {o: u.copy() for o, u in usage.items()}
+    for d in out:
+        s = by_id[d.session_id]
+        q = quota.get(s.owner)
+        if not isinstance(d, Scheduled) or q is None:
+            continue
+        if s.owner not in charged:
+            charged[s.owner] = Usage()
+        used = charged[s.owner]
+        assert not quota_failures(q, used, s.resources, s.cluster_size), (s, used, q)
+        used.add(
+            s.resources.cpu * s.cluster_size,
+            s.resources.mem * s.cluster_size,
+            {k: v * s.cluster_size for k, v in s.resources.slots.items() if v > 0},
+            1,
+        )
+    for owner, used in charged.items():  # what started stays within the quota
+        q = quota.get(owner)
+        if q is None or owner not in {
+            by_id[d.session_id].owner for d in out if isinstance(d, Scheduled)
+        }:
+            continue
+        if q.max_cpu is not None:
+            assert used.cpu <= q.max_cpu + 1e-6
+        if q.max_mem is not None:
+            assert used.mem <= q.max_mem
+        if q.max_sessions is not None:
+            assert used.sessions <= q.max_sessions
+        for slot, most in q.max_slots.items():
+            assert used.slots.get(slot, 0) <= most + 1e-6
+    # A session refused by its quota says which limit, with numbers.
+    for d in out:
+        s = by_id[d.session_id]
+        if isinstance(d, Unschedulable) and s.owner not in quota:
+            assert "user " not in d.status_info
 
 
 @settings(max_examples=200, deadline=None)
