@@ -12,6 +12,7 @@ from domain.contracts.agents import SyncAgents
 from domain.contracts.common import NoRequest
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
+from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
 from domain.contracts.sessions import (
     CancelKernel,
     CreateSession,
@@ -33,6 +34,9 @@ from domain.subjects import (
     POLICY_REMOVE,
     POLICY_SET,
     PRELOAD,
+    QUOTA_REMOVE,
+    QUOTA_SET,
+    QUOTA_SHOW,
     SESSION_CREATE,
     SESSION_DESTROY,
     SESSION_EXEC,
@@ -76,4 +80,7 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     POLICY_REMOVE: RemovePolicy,
     POLICY_LIST: ListPolicies,
     POLICY_PLAN: ShowPlans,
+    QUOTA_SET: SetQuota,
+    QUOTA_REMOVE: RemoveQuota,
+    QUOTA_SHOW: ShowQuotas,
 }

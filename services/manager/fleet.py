@@ -35,6 +35,7 @@ from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
 from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
+from domain.quota import ResourcePolicy, Usage
 from domain.scheduling import AgentView, PendingSession
 from domain.session import Session
 from domain.status import (
@@ -44,7 +45,7 @@ from domain.status import (
     Kernel,
     KernelStatus,
 )
-from domain.subjects import LIVENESS
+from domain.subjects import LIVENESS, RESOURCE_POLICY
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
@@ -96,6 +97,8 @@ class _Footprint:
     live_on: frozenset[str]  # agents with a non-terminal kernel of this session
     pulling_on: frozenset[str]
     slots: dict[str, dict[str, float]] = field(default_factory=dict)  # agent -> slot -> held
+    # What its owner's quota is charged (kernels in USER_RESOURCE_OCCUPYING): cpu, mem, slots
+    charged: tuple[float, int, dict[str, float]] = (0.0, 0, {})
 
 
 _EMPTY = _Footprint({}, False, False, frozenset(), frozenset())
@@ -123,6 +126,11 @@ class Fleet:
         self.kernel_session: dict[str, str] = {}
         self.pending: dict[str, int] = {}  # session id -> enqueue order
         self.owner_sessions: defaultdict[str, int] = defaultdict(int)
+        # owner -> what their kernels in USER_RESOURCE_OCCUPYING hold (quotas, domain.quota)
+        self.owner_usage: defaultdict[str, Usage] = defaultdict(Usage)
+        self.resource_policies: dict[str, ResourcePolicy] = {}  # removed ones too
+        # interactive session id -> when it became RUNNING (max_lifetime_s, domain.quota)
+        self.running_since: dict[str, datetime] = {}
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
@@ -186,6 +194,8 @@ class Fleet:
                 self._fold_agent(aggregate_id, rec, event)
             elif kind == LIVENESS:
                 self._fold_liveness(aggregate_id, rec, event)
+            elif kind == RESOURCE_POLICY:
+                self._fold_resource_policy(aggregate_id, rec, event)
             else:
                 self._fold_policy(aggregate_id, rec, event)
         except Inadmissible as e:
@@ -197,6 +207,20 @@ class Fleet:
             return  # our own write, kept by put_policy
         self.policies[name] = _applied(policy, event, rec)
         if self.caught_up.is_set():
+            self.publish(event)
+
+    def _fold_resource_policy(self, name: str, rec: Recorded, event: ev.Event) -> None:
+        policy = self.resource_policies.get(name)
+        if policy is not None and rec.seq <= loaded_seq(policy):
+            return  # our own write, kept by put_resource_policy
+        self.resource_policies[name] = _applied(policy, event, rec)
+        if self.caught_up.is_set():
+            self.publish(event)
+
+    def put_resource_policy(self, policy: ResourcePolicy, events: Iterable[ev.Event]) -> None:
+        """A resource policy this manager just saved with ``events``."""
+        self.resource_policies[policy.id] = policy
+        for event in events:
             self.publish(event)
 
     def _fold_liveness(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
@@ -272,6 +296,7 @@ class Fleet:
         pulling_on: set[str] = set()
         owner_active = False
         all_pending = True
+        charged_cpu, charged_mem, charged_n = 0.0, 0, 0
         for k in session.kernels.values():
             self.kernel_session[k.kernel_id] = sid
             st = k.status
@@ -279,6 +304,9 @@ class Fleet:
                 all_pending = False
             if st in USER_RESOURCE_OCCUPYING:
                 owner_active = True
+                charged_cpu += session.resources.cpu
+                charged_mem += session.resources.mem
+                charged_n += 1
             if k.agent_id is None:
                 continue
             if st in AGENT_RESOURCE_OCCUPYING:
@@ -292,8 +320,15 @@ class Fleet:
                 live_on.add(k.agent_id)
             if st is S.PULLING:
                 pulling_on.add(k.agent_id)
+        charged_slots = {k: v * charged_n for k, v in asked_slots.items() if v > 0 and charged_n}
         new = _Footprint(
-            held, owner_active, all_pending, frozenset(live_on), frozenset(pulling_on), slots
+            held,
+            owner_active,
+            all_pending,
+            frozenset(live_on),
+            frozenset(pulling_on),
+            slots,
+            (round(charged_cpu, 9), charged_mem, charged_slots),
         )
         first = next(iter(session.kernels.values()), None)
         if first is not None and first.status_history:
@@ -303,6 +338,11 @@ class Fleet:
                 self.image_last_used[image] = at
             if at < self.image_first_seen.get(image, at) or image not in self.image_first_seen:
                 self.image_first_seen[image] = at
+        since = session.running_since() if session.session_type == "interactive" else None
+        if since is None:
+            self.running_since.pop(sid, None)
+        else:
+            self.running_since[sid] = since
         self.sessions[sid] = session
         self._set_footprint(sid, session.owner, new)
         if is_settled(session):
@@ -341,6 +381,24 @@ class Fleet:
         if old.owner_active != new.owner_active:
             self.owner_sessions[owner] += 1 if new.owner_active else -1
             freed = freed or not new.owner_active  # a per-owner limit may let one through now
+        if old.charged != new.charged or old.owner_active != new.owner_active:
+            (ocpu, omem, oslots), (ncpu, nmem, nslots) = old.charged, new.charged
+            usage = self.owner_usage[owner]
+            usage.add(
+                ncpu - ocpu,
+                nmem - omem,
+                {k: nslots.get(k, 0.0) - oslots.get(k, 0.0) for k in oslots.keys() | nslots.keys()},
+                int(new.owner_active) - int(old.owner_active),
+            )
+            if usage.empty:
+                del self.owner_usage[owner]
+            # a quota may let one through now (a kernel went PULLING or stopped)
+            freed = (
+                freed
+                or ncpu < ocpu
+                or nmem < omem
+                or any(nslots.get(k, 0.0) < v for k, v in oslots.items())
+            )
         if new.pending and sid not in self.pending:
             self._order += 1
             self.pending[sid] = self._order
@@ -360,6 +418,7 @@ class Fleet:
     def _forget(self, session_id: str) -> None:
         """Drop a session the store does not have (a create whose append failed)."""
         session = self.sessions.pop(session_id, None)
+        self.running_since.pop(session_id, None)
         if session is not None:
             self._set_footprint(session_id, session.owner, _EMPTY)
             self._footprints.pop(session_id, None)

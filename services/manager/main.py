@@ -1,11 +1,11 @@
 """The manager process: ``python -m services.manager --nats-url URL [options]``.
 
 It folds the event log into its view (fleet), then serves the commands (server, through the
-message bus to sessions, agent_sync, images_admin, prepull) and runs the scheduler, the session
-reactors, the check-pulling-kernels loop, agent resource sync, prepull convergence and the
-liveness watcher.  ``Manager`` is the bootstrap: it builds each part and the bus's one table.
-It keeps nothing the log cannot rebuild: killed at any moment and started again, it replays,
-kicks every unsettled session, and each carries on from its state in the log.
+message bus to sessions, agent_sync, images_admin, prepull, quotas) and runs the scheduler, the
+session reactors, the check-pulling-kernels loop, agent resource sync, prepull convergence, the
+lifetime check and the liveness watcher.  ``Manager`` is the bootstrap: it builds each part and
+the bus's one table.  It keeps nothing the log cannot rebuild: killed at any moment and started
+again, it replays, kicks every unsettled session, and each carries on from its state in the log.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
 from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
+from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
 from domain.contracts.sessions import (
     CancelKernel,
     CreateSession,
@@ -47,6 +48,7 @@ from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
+from services.manager.quotas import Quotas
 from services.manager.reactors import Reactors
 from services.manager.read_models import IN_MEMORY, ReadModels
 from services.manager.scheduler_loop import Plan, SchedulerLoop
@@ -76,6 +78,7 @@ class ManagerConfig:
     lost_grace_s: float = 15.0  # RUNNING kernels of an agent lost this long: TERMINATED
     prepull_interval_s: float = 10.0
     prepull_parallelism: int = 16  # agents asked to converge at a time
+    lifetime_check_interval_s: float = 5.0  # how often max_lifetime_s is checked
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
@@ -143,6 +146,12 @@ class Manager:
             pull_timeout_s=config.pull_timeout_s,
             stall_timeout_s=config.stall_timeout_s,
         )
+        self.quotas = Quotas(
+            self.fleet,
+            self.repository,
+            self.uow,
+            interval_s=config.lifetime_check_interval_s,
+        )
         self._wire(self.bus)
         self.server = CommandServer(nc, self.bus)
         self.read_models = ReadModels(
@@ -182,6 +191,8 @@ class Manager:
                 ev.KernelExited: [r.kernel_exited],
                 ev.PrepullPolicySet: [prepull.wake],
                 ev.PrepullPolicyRemoved: [prepull.wake],
+                ev.ResourcePolicySet: [s.wake],  # a raised quota may let sessions start
+                ev.ResourcePolicyRemoved: [s.wake],
             },
             commands={
                 CreateSession: self.sessions.create,
@@ -202,6 +213,9 @@ class Manager:
                 RemovePolicy: prepull.remove_policy,
                 ListPolicies: prepull.list_policies,
                 ShowPlans: prepull.show_plan,
+                SetQuota: self.quotas.set,
+                RemoveQuota: self.quotas.remove,
+                ShowQuotas: self.quotas.show,
             },
         )
 
@@ -219,6 +233,7 @@ class Manager:
         self.pulling.start()
         self.sync.start()
         self.prepull.start()
+        self.quotas.start()
         log.info(
             "manager ready: %d sessions, %d agents, log at %d",
             len(self.fleet.sessions),
@@ -228,6 +243,7 @@ class Manager:
 
     async def stop(self) -> None:
         await self.server.stop()
+        await self.quotas.stop()
         await self.prepull.stop()
         await self.sync.stop()
         await self.images.stop()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from domain.errors import DomainError
+from domain.quota import Quota, effective
 from domain.reasons import Reason
 from domain.scheduling import (
-    AgentView,
     Limits,
     PendingSession,
     Policy,
@@ -31,17 +31,8 @@ from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
-Plan = Callable[
-    [
-        Sequence[PendingSession],
-        Sequence[AgentView],
-        Mapping[str, int],
-        Limits,
-        Policy,
-        Mapping[str, int],
-    ],
-    list[Scheduled | Unschedulable],
-]
+# plan(pending, agents, owner_sessions, limits, policy, image_sizes, quotas=..., usage=...)
+Plan = Callable[..., list[Scheduled | Unschedulable]]
 
 
 class SchedulerLoop:
@@ -86,6 +77,8 @@ class SchedulerLoop:
             self.limits,
             self.policy,
             self.fleet.image_sizes,
+            quotas=self.quotas(pending),
+            usage=self.fleet.owner_usage,
         )
         placed = 0
         for decision in decisions:
@@ -98,6 +91,18 @@ class SchedulerLoop:
                 placed += isinstance(decision, Scheduled)
                 self._tasks.spawn(self._saved(save), f"save {decision.session_id}")
         return placed
+
+    def quotas(self, pending: Sequence[PendingSession]) -> dict[str, Quota]:
+        """The effective resource policy of each pending session's owner that has one."""
+        policies = self.fleet.resource_policies
+        if not policies:
+            return {}
+        out = {}
+        for owner in {s.owner for s in pending}:
+            policy = effective(owner, policies)
+            if policy is not None:
+                out[owner] = policy.quota
+        return out
 
     async def _saved(self, save: Awaitable[bool]) -> None:
         if not await save:

@@ -18,6 +18,7 @@ from domain.contracts.sessions import (
     session_id_for,
     session_view,
 )
+from domain.quota import effective, never_fits
 from domain.rpc import RequestError
 from domain.session import Session
 from services.manager.bus import LookAgain
@@ -52,6 +53,14 @@ class SessionCommands:
             )
         except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
             raise RequestError("invalid-request", str(e)) from None
+        policy = effective(req.owner, self.fleet.resource_policies)
+        never = policy and never_fits(policy.quota, new.resources, req.cluster_size)
+        if policy is not None and never:
+            field, why = never
+            raise RequestError(
+                "invalid-request",
+                f"{field}: {why} (resource policy {policy.id!r}): this session could never start",
+            )
         # Not the store's idempotency key: a retried append would come back with the
         # original's sequences while we hold other kernel ids. The derived session id and
         # "subject must be empty" make the retry a conflict instead, and we get what the first

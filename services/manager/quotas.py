@@ -1,0 +1,162 @@
+"""Resource policies on the manager: the admin's commands and the lifetime loop.
+
+Commands (admin): ``hoist.admin.quota.set``, ``.remove``, ``.show``; what each takes and answers
+is in domain.contracts.quotas.  The scheduler reads the effective policies from the fleet
+(services.manager.scheduler_loop); a create that could never fit its owner's policy is refused
+by services.manager.sessions.
+
+The lifetime loop (every ``interval_s``): an interactive session RUNNING longer than its owner's
+``max_lifetime_s`` is ended ``lifetime-exceeded`` (its kernels TERMINATING, then TERMINATED as a
+destroy would).  It walks the fleet's index of RUNNING interactive sessions, oldest first, and
+stops at the first one not due under the shortest lifetime any policy sets, so a round costs
+the due sessions (plus the running ones of owners without a lifetime, which it skips by a
+dictionary lookup), and nothing at all while no policy sets a lifetime.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from domain.contracts.quotas import (
+    RemoveQuota,
+    SetQuota,
+    ShowQuotas,
+    quota_view,
+    resource_policy_view,
+    usage_view,
+)
+from domain.errors import DomainError
+from domain.quota import ResourcePolicy, Usage, effective
+from domain.rpc import RequestError
+from services.eventstore.repository import Repository
+from services.eventstore.store import ConcurrencyError
+from services.manager.bus import LookAgain
+from services.manager.fleet import Fleet
+from services.manager.uow import UnitOfWork
+from services.transport.tasks import Tasks, every
+
+log = logging.getLogger(__name__)
+
+
+class Quotas:
+    def __init__(
+        self, fleet: Fleet, repository: Repository, uow: UnitOfWork, *, interval_s: float = 5.0
+    ) -> None:
+        self.fleet = fleet
+        self.repository = repository
+        self.uow = uow
+        self.interval_s = interval_s
+        self.ended = 0  # sessions ended lifetime-exceeded (for tests)
+        self._tasks = Tasks()
+
+    def start(self) -> None:
+        self._tasks.spawn(every(self.interval_s, self.end_overdue, "lifetime check"))
+
+    async def stop(self) -> None:
+        await self._tasks.stop()
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def set(self, req: SetQuota) -> dict[str, Any]:
+        existing = self.fleet.resource_policies.get(req.name)
+        try:
+            policy = ResourcePolicy.set(
+                None if existing is None else copy.deepcopy(existing),
+                name=req.name,
+                quota=req.quota(),
+            )
+        except ValueError as e:
+            raise RequestError("invalid-request", str(e)) from None
+        recorded = bool(policy.pending_events)
+        if recorded:
+            await self._save(policy)
+        return {"policy": resource_policy_view(policy), "recorded": recorded}
+
+    async def remove(self, req: RemoveQuota) -> dict[str, Any]:
+        existing = self.fleet.resource_policies.get(req.name)
+        if existing is None or existing.removed:
+            raise RequestError(
+                "not-found", f"name: no resource policy {req.name!r}; see them with quota show"
+            )
+        policy = copy.deepcopy(existing)
+        try:
+            policy.remove()
+        except DomainError as e:
+            raise RequestError("conflict", str(e)) from None
+        await self._save(policy)
+        return {"policy": req.name, "recorded": True}
+
+    async def show(self, req: ShowQuotas) -> dict[str, Any]:
+        policies = self.fleet.resource_policies
+        if req.owner is not None:
+            owners = [req.owner]
+        else:
+            waiting = {self.fleet.sessions[sid].owner for sid in self.fleet.pending}
+            owners = sorted(self.fleet.owner_usage.keys() | waiting)
+        pending: dict[str, int] = {}
+        for sid in self.fleet.pending:
+            owner = self.fleet.sessions[sid].owner
+            pending[owner] = pending.get(owner, 0) + 1
+        rows = []
+        for owner in owners:
+            policy = effective(owner, policies)
+            rows.append(
+                {
+                    "owner": owner,
+                    "policy": None if policy is None else policy.id,
+                    "quota": quota_view(None if policy is None else policy.quota),
+                    "usage": usage_view(self.fleet.owner_usage.get(owner) or Usage()),
+                    "pending": pending.get(owner, 0),
+                }
+            )
+        return {
+            "policies": [resource_policy_view(p) for _, p in sorted(policies.items())],
+            "owners": rows,
+        }
+
+    async def _save(self, policy: ResourcePolicy) -> None:
+        events = list(policy.pending_events)
+        try:
+            await self.repository.save(policy, actor="admin")  # set over hoist.admin
+        except ConcurrencyError:
+            raise RequestError(
+                "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"
+            ) from None
+        self.fleet.put_resource_policy(policy, events)
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def overdue(self, now: datetime) -> list[tuple[str, float]]:
+        """(session id, its owner's lifetime) of each interactive session RUNNING too long."""
+        policies = self.fleet.resource_policies
+        lifetimes = [
+            p.quota.max_lifetime_s
+            for p in policies.values()
+            if not p.removed and p.quota.max_lifetime_s is not None
+        ]
+        if not lifetimes or not self.fleet.running_since:
+            return []
+        oldest_due = now - timedelta(seconds=min(lifetimes))
+        out = []
+        for sid, since in sorted(self.fleet.running_since.items(), key=lambda i: i[1]):
+            if since > oldest_due:
+                break  # no lifetime is short enough for this one or any later one
+            session = self.fleet.sessions[sid]
+            policy = effective(session.owner, policies)
+            limit = None if policy is None else policy.quota.max_lifetime_s
+            if limit is not None and (now - since).total_seconds() >= limit:
+                out.append((sid, limit))
+        return out
+
+    async def end_overdue(self) -> int:
+        """One round: end each overdue session; the number ended."""
+        ended = 0
+        for sid, limit in self.overdue(datetime.now(UTC)):
+            if await self.uow.try_change(sid, lambda s, n=limit: s.lifetime_exceeded(n)):
+                ended += 1
+                self.uow.publish(LookAgain(sid))  # its worker removes the containers
+        self.ended += ended
+        return ended
