@@ -630,9 +630,11 @@ def build_parser() -> argparse.ArgumentParser:
     # image-fleet commands with the image admin handlers.
     from services.cli import audit as audit_cli
     from services.cli import images as image_cli
+    from services.cli import quotas as quota_cli
 
     audit_cli.register(sub)
     image_cli.register(sub)
+    quota_cli.register(sub)
     _accept_data_dir_after(sub)
     return parser
 
