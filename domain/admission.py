@@ -26,7 +26,7 @@ from domain import liveness as _liveness  # noqa: F401  registers what AgentLost
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS, RESOURCE_POLICY
+from domain.subjects import EVENTS, LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -49,6 +49,9 @@ POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.PrepullPolicySet, ev.Pr
 RESOURCE_POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.ResourcePolicySet, ev.ResourcePolicyRemoved}
 )
+RESOURCE_GROUP_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {ev.ResourceGroupSet, ev.ResourceGroupRemoved}
+)
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
 BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
@@ -57,6 +60,7 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     LIVENESS: LIVENESS_EVENTS,
     "prepull-policy": POLICY_EVENTS,
     RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
+    RESOURCE_GROUP: RESOURCE_GROUP_EVENTS,
 }
 # The event that starts each aggregate (its first event must be one of these).
 _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
@@ -65,9 +69,11 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     LIVENESS: (ev.AgentLost,),
     "prepull-policy": (ev.PrepullPolicySet,),
     RESOURCE_POLICY: (ev.ResourcePolicySet,),
+    RESOURCE_GROUP: (ev.ResourceGroupSet,),
 }
-# Kinds whose start event may come again (a policy is set again, also after a removal).
-_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY})
+# Kinds whose start event may come again (a policy or group is set again, also after a
+# removal).
+_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP})
 _PREFIX = f"{EVENTS}."
 
 
@@ -135,8 +141,8 @@ def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> 
     """Why ``event`` cannot follow the admitted events of its aggregate on ``subject`` (at
     ``last_version``; None: nothing admitted yet), or None.  The rule of every reader: the
     first event starts the aggregate (at its own version, as eventsourcing does), a start does
-    not come twice (a prepull or resource policy may be set again), every later event is the
-    next version."""
+    not come twice (a prepull or resource policy, or a resource group, may be set again), every
+    later event is the next version."""
     if last_version is None:
         kind, _ = binding(subject)
         first = _FIRST.get(kind, ())

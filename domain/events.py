@@ -36,6 +36,8 @@ from domain.limits import (
     MAX_LIST,
     MAX_MOUNTS,
     MAX_PORTS,
+    MAX_REASON,
+    PRINTABLE,
     AbsPath,
     Argv,
     ClusterSize,
@@ -529,6 +531,38 @@ class ResourcePolicyRemoved(Event, frozen=True, kw_only=True, tag="ResourcePolic
     reason: Reason
 
 
+# --- resource groups (subject hoist.events.resource-group.<group name>) -------------------
+
+GroupUsers = Annotated[list[Owner], msgspec.Meta(max_length=MAX_LIST)]
+Description = Annotated[str, msgspec.Meta(max_length=MAX_REASON, pattern=PRINTABLE)]
+
+
+class ResourceGroupSet(
+    Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="ResourceGroupSet"
+):
+    """An admin defined a resource group's access, or replaced it (also after a removal): the
+    owners who may create sessions in it (``users``), or everyone (``public``; then ``users``
+    is empty).  A group no event defines is open to everyone; see domain.resource_group."""
+
+    originator_topic: Topic
+    users: GroupUsers = []  # sorted, distinct; empty and not public: nobody may use it
+    public: bool = False
+    description: Description = ""
+    reason: Reason  # e.g. "set-by-admin"
+
+    def mutate(self, aggregate: Any) -> Any:
+        if aggregate is None:
+            return CanInitAggregate.mutate(self, aggregate)
+        return CanMutateAggregate.mutate(self, aggregate)
+
+
+class ResourceGroupRemoved(Event, frozen=True, kw_only=True, tag="ResourceGroupRemoved"):
+    """The group's definition no longer applies: it is open to everyone again, as a group no
+    admin defined (its agents stay in it)."""
+
+    reason: Reason
+
+
 AnyEvent = (
     SessionEnqueued
     | SessionSchedulingFailed
@@ -555,6 +589,8 @@ AnyEvent = (
     | PrepullPolicyRemoved
     | ResourcePolicySet
     | ResourcePolicyRemoved
+    | ResourceGroupSet
+    | ResourceGroupRemoved
 )
 
 # Every kernel status change, in the order of the status machine.

@@ -2,8 +2,8 @@
 
 Events live in one JetStream stream, one subject per aggregate:
 ``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness``,
-``prepull-policy`` or ``resource-policy``; domain.admission says which events each may
-hold).  An agent publishes only under its own id (``hoist.events.agent.<id>``,
+``prepull-policy``, ``resource-policy`` or ``resource-group``; domain.admission says which
+events each may hold).  An agent publishes only under its own id (``hoist.events.agent.<id>``,
 ``hoist.progress.<id>.>``); nats.conf enforces it.
 """
 
@@ -74,6 +74,8 @@ def agent_events(agent_id: str) -> str:
 LIVENESS = "liveness"
 # Per-owner resource policies (domain.quota): hoist.events.resource-policy.<owner or "default">.
 RESOURCE_POLICY = "resource-policy"
+# Resource groups' access (domain.resource_group): hoist.events.resource-group.<group name>.
+RESOURCE_GROUP = "resource-group"
 
 
 def liveness_events(agent_id: str) -> str:
@@ -83,7 +85,7 @@ def liveness_events(agent_id: str) -> str:
 # The kinds of aggregate subject only the manager writes; an agent writes only its own
 # ``hoist.events.agent.<id>``.  services.natsauth grants exactly this at the server, so the
 # manager cannot write an agent's facts and an agent cannot write anything else.
-MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY)
+MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP)
 
 
 def session_events(session_id: str) -> str:
@@ -125,6 +127,11 @@ POLICY_PLAN = f"{ADMIN}.image.policy.plan"
 QUOTA_SET = f"{ADMIN}.quota.set"
 QUOTA_REMOVE = f"{ADMIN}.quota.remove"
 QUOTA_SHOW = f"{ADMIN}.quota.show"
+
+# Resource groups and who may use each (domain.contracts.groups)
+GROUP_SET = f"{ADMIN}.group.set"
+GROUP_REMOVE = f"{ADMIN}.group.remove"
+GROUP_LIST = f"{ADMIN}.group.list"
 
 # Preload and unload jobs (domain.contracts.images)
 PRELOAD = f"{ADMIN}.image.preload"

@@ -10,6 +10,7 @@ from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.quota import Quota, ResourcePolicy
+from domain.resource_group import ResourceGroup
 from domain.session import Session
 from domain.status import KernelStatus
 
@@ -143,6 +144,12 @@ def full_resource_policy_history() -> list[ev.Event]:
     policy = ResourcePolicy.set(None, name="alice", quota=quota)
     policy.remove()
     return list(policy.collect_events())
+
+
+def full_resource_group_history() -> list[ev.Event]:
+    group = ResourceGroup.set(None, name="gpu", users=["alice"], description="the A100s")
+    group.remove()
+    return list(group.collect_events())
 
 
 # ImagePulled as schema 1 wrote it (duration in integer milliseconds), event 3 of agent-1.

@@ -17,6 +17,7 @@ from tests.domain.histories import (
     full_agent_history,
     full_liveness_history,
     full_policy_history,
+    full_resource_group_history,
     full_resource_policy_history,
     full_session_history,
 )
@@ -27,6 +28,7 @@ SAMPLES = (
     + full_liveness_history()
     + full_policy_history()
     + full_resource_policy_history()
+    + full_resource_group_history()
 )
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 
@@ -88,6 +90,8 @@ VALID_ODDITIES = [
     ("ran_s", None),
     *((f, None) for f in ("max_cpu", "max_mem", "max_sessions", "max_kernels_per_session")),
     ("max_lifetime_s", None),  # a resource policy's None: unlimited
+    ("public", True),  # a resource group open to everyone
+    ("description", ""),
 ]
 
 
