@@ -10,6 +10,7 @@ import msgspec
 
 from domain.contracts.agents import SyncAgents
 from domain.contracts.common import NoRequest
+from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
 from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
@@ -26,6 +27,9 @@ from domain.contracts.sessions import (
 )
 from domain.subjects import (
     AGENT_SYNC,
+    GROUP_LIST,
+    GROUP_REMOVE,
+    GROUP_SET,
     JOB,
     JOBS,
     KERNEL_CANCEL,
@@ -83,4 +87,7 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     QUOTA_SET: SetQuota,
     QUOTA_REMOVE: RemoveQuota,
     QUOTA_SHOW: ShowQuotas,
+    GROUP_SET: SetGroup,
+    GROUP_REMOVE: RemoveGroup,
+    GROUP_LIST: ListGroups,
 }

@@ -42,8 +42,10 @@ changed nothing):
   ``{removed: [agent ids], refused: {agent id: why}}`` (``owner`` is required: only that owner's
   volume is removed).
 
-Error codes: ``invalid-request`` (the message names the field), ``not-found``, ``conflict``,
-``illegal-transition``, ``unavailable`` (the event store did not take the write: retry).
+Error codes: ``invalid-request`` (the message names the field), ``forbidden`` (a create for a
+resource group its owner may not use: the message names ``resource_group`` and the groups the
+owner may use; domain.resource_group), ``not-found``, ``conflict``, ``illegal-transition``,
+``unavailable`` (the event store did not take the write: retry).
 """
 
 from __future__ import annotations

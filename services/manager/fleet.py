@@ -36,6 +36,7 @@ from domain.agent import Agent
 from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
+from domain.resource_group import ResourceGroup
 from domain.scheduling import AgentView, PendingSession
 from domain.session import Session
 from domain.status import (
@@ -45,7 +46,7 @@ from domain.status import (
     Kernel,
     KernelStatus,
 )
-from domain.subjects import LIVENESS, RESOURCE_POLICY
+from domain.subjects import LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
@@ -129,6 +130,8 @@ class Fleet:
         # owner -> what their kernels in USER_RESOURCE_OCCUPYING hold (quotas, domain.quota)
         self.owner_usage: defaultdict[str, Usage] = defaultdict(Usage)
         self.resource_policies: dict[str, ResourcePolicy] = {}  # removed ones too
+        # group -> who may use it, as an admin defined it (removed ones too; domain.resource_group)
+        self.resource_groups: dict[str, ResourceGroup] = {}
         # interactive session id -> when it became RUNNING (max_lifetime_s, domain.quota)
         self.running_since: dict[str, datetime] = {}
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
@@ -196,6 +199,8 @@ class Fleet:
                 self._fold_liveness(aggregate_id, rec, event)
             elif kind == RESOURCE_POLICY:
                 self._fold_resource_policy(aggregate_id, rec, event)
+            elif kind == RESOURCE_GROUP:
+                self._fold_resource_group(aggregate_id, rec, event)
             else:
                 self._fold_policy(aggregate_id, rec, event)
         except Inadmissible as e:
@@ -222,6 +227,24 @@ class Fleet:
         self.resource_policies[policy.id] = policy
         for event in events:
             self.publish(event)
+
+    def _fold_resource_group(self, name: str, rec: Recorded, event: ev.Event) -> None:
+        group = self.resource_groups.get(name)
+        if group is not None and rec.seq <= loaded_seq(group):
+            return  # our own write, kept by put_resource_group
+        self.resource_groups[name] = _applied(group, event, rec)
+        if self.caught_up.is_set():
+            self.publish(event)
+
+    def put_resource_group(self, group: ResourceGroup, events: Iterable[ev.Event]) -> None:
+        """A resource group this manager just saved with ``events``."""
+        self.resource_groups[group.id] = group
+        for event in events:
+            self.publish(event)
+
+    def agent_groups(self) -> set[str]:
+        """The resource groups some registered agent (live or not) joined."""
+        return {s.agent.resource_group for s in self.agents.values()}
 
     def _fold_liveness(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         liveness = _applied(self.liveness.get(agent_id), event, rec)

@@ -1,11 +1,12 @@
 """The manager process: ``python -m services.manager --nats-url URL [options]``.
 
 It folds the event log into its view (fleet), then serves the commands (server, through the
-message bus to sessions, agent_sync, images_admin, prepull, quotas) and runs the scheduler, the
-session reactors, the check-pulling-kernels loop, agent resource sync, prepull convergence, the
-lifetime check and the liveness watcher.  ``Manager`` is the bootstrap: it builds each part and
-the bus's one table.  It keeps nothing the log cannot rebuild: killed at any moment and started
-again, it replays, kicks every unsettled session, and each carries on from its state in the log.
+message bus to sessions, agent_sync, images_admin, prepull, quotas, groups) and runs the
+scheduler, the session reactors, the check-pulling-kernels loop, agent resource sync, prepull
+convergence, the lifetime check and the liveness watcher.  ``Manager`` is the bootstrap: it
+builds each part and the bus's one table.  It keeps nothing the log cannot rebuild: killed at any
+moment and started again, it replays, kicks every unsettled session, and each carries on from its
+state in the log.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 from domain import events as ev
 from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
 from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
+from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
 from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
@@ -43,6 +45,7 @@ from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
+from services.manager.groups import Groups
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
@@ -152,6 +155,7 @@ class Manager:
             self.uow,
             interval_s=config.lifetime_check_interval_s,
         )
+        self.groups = Groups(self.fleet, self.repository)
         self._wire(self.bus)
         self.server = CommandServer(nc, self.bus)
         self.read_models = ReadModels(
@@ -216,6 +220,9 @@ class Manager:
                 SetQuota: self.quotas.set,
                 RemoveQuota: self.quotas.remove,
                 ShowQuotas: self.quotas.show,
+                SetGroup: self.groups.set,
+                RemoveGroup: self.groups.remove,
+                ListGroups: self.groups.list,
             },
         )
 

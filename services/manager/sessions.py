@@ -1,7 +1,9 @@
 """The session commands' handlers: ``hoist.api.session.create``, ``.get``, ``.destroy`` and the
 superadmin's ``hoist.admin.kernel.cancel`` (domain.contracts.sessions says what each takes and
 answers; services.manager.server serves them).  Each gets the session, calls its aggregate and
-saves through the unit of work.
+saves through the unit of work.  A create is refused before anything is appended when its owner
+may not use its resource group (``forbidden``, domain.resource_group) or it could never fit its
+owner's resource policy (``invalid-request``, domain.quota).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from domain.contracts.sessions import (
     session_view,
 )
 from domain.quota import effective, never_fits
+from domain.resource_group import may_use, refusal
 from domain.rpc import RequestError
 from domain.session import Session
 from services.manager.bus import LookAgain
@@ -53,6 +56,12 @@ class SessionCommands:
             )
         except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
             raise RequestError("invalid-request", str(e)) from None
+        groups = self.fleet.resource_groups
+        if not may_use(req.owner, new.resource_group, groups):  # seed 004's check_scaling_group
+            raise RequestError(
+                "forbidden",
+                refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups()),
+            )
         policy = effective(req.owner, self.fleet.resource_policies)
         never = policy and never_fits(policy.quota, new.resources, req.cluster_size)
         if policy is not None and never:

@@ -1,0 +1,105 @@
+"""Resource groups on the manager: the admin's commands.
+
+Commands (admin): ``hoist.admin.group.set``, ``.remove``, ``.list``; what each takes and answers
+is in domain.contracts.groups.  A create for a group its owner may not use is refused by
+services.manager.sessions (``forbidden``, domain.resource_group's rule); agents join groups as
+before (``hoist agent --resource-group``) and the scheduler places a session on its group's
+agents only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup, group_view
+from domain.errors import DomainError
+from domain.resource_group import ResourceGroup
+from domain.rpc import RequestError
+from services.eventstore.repository import Repository
+from services.eventstore.store import ConcurrencyError
+from services.manager.fleet import Fleet
+
+
+class Groups:
+    def __init__(self, fleet: Fleet, repository: Repository) -> None:
+        self.fleet = fleet
+        self.repository = repository
+
+    async def set(self, req: SetGroup) -> dict[str, Any]:
+        existing = self.fleet.resource_groups.get(req.name)
+        try:
+            group = ResourceGroup.set(
+                None if existing is None else copy.deepcopy(existing),
+                name=req.name,
+                users=req.users,
+                public=req.public,
+                description=req.description,
+            )
+        except ValueError as e:
+            raise RequestError("invalid-request", str(e)) from None
+        recorded = bool(group.pending_events)
+        if recorded:
+            await self._save(group)
+        return {"group": group_view(group.id, group), "recorded": recorded}
+
+    async def remove(self, req: RemoveGroup) -> dict[str, Any]:
+        existing = self.fleet.resource_groups.get(req.name)
+        if existing is None or existing.removed:
+            raise RequestError(
+                "not-found",
+                f"name: no resource group {req.name!r} is defined (an undefined group is open to"
+                " everyone already); see them with group list",
+            )
+        group = copy.deepcopy(existing)
+        try:
+            group.remove()
+        except DomainError as e:
+            raise RequestError("conflict", str(e)) from None
+        await self._save(group)
+        return {"group": req.name, "recorded": True}
+
+    async def list(self, req: ListGroups) -> dict[str, Any]:
+        defined = self.fleet.resource_groups
+        members: dict[str, list[dict[str, Any]]] = {}
+        lost: dict[str, int] = {}
+        for agent_id, state in sorted(self.fleet.agents.items()):
+            name = state.agent.resource_group
+            members.setdefault(name, [])
+            if not state.live:
+                lost[name] = lost.get(name, 0) + 1
+                continue
+            cap = state.agent.capacity
+            members[name].append(
+                {"agent_id": agent_id, "cpu": cap.cpu, "mem": cap.mem, "slots": dict(cap.slots)}
+            )
+        rows = []
+        for name in sorted(defined.keys() | members.keys()):
+            agents = members.get(name, [])
+            slots: dict[str, float] = {}
+            for a in agents:
+                for slot, amount in a["slots"].items():
+                    slots[slot] = round(slots.get(slot, 0.0) + amount, 9)
+            rows.append(
+                {
+                    **group_view(name, defined.get(name)),
+                    "agents": agents,
+                    "lost_agents": lost.get(name, 0),
+                    "capacity": {
+                        "cpu": round(sum(a["cpu"] for a in agents), 9),
+                        "mem": sum(a["mem"] for a in agents),
+                        "slots": slots,
+                    },
+                }
+            )
+        return {"groups": rows}
+
+    async def _save(self, group: ResourceGroup) -> None:
+        events = list(group.pending_events)
+        try:
+            await self.repository.save(group, actor="admin")  # set over hoist.admin
+        except ConcurrencyError:
+            raise RequestError(
+                "conflict", f"name: group {group.id!r} changed meanwhile; send it again"
+            ) from None
+        self.fleet.put_resource_group(group, events)

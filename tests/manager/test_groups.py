@@ -1,0 +1,131 @@
+"""Resource groups on a real nats-server: a create for a group its owner may not use is refused
+(``forbidden``, seed 004's check_scaling_group) with nothing appended; a group no admin defined,
+a public one and a removed one are open to everyone; the definitions are events in the log,
+folded again after a restart; ``group.list`` shows each group's users and live agents."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from domain import subjects
+from domain.codec import TYPE_HEADER
+from domain.subjects import GROUP_LIST, GROUP_REMOVE, GROUP_SET, SESSION_CREATE
+from services.eventstore.store import EventStore
+from services.transport.client import Client
+from tests.manager.harness import GB, agents, create, create_payload, manager, request, until
+
+
+async def set_group(nc: Client, **fields: Any) -> dict[str, Any]:
+    reply = await request(nc, GROUP_SET, fields)
+    assert "error" not in reply, reply
+    return reply  # type: ignore[no-any-return]
+
+
+def running(s: dict[str, Any]) -> bool:
+    return s["status"] == "RUNNING"
+
+
+async def test_only_a_groups_users_create_sessions_in_it(nc: Client, store: EventStore) -> None:
+    async with (
+        agents(nc, store, ["g1"], resource_group="gpu", cpu=8),
+        agents(nc, store, ["d1"], cpu=4),
+        manager(nc) as m,
+    ):
+        await set_group(nc, name="gpu", users=["alice"], description="the A100s")
+        alice = await create(nc, resource_group="gpu")
+        view = await until(nc, alice["session_id"], running, what="alice runs in gpu")
+        assert view["kernels"][0]["agent_id"] == "g1"
+
+        before = await store.last_seq(f"{subjects.EVENTS}.session.>")
+        sessions = set(m.fleet.sessions)
+        refused = await request(
+            nc, SESSION_CREATE, create_payload(owner="bob", resource_group="gpu")
+        )
+        assert refused["error"]["code"] == "forbidden", refused
+        assert refused["error"]["message"] == (
+            "resource_group: 'bob' may not use resource group 'gpu' (an admin defined who may);"
+            " groups 'bob' may use: 'default' (a group no admin defined is open to everyone)"
+        )
+        assert await store.last_seq(f"{subjects.EVENTS}.session.>") == before  # nothing appended
+        assert set(m.fleet.sessions) == sessions
+
+        bob = await create(nc, owner="bob")  # default: no admin defined it, open to everyone
+        await until(nc, bob["session_id"], running, what="bob runs in default")
+        undefined = await create(nc, owner="bob", resource_group="nobody-defined-it")
+        assert undefined["status"] == "PENDING"  # accepted; it waits for an agent of the group
+
+        listed = await request(nc, GROUP_LIST, {})
+        groups = {g["name"]: g for g in listed["groups"]}
+        assert set(groups) == {"default", "gpu"}  # defined ones and the agents' groups
+        gpu = groups["gpu"]
+        assert (gpu["defined"], gpu["access"], gpu["users"]) == (True, "users", ["alice"])
+        assert gpu["description"] == "the A100s"
+        assert gpu["agents"] == [{"agent_id": "g1", "cpu": 8.0, "mem": 8 * GB, "slots": {}}]
+        assert gpu["capacity"] == {"cpu": 8.0, "mem": 8 * GB, "slots": {}}
+        default = groups["default"]
+        assert (default["defined"], default["access"]) == (False, "everyone")
+        assert [a["agent_id"] for a in default["agents"]] == ["d1"]
+
+
+async def test_a_public_group_and_a_removed_one_are_open_to_everyone(
+    nc: Client, store: EventStore
+) -> None:
+    async with (
+        agents(nc, store, ["l1"], resource_group="lab"),
+        agents(nc, store, ["g1"], resource_group="gpu"),
+        manager(nc),
+    ):
+        await set_group(nc, name="lab", public=True)
+        carol = await create(nc, owner="carol", resource_group="lab")
+        await until(nc, carol["session_id"], running)
+
+        await set_group(nc, name="gpu")  # neither users nor public: nobody
+        closed = await request(nc, SESSION_CREATE, create_payload(resource_group="gpu"))
+        assert closed["error"]["code"] == "forbidden"
+        assert "groups 'alice' may use: 'lab' (" in closed["error"]["message"]
+
+        removed = await request(nc, GROUP_REMOVE, {"name": "gpu"})
+        assert removed == {"group": "gpu", "recorded": True}
+        again = await create(nc, resource_group="gpu")  # open again, as never defined
+        await until(nc, again["session_id"], running)
+        listed = {g["name"]: g for g in (await request(nc, GROUP_LIST, {}))["groups"]}
+        assert listed["gpu"]["removed"] and listed["gpu"]["access"] == "everyone"
+        assert listed["lab"]["access"] == "everyone" and listed["lab"]["public"]
+
+
+async def test_set_and_remove_are_events_in_the_log_and_folded_after_a_restart(
+    nc: Client, store: EventStore
+) -> None:
+    async with manager(nc) as m:
+        first = await set_group(nc, name="gpu", users=["bob", "alice"])
+        assert first["recorded"] and first["group"]["users"] == ["alice", "bob"]
+        same = await set_group(nc, name="gpu", users=["alice", "bob"])
+        assert not same["recorded"]  # the same definition: nothing new
+        await set_group(nc, name="gpu", users=["alice"])
+        assert (await request(nc, GROUP_REMOVE, {"name": "gpu"}))["recorded"]
+        missing = await request(nc, GROUP_REMOVE, {"name": "gpu"})
+        assert missing["error"]["code"] == "not-found"
+        never = await request(nc, GROUP_REMOVE, {"name": "default"})
+        assert never["error"]["code"] == "not-found"
+        await set_group(nc, name="lab", users=["carol"])
+        bad = await request(nc, GROUP_SET, {"name": "not a token"})
+        assert bad["error"]["code"] == "invalid-request"
+        both = await request(nc, GROUP_SET, {"name": "x", "users": ["a"], "public": True})
+        assert both["error"]["code"] == "invalid-request"
+        assert both["error"]["message"].startswith("users: ")
+        records = await store.read_subject(f"{subjects.EVENTS}.resource-group.gpu")
+        assert [r.headers[TYPE_HEADER] for r in records] == [
+            "ResourceGroupSet",
+            "ResourceGroupSet",
+            "ResourceGroupRemoved",
+        ]
+        assert m.fleet.resource_groups["gpu"].removed
+    async with agents(nc, store, ["l1"], resource_group="lab"), manager(nc) as again_m:
+        assert again_m.fleet.resource_groups["gpu"].removed  # a restart folds the same groups
+        assert again_m.fleet.resource_groups["lab"].users == ["carol"]
+        refused = await request(nc, SESSION_CREATE, create_payload(resource_group="lab"))
+        assert refused["error"]["code"] == "forbidden"
+        carol = await create(nc, owner="carol", resource_group="lab")
+        await until(nc, carol["session_id"], running)
+        await asyncio.sleep(0)
