@@ -53,13 +53,15 @@ def access_of(group: ResourceGroup | None) -> str:
 
 
 def group_view(name: str, group: ResourceGroup | None) -> dict[str, Any]:
-    """A group's definition (``group`` None: one no admin defined)."""
+    """A group's definition (``group`` None: one no admin defined; a removed one keeps its
+    description and reason, and no longer names users)."""
+    live = group is not None and not group.removed
     return {
         "name": name,
-        "defined": group is not None and not group.removed,
+        "defined": live,
         "access": access_of(group),
-        "users": [] if group is None else list(group.users),
-        "public": group is not None and group.public,
+        "users": list(group.users) if live and group is not None else [],
+        "public": live and group is not None and group.public,
         "description": "" if group is None else group.description,
         "removed": group is not None and group.removed,
         "reason": None if group is None else group.reason,

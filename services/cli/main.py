@@ -629,12 +629,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.
     from services.cli import audit as audit_cli
+    from services.cli import groups as group_cli
     from services.cli import images as image_cli
     from services.cli import quotas as quota_cli
 
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)
+    group_cli.register(sub)
     _accept_data_dir_after(sub)
     return parser
 
