@@ -140,7 +140,12 @@ async def test_manager_appends_and_reads_events(manager: Conn) -> None:
 
 async def test_manager_writes_its_own_subjects_never_an_agents_facts(manager: Conn) -> None:
     js = manager.nc.jetstream()
-    for subject in ("hoist.events.liveness.A", "hoist.events.prepull-policy.p"):
+    for subject in (
+        "hoist.events.liveness.A",
+        "hoist.events.prepull-policy.p",
+        "hoist.events.resource-policy.alice",
+        "hoist.events.resource-group.gpu",
+    ):
         assert (await js.publish(subject, b"fact")).stream == EVENT_STREAM
     assert await manager.refused("hoist.events.agent.A")
     assert await manager.refused("hoist.events.other.x")
