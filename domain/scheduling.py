@@ -23,6 +23,28 @@ How it decides, per session in FIFO order (enqueued_at, then session_id):
    on idle agents) holds back every later session of that group, as Backend.AI's FIFO
    scheduler does; otherwise later, smaller sessions go ahead of it.
 
+The order (``Policy.order``): ``"fifo"`` decides the sessions in enqueue order. ``"drf"``
+(dominant resource fairness, as Backend.AI's DRF scheduler) decides next the oldest session of
+the owner whose dominant share is the smallest, so one owner's thousand pending sessions do not
+starve another owner's one:
+- an owner's dominant share = max over resources (cpu, mem, and every slot the live fleet
+  offers) of (what the owner holds now, ``usage``, + what this plan already placed for them)
+  / (the total capacity of that resource over all live agents, every resource group);
+- the whole live fleet is the denominator because ``usage`` is per owner across resource
+  groups (what USER_RESOURCE_OCCUPYING kernels hold, wherever they are), so a share per
+  resource group cannot be told from it; a resource no live agent offers does not count;
+  like the quotas, the share does not count kernels that are PULLING (not in ``usage``);
+- ties go to the owner whose next session was enqueued first; one owner's sessions are decided
+  in FIFO order; a session that is not placed leaves its owner's share as it was;
+- with ``fifo_strict``, "first" means first in that order: the smallest-share owner's session
+  that does not fit (but would on idle agents) holds back the rest of its resource group, so a
+  big session of the owner furthest below their share is not starved by smaller ones of owners
+  above theirs (nor, as in FIFO, by sessions enqueued later);
+- predicates, quotas, placement and all-or-nothing are the same as with FIFO: only the order
+  in which sessions are decided changes.
+The shares live in a heap with one entry per owner that has sessions left: each pick and each
+update is O(log owners), on top of the same sort by enqueue order.
+
 Scores (strategy and locality) count cpu and mem only: slots constrain where a kernel fits
 but do not weigh in, so a cpu-only session may land on a gpu agent when it has the best score
 (nothing keeps gpu agents free for gpu sessions).
@@ -39,7 +61,9 @@ found no room is remembered so bigger ones fail without a walk.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Literal
@@ -131,12 +155,17 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     # The largest locality bonus, in utilization units (0..1): a holder of a big, widespread
     # image wins over a non-holder unless it is this much busier (0.25 = 25 points).
     locality_weight: float = 0.25
+    # The order sessions are decided in: "fifo" (enqueue order) or "drf" (the owner with the
+    # smallest dominant share first, ties and each owner's own sessions by enqueue order).
+    order: Literal["fifo", "drf"] = "fifo"
 
     def __post_init__(self) -> None:
         if self.strategy not in ("concentrated", "dispersed"):
             raise InvalidField(
                 "strategy", f"must be 'concentrated' or 'dispersed', got {self.strategy!r}"
             )
+        if self.order not in ("fifo", "drf"):
+            raise InvalidField("order", f"must be 'fifo' or 'drf', got {self.order!r}")
         if not 0 <= self.locality_weight <= 1:
             raise InvalidField(
                 "locality_weight", f"must be between 0 and 1, got {self.locality_weight}"
@@ -191,15 +220,17 @@ def plan(
     quotas: Mapping[str, Quota] = {},  # read only
     usage: Mapping[str, Usage] = {},  # read only (copied for the owners it charges)
 ) -> list[Scheduled | Unschedulable]:
-    """Decide every pending session, in FIFO order (enqueued_at, session_id).
+    """Decide every pending session, in FIFO order (enqueued_at, session_id), or with
+    ``policy.order == "drf"`` the smallest dominant share's owner first (module docstring).
 
     ``owner_sessions``: owner -> their sessions already SCHEDULED or later and not terminal.
     ``image_sizes``: image -> size in bytes when known (e.g. from the registry); otherwise the
     size an agent holding it reports.  ``quotas``: owner -> their effective resource policy
     (an owner not named has none); ``usage``: owner -> what their kernels in
     USER_RESOURCE_OCCUPYING hold now (domain.quota).  Sessions placed earlier in this plan count
-    against their owner's quota and session limit.  The result has one entry per pending
-    session, in the order they were decided.
+    against their owner's quota and session limit (and their dominant share with drf, where
+    ``usage`` is what they hold now).  The result has one entry per pending session, in the
+    order they were decided.
     """
     _check_unique("agents", [a.agent_id for a in agents])
     _check_unique("pending", [s.session_id for s in pending])
@@ -220,7 +251,9 @@ def plan(
     blocked_by: dict[str, str] = {}  # resource group -> the session holding it (fifo_strict)
     out: list[Scheduled | Unschedulable] = []
     used: dict[str, Usage] = {}  # owners charged in this plan: their usage so far
-    for session in queue:
+
+    def decide(session: PendingSession) -> bool:
+        """Decide one session into ``out``; whether it was placed."""
         failures = _predicate_failures(session, owners, limits)
         quota = quotas.get(session.owner)
         if quota is not None:
@@ -229,7 +262,7 @@ def plan(
         if failures:
             info = f"{PREDICATE_FAILED}: " + "; ".join(failures)
             out.append(Unschedulable(session_id=session.session_id, status_info=info))
-            continue
+            return False
         group = groups[session.resource_group]
         head = blocked_by.get(session.resource_group)
         if head is not None:
@@ -238,23 +271,104 @@ def plan(
                 f" (strict FIFO in resource group {session.resource_group!r})"
             )
             out.append(Unschedulable(session_id=session.session_id, status_info=info))
-            continue
+            return False
         placements, info = group.place(session)
         if placements is None:
             if policy.fifo_strict and group.could_ever_fit(session):
                 blocked_by[session.resource_group] = session.session_id
             out.append(Unschedulable(session_id=session.session_id, status_info=info))
-        else:
-            owners[session.owner] = owners.get(session.owner, 0) + 1
-            if quota is not None:
-                if session.owner not in used:
-                    used[session.owner] = (usage.get(session.owner) or Usage()).copy()
-                cpu, mem, slots = totals(session.resources, session.cluster_size)
-                used[session.owner].add(cpu, mem, slots, 1)
-            out.append(Scheduled(session_id=session.session_id, placements=placements))
+            return False
+        owners[session.owner] = owners.get(session.owner, 0) + 1
+        if quota is not None:
+            if session.owner not in used:
+                used[session.owner] = (usage.get(session.owner) or Usage()).copy()
+            cpu, mem, slots = totals(session.resources, session.cluster_size)
+            used[session.owner].add(cpu, mem, slots, 1)
+        out.append(Scheduled(session_id=session.session_id, placements=placements))
+        return True
+
+    if policy.order == "drf":
+        shares = _DominantShares(queue, agents, usage)
+        while (session := shares.next()) is not None:
+            shares.decided(session, decide(session))
+    else:
+        for session in queue:
+            decide(session)
     if stats is not None:
         stats.agents_examined += sum(g.examined for g in groups.values())
     return out
+
+
+class _DominantShares:
+    """The drf order: each owner's sessions left, FIFO, and a heap of (dominant share, the
+    place in the FIFO queue of the owner's next session), one entry per owner with sessions
+    left."""
+
+    def __init__(
+        self,
+        queue: Sequence[PendingSession],
+        agents: Sequence[AgentView],
+        usage: Mapping[str, Usage],
+    ) -> None:
+        # Integer totals (milli-cpu, bytes, milli-slots) so the shares do not depend on the
+        # order agents are given in.
+        total: dict[str, int] = {"cpu": 0, "mem": 0}
+        for a in agents:
+            if a.live:
+                total["cpu"] += _mc_down(a.capacity.cpu)
+                total["mem"] += a.capacity.mem
+                for k, v in a.capacity.slots.items():
+                    total[k] = total.get(k, 0) + _mc_down(v)
+        self.total = {r: t for r, t in total.items() if t > 0}  # what no live agent offers: out
+        self.queue = queue
+        self.left: dict[str, deque[int]] = {}  # owner -> places in the queue, FIFO
+        for i, session in enumerate(queue):
+            self.left.setdefault(session.owner, deque()).append(i)
+        self.held: dict[str, dict[str, int]] = {}
+        self.heap: list[tuple[float, int]] = []
+        for owner, sessions in self.left.items():
+            u = usage.get(owner)
+            held = {r: 0 for r in self.total}
+            if u is not None:
+                now = {"cpu": _mc_up(u.cpu), "mem": u.mem}
+                now.update((k, _mc_up(v)) for k, v in u.slots.items())
+                held = {r: now.get(r, 0) for r in self.total}
+            self.held[owner] = held
+            self.heap.append((self._share(held), sessions[0]))
+        heapq.heapify(self.heap)
+
+    def _share(self, held: Mapping[str, int]) -> float:
+        return max((held[r] / t for r, t in self.total.items()), default=0.0)
+
+    def next(self) -> PendingSession | None:
+        """The next session to decide (the smallest share's owner's oldest), None when all are.
+        The owner's entry stays at the top until ``decided`` replaces or drops it."""
+        if not self.heap:
+            return None
+        return self.queue[self.heap[0][1]]
+
+    def decided(self, session: PendingSession, placed: bool) -> None:
+        """Charge a placed session to its owner's share; put the owner back if they have more."""
+        owner = session.owner
+        sessions = self.left[owner]
+        sessions.popleft()
+        share = self.heap[0][0]
+        if placed:  # only the resources it asked for change, and only upwards
+            held, total, n, asked = self.held[owner], self.total, session.cluster_size, []
+            if "cpu" in held:
+                asked.append(("cpu", _mc_up(session.resources.cpu) * n))
+            if "mem" in held:
+                asked.append(("mem", session.resources.mem * n))
+            if session.resources.slots:
+                asked += [(k, a * n) for k, a in _slot_ask(session.resources) if k in held]
+            for r, amount in asked:
+                held[r] += amount
+                if held[r] / total[r] > share:
+                    share = held[r] / total[r]
+        if sessions:
+            heapq.heapreplace(self.heap, (share, sessions[0]))
+        else:
+            heapq.heappop(self.heap)
 
 
 def _check_unique(field: str, ids: list[str]) -> None:
