@@ -284,6 +284,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a session that does not fit holds back later ones of its resource group",
     )
+    s.add_argument(
+        "--order",
+        choices=("fifo", "drf"),
+        default="fifo",
+        help="which pending session goes first: fifo (enqueue order) or drf (the owner with"
+        " the smallest dominant share of the fleet, then enqueue order)",
+    )
     s.add_argument("--max-sessions-per-owner", type=int)
     s.add_argument("--max-cpu-per-session", type=float, help="cores")
     s.add_argument("--max-mem-per-session", type=int, help="bytes")
@@ -342,6 +349,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
             strategy=args.strategy,
             image_locality=not args.no_image_locality,
             fifo_strict=args.fifo_strict,
+            order=args.order,
         ),
         pull_timeout_s=args.pull_timeout,
         stall_timeout_s=args.stall_timeout,
