@@ -26,7 +26,7 @@ from domain import liveness as _liveness  # noqa: F401  registers what AgentLost
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY
+from domain.subjects import EVENTS, LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY, USER
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -52,6 +52,7 @@ RESOURCE_POLICY_EVENTS: frozenset[type[ev.Event]] = frozenset(
 RESOURCE_GROUP_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.ResourceGroupSet, ev.ResourceGroupRemoved}
 )
+USER_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.UserAdded, ev.UserDisabled})
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
 BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
@@ -61,6 +62,7 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     "prepull-policy": POLICY_EVENTS,
     RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
     RESOURCE_GROUP: RESOURCE_GROUP_EVENTS,
+    USER: USER_EVENTS,
 }
 # The event that starts each aggregate (its first event must be one of these).
 _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
@@ -70,10 +72,11 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     "prepull-policy": (ev.PrepullPolicySet,),
     RESOURCE_POLICY: (ev.ResourcePolicySet,),
     RESOURCE_GROUP: (ev.ResourceGroupSet,),
+    USER: (ev.UserAdded,),
 }
 # Kinds whose start event may come again (a policy or group is set again, also after a
-# removal).
-_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP})
+# removal; a disabled user is added again).
+_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER})
 _PREFIX = f"{EVENTS}."
 
 

@@ -563,6 +563,29 @@ class ResourceGroupRemoved(Event, frozen=True, kw_only=True, tag="ResourceGroupR
     reason: Reason
 
 
+# --- users (subject hoist.events.user.<name>) ---------------------------------------------
+
+
+class UserAdded(Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="UserAdded"):
+    """An admin added a Hoist user (the aggregate id is the name, a subject token), or added a
+    disabled one again (re-enabled it, possibly changing ``admin``); see domain.user."""
+
+    originator_topic: Topic
+    admin: bool = False  # may also send hoist.admin.>
+    by: Owner  # who added it: the NATS user the command came from (``admin``: the admin role)
+
+    def mutate(self, aggregate: Any) -> Any:
+        if aggregate is None:
+            return CanInitAggregate.mutate(self, aggregate)
+        return CanMutateAggregate.mutate(self, aggregate)
+
+
+class UserDisabled(Event, frozen=True, kw_only=True, tag="UserDisabled"):
+    """The user may no longer connect (their NATS user is removed); their sessions stay."""
+
+    by: Owner
+
+
 AnyEvent = (
     SessionEnqueued
     | SessionSchedulingFailed
@@ -591,6 +614,8 @@ AnyEvent = (
     | ResourcePolicyRemoved
     | ResourceGroupSet
     | ResourceGroupRemoved
+    | UserAdded
+    | UserDisabled
 )
 
 # Every kernel status change, in the order of the status machine.

@@ -2,7 +2,7 @@
 
 Events live in one JetStream stream, one subject per aggregate:
 ``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness``,
-``prepull-policy``, ``resource-policy`` or ``resource-group``; domain.admission says which
+``prepull-policy``, ``resource-policy``, ``resource-group`` or ``user``; domain.admission says which
 events each may hold).  An agent publishes only under its own id (``hoist.events.agent.<id>``,
 ``hoist.progress.<id>.>``); nats.conf enforces it.
 """
@@ -76,6 +76,8 @@ LIVENESS = "liveness"
 RESOURCE_POLICY = "resource-policy"
 # Resource groups' access (domain.resource_group): hoist.events.resource-group.<group name>.
 RESOURCE_GROUP = "resource-group"
+# Hoist users (domain.user): hoist.events.user.<name>; each has a NATS user of that name.
+USER = "user"
 
 
 def liveness_events(agent_id: str) -> str:
@@ -85,7 +87,7 @@ def liveness_events(agent_id: str) -> str:
 # The kinds of aggregate subject only the manager writes; an agent writes only its own
 # ``hoist.events.agent.<id>``.  services.natsauth grants exactly this at the server, so the
 # manager cannot write an agent's facts and an agent cannot write anything else.
-MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP)
+MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER)
 
 
 def session_events(session_id: str) -> str:
@@ -132,6 +134,11 @@ QUOTA_SHOW = f"{ADMIN}.quota.show"
 GROUP_SET = f"{ADMIN}.group.set"
 GROUP_REMOVE = f"{ADMIN}.group.remove"
 GROUP_LIST = f"{ADMIN}.group.list"
+
+# Hoist users (domain.contracts.users)
+USER_ADD = f"{ADMIN}.user.add"
+USER_DISABLE = f"{ADMIN}.user.disable"
+USER_LIST = f"{ADMIN}.user.list"
 
 # Preload and unload jobs (domain.contracts.images)
 PRELOAD = f"{ADMIN}.image.preload"

@@ -25,6 +25,7 @@ from domain.contracts.sessions import (
     SessionExec,
     SessionLogs,
 )
+from domain.contracts.users import AddUser, DisableUser, ListUsers
 from domain.subjects import (
     AGENT_SYNC,
     GROUP_LIST,
@@ -48,6 +49,9 @@ from domain.subjects import (
     SESSION_LOGS,
     STREAM_READ,
     UNLOAD,
+    USER_ADD,
+    USER_DISABLE,
+    USER_LIST,
     VOLUME_LIST,
     VOLUME_REMOVE,
 )
@@ -90,4 +94,7 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     GROUP_SET: SetGroup,
     GROUP_REMOVE: RemoveGroup,
     GROUP_LIST: ListGroups,
+    USER_ADD: AddUser,
+    USER_DISABLE: DisableUser,
+    USER_LIST: ListUsers,
 }

@@ -632,11 +632,13 @@ def build_parser() -> argparse.ArgumentParser:
     from services.cli import groups as group_cli
     from services.cli import images as image_cli
     from services.cli import quotas as quota_cli
+    from services.cli import users as user_cli
 
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)
     group_cli.register(sub)
+    user_cli.register(sub)
     _accept_data_dir_after(sub)
     return parser
 

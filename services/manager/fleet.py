@@ -46,7 +46,8 @@ from domain.status import (
     Kernel,
     KernelStatus,
 )
-from domain.subjects import LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY
+from domain.subjects import LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY, USER
+from domain.user import User
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
@@ -132,6 +133,7 @@ class Fleet:
         self.resource_policies: dict[str, ResourcePolicy] = {}  # removed ones too
         # group -> who may use it, as an admin defined it (removed ones too; domain.resource_group)
         self.resource_groups: dict[str, ResourceGroup] = {}
+        self.users: dict[str, User] = {}  # Hoist users (domain.user), disabled ones too
         # interactive session id -> when it became RUNNING (max_lifetime_s, domain.quota)
         self.running_since: dict[str, datetime] = {}
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
@@ -201,6 +203,8 @@ class Fleet:
                 self._fold_resource_policy(aggregate_id, rec, event)
             elif kind == RESOURCE_GROUP:
                 self._fold_resource_group(aggregate_id, rec, event)
+            elif kind == USER:
+                self._fold_user(aggregate_id, rec, event)
             else:
                 self._fold_policy(aggregate_id, rec, event)
         except Inadmissible as e:
@@ -239,6 +243,20 @@ class Fleet:
     def put_resource_group(self, group: ResourceGroup, events: Iterable[ev.Event]) -> None:
         """A resource group this manager just saved with ``events``."""
         self.resource_groups[group.id] = group
+        for event in events:
+            self.publish(event)
+
+    def _fold_user(self, name: str, rec: Recorded, event: ev.Event) -> None:
+        user = self.users.get(name)
+        if user is not None and rec.seq <= loaded_seq(user):
+            return  # our own write, kept by put_user
+        self.users[name] = _applied(user, event, rec)
+        if self.caught_up.is_set():
+            self.publish(event)
+
+    def put_user(self, user: User, events: Iterable[ev.Event]) -> None:
+        """A user this manager just saved with ``events``."""
+        self.users[user.id] = user
         for event in events:
             self.publish(event)
 

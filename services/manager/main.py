@@ -1,7 +1,7 @@
 """The manager process: ``python -m services.manager --nats-url URL [options]``.
 
 It folds the event log into its view (fleet), then serves the commands (server, through the
-message bus to sessions, agent_sync, images_admin, prepull, quotas, groups) and runs the
+message bus to sessions, agent_sync, images_admin, prepull, quotas, groups, users) and runs the
 scheduler, the session reactors, the check-pulling-kernels loop, agent resource sync, prepull
 convergence, the lifetime check and the liveness watcher.  ``Manager`` is the bootstrap: it
 builds each part and the bus's one table.  It keeps nothing the log cannot rebuild: killed at any
@@ -37,6 +37,7 @@ from domain.contracts.sessions import (
     SessionExec,
     SessionLogs,
 )
+from domain.contracts.users import AddUser, DisableUser, ListUsers
 from domain.scheduling import Limits, Policy
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.repository import Repository
@@ -58,6 +59,7 @@ from services.manager.scheduler_loop import Plan, SchedulerLoop
 from services.manager.server import CommandServer
 from services.manager.sessions import SessionCommands
 from services.manager.uow import UnitOfWork
+from services.manager.users import Users
 from services.transport import credentials, progress
 from services.transport.client import Client
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
@@ -156,6 +158,7 @@ class Manager:
             interval_s=config.lifetime_check_interval_s,
         )
         self.groups = Groups(self.fleet, self.repository)
+        self.users = Users(self.fleet, self.repository)
         self._wire(self.bus)
         self.server = CommandServer(nc, self.bus)
         self.read_models = ReadModels(
@@ -223,6 +226,9 @@ class Manager:
                 SetGroup: self.groups.set,
                 RemoveGroup: self.groups.remove,
                 ListGroups: self.groups.list,
+                AddUser: self.users.add,
+                DisableUser: self.users.disable,
+                ListUsers: self.users.list,
             },
         )
 

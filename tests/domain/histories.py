@@ -13,6 +13,7 @@ from domain.quota import Quota, ResourcePolicy
 from domain.resource_group import ResourceGroup
 from domain.session import Session
 from domain.status import KernelStatus
+from domain.user import User
 
 S = KernelStatus
 
@@ -150,6 +151,13 @@ def full_resource_group_history() -> list[ev.Event]:
     group = ResourceGroup.set(None, name="gpu", users=["alice"], description="the A100s")
     group.remove()
     return list(group.collect_events())
+
+
+def full_user_history() -> list[ev.Event]:
+    user = User.add(None, name="alice", by="admin")
+    user.disable(by="admin")
+    User.add(user, name="alice", admin=True, by="admin")
+    return list(user.collect_events())
 
 
 # ImagePulled as schema 1 wrote it (duration in integer milliseconds), event 3 of agent-1.

@@ -20,6 +20,7 @@ from tests.domain.histories import (
     full_resource_group_history,
     full_resource_policy_history,
     full_session_history,
+    full_user_history,
 )
 
 SAMPLES = (
@@ -29,6 +30,7 @@ SAMPLES = (
     + full_policy_history()
     + full_resource_policy_history()
     + full_resource_group_history()
+    + full_user_history()
 )
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 
@@ -92,6 +94,7 @@ VALID_ODDITIES = [
     ("max_lifetime_s", None),  # a resource policy's None: unlimited
     ("public", True),  # a resource group open to everyone
     ("description", ""),
+    ("admin", True),  # an admin user
 ]
 
 

@@ -78,7 +78,14 @@ def test_watch_skips_an_event_it_cannot_apply() -> None:
 
 def test_the_writer_comes_from_the_subject_not_the_actor_header() -> None:
     assert writer("hoist.events.agent.a1") == "agent:a1"
-    for kind in ("session", "liveness", "prepull-policy", "resource-policy", "resource-group"):
+    for kind in (
+        "session",
+        "liveness",
+        "prepull-policy",
+        "resource-policy",
+        "resource-group",
+        "user",
+    ):
         assert writer(f"hoist.events.{kind}.x") == "manager"
     assert writer("hoist.events.other.x") == "unknown"
     assert writer("hoist.events.agent.a.b") == "unknown"

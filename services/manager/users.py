@@ -1,0 +1,68 @@
+"""Hoist users on the manager: the admin's commands ``hoist.admin.user.add``, ``.disable``,
+``.list`` (domain.contracts.users).  Each records an event on ``hoist.events.user.<name>``; the
+user's NATS user (what lets them connect) is written into the stack's auth config by whoever
+runs the stack's nats-server (``hoist user add`` on a local stack, services.stack.natsauth),
+not by the manager, which may run elsewhere."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from domain.contracts.users import AddUser, DisableUser, ListUsers, user_view
+from domain.errors import DomainError, InvalidField
+from domain.rpc import RequestError
+from domain.user import User
+from services.eventstore.repository import Repository
+from services.eventstore.store import ConcurrencyError
+from services.manager.fleet import Fleet
+
+# Admin commands come over hoist.admin.>, whose subjects name no user: the admin role sent them.
+BY = "admin"
+
+
+class Users:
+    def __init__(self, fleet: Fleet, repository: Repository) -> None:
+        self.fleet = fleet
+        self.repository = repository
+
+    async def add(self, req: AddUser) -> dict[str, Any]:
+        existing = self.fleet.users.get(req.name)
+        try:
+            user = User.add(
+                None if existing is None else copy.deepcopy(existing),
+                name=req.name,
+                admin=req.admin,
+                by=BY,
+            )
+        except InvalidField as e:
+            raise RequestError("invalid-request", str(e)) from None
+        recorded = bool(user.pending_events)
+        if recorded:
+            await self._save(user)
+        return {"user": user_view(user), "recorded": recorded}
+
+    async def disable(self, req: DisableUser) -> dict[str, Any]:
+        existing = self.fleet.users.get(req.name)
+        if existing is None:
+            raise RequestError("not-found", f"name: no user {req.name!r}; see them with user list")
+        user = copy.deepcopy(existing)
+        try:
+            user.disable(by=BY)
+        except DomainError as e:
+            raise RequestError("conflict", f"name: {e}") from None
+        await self._save(user)
+        return {"user": user_view(user), "recorded": True}
+
+    async def list(self, req: ListUsers) -> dict[str, Any]:
+        return {"users": [user_view(u) for _, u in sorted(self.fleet.users.items())]}
+
+    async def _save(self, user: User) -> None:
+        events = list(user.pending_events)
+        try:
+            await self.repository.save(user, actor="admin")  # over hoist.admin
+        except ConcurrencyError:
+            raise RequestError(
+                "conflict", f"name: user {user.id!r} changed meanwhile; send it again"
+            ) from None
+        self.fleet.put_user(user, events)

@@ -1,0 +1,33 @@
+"""domain.user: users added, disabled and added again, as events."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain import events as ev
+from domain.errors import DomainError, InvalidField
+from domain.user import User
+
+
+def test_add_disable_and_add_again() -> None:
+    user = User.add(None, name="alice", by="admin")
+    assert (user.admin, user.enabled, user.by) == (False, True, "admin")
+    assert User.add(user, name="alice", by="admin") is user
+    assert [type(e) for e in user.pending_events] == [ev.UserAdded]  # the same again: nothing
+    user.disable(by="admin")
+    assert not user.enabled
+    with pytest.raises(DomainError, match="already disabled"):
+        user.disable(by="admin")
+    User.add(user, name="alice", admin=True, by="admin")
+    assert (user.admin, user.enabled) == (True, True)
+    assert [type(e) for e in user.collect_events()] == [
+        ev.UserAdded,
+        ev.UserDisabled,
+        ev.UserAdded,
+    ]
+
+
+@pytest.mark.parametrize("name", ["a.b", "", "a b", "manager", "client", "admin", "agent-1"])
+def test_names_are_subject_tokens_and_no_roles_user(name: str) -> None:
+    with pytest.raises(InvalidField, match="name"):
+        User.add(None, name=name, by="admin")
