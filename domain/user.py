@@ -18,12 +18,15 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField
-from domain.subjects import USER, check_token
+from domain.subjects import QUERY_NAMES, USER, check_token
 
 KIND = USER
 # NATS users the stack itself defines (services.transport.credentials): no Hoist user may take
 # one's name (nor ``agent-<id>``, an agent's).
 RESERVED = frozenset({"manager", "client", "admin"})
+# Nor the tokens that follow ``hoist.api.`` and ``hoist.query.`` in the unscoped subjects (the
+# client role's): user ``session`` would be granted ``hoist.api.session.>``, every owner's.
+UNSCOPED = frozenset({"session", "stream", "volume", *QUERY_NAMES})
 
 
 class User(BaseAggregate[str]):
@@ -87,5 +90,9 @@ def check_name(name: str) -> str:
     if name in RESERVED or name.startswith("agent-"):
         raise InvalidField(
             "name", f"{name!r} is a role's NATS user (manager, client, admin, agent-<id>)"
+        )
+    if name in UNSCOPED:
+        raise InvalidField(
+            "name", f"{name!r} names unscoped command or query subjects (hoist.api.{name}.>)"
         )
     return name

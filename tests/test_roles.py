@@ -21,7 +21,13 @@ from nats.js.api import StreamConfig
 
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS_STREAM
 from services.eventstore.store import EventStore, Message, Write
-from services.stack.natsauth import REPO_CONFIG, generate_credentials, write_server_config
+from services.stack.natsauth import (
+    REPO_CONFIG,
+    generate_credentials,
+    remove_user,
+    set_user,
+    write_server_config,
+)
 from services.stack.natsserver import free_port, nats_server_binary, wait_for_port
 from services.transport import progress
 from services.transport.client import Client, connect
@@ -30,6 +36,7 @@ from services.transport.credentials import (
     Credentials,
     load_credentials,
     role_url,
+    user_url,
 )
 
 
@@ -543,3 +550,111 @@ async def test_the_attempt_sees_a_change_that_is_allowed(manager: Conn) -> None:
     request = {"name": "SCRATCH", "subjects": ["scratch.>"], "storage": "file", "max_msgs": 1}
     assert await _attempt(manager, "$JS.API.STREAM.UPDATE.SCRATCH", request) == "ok"
     assert await _attempt(manager, "$JS.API.STREAM.DELETE.SCRATCH", None) == "ok"
+
+
+# --- Hoist users: one NATS user each (natsauth.user_permissions), added and removed by a reload
+
+
+async def _reload(stack: Stack) -> None:
+    log = stack.data_dir / "nats-server.log"
+    reloads = log.read_text().count("Reloaded server configuration")
+    stack.proc.send_signal(signal.SIGHUP)
+    for _ in range(200):
+        if log.read_text().count("Reloaded server configuration") > reloads:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"nats-server did not reload its config in 2 s; see {log}")
+
+
+async def _as_user(stack: Stack, name: str) -> Conn:
+    conn = Conn(nc=Client())
+
+    async def on_error(err: Exception) -> None:
+        conn.errors.append(str(err).lower())
+
+    await conn.nc.connect(
+        user_url(stack.url, name, load_credentials(stack.data_dir)),
+        error_cb=on_error,
+        allow_reconnect=False,
+        connect_timeout=2,
+    )
+    return conn
+
+
+async def test_users_publish_only_their_own_subjects_and_read_their_own_inbox(
+    stack: Stack, manager: Conn
+) -> None:
+    pid = stack.proc.pid
+    set_user(stack.data_dir, "alice")
+    set_user(stack.data_dir, "bob")
+    set_user(stack.data_dir, "root", admin=True)
+    await _reload(stack)  # no restart: the same nats-server process
+    assert stack.proc.pid == pid and stack.proc.poll() is None
+    for name in ("alice", "bob", "root"):
+        assert load_credentials(stack.data_dir).users[name].password
+    assert stat.S_IMODE((stack.data_dir / "auth.conf").stat().st_mode) == 0o600
+    alice = await _as_user(stack, "alice")
+    root = await _as_user(stack, "root")
+    served = await manager.nc.subscribe("hoist.api.>", cb=_answer(manager.nc))
+    queries = await manager.nc.subscribe("hoist.query.>", cb=_answer(manager.nc))
+    await _synced(manager.nc)
+    try:
+        assert alice.nc.new_inbox().startswith("_INBOX.alice.")
+        reply = await alice.nc.request("hoist.api.alice.session.create", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        reply = await alice.nc.request("hoist.query.alice.sessions", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        for subject in (
+            "hoist.api.bob.session.create",  # another user's commands
+            "hoist.api.session.create",  # the unscoped ones (the client role's, any owner)
+            "hoist.query.kernels",
+            "hoist.query.bob.sessions",
+            "hoist.admin.user.add",
+            "hoist.events.session.x",
+        ):
+            assert await alice.refused(subject), subject
+        for other in ("_INBOX.bob.>", "_INBOX.>", "_INBOX.client.x", "hoist.api.>"):
+            await alice.nc.subscribe(other)
+            assert await alice.reported(f'subscription to "{other.lower()}"'), other
+        # History and progress as a client reads them.
+        await manager.nc.jetstream().publish("hoist.events.session.u1", b"x")
+        got = await alice.nc.jetstream().get_last_msg(
+            EVENT_STREAM, "hoist.events.session.u1", direct=True
+        )
+        assert got.data == b"x"
+        # An admin user: its own subjects and the admin role's.
+        admin_served = await manager.nc.subscribe("hoist.admin.>", cb=_answer(manager.nc))
+        await _synced(manager.nc)
+        reply = await root.nc.request("hoist.admin.user.list", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        await admin_served.unsubscribe()
+        assert await root.refused("hoist.events.user.root")
+    finally:
+        await served.unsubscribe()
+        await queries.unsubscribe()
+        await alice.nc.close()
+        await root.nc.close()
+
+
+async def test_a_removed_user_is_disconnected_and_refused_after_a_reload(
+    stack: Stack, manager: Conn
+) -> None:
+    pid = stack.proc.pid
+    set_user(stack.data_dir, "carol")
+    await _reload(stack)
+    carol = await _as_user(stack, "carol")
+    url = user_url(stack.url, "carol", load_credentials(stack.data_dir))
+    remove_user(stack.data_dir, "carol")
+    assert "carol" not in load_credentials(stack.data_dir).users
+    assert "carol" not in (stack.data_dir / "auth.conf").read_text()
+    await _reload(stack)
+    assert stack.proc.pid == pid and stack.proc.poll() is None
+    # nats-server re-checks every client on a reload: one whose user is gone is closed
+    # ("authorization violation"), so a disabled user keeps no open connection.
+    for _ in range(200):
+        if carol.nc.is_closed:
+            break
+        await asyncio.sleep(0.01)
+    assert carol.nc.is_closed, carol.errors
+    with pytest.raises(NatsError):
+        await connect(url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0)

@@ -403,7 +403,12 @@ async def cmd_creds(args: argparse.Namespace) -> None:
     if args.role == "agent" and args.agent_id and args.agent_id not in creds.agents:
         creds = stack.add_agent_user(data_dir, info, args.agent_id)  # an agent joining later
     try:
-        print(credentials.role_url(info.url, args.role, creds, agent_id=args.agent_id))
+        if args.role == "user":
+            if not args.name:
+                raise CliError("hoist creds user NAME: which Hoist user (see `hoist user list`)")
+            print(credentials.user_url(info.url, args.name, creds))
+        else:
+            print(credentials.role_url(info.url, args.role, creds, agent_id=args.agent_id))
     except KeyError as e:
         raise CliError(f"{e.args[0]}") from None
 
@@ -567,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")
-    creds.add_argument("role", choices=credentials.ROLES)
+    creds.add_argument("role", choices=(*credentials.ROLES, "user"))
+    creds.add_argument("name", nargs="?", help="for user: which Hoist user (hoist user add)")
     creds.add_argument("--agent-id", help="for role agent: which agent")
     creds.set_defaults(func=cmd_creds)
 

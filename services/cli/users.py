@@ -2,16 +2,25 @@
 
 Each sends the manager's ``hoist.admin.user.*`` request (domain.contracts.users), which records
 the event (``hoist.events.user.<name>``).  A user's NATS user (their password, what lets them
-connect) is the stack's: see ``hoist creds user NAME``."""
+connect) lives in the stack's auth config, which only the stack's host can write: the manager
+may run elsewhere.  So once the manager recorded an add or a disable, this command, when the
+stack in ``--data-dir`` runs here (and HOIST_NATS_URL, if set, names that stack), also writes
+the user's NATS user into that stack's credentials.json and auth.conf (or removes it) and has
+nats-server reload its users, as ``hoist creds agent`` does: nothing restarts.  Otherwise it
+says so; run the same command on the stack's host.  ``hoist creds user NAME`` prints the URL."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from domain.subjects import USER_ADD, USER_DISABLE, USER_LIST
 from services.cli import connection as cli_nats
 from services.cli.stack_url import stack_url
+from services.stack import up as stack
 
 
 def register(subparsers: Any) -> None:
@@ -42,11 +51,36 @@ async def cmd_add(args: argparse.Namespace) -> None:
     reply = await _ask(USER_ADD, {"name": args.name, "admin": args.admin}, args)
     done = "added" if reply["recorded"] else "unchanged"
     print(f"user {done}: {user_text(reply['user'])}")
+    print(_apply_to_local_stack(args, args.name, args.admin))
 
 
 async def cmd_disable(args: argparse.Namespace) -> None:
     reply = await _ask(USER_DISABLE, {"name": args.name}, args)
     print(f"user disabled: {user_text(reply['user'])}")
+    print(_apply_to_local_stack(args, args.name, None))
+
+
+def _apply_to_local_stack(args: argparse.Namespace, name: str, admin: bool | None) -> str:
+    """Write (``admin`` a bool) or remove (None) the user's NATS user on the stack in the data
+    dir when it runs here and is the one the command went to; what was done, as a line."""
+    data_dir = Path(args.data_dir)
+    info = stack.StackInfo.read(data_dir)
+    env = os.environ.get("HOIST_NATS_URL")
+    if info is None or not info.alive() or (env and not _same_server(env, info.url)):
+        return (
+            f"NATS user: unchanged (no stack of this NATS server runs in {data_dir}): run this"
+            " on the stack's host with its --data-dir"
+        )
+    if admin is None:
+        stack.remove_hoist_user(data_dir, info, name)
+        return "NATS user: removed, nats-server reloaded (its connections are closed)"
+    stack.set_hoist_user(data_dir, info, name, admin)
+    return f"NATS user: written, nats-server reloaded; its URL: hoist creds user {name}"
+
+
+def _same_server(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.hostname, pa.port or 4222) == (pb.hostname, pb.port or 4222)
 
 
 async def cmd_list(args: argparse.Namespace) -> None:

@@ -54,13 +54,16 @@ from domain.subjects import (
     heartbeat,
     inbox_prefix,
 )
+from domain.user import check_name
 from services.transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
+    HoistUser,
     agent_id_checked,
     check_role,
     read_json,
     user_name,
+    users_of,
 )
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "nats.conf"
@@ -90,7 +93,7 @@ def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Crede
         if agent_id not in agents:
             agents[check_token(agent_id, "agent id")] = _new_password()
             changed = True
-    creds = Credentials(agents=agents, **values)
+    creds = Credentials(agents=agents, users=users_of(stored), **values)
     if changed:
         _write_private(path, json.dumps(_as_dict(creds), indent=2) + "\n")
     else:
@@ -168,6 +171,54 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
     }
 
 
+def user_permissions(name: str, admin: bool = False) -> dict[str, Any]:
+    """The ``permissions`` of Hoist user ``name``'s NATS user: publish only its own command and
+    query subjects (``hoist.api.<name>.>``, ``hoist.query.<name>.>``: the manager takes the
+    owner from that token) and read history and progress as a client does (the same direct
+    gets: they name no aggregate, so history is not per user); subscribe only its own inbox
+    (``_INBOX.<name>.>``), progress and the events' wake-up signal.  Never ``hoist.admin.>``,
+    unless ``admin``: then also everything the admin role may (``hoist.api.>``, ``.query.>``,
+    ``.admin.>``)."""
+    name = check_name(name)
+    if admin:
+        grants = permissions("admin")
+        grants["publish"]["allow"][:0] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
+    else:
+        grants = permissions("client")
+        allow = grants["publish"]["allow"]
+        allow[: allow.index(f"{QUERY}.>") + 1] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
+    grants["subscribe"]["allow"] = [f"{PROGRESS}.>", EVENTS_ALL, f"{inbox_prefix(name)}.>"]
+    return grants
+
+
+def set_user(data_dir: Path, name: str, admin: bool = False) -> Credentials:
+    """Give Hoist user ``name`` its NATS user (a new password; an existing one keeps its own
+    and takes ``admin``) in credentials.json and auth.conf; reload nats-server to apply it."""
+    return _change_users(data_dir, name, admin)
+
+
+def remove_user(data_dir: Path, name: str) -> Credentials:
+    """Take Hoist user ``name``'s NATS user out of credentials.json and auth.conf (nothing if
+    it has none); reload nats-server to apply it."""
+    return _change_users(data_dir, name, None)
+
+
+def _change_users(data_dir: Path, name: str, admin: bool | None) -> Credentials:
+    name = check_name(name)
+    creds = generate_credentials(data_dir)
+    users = dict(creds.users)
+    if admin is None:
+        users.pop(name, None)
+    else:
+        old = users.get(name)
+        users[name] = HoistUser(old.password if old else _new_password(), admin)
+    creds = Credentials(creds.manager, creds.client, creds.admin, creds.agents, users)
+    data_dir = Path(data_dir)
+    _write_private(data_dir / CREDENTIALS_FILE, json.dumps(_as_dict(creds), indent=2) + "\n")
+    _write_private(data_dir / "auth.conf", render_auth_conf(creds))
+    return creds
+
+
 def render_auth_conf(creds: Credentials) -> str:
     """auth.conf for nats-server: every role user with its permissions; no anonymous access."""
     users = [
@@ -177,6 +228,10 @@ def render_auth_conf(creds: Credentials) -> str:
         *(
             _user("agent", password, agent_id)
             for agent_id, password in sorted(creds.agents.items())
+        ),
+        *(
+            {"user": name, "password": u.password, "permissions": user_permissions(name, u.admin)}
+            for name, u in sorted(creds.users.items())
         ),
     ]
     body = ",\n".join(json.dumps(u) for u in users)
@@ -264,6 +319,10 @@ def _as_dict(creds: Credentials) -> dict[str, Any]:
         "client": creds.client,
         "admin": creds.admin,
         "agents": dict(sorted(creds.agents.items())),
+        "users": {
+            name: {"password": u.password, "admin": u.admin}
+            for name, u in sorted(creds.users.items())
+        },
     }
 
 

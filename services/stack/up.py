@@ -115,6 +115,30 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
     creds = natsauth.generate_credentials(data_dir, [agent_id])
     natsauth.write_server_config(data_dir, creds, data_dir / "jetstream")
+    reload_nats(data_dir, info)
+    return creds
+
+
+def set_hoist_user(
+    data_dir: Path, info: StackInfo, name: str, admin: bool
+) -> credentials.Credentials:
+    """Give Hoist user ``name`` (domain.user) its NATS user on the running stack, or change its
+    admin grants, and have nats-server reload its users (no restart)."""
+    creds = natsauth.set_user(data_dir, name, admin)
+    reload_nats(data_dir, info)
+    return creds
+
+
+def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> credentials.Credentials:
+    """Remove Hoist user ``name``'s NATS user from the running stack and reload: nats-server
+    closes the user's open connections when it reloads (they no longer authenticate)."""
+    creds = natsauth.remove_user(data_dir, name)
+    reload_nats(data_dir, info)
+    return creds
+
+
+def reload_nats(data_dir: Path, info: StackInfo) -> None:
+    """Have the stack's nats-server re-read its config (its users) and wait until it did."""
     log = data_dir / "nats-server.log"
     reloads = log.read_text(errors="replace").count("Reloaded server configuration")
     os.kill(info.nats_pid, signal.SIGHUP)
@@ -123,7 +147,6 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
         if time.monotonic() > deadline:
             raise StackError(f"nats-server did not reload its users within 5 s; see {log}")
         time.sleep(0.05)
-    return creds
 
 
 def start_nats(

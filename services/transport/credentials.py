@@ -17,13 +17,24 @@ CREDENTIALS_FILE = "credentials.json"
 
 
 @dataclass(frozen=True, slots=True)
+class HoistUser:
+    """A Hoist user's NATS user (services.stack.natsauth.user_permissions): its password and
+    whether it also has the admin role's grants."""
+
+    password: str
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Credentials:
-    """One password per role user; ``agents`` maps agent id to that agent's password."""
+    """One password per role user; ``agents`` maps agent id to that agent's password; ``users``
+    maps each enabled Hoist user (domain.user) to its NATS user."""
 
     manager: str
     client: str
     admin: str
     agents: dict[str, str] = field(default_factory=dict)
+    users: dict[str, HoistUser] = field(default_factory=dict)
 
     def password(self, role: str, agent_id: str | None = None) -> str:
         if role == "agent":
@@ -60,6 +71,7 @@ def load_credentials(data_dir: Path) -> Credentials:
             client=stored["client"],
             admin=stored["admin"],
             agents=dict(stored.get("agents") or {}),
+            users=users_of(stored),
         )
     except KeyError as err:
         raise ValueError(
@@ -76,6 +88,33 @@ def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None 
     password = quote(creds.password(role, agent_id), safe="")
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
+
+
+def user_url(base_url: str, name: str, creds: Credentials) -> str:
+    """``base_url`` carrying Hoist user ``name``'s NATS user and password."""
+    user = creds.users.get(name)
+    if user is None:
+        raise KeyError(
+            f"no NATS user for Hoist user {name!r} in this stack: add it with"
+            f" `hoist user add {name}` (on the stack's host, with its data dir)"
+        )
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(name, safe='')}:{quote(user.password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def users_of(stored: dict[str, Any]) -> dict[str, HoistUser]:
+    """The ``users`` of a credentials.json: name -> {"password", "admin"}."""
+    users: dict[str, HoistUser] = {}
+    for name, value in dict(stored.get("users") or {}).items():
+        if isinstance(value, dict) and isinstance(value.get("password"), str):
+            users[check_token(name, "user name")] = HoistUser(
+                value["password"], bool(value.get("admin", False))
+            )
+    return users
 
 
 def check_role(role: str) -> str:

@@ -27,7 +27,9 @@ def test_add_disable_and_add_again() -> None:
     ]
 
 
-@pytest.mark.parametrize("name", ["a.b", "", "a b", "manager", "client", "admin", "agent-1"])
+@pytest.mark.parametrize(
+    "name", ["a.b", "", "a b", "manager", "client", "admin", "agent-1", "session", "kernels"]
+)
 def test_names_are_subject_tokens_and_no_roles_user(name: str) -> None:
     with pytest.raises(InvalidField, match="name"):
         User.add(None, name=name, by="admin")

@@ -85,7 +85,11 @@ async def test_user_cli(
         await _run("user", "list")
         assert capsys.readouterr().out.strip() == "no user: add one with `hoist user add NAME`"
         await _run("user", "add", "alice")
-        assert capsys.readouterr().out.strip() == "user added: alice: user, enabled (by admin)"
+        assert capsys.readouterr().out.splitlines() == [
+            "user added: alice: user, enabled (by admin)",
+            "NATS user: unchanged (no stack of this NATS server runs in .hoist): run this on the"
+            " stack's host with its --data-dir",
+        ]
         await _run("user", "add", "bob", "--admin")
         await _run("user", "disable", "alice")
         capsys.readouterr()
