@@ -38,6 +38,7 @@ from services.transport.credentials import (
     role_url,
     user_url,
 )
+from tests.manager.harness import manager as running_manager
 
 
 @dataclass
@@ -658,3 +659,40 @@ async def test_a_removed_user_is_disconnected_and_refused_after_a_reload(
     assert carol.nc.is_closed, carol.errors
     with pytest.raises(NatsError):
         await connect(url, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0)
+
+
+async def test_users_see_only_their_own_sessions_through_a_real_manager(
+    stack: Stack, manager: Conn
+) -> None:
+    set_user(stack.data_dir, "alice")
+    set_user(stack.data_dir, "bob")
+    await _reload(stack)
+    alice = await _as_user(stack, "alice")
+    bob = await _as_user(stack, "bob")
+    payload = {"image": "base:1", "resources": {"cpu": 1, "mem": 2**28}, "request_id": "r1"}
+    try:
+        async with running_manager(manager.nc):
+            reply = await alice.nc.request(
+                "hoist.api.alice.session.create", json.dumps(payload).encode(), timeout=5
+            )
+            created = json.loads(reply.data)
+            assert created["owner"] == "alice", created
+            sid = created["session_id"]
+            forged = json.dumps(payload | {"owner": "bob", "request_id": "r2"}).encode()
+            reply = await alice.nc.request("hoist.api.alice.session.create", forged, timeout=5)
+            assert json.loads(reply.data)["error"]["code"] == "forbidden"
+            for verb in ("get", "destroy", "logs"):
+                reply = await bob.nc.request(
+                    f"hoist.api.bob.session.{verb}",
+                    json.dumps({"session_id": sid}).encode(),
+                    timeout=5,
+                )
+                assert json.loads(reply.data)["error"]["code"] == "not-found", verb
+            assert await bob.refused("hoist.api.alice.session.get")
+            reply = await alice.nc.request(
+                "hoist.api.alice.session.get", json.dumps({"session_id": sid}).encode(), timeout=5
+            )
+            assert json.loads(reply.data)["session_id"] == sid
+    finally:
+        await alice.nc.close()
+        await bob.nc.close()

@@ -160,7 +160,7 @@ class Manager:
         self.groups = Groups(self.fleet, self.repository)
         self.users = Users(self.fleet, self.repository)
         self._wire(self.bus)
-        self.server = CommandServer(nc, self.bus)
+        self.server = CommandServer(nc, self.bus, owner_of=self._owner_of)
         self.read_models = ReadModels(
             nc,
             self.store,
@@ -168,6 +168,11 @@ class Manager:
             bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
             last_heartbeat=self.liveness.last_heartbeat_at,
         )
+
+    def _owner_of(self, session_id: str) -> str | None:
+        """The owner of a session (None: no such session): per-user subjects' scope."""
+        session = self.fleet.sessions.get(session_id)
+        return None if session is None else session.owner
 
     def _wire(self, bus: MessageBus) -> None:
         """What follows each event and which handler serves each command."""

@@ -3,21 +3,35 @@ request/reply, decoded to its request struct and handed to the message bus.
 
 Every failure answers ``{"error": {"code", "message"}}`` and changed nothing: ``invalid-request``
 (the message names the field), ``not-found``, ``conflict``, ``illegal-transition``,
-``unavailable`` (the event store did not take the write: retry), ``internal``.
+``forbidden``, ``unavailable`` (the event store did not take the write: retry), ``internal``.
+
+Per-user subjects: every ``hoist.api.<x>.<y>`` command is also served as
+``hoist.api.<user>.<x>.<y>`` (when the server is given ``owner_of``).  Only that user's NATS
+user (and admin ones) may publish there (services.stack.natsauth), so the owner comes from the
+subject's ``<user>`` token, never from the payload: a payload ``owner`` that differs is refused
+``forbidden`` naming ``owner`` (left out, it is filled in); a ``session_id`` of another user's
+session, and a ``stream_id`` this manager did not open for that user, are ``not-found``, with
+the same message as an id that does not exist.  The unscoped ``hoist.api.<x>.<y>`` stay, for
+the ``client`` role of a single-user local stack (any owner).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain.contracts.commands import COMMANDS
+from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.errors import IllegalTransition, InvalidField, NotNow
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
-from domain.subjects import is_inbox
+from domain.subjects import API, is_inbox
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
 from services.manager.uow import SessionUnknown
@@ -28,17 +42,35 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 
+_API = f"{API}."
+_MAX_STREAMS = 10_000  # streams remembered for their user (oldest forgotten first)
+
+
 class CommandServer:
-    def __init__(self, nc: Client, bus: MessageBus) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        bus: MessageBus,
+        owner_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.nc = nc
         self.bus = bus
         served = set(bus.command_types())
         self.commands = {s: cls for s, cls in COMMANDS.items() if cls in served}
+        self.owner_of = owner_of  # session id -> its owner (None: no such session)
+        # (agent, stream) -> the user a per-user logs or exec opened it for
+        self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._subs: list[Subscription] = []
         self._tasks = Tasks()
 
+    def scoped_subjects(self) -> list[str]:
+        """``hoist.api.*.<x>.<y>`` for each served ``hoist.api.<x>.<y>``."""
+        if self.owner_of is None:
+            return []
+        return [f"{API}.*.{s[len(_API) :]}" for s in self.commands if s.startswith(_API)]
+
     async def start(self) -> None:
-        for subject in self.commands:
+        for subject in [*self.commands, *self.scoped_subjects()]:
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg))
         await subscriptions_ready(self.nc)
 
@@ -54,7 +86,8 @@ class CommandServer:
     async def _serve(self, msg: Msg) -> None:
         if not is_inbox_reply(msg):
             return
-        cls = self.commands.get(msg.subject)
+        user, subject = self._unscoped(msg.subject)
+        cls = self.commands.get(subject)
         if cls is None:
             # Not a request: a JetStream delivery keeps its stream subject (a consumer aimed
             # at a command subject; readers may create none, see natsauth). Nothing to answer.
@@ -62,7 +95,10 @@ class CommandServer:
             return
         reply: object
         try:
-            reply = await self.bus.handle(decode(msg.data, cls, what=msg.subject))
+            if user is None:
+                reply = await self.bus.handle(decode(msg.data, cls, what=msg.subject))
+            else:
+                reply = await self._serve_user(user, msg, cls)
         except RequestError as e:
             reply = e.reply()
         except InvalidField as e:
@@ -79,6 +115,51 @@ class CommandServer:
             message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
             reply = RequestError("internal", message).reply()
         await msg.respond(encode_reply(reply))
+
+    def _unscoped(self, subject: str) -> tuple[str | None, str]:
+        """(user, the unscoped subject) of ``hoist.api.<user>.<x>.<y>``; (None, subject) for
+        any other subject."""
+        if self.owner_of is None or subject in self.commands or not subject.startswith(_API):
+            return None, subject
+        user, _, rest = subject[len(_API) :].partition(".")
+        return user, _API + rest
+
+    async def _serve_user(self, user: str, msg: Msg, cls: type[msgspec.Struct]) -> Any:
+        """One request on ``user``'s own subject: the owner is ``user``, the sessions and
+        streams it names must be ``user``'s."""
+        data = msg.data
+        if "owner" in cls.__struct_fields__:
+            try:
+                payload = msgspec.json.decode(data or b"{}")
+            except msgspec.DecodeError:
+                payload = None  # decode() below says what is wrong
+            if isinstance(payload, dict):
+                given = payload.get("owner")
+                if given is not None and given != user:
+                    raise RequestError(
+                        "forbidden",
+                        f"owner: {quote(str(given))} is not {user!r}, the user whose subject"
+                        f" ({msg.subject}) this came on; leave owner out",
+                    )
+                data = msgspec.json.encode({**payload, "owner": user})
+        req = decode(data, cls, what=msg.subject)
+        session_id = getattr(req, "session_id", None)
+        assert self.owner_of is not None
+        if isinstance(session_id, str) and self.owner_of(session_id) != user:
+            raise SessionUnknown(session_id)  # never a hint that another user's exists
+        if isinstance(req, ReadStream):
+            if self._streams.get((req.agent_id, req.stream_id)) != user:
+                raise RequestError(
+                    "not-found",
+                    f"stream_id: no stream {req.stream_id!r} on agent {req.agent_id!r}; open"
+                    " one with session logs or exec",
+                )
+        reply = await self.bus.handle(req)
+        if isinstance(reply, StreamOpened):
+            self._streams[(reply.agent_id, reply.stream_id)] = user
+            while len(self._streams) > _MAX_STREAMS:
+                self._streams.popitem(last=False)
+        return reply
 
 
 def is_inbox_reply(msg: Msg) -> bool:

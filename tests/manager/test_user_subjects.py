@@ -1,0 +1,78 @@
+"""Per-user command subjects (``hoist.api.<user>.<x>.<y>``, services.manager.server) on a real
+nats-server: the owner comes from the subject, a payload naming another owner is ``forbidden``,
+another user's session or stream is ``not-found`` exactly as one that does not exist.  (What
+NATS users may publish there is tested against the generated permissions in tests/test_roles.py.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.eventstore.store import EventStore
+from services.transport.client import Client
+from tests.manager.harness import agents as running_agents
+from tests.manager.harness import create_payload, ended, manager, read_stream, request, until
+
+
+def api(user: str, verb: str) -> str:
+    return f"hoist.api.{user}.{verb}"
+
+
+def batch(**overrides: Any) -> dict[str, Any]:
+    payload = create_payload(session_type="batch", command=["sh", "-c", "echo hi"])
+    del payload["owner"]  # the subject says whose it is
+    return payload | overrides
+
+
+async def test_the_owner_comes_from_the_subject(nc: Client, store: EventStore) -> None:
+    async with running_agents(nc, store, ["a1"]), manager(nc) as m:
+        mine = await request(nc, api("alice", "session.create"), batch())
+        assert "error" not in mine, mine
+        assert mine["owner"] == "alice"
+        same = await request(nc, api("alice", "session.create"), batch(owner="alice"))
+        assert "error" not in same, same
+        forged = await request(nc, api("alice", "session.create"), batch(owner="bob"))
+        assert forged["error"]["code"] == "forbidden", forged
+        assert forged["error"]["message"].startswith("owner: 'bob' is not 'alice'")
+        assert {s.owner for s in m.fleet.sessions.values()} == {"alice"}
+
+        vols = await request(nc, api("alice", "volume.list"), {"owner": "bob"})
+        assert vols["error"]["code"] == "forbidden", vols
+        vols = await request(nc, api("alice", "volume.list"), {})
+        assert "error" not in vols, vols
+
+        bobs = await request(nc, api("bob", "session.create"), batch())
+        bob_sid = bobs["session_id"]
+        await until(nc, bob_sid, ended, what="bob's ended")
+        await until(nc, mine["session_id"], ended, what="alice's ended")
+        missing = await request(nc, api("alice", "session.get"), {"session_id": "f" * 32})
+        assert missing["error"]["code"] == "not-found"
+        for verb, extra in (
+            ("session.get", {}),
+            ("session.destroy", {}),
+            ("session.logs", {}),
+            ("session.exec", {"command": ["true"]}),
+        ):
+            reply = await request(nc, api("alice", verb), {"session_id": bob_sid, **extra})
+            assert reply["error"]["code"] == "not-found", (verb, reply)
+            assert reply["error"]["message"] == missing["error"]["message"].replace(
+                "f" * 32, bob_sid
+            )
+        own = await request(nc, api("alice", "session.get"), {"session_id": mine["session_id"]})
+        assert own["owner"] == "alice"
+
+        # Streams: alice reads what her logs opened, never bob's.
+        opened = await request(nc, api("alice", "session.logs"), {"session_id": mine["session_id"]})
+        assert "error" not in opened, opened
+        bob_opened = await request(nc, api("bob", "session.logs"), {"session_id": bob_sid})
+        assert "error" not in bob_opened, bob_opened
+        read = {"agent_id": bob_opened["agent_id"], "stream_id": bob_opened["stream_id"]}
+        refused = await request(nc, api("alice", "stream.read"), read)
+        assert refused["error"]["code"] == "not-found", refused
+        assert refused["error"]["message"].startswith("stream_id: no stream")
+        read = {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "wait": 1}
+        chunk = await request(nc, api("alice", "stream.read"), read)
+        assert "error" not in chunk, chunk
+        # The unscoped subjects stay (the client role's: any owner).
+        data, _ = await read_stream(nc, bob_opened)
+        assert data == b"hi\n"
