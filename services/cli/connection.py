@@ -3,15 +3,22 @@ on (CliError), never a traceback.
 
 nats-py reports a permission violation only through its error callback, while the request
 itself waits for its timeout; so the callback resolves a future the request races against.
+
+A URL whose NATS user is a Hoist user's (``hoist creds user NAME``; no role's) scopes the
+connection to that user: every ``hoist.api.<x>.<y>`` request goes to ``hoist.api.<user>.<x>.<y>``
+(the only command subjects that user may publish; the manager takes the owner from it), and a
+payload ``owner`` that is the user or the login name (the CLI's default) is left out, so the
+manager fills in the user; any other owner is sent, and refused ``forbidden``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import re
 import socket
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -40,6 +47,7 @@ class Connection:
     def __init__(self, nc: Client, url: str, violations: asyncio.Queue[str]) -> None:
         self.nc = nc
         self.url = url
+        self.user = scoped_user(url)  # a Hoist user's URL: their own subjects
         self._violations = violations
 
     @classmethod
@@ -97,6 +105,8 @@ class Connection:
     async def request(self, subject: str, payload: dict[str, Any], wait_s: float = 10.0) -> Any:
         """Send a request; the decoded JSON reply, or CliError for an error reply."""
         self.check_violations()
+        if self.user is not None:
+            subject, payload = scoped(self.user, subject, payload)
         req = asyncio.ensure_future(
             self.nc.request(subject, msgspec.json.encode(payload), timeout=wait_s)
         )
@@ -134,6 +144,38 @@ async def ask(url: str, subject: str, payload: dict[str, Any], wait_s: float = 1
         return await conn.request(subject, payload, wait_s)
     finally:
         await conn.close()
+
+
+_ROLE_USERS = ("manager", "client", "admin")
+
+
+def scoped_user(url: str) -> str | None:
+    """The Hoist user a URL logs in as (None: a role's user, or no user)."""
+    name = urlsplit(url).username
+    if not name:
+        return None
+    name = unquote(name)
+    if name in _ROLE_USERS or name.startswith("agent-"):
+        return None
+    return name
+
+
+def login_name() -> str:
+    """Who runs the CLI: the default ``owner`` of what it creates."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "user"
+
+
+def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``user``'s own subject for a ``hoist.api.`` request, its payload without a default owner."""
+    prefix = "hoist.api."
+    if not subject.startswith(prefix):
+        return subject, payload
+    if payload.get("owner") in (user, login_name()):
+        payload = {k: v for k, v in payload.items() if k != "owner"}
+    return f"{prefix}{user}.{subject[len(prefix) :]}", payload
 
 
 def permission_denied(subject: str) -> CliError:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import getpass
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from domain.subjects import (
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
 from services.cli.connection import CliError, Connection
+from services.cli.connection import login_name as cli_nats_login_name
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
 from services.cli.progress_view import FAILED, Outcome, watch
 from services.cli.stack_url import stack_url
@@ -548,6 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(stack.DEFAULT_DATA_DIR),
         help="the local stack's data dir (default: %(default)s); HOIST_NATS_URL overrides it",
     )
+    parser.add_argument(
+        "--user",
+        default=os.environ.get("HOIST_USER") or None,
+        help="act as this Hoist user (their credentials from the data dir, `hoist creds user`,"
+        " and their own subjects); default $HOIST_USER, else the client role (any owner)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents, a demo")
@@ -664,10 +670,7 @@ def _accept_data_dir_after(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _default_owner() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "user"
+    return cli_nats_login_name()
 
 
 def _raise_interrupt(*_: object) -> None:

@@ -6,15 +6,23 @@ import argparse
 import os
 from pathlib import Path
 
-from services.cli.connection import CliError
+from services.cli.connection import CliError, scoped_user
 from services.stack import up as stack
 from services.transport import credentials
 
 
 def stack_url(args: argparse.Namespace, role: str) -> str:
-    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL."""
+    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL.  For
+    the client role with --user/$HOIST_USER: that Hoist user's credentials instead."""
+    user = getattr(args, "user", None) or os.environ.get("HOIST_USER") or None
     if os.environ.get("HOIST_NATS_URL"):
-        return os.environ["HOIST_NATS_URL"]
+        url = os.environ["HOIST_NATS_URL"]
+        if user and role == "client" and scoped_user(url) != user:
+            raise CliError(
+                f"HOIST_NATS_URL does not log in as user {user!r}: set it to the URL `hoist creds"
+                f" user {user}` prints, or unset it to use the data dir's credentials"
+            )
+        return url
     data_dir = Path(args.data_dir)
     info = stack.StackInfo.read(data_dir)
     if info is None or not info.alive():
@@ -27,4 +35,9 @@ def stack_url(args: argparse.Namespace, role: str) -> str:
         creds = credentials.load_credentials(data_dir)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
+    if user and role == "client":
+        try:
+            return credentials.user_url(info.url, user, creds)
+        except KeyError as e:
+            raise CliError(str(e.args[0])) from None
     return credentials.role_url(info.url, role, creds)

@@ -6,9 +6,16 @@ NATS users may publish there is tested against the generated permissions in test
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
+import pytest
+
+from domain.subjects import SESSION_CREATE, SESSION_GET
+from services.cli.connection import CliError, Connection, login_name, scoped, scoped_user
+from services.cli.stack_url import stack_url
 from services.eventstore.store import EventStore
+from services.stack.natsserver import NatsServer
 from services.transport.client import Client
 from tests.manager.harness import agents as running_agents
 from tests.manager.harness import create_payload, ended, manager, read_stream, request, until
@@ -76,3 +83,50 @@ async def test_the_owner_comes_from_the_subject(nc: Client, store: EventStore) -
         # The unscoped subjects stay (the client role's: any owner).
         data, _ = await read_stream(nc, bob_opened)
         assert data == b"hi\n"
+
+
+async def test_the_cli_with_a_users_url_uses_their_subjects(
+    nc: Client, store: EventStore, nats_server: NatsServer
+) -> None:
+    host = nats_server.url.split("//", 1)[1]
+    async with manager(nc) as m:
+        conn = await Connection.open(f"nats://alice:pw@{host}")  # no auth on this test server
+        try:
+            assert conn.user == "alice"
+            payload = create_payload(owner=login_name(), request_id="cli")
+            created = await conn.request(SESSION_CREATE, payload)
+            assert created["owner"] == "alice"  # the login-name default left out: the subject's
+            with pytest.raises(CliError, match=r"owner: 'bob' is not 'alice'.*\(forbidden\)"):
+                await conn.request(SESSION_CREATE, create_payload(owner="bob"))
+            bobs = await request(nc, api("bob", "session.create"), batch())
+            with pytest.raises(CliError, match="not-found"):
+                await conn.request(SESSION_GET, {"session_id": bobs["session_id"]})
+        finally:
+            await conn.close()
+        assert m.fleet.sessions[created["session_id"]].owner == "alice"
+
+
+def test_scoping_by_the_urls_user() -> None:
+    assert scoped_user("nats://client:x@h:1") is None
+    assert scoped_user("nats://agent-a:x@h:1") is None
+    assert scoped_user("nats://h:1") is None
+    assert scoped_user("nats://alice:x@h:1") == "alice"
+    assert scoped("alice", "hoist.api.session.get", {"session_id": "s"}) == (
+        "hoist.api.alice.session.get",
+        {"session_id": "s"},
+    )
+    assert scoped("alice", "hoist.query.kernels", {"owner": "x"}) == (
+        "hoist.query.kernels",
+        {"owner": "x"},
+    )
+    assert scoped("alice", "hoist.api.volume.list", {"owner": "alice"})[1] == {}
+
+
+def test_user_with_a_url_of_someone_else_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOIST_NATS_URL", "nats://client:x@127.0.0.1:4222")
+    args = argparse.Namespace(data_dir=".hoist", user="alice")
+    with pytest.raises(CliError, match="does not log in as user 'alice'"):
+        stack_url(args, "client")
+    assert stack_url(args, "admin") == "nats://client:x@127.0.0.1:4222"  # admin commands: as is
+    monkeypatch.setenv("HOIST_NATS_URL", "nats://alice:x@127.0.0.1:4222")
+    assert stack_url(args, "client") == "nats://alice:x@127.0.0.1:4222"
