@@ -693,6 +693,13 @@ async def test_users_see_only_their_own_sessions_through_a_real_manager(
                 "hoist.api.alice.session.get", json.dumps({"session_id": sid}).encode(), timeout=5
             )
             assert json.loads(reply.data)["session_id"] == sid
+            seq = (await manager.nc.jetstream().stream_info(EVENT_STREAM)).state.last_seq
+            wait = json.dumps({"min_seq": seq, "timeout": 10}).encode()
+            for user, rows in (("alice", [sid]), ("bob", [])):
+                conn = alice if user == "alice" else bob
+                reply = await conn.nc.request(f"hoist.query.{user}.sessions", wait, timeout=12)
+                assert [r["session_id"] for r in json.loads(reply.data)["rows"]] == rows, user
+            assert await bob.refused("hoist.query.alice.sessions")
     finally:
         await alice.nc.close()
         await bob.nc.close()

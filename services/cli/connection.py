@@ -6,7 +6,8 @@ itself waits for its timeout; so the callback resolves a future the request race
 
 A URL whose NATS user is a Hoist user's (``hoist creds user NAME``; no role's) scopes the
 connection to that user: every ``hoist.api.<x>.<y>`` request goes to ``hoist.api.<user>.<x>.<y>``
-(the only command subjects that user may publish; the manager takes the owner from it), and a
+(the only command subjects that user may publish; the manager takes the owner from it), so do
+the queries with an owner (``hoist.query.<user>.kernels|sessions|occupancy``), and a
 payload ``owner`` that is the user or the login name (the CLI's default) is left out, so the
 manager fills in the user; any other owner is sent, and refused ``forbidden``.
 """
@@ -147,6 +148,8 @@ async def ask(url: str, subject: str, payload: dict[str, Any], wait_s: float = 1
 
 
 _ROLE_USERS = ("manager", "client", "admin")
+# The queries served per user (hoist.query.<user>.<name>, services.manager.queries).
+OWNED_QUERIES = ("kernels", "sessions", "occupancy")
 
 
 def scoped_user(url: str) -> str | None:
@@ -170,12 +173,17 @@ def login_name() -> str:
 
 def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``user``'s own subject for a ``hoist.api.`` request, its payload without a default owner."""
-    prefix = "hoist.api."
-    if not subject.startswith(prefix):
+    for prefix in ("hoist.api.", "hoist.query."):
+        if subject.startswith(prefix):
+            rest = subject[len(prefix) :]
+            break
+    else:
         return subject, payload
+    if prefix == "hoist.query." and rest not in OWNED_QUERIES:
+        return subject, payload  # fleet-wide: refused to a user, as the permissions say
     if payload.get("owner") in (user, login_name()):
         payload = {k: v for k, v in payload.items() if k != "owner"}
-    return f"{prefix}{user}.{subject[len(prefix) :]}", payload
+    return f"{prefix}{user}.{rest}", payload
 
 
 def permission_denied(subject: str) -> CliError:

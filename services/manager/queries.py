@@ -4,6 +4,12 @@
 What each query subject takes and answers is in domain.contracts.queries: the filters
 of ``hoist.query.<name>`` per name, ``min_seq``/``timeout``/``limit``, and the admin's
 ``hoist.admin.query.sql`` (services.manager.admin_sql) and ``hoist.admin.verify``.
+
+Per-user queries: each query with an ``owner`` filter (kernels, sessions, occupancy) is also
+served as ``hoist.query.<user>.<name>``, which only that user's NATS user (and admin ones) may
+publish; the owner filter is forced to ``<user>`` (a request naming another owner is refused
+``forbidden`` naming ``owner``), so a user's rows are their own.  The other queries (agents,
+images, pulls, policies, quarantine: fleet-wide, no owner) are not served per user.
 """
 
 from __future__ import annotations
@@ -121,13 +127,17 @@ async def serve_queries(
     no part of the models."""
     handlers = tasks if tasks is not None else Tasks()
 
-    def serving(answer: Callable[[dict[str, Any]], Any]) -> Callable[[Msg], Any]:
+    def serving(
+        answer: Callable[[dict[str, Any]], Any], scoped: bool = False
+    ) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
             if not subjects.is_inbox(msg.reply):
                 return  # a reply subject is the requester's to choose: only inboxes answered
             reply: object
             try:
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
+                if scoped:
+                    request = _owned_by(msg.subject.split(".")[2], request, msg.subject)
                 reply = await answer(request)
             except RequestError as e:
                 reply = e.reply()
@@ -143,6 +153,19 @@ async def serve_queries(
         return spawn
 
     subs = []
+    for name, query in QUERIES.items():
+        if "owner" not in FILTERS.get(name, {}):
+            continue
+        subs.append(
+            await nc.subscribe(
+                f"{subjects.QUERY}.*.{name}",
+                queue=queue,
+                cb=serving(
+                    lambda r, n=name, q=query: _answer_query(runner, n, q, r, last_heartbeat),
+                    scoped=True,
+                ),
+            )
+        )
     for name, query in QUERIES.items():
         subs.append(
             await nc.subscribe(
@@ -165,6 +188,18 @@ async def serve_queries(
 
 
 # -- requests ------------------------------------------------------------------------------------
+
+
+def _owned_by(user: str, request: dict[str, Any], subject: str) -> dict[str, Any]:
+    """``request`` with its owner filter forced to ``user`` (the subject's user token)."""
+    given = request.get("owner")
+    if given is not None and given != user and given != [user]:
+        raise InvalidRequest(
+            f"owner: {quote(str(given))} is not {user!r}, the user whose subject ({subject})"
+            " this came on; leave owner out",
+            code="forbidden",
+        )
+    return {**request, "owner": user}
 
 
 def _int(request: dict[str, Any], name: str, default: int, low: int, high: int) -> int:

@@ -116,9 +116,10 @@ def test_scoping_by_the_urls_user() -> None:
         {"session_id": "s"},
     )
     assert scoped("alice", "hoist.query.kernels", {"owner": "x"}) == (
-        "hoist.query.kernels",
+        "hoist.query.alice.kernels",
         {"owner": "x"},
     )
+    assert scoped("alice", "hoist.query.agents", {}) == ("hoist.query.agents", {})
     assert scoped("alice", "hoist.api.volume.list", {"owner": "alice"})[1] == {}
 
 
@@ -130,3 +131,23 @@ def test_user_with_a_url_of_someone_else_is_refused(monkeypatch: pytest.MonkeyPa
     assert stack_url(args, "admin") == "nats://client:x@127.0.0.1:4222"  # admin commands: as is
     monkeypatch.setenv("HOIST_NATS_URL", "nats://alice:x@127.0.0.1:4222")
     assert stack_url(args, "client") == "nats://alice:x@127.0.0.1:4222"
+
+
+async def test_users_query_only_their_own_rows(nc: Client, store: EventStore) -> None:
+    async with manager(nc):
+        for owner in ("alice", "bob"):
+            reply = await request(nc, api(owner, "session.create"), batch())
+            assert "error" not in reply, reply
+        seq = await store.last_seq("hoist.events.>")
+        wait = {"min_seq": seq, "timeout": 15}
+        for name in ("sessions", "kernels"):
+            mine = await request(nc, f"hoist.query.alice.{name}", wait)
+            assert {r["owner"] for r in mine["rows"]} == {"alice"}, (name, mine)
+            every = await request(nc, f"hoist.query.{name}", wait)  # the client role's
+            assert {r["owner"] for r in every["rows"]} == {"alice", "bob"}
+            forged = await request(nc, f"hoist.query.alice.{name}", wait | {"owner": "bob"})
+            assert forged["error"]["code"] == "forbidden", forged
+            assert forged["error"]["message"].startswith("owner: 'bob' is not 'alice'")
+        occupancy = await request(nc, "hoist.query.alice.occupancy", wait)
+        assert "error" not in occupancy, occupancy
+        assert all(r.get("owner") in (None, "alice") for r in occupancy["rows"]), occupancy
