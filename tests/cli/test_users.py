@@ -1,0 +1,50 @@
+"""Hoist users on a running `hoist up` stack, through the CLI only: `hoist user add` records the
+user and gives them a NATS user (nats-server reloads: nothing restarts), `hoist --user NAME`
+acts on their own subjects and sees their own sessions only, `hoist user disable` takes the
+NATS user away."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli.stack_harness import Stack
+
+
+def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
+    hoist_stack: Stack,
+) -> None:
+    nats_pid = json.loads((hoist_stack.data_dir / "stack.json").read_text()).get("nats_pid")
+    for name in ("ann", "ben"):
+        added = hoist_stack.hoist("user", "add", name)
+        assert added.returncode == 0, added.stderr
+        assert f"user added: {name}: user, enabled (by admin)" in added.stdout
+        assert "NATS user: written, nats-server reloaded" in added.stdout
+    url = hoist_stack.hoist("creds", "user", "ann")
+    assert url.returncode == 0 and url.stdout.startswith("nats://ann:"), url.stderr
+    image = hoist_stack.next_image()
+    run = hoist_stack.hoist("--user", "ann", "run", image, "-d", "--max-wait", "30", "--", "true")
+    assert run.returncode == 0, run.stdout + run.stderr
+    sid = run.stdout.split()[1]
+    mine = hoist_stack.hoist("--user", "ann", "sessions", "--json")
+    assert mine.returncode == 0, mine.stderr
+    rows = json.loads(mine.stdout)["rows"]
+    assert {r["owner"] for r in rows} == {"ann"} and sid in {r["session_id"] for r in rows}
+    theirs = hoist_stack.hoist("--user", "ben", "sessions", "--json")
+    assert theirs.returncode == 0, theirs.stderr
+    assert json.loads(theirs.stdout)["rows"] == []
+    peek = hoist_stack.hoist("--user", "ben", "destroy", sid)
+    assert peek.returncode == 1 and "not-found" in peek.stderr, peek.stdout + peek.stderr
+
+    disabled = hoist_stack.hoist("user", "disable", "ann")
+    assert disabled.returncode == 0, disabled.stderr
+    assert "NATS user: removed, nats-server reloaded" in disabled.stdout
+    refused = hoist_stack.hoist("--user", "ann", "sessions")
+    assert refused.returncode == 1, refused.stdout
+    listed = hoist_stack.hoist("user", "list")
+    assert listed.stdout.splitlines() == [
+        "ann: user, disabled (by admin)",
+        "ben: user, enabled (by admin)",
+    ]
+    if nats_pid:  # the same nats-server throughout: users came and went by reloads
+        after = json.loads((hoist_stack.data_dir / "stack.json").read_text()).get("nats_pid")
+        assert after == nats_pid
