@@ -64,6 +64,10 @@ class ReadModels:
         for table in _DROPPED:
             self._con.execute(f"DROP TABLE IF EXISTS {table}")
         lock_down(self._con)  # admin SQL reads this instance: no files, network, extensions
+        # Twice (not reproduced since) a query's first TIMESTAMPTZ, read in a worker thread,
+        # failed as DuckDB found "Time zone 'Etc/UTC' not available to Python's zoneinfo": a
+        # lazy import racing another thread's is the likely cause. Have it done here, once.
+        self._con.execute("SELECT TIMESTAMPTZ '2000-01-01 00:00:00+00'").fetchall()
         self.runner = Runner(self._con, self.store, ALL, bulk=self.bulk)
         self._tasks.spawn(self.runner.serve(), name="projections")
         self._subs = await serve_queries(
