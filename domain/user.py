@@ -75,6 +75,14 @@ class User(BaseAggregate[str]):
     }
 
 
+def not_enabled(name: str) -> str:
+    """Why a per-user subject of ``name`` is refused when ``name`` is no enabled user."""
+    return (
+        f"user {name!r} is not an enabled Hoist user; an admin adds (or enables) them with"
+        " hoist user add"
+    )
+
+
 def _topic() -> str:
     from eventsourcing.utils import get_topic
 

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import StreamConfig
 
+from domain.contracts.users import AddUser
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS_STREAM
 from services.eventstore.store import EventStore, Message, Write
 from services.stack.natsauth import (
@@ -671,7 +672,9 @@ async def test_users_see_only_their_own_sessions_through_a_real_manager(
     bob = await _as_user(stack, "bob")
     payload = {"image": "base:1", "resources": {"cpu": 1, "mem": 2**28}, "request_id": "r1"}
     try:
-        async with running_manager(manager.nc):
+        async with running_manager(manager.nc) as m:
+            for name in ("alice", "bob"):  # Hoist users too: the manager serves no other
+                await m.users.add(AddUser(name=name))
             reply = await alice.nc.request(
                 "hoist.api.alice.session.create", json.dumps(payload).encode(), timeout=5
             )

@@ -160,19 +160,27 @@ class Manager:
         self.groups = Groups(self.fleet, self.repository)
         self.users = Users(self.fleet, self.repository)
         self._wire(self.bus)
-        self.server = CommandServer(nc, self.bus, owner_of=self._owner_of)
+        self.server = CommandServer(
+            nc, self.bus, owner_of=self._owner_of, user_enabled=self._user_enabled
+        )
         self.read_models = ReadModels(
             nc,
             self.store,
             config.read_models or IN_MEMORY,
             bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
             last_heartbeat=self.liveness.last_heartbeat_at,
+            user_enabled=self._user_enabled,
         )
 
     def _owner_of(self, session_id: str) -> str | None:
         """The owner of a session (None: no such session): per-user subjects' scope."""
         session = self.fleet.sessions.get(session_id)
         return None if session is None else session.owner
+
+    def _user_enabled(self, name: str) -> bool:
+        """Whether ``name`` is an enabled Hoist user: per-user subjects serve only those."""
+        user = self.fleet.users.get(name)
+        return user is not None and user.enabled
 
     def _wire(self, bus: MessageBus) -> None:
         """What follows each event and which handler serves each command."""

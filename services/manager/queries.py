@@ -45,6 +45,7 @@ from domain.limits import MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
+from domain.user import not_enabled
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
@@ -119,12 +120,14 @@ async def serve_queries(
     queue: str = QUEUE_GROUP,
     tasks: Tasks | None = None,
     last_heartbeat: LastHeartbeat = no_heartbeats,
+    user_enabled: Callable[[str], bool] | None = None,
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
     ``min_seq`` holds up no other.  ``last_heartbeat`` (the liveness watcher's
     ``last_heartbeat_at``) gives the agents query's ``last_heartbeat_at``: not an event, so
-    no part of the models."""
+    no part of the models.  ``user_enabled`` (the fleet's users): a per-user query of a user
+    never added, or disabled, is refused ``forbidden``."""
     handlers = tasks if tasks is not None else Tasks()
 
     def serving(
@@ -137,7 +140,10 @@ async def serve_queries(
             try:
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
                 if scoped:
-                    request = _owned_by(msg.subject.split(".")[2], request, msg.subject)
+                    user = msg.subject.split(".")[2]
+                    if user_enabled is not None and not user_enabled(user):
+                        raise RequestError("forbidden", not_enabled(user))
+                    request = _owned_by(user, request, msg.subject)
                 reply = await answer(request)
             except RequestError as e:
                 reply = e.reply()

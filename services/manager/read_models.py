@@ -6,6 +6,7 @@ query's ``last_heartbeat_at`` comes from the liveness watcher (``last_heartbeat`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -39,12 +40,14 @@ class ReadModels:
         bulk: BulkReader | None = None,
         *,
         last_heartbeat: LastHeartbeat = no_heartbeats,
+        user_enabled: Callable[[str], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.store = store
         self.bulk = bulk
         self.path = str(path)
         self.last_heartbeat = last_heartbeat
+        self.user_enabled = user_enabled
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -71,7 +74,11 @@ class ReadModels:
         self.runner = Runner(self._con, self.store, ALL, bulk=self.bulk)
         self._tasks.spawn(self.runner.serve(), name="projections")
         self._subs = await serve_queries(
-            self.nc, self.runner, tasks=self._tasks, last_heartbeat=self.last_heartbeat
+            self.nc,
+            self.runner,
+            tasks=self._tasks,
+            last_heartbeat=self.last_heartbeat,
+            user_enabled=self.user_enabled,
         )
 
     async def stop(self) -> None:

@@ -11,8 +11,10 @@ user (and admin ones) may publish there (services.stack.natsauth), so the owner 
 subject's ``<user>`` token, never from the payload: a payload ``owner`` that differs is refused
 ``forbidden`` naming ``owner`` (left out, it is filled in); a ``session_id`` of another user's
 session, and a ``stream_id`` this manager did not open for that user, are ``not-found``, with
-the same message as an id that does not exist.  The unscoped ``hoist.api.<x>.<y>`` stay, for
-the ``client`` role of a single-user local stack (any owner).
+the same message as an id that does not exist.  The ``<user>`` must be an enabled Hoist user
+(``user_enabled``, the fleet's folded User aggregates): one never added, or disabled, is refused
+``forbidden`` and nothing is done, whatever NATS let through.  The unscoped
+``hoist.api.<x>.<y>`` stay, for the ``client`` role of a single-user local stack (any owner).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from domain.errors import IllegalTransition, InvalidField, NotNow
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
 from domain.subjects import API, is_inbox
+from domain.user import not_enabled
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
 from services.manager.uow import SessionUnknown
@@ -52,12 +55,14 @@ class CommandServer:
         nc: Client,
         bus: MessageBus,
         owner_of: Callable[[str], str | None] | None = None,
+        user_enabled: Callable[[str], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.bus = bus
         served = set(bus.command_types())
         self.commands = {s: cls for s, cls in COMMANDS.items() if cls in served}
         self.owner_of = owner_of  # session id -> its owner (None: no such session)
+        self.user_enabled = user_enabled  # None: every user token is taken as is
         # (agent, stream) -> the user a per-user logs or exec opened it for
         self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._subs: list[Subscription] = []
@@ -127,6 +132,8 @@ class CommandServer:
     async def _serve_user(self, user: str, msg: Msg, cls: type[msgspec.Struct]) -> Any:
         """One request on ``user``'s own subject: the owner is ``user``, the sessions and
         streams it names must be ``user``'s."""
+        if self.user_enabled is not None and not self.user_enabled(user):
+            raise RequestError("forbidden", not_enabled(user))
         data = msg.data
         if "owner" in cls.__struct_fields__:
             try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from domain.subjects import SESSION_CREATE, SESSION_GET
+from domain.subjects import SESSION_CREATE, SESSION_GET, USER_ADD, USER_DISABLE
 from services.cli.connection import CliError, Connection, login_name, scoped, scoped_user
 from services.cli.stack_url import stack_url
 from services.eventstore.store import EventStore
@@ -25,6 +25,12 @@ def api(user: str, verb: str) -> str:
     return f"hoist.api.{user}.{verb}"
 
 
+async def add_users(nc: Client, *names: str) -> None:
+    for name in names:
+        added = await request(nc, USER_ADD, {"name": name})
+        assert "error" not in added, added
+
+
 def batch(**overrides: Any) -> dict[str, Any]:
     payload = create_payload(session_type="batch", command=["sh", "-c", "echo hi"])
     del payload["owner"]  # the subject says whose it is
@@ -33,6 +39,7 @@ def batch(**overrides: Any) -> dict[str, Any]:
 
 async def test_the_owner_comes_from_the_subject(nc: Client, store: EventStore) -> None:
     async with running_agents(nc, store, ["a1"]), manager(nc) as m:
+        await add_users(nc, "alice", "bob")
         mine = await request(nc, api("alice", "session.create"), batch())
         assert "error" not in mine, mine
         assert mine["owner"] == "alice"
@@ -90,6 +97,7 @@ async def test_the_cli_with_a_users_url_uses_their_subjects(
 ) -> None:
     host = nats_server.url.split("//", 1)[1]
     async with manager(nc) as m:
+        await add_users(nc, "alice", "bob")
         conn = await Connection.open(f"nats://alice:pw@{host}")  # no auth on this test server
         try:
             assert conn.user == "alice"
@@ -135,6 +143,7 @@ def test_user_with_a_url_of_someone_else_is_refused(monkeypatch: pytest.MonkeyPa
 
 async def test_users_query_only_their_own_rows(nc: Client, store: EventStore) -> None:
     async with manager(nc):
+        await add_users(nc, "alice", "bob")
         for owner in ("alice", "bob"):
             reply = await request(nc, api(owner, "session.create"), batch())
             assert "error" not in reply, reply
@@ -151,3 +160,43 @@ async def test_users_query_only_their_own_rows(nc: Client, store: EventStore) ->
         occupancy = await request(nc, "hoist.query.alice.occupancy", wait)
         assert "error" not in occupancy, occupancy
         assert all(r.get("owner") in (None, "alice") for r in occupancy["rows"]), occupancy
+
+
+async def test_only_enabled_users_subjects_are_served(nc: Client, store: EventStore) -> None:
+    """NATS permissions aside, the manager serves a per-user subject only for an enabled Hoist
+    user: never added, or disabled, is ``forbidden`` and nothing is recorded."""
+    async with manager(nc) as m:
+        for user in ("carol", "dave"):
+            refused = await request(nc, api(user, "session.create"), batch())
+            assert refused["error"] == {
+                "code": "forbidden",
+                "message": f"user {user!r} is not an enabled Hoist user; an admin adds (or"
+                " enables) them with hoist user add",
+            }, refused
+            if user == "carol":
+                await add_users(nc, "carol")
+                created = await request(nc, api("carol", "session.create"), batch())
+                assert created["owner"] == "carol", created
+                await request(nc, USER_DISABLE, {"name": "carol"})
+        sessions = dict(m.fleet.sessions)
+        seq = await store.last_seq("hoist.events.>")
+        for user in ("carol", "dave"):
+            for verb, payload in (
+                ("session.create", batch()),
+                ("session.get", {"session_id": created["session_id"]}),
+                ("session.destroy", {"session_id": created["session_id"]}),
+                ("volume.list", {}),
+            ):
+                reply = await request(nc, api(user, verb), payload)
+                assert reply["error"]["code"] == "forbidden", (user, verb, reply)
+            for name in ("sessions", "kernels", "occupancy"):
+                reply = await request(nc, f"hoist.query.{user}.{name}", {})
+                assert reply["error"]["code"] == "forbidden", (user, name, reply)
+                assert "not an enabled Hoist user" in reply["error"]["message"]
+        assert await store.last_seq("hoist.events.>") == seq  # nothing changed
+        assert dict(m.fleet.sessions).keys() == sessions.keys()
+        await add_users(nc, "carol")  # enabled again: served again, at once
+        again = await request(
+            nc, api("carol", "session.get"), {"session_id": created["session_id"]}
+        )
+        assert again["owner"] == "carol", again
