@@ -517,7 +517,16 @@ class ResourcePolicySet(
     max_sessions: Count | None = None  # sessions holding resources at once
     max_kernels_per_session: Count | None = None
     max_lifetime_s: Seconds | None = None  # an interactive session RUNNING longer is ended
+    # an interactive session nobody used through Hoist for longer is ended
+    idle_timeout_s: Seconds | None = None
     reason: Reason  # e.g. "set-by-admin"
+
+    # v2: ``idle_timeout_s`` (absent from v1, which set no idle timeout: left out, None).
+    schema_version: ClassVar[int] = 2
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        return state
 
     def mutate(self, aggregate: Any) -> Any:
         if aggregate is None:

@@ -45,6 +45,7 @@ class Quota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_sessions: int | None = None
     max_kernels_per_session: int | None = None
     max_lifetime_s: float | None = None
+    idle_timeout_s: float | None = None
 
 
 _FIELDS = tuple(Quota.__struct_fields__)
@@ -149,6 +150,7 @@ class _Checked(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_sessions: ev.Count | None = None
     max_kernels_per_session: ev.Count | None = None
     max_lifetime_s: ev.Seconds | None = None
+    idle_timeout_s: ev.Seconds | None = None
 
 
 def checked(quota: Quota) -> dict[str, Any]:
@@ -162,8 +164,9 @@ def checked(quota: Quota) -> dict[str, Any]:
     values["max_slots"] = {k: float(v) for k, v in sorted(values["max_slots"].items())}
     if values["max_cpu"] is not None:
         values["max_cpu"] = float(values["max_cpu"])
-    if values["max_lifetime_s"] is not None:
-        values["max_lifetime_s"] = float(values["max_lifetime_s"])
+    for name in ("max_lifetime_s", "idle_timeout_s"):
+        if values[name] is not None:
+            values[name] = float(values[name])
     return values
 
 

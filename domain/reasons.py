@@ -39,6 +39,7 @@ class Reason(StrEnum):
     CONTAINER_GONE = "container-gone"
     CONTAINER_EXITED = "container-exited"
     LIFETIME_EXCEEDED = "lifetime-exceeded"
+    IDLE_TIMEOUT = "idle-timeout"
     # How a kernel's process ended (its KernelTerminated carries the exit code).
     SUCCEEDED = "succeeded"
     EXITED = "exited"
@@ -75,6 +76,8 @@ TEXT: dict[Reason, str] = {
     Reason.CONTAINER_EXITED: "the kernel's process ended on its own",
     Reason.LIFETIME_EXCEEDED: "the interactive session ran longer than its owner's resource"
     " policy allows (max_lifetime_s)",
+    Reason.IDLE_TIMEOUT: "nobody used the interactive session through Hoist for longer than its"
+    " owner's resource policy allows (idle_timeout_s)",
     Reason.SUCCEEDED: "a batch session's main kernel ran its command to the end with exit code 0",
     Reason.EXITED: "the kernel's process ended with this exit code",
     Reason.KILLED: "the kernel's process was killed by this signal (from outside, or at destroy)",

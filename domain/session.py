@@ -439,7 +439,14 @@ class Session(BaseAggregate[str]):
     def lifetime_exceeded(self, limit_s: float) -> None:
         """An interactive session ran longer than its owner's ``max_lifetime_s``: its running
         kernels are TERMINATING ``lifetime-exceeded`` (the others CANCELLED)."""
-        why = info(Reason.LIFETIME_EXCEEDED, f"ran longer than {limit_s:g}s")
+        self._end_running(info(Reason.LIFETIME_EXCEEDED, f"ran longer than {limit_s:g}s"))
+
+    def idle_timed_out(self, limit_s: float) -> None:
+        """Nobody used an interactive session through Hoist for its owner's
+        ``idle_timeout_s``: as ``lifetime_exceeded``, ``idle-timeout``."""
+        self._end_running(info(Reason.IDLE_TIMEOUT, f"not used for {limit_s:g}s"))
+
+    def _end_running(self, why: str) -> None:
         for k in self.kernels.values():
             if k.status in PRE_RUNNING:
                 self.cancel(k.kernel_id, why)

@@ -1,8 +1,9 @@
 """Resource policies and quotas: the admin's commands (served by services.manager.quotas).
 
 - ``hoist.admin.quota.set {name, max_cpu?, max_mem?, max_slots?, max_sessions?,
-  max_kernels_per_session?, max_lifetime_s?}`` records ResourcePolicySet (every limit left out
-  is unlimited; the whole policy is replaced) and answers ``{"policy": {...}, "recorded": bool}``;
+  max_kernels_per_session?, max_lifetime_s?, idle_timeout_s?}`` records ResourcePolicySet
+  (every limit left out is unlimited; the whole policy is replaced) and answers
+  ``{"policy": {...}, "recorded": bool}``;
 - ``hoist.admin.quota.remove {name}`` records ResourcePolicyRemoved: ``{"policy", "recorded"}``;
 - ``hoist.admin.quota.show {owner?}`` -> ``{"policies": [...], "owners": [...]}``: every policy
   (removed ones too), and for ``owner`` (or every owner holding something or waiting) the
@@ -10,7 +11,7 @@
   "usage": {"cpu", "mem", "slots", "sessions"}, "pending": n}``.
 ``name`` is an owner (a subject token) or ``default`` (domain.quota says how a policy applies).
 A policy is ``{"name", "max_cpu", "max_mem", "max_slots", "max_sessions",
-"max_kernels_per_session", "max_lifetime_s", "removed", "reason"}``.
+"max_kernels_per_session", "max_lifetime_s", "idle_timeout_s", "removed", "reason"}``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class SetQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_sessions: ev.Count | None = None
     max_kernels_per_session: ev.Count | None = None
     max_lifetime_s: ev.Seconds | None = None
+    idle_timeout_s: ev.Seconds | None = None
 
     def quota(self) -> Quota:
         return Quota(
@@ -41,6 +43,7 @@ class SetQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             max_sessions=self.max_sessions,
             max_kernels_per_session=self.max_kernels_per_session,
             max_lifetime_s=self.max_lifetime_s,
+            idle_timeout_s=self.idle_timeout_s,
         )
 
 

@@ -21,6 +21,7 @@ _LIMITS = (
     "max_sessions",
     "max_kernels_per_session",
     "max_lifetime_s",
+    "idle_timeout_s",
 )
 
 
@@ -44,6 +45,12 @@ def register(subparsers: Any) -> None:
     qset.add_argument("--sessions", type=int, help="sessions holding resources at once")
     qset.add_argument("--kernels", type=int, help="kernels per session")
     qset.add_argument("--lifetime", type=float, help="seconds an interactive session may run")
+    qset.add_argument(
+        "--idle",
+        type=float,
+        metavar="SECONDS",
+        help="seconds an interactive session may go unused (no get, logs, exec, stream read)",
+    )
     qset.set_defaults(func=cmd_set)
     rm = sub.add_parser("rm", help="remove a policy (the user falls back to default)")
     rm.add_argument("name")
@@ -68,6 +75,7 @@ def request_from(args: argparse.Namespace) -> dict[str, Any]:
         "max_sessions": args.sessions,
         "max_kernels_per_session": args.kernels,
         "max_lifetime_s": args.lifetime,
+        "idle_timeout_s": args.idle,
     }
     return {k: v for k, v in out.items() if v is not None}
 
@@ -91,6 +99,8 @@ def describe(limits: dict[str, Any] | None) -> str:
         parts.append(f"kernels/session {limits['max_kernels_per_session']}")
     if limits.get("max_lifetime_s") is not None:
         parts.append(f"lifetime {limits['max_lifetime_s']:g}s")
+    if limits.get("idle_timeout_s") is not None:
+        parts.append(f"idle {limits['idle_timeout_s']:g}s")
     return ", ".join(parts) or "unlimited"
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from domain import events as ev
@@ -83,7 +84,7 @@ class ManagerConfig:
     lost_grace_s: float = 15.0  # RUNNING kernels of an agent lost this long: TERMINATED
     prepull_interval_s: float = 10.0
     prepull_parallelism: int = 16  # agents asked to converge at a time
-    lifetime_check_interval_s: float = 5.0  # how often max_lifetime_s is checked
+    lifetime_check_interval_s: float = 5.0  # how often max_lifetime_s, idle_timeout_s are checked
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
@@ -182,6 +183,16 @@ class Manager:
         user = self.fleet.users.get(name)
         return user is not None and user.enabled
 
+    def _use(self, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """``handler``, each request it serves counted as a use of its session (idle timeout)."""
+
+        async def handle(request: Any) -> Any:
+            reply = await handler(request)
+            self.quotas.used(request, reply)
+            return reply
+
+        return handle
+
     def _wire(self, bus: MessageBus) -> None:
         """What follows each event and which handler serves each command."""
         r, s, sync, prepull, images = (
@@ -216,12 +227,12 @@ class Manager:
             },
             commands={
                 CreateSession: self.sessions.create,
-                GetSession: self.sessions.get,
+                GetSession: self._use(self.sessions.get),
                 DestroySession: self.sessions.destroy,
                 CancelKernel: self.sessions.cancel_kernel,
-                SessionLogs: self.kernel_io.logs,
-                SessionExec: self.kernel_io.exec,
-                ReadStream: self.kernel_io.read,
+                SessionLogs: self._use(self.kernel_io.logs),
+                SessionExec: self._use(self.kernel_io.exec),
+                ReadStream: self._use(self.kernel_io.read),
                 ListVolumes: self.kernel_io.list_volumes,
                 RemoveVolume: self.kernel_io.remove_volume,
                 SyncAgents: sync.handle,

@@ -11,12 +11,24 @@ destroy would).  It walks the fleet's index of RUNNING interactive sessions, old
 stops at the first one not due under the shortest lifetime any policy sets, so a round costs
 the due sessions (plus the running ones of owners without a lifetime, which it skips by a
 dictionary lookup), and nothing at all while no policy sets a lifetime.
+
+The idle timeout, in the same loop: an interactive session nobody used through Hoist (a
+session get, logs or exec on it, a read of a stream those opened: ``used``, by its owner on
+their subjects or by the client and admin roles) for its owner's ``idle_timeout_s`` since it
+became RUNNING, or since its last use, is ended ``idle-timeout``.  The last use is kept in
+memory only: a restarted manager counts from its own start (never earlier than it became
+RUNNING), so a session may stay up to one timeout longer across a restart, never end early.
+The walk is the lifetime's: RUNNING sessions oldest first, stopping at the first that became
+RUNNING within the shortest idle timeout any policy sets (nothing while the manager has run
+less than that); a session in use is visited and skipped by a dictionary lookup.  Batch
+sessions are never in the index, so never idle-ended.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,6 +40,7 @@ from domain.contracts.quotas import (
     resource_policy_view,
     usage_view,
 )
+from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.errors import DomainError
 from domain.quota import ResourcePolicy, Usage, effective
 from domain.rpc import RequestError
@@ -40,6 +53,8 @@ from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
+_MAX_STREAMS = 10_000  # streams remembered for the session they read (oldest forgotten first)
+
 
 class Quotas:
     def __init__(
@@ -50,10 +65,15 @@ class Quotas:
         self.uow = uow
         self.interval_s = interval_s
         self.ended = 0  # sessions ended lifetime-exceeded (for tests)
+        self.idle_ended = 0  # sessions ended idle-timeout (for tests)
+        self.started_at = datetime.now(UTC)  # no use is known from before: the idle clock's start
+        self.last_use: dict[str, datetime] = {}  # RUNNING interactive session id -> last use
+        # (agent, stream) -> the session a logs or exec opened it on
+        self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._tasks = Tasks()
 
     def start(self) -> None:
-        self._tasks.spawn(every(self.interval_s, self.end_overdue, "lifetime check"))
+        self._tasks.spawn(every(self.interval_s, self.end_due, "lifetime and idle check"))
 
     async def stop(self) -> None:
         await self._tasks.stop()
@@ -151,12 +171,74 @@ class Quotas:
                 out.append((sid, limit))
         return out
 
+    async def end_due(self) -> int:
+        """One round: end each overdue session, then each idle one; the number ended."""
+        return await self.end_overdue() + await self.end_idle()
+
     async def end_overdue(self) -> int:
-        """One round: end each overdue session; the number ended."""
+        """End each overdue session; the number ended."""
         ended = 0
         for sid, limit in self.overdue(datetime.now(UTC)):
             if await self.uow.try_change(sid, lambda s, n=limit: s.lifetime_exceeded(n)):
                 ended += 1
                 self.uow.publish(LookAgain(sid))  # its worker removes the containers
         self.ended += ended
+        return ended
+
+    # -- idle timeout --------------------------------------------------------------------
+
+    def used(self, request: object, reply: object) -> None:
+        """A command served ``request`` with ``reply``: a get, logs or exec of a session, or a
+        read of a stream one of those opened, is a use of that session."""
+        if isinstance(reply, StreamOpened):
+            self._streams[(reply.agent_id, reply.stream_id)] = reply.session_id
+            self._streams.move_to_end((reply.agent_id, reply.stream_id))
+            while len(self._streams) > _MAX_STREAMS:
+                self._streams.popitem(last=False)
+        if isinstance(request, ReadStream):
+            sid = self._streams.get((request.agent_id, request.stream_id))
+        else:
+            sid = getattr(request, "session_id", None)
+        if isinstance(sid, str) and sid in self.fleet.running_since:
+            self.last_use[sid] = datetime.now(UTC)  # before RUNNING, the clock starts there
+
+    def idle(self, now: datetime) -> list[tuple[str, float]]:
+        """(session id, its owner's idle timeout) of each interactive session unused too long."""
+        policies = self.fleet.resource_policies
+        timeouts = [
+            p.quota.idle_timeout_s
+            for p in policies.values()
+            if not p.removed and p.quota.idle_timeout_s is not None
+        ]
+        if len(self.last_use) > len(self.fleet.running_since):  # some ended: forget them
+            self.last_use = {
+                s: t for s, t in self.last_use.items() if s in self.fleet.running_since
+            }
+        if not timeouts or not self.fleet.running_since:
+            return []
+        oldest_due = now - timedelta(seconds=min(timeouts))
+        if self.started_at > oldest_due:
+            return []  # the manager has not run as long as the shortest timeout
+        out = []
+        for sid, since in sorted(self.fleet.running_since.items(), key=lambda i: i[1]):
+            if since > oldest_due:
+                break  # no timeout is short enough for this one or any later one
+            last = max(since, self.started_at, self.last_use.get(sid, since))
+            if last > oldest_due:
+                continue  # used lately
+            policy = effective(self.fleet.sessions[sid].owner, policies)
+            limit = None if policy is None else policy.quota.idle_timeout_s
+            if limit is not None and (now - last).total_seconds() >= limit:
+                out.append((sid, limit))
+        return out
+
+    async def end_idle(self) -> int:
+        """End each idle session; the number ended."""
+        ended = 0
+        for sid, limit in self.idle(datetime.now(UTC)):
+            if await self.uow.try_change(sid, lambda s, n=limit: s.idle_timed_out(n)):
+                ended += 1
+                self.last_use.pop(sid, None)
+                self.uow.publish(LookAgain(sid))  # its worker removes the containers
+        self.idle_ended += ended
         return ended

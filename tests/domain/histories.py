@@ -141,7 +141,9 @@ def full_policy_history() -> list[ev.Event]:
 
 
 def full_resource_policy_history() -> list[ev.Event]:
-    quota = Quota(max_cpu=4, max_mem=8 * 2**30, max_slots={"gpu": 1}, max_lifetime_s=3600)
+    quota = Quota(
+        max_cpu=4, max_mem=8 * 2**30, max_slots={"gpu": 1}, max_lifetime_s=3600, idle_timeout_s=600
+    )
     policy = ResourcePolicy.set(None, name="alice", quota=quota)
     policy.remove()
     return list(policy.collect_events())

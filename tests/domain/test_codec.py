@@ -92,6 +92,7 @@ VALID_ODDITIES = [
     ("ran_s", None),
     *((f, None) for f in ("max_cpu", "max_mem", "max_sessions", "max_kernels_per_session")),
     ("max_lifetime_s", None),  # a resource policy's None: unlimited
+    ("idle_timeout_s", None),
     ("public", True),  # a resource group open to everyone
     ("description", ""),
     ("admin", True),  # an admin user

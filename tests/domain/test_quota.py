@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from domain import events as ev
 from domain.admission import Inadmissible, admit, fold
-from domain.codec import encode
+from domain.codec import SCHEMA_HEADER, decode, encode
 from domain.errors import DomainError, InvalidField
 from domain.events import Resources
 from domain.quota import Quota, ResourcePolicy, Usage, effective, never_fits
@@ -47,6 +49,18 @@ def test_set_set_again_remove_and_set_after_removal_fold_back_to_the_same_policy
     assert replayed(events[:3]).removed
 
 
+def test_a_v1_policy_set_has_no_idle_timeout() -> None:
+    (set_event,) = ResourcePolicy.set(
+        None, name="alice", quota=Quota(max_cpu=2, idle_timeout_s=30)
+    ).collect_events()
+    data, headers = encode(set_event)
+    assert headers[SCHEMA_HEADER] == "2" and json.loads(data)["idle_timeout_s"] == 30.0
+    v1 = json.loads(data)
+    del v1["idle_timeout_s"]
+    event = decode(json.dumps(v1).encode(), {**headers, SCHEMA_HEADER: "1"})
+    assert replayed([event]).quota == Quota(max_cpu=2.0)
+
+
 def test_a_policy_event_is_refused_elsewhere_and_other_events_here() -> None:
     (set_event,) = ResourcePolicy.set(None, name="alice", quota=Quota()).collect_events()
     data, headers = encode(set_event)
@@ -62,6 +76,7 @@ def test_bad_limits_and_names_are_refused_naming_the_field() -> None:
         (Quota(max_mem=-1), "max_mem"),
         (Quota(max_slots={"GPU!": 1}), "max_slots"),
         (Quota(max_lifetime_s=0), "max_lifetime_s"),
+        (Quota(idle_timeout_s=-1), "idle_timeout_s"),
         (Quota(max_sessions=-2), "max_sessions"),
     ]:
         with pytest.raises(InvalidField) as e:

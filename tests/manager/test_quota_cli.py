@@ -37,10 +37,11 @@ async def test_quota_commands(
     monkeypatch.setenv("HOIST_NATS_URL", nats_server.url)
     async with agents(nc, store, ["a1"], cpu=8), manager(nc):
         await _run("quota", "set", "alice", "--cpu", "4", "--mem", "8g", "--slot", "gpu=1",
-                   "--sessions", "3", "--kernels", "4", "--lifetime", "3600")  # fmt: skip
+                   "--sessions", "3", "--kernels", "4", "--lifetime", "3600",
+                   "--idle", "600")  # fmt: skip
         assert capsys.readouterr().out.strip() == (
             "quota alice recorded: cpu 4, mem 8G, gpu 1, sessions 3, kernels/session 4,"
-            " lifetime 3600s"
+            " lifetime 3600s, idle 600s"
         )
         await _run("quota", "set", "default", "--sessions", "1")
         running = await create(nc)
@@ -51,7 +52,7 @@ async def test_quota_commands(
         assert "  default: sessions 1" in out
         assert (
             "alice: policy alice (cpu 4, mem 8G, gpu 1, sessions 3, kernels/session 4,"
-            " lifetime 3600s); using cpu 1, mem 256M, sessions 1; 0 pending"
+            " lifetime 3600s, idle 600s); using cpu 1, mem 256M, sessions 1; 0 pending"
         ) in out
         await _run("quota", "rm", "alice")
         assert capsys.readouterr().out.strip() == "quota alice removed"

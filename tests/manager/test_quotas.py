@@ -1,7 +1,7 @@
 """Resource policies and per-user quotas on a real nats-server: a PULLING kernel is not charged
 (seed 000), a session over quota waits PENDING and starts when room frees, a session that could
-never fit is refused at create, max_lifetime_s ends interactive sessions, and the policies are
-events in the log."""
+never fit is refused at create, max_lifetime_s and idle_timeout_s end interactive sessions, and
+the policies are events in the log."""
 
 from __future__ import annotations
 
@@ -10,8 +10,19 @@ from typing import Any
 
 from domain import subjects
 from domain.codec import TYPE_HEADER
-from domain.subjects import QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW, SESSION_CREATE, SESSION_DESTROY
+from domain.status import KernelStatus
+from domain.subjects import (
+    QUOTA_REMOVE,
+    QUOTA_SET,
+    QUOTA_SHOW,
+    SESSION_CREATE,
+    SESSION_DESTROY,
+    SESSION_GET,
+    SESSION_LOGS,
+    STREAM_READ,
+)
 from services.eventstore.store import EventStore
+from services.manager.main import Manager
 from services.transport.client import Client
 from tests.manager.harness import GB, MB, agents, create, create_payload, manager, request, until
 
@@ -130,6 +141,53 @@ async def test_an_interactive_session_past_its_lifetime_is_terminated(
         assert done["status_info"] == "lifetime-exceeded: ran longer than 1s", done
         assert (await until(nc, bob["session_id"]))["status"] == "RUNNING"
         await destroy(nc, bob["session_id"])
+
+
+async def ended_unread(m: Manager, session_id: str, within_s: float = 15) -> None:
+    for _ in range(int(within_s / 0.05)):
+        if m.fleet.sessions[session_id].status is KernelStatus.TERMINATED:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"session {session_id} not TERMINATED after {within_s}s")
+
+
+async def test_an_interactive_session_nobody_uses_is_ended_idle_timeout(
+    nc: Client, store: EventStore
+) -> None:
+    async with agents(nc, store, ["a1"], cpu=8), manager(nc, lifetime_check_interval_s=0.1) as m:
+        await set_quota(nc, name="default", idle_timeout_s=1)
+        idle = await create(nc)
+        kept = await create(nc)
+        batch = await create(nc, session_type="batch", command=["sleep", "5"])
+        for sid in (idle["session_id"], kept["session_id"], batch["session_id"]):
+            await until(nc, sid, status("RUNNING"))
+        # kept: read through Hoist every 0.3 s (gets, and a logs stream read), for 2.5 s
+        opened = await request(nc, SESSION_LOGS, {"session_id": kept["session_id"]})
+        assert "error" not in opened, opened
+        read = {"agent_id": opened["agent_id"], "stream_id": opened["stream_id"], "wait": 0}
+        for i in range(8):
+            if i % 2:
+                chunk = await request(nc, STREAM_READ, read)
+                assert "error" not in chunk, chunk
+            else:
+                view = await request(nc, SESSION_GET, {"session_id": kept["session_id"]})
+                assert view["status"] == "RUNNING", view
+            await asyncio.sleep(0.3)
+        await ended_unread(m, idle["session_id"])  # session.get would be a use: ask the fleet
+        done = await request(nc, SESSION_GET, {"session_id": idle["session_id"]})
+        assert done["status_info"] == "idle-timeout: not used for 1s", done
+        assert (await request(nc, SESSION_GET, {"session_id": kept["session_id"]}))[
+            "status"
+        ] == "RUNNING"
+        assert (await request(nc, SESSION_GET, {"session_id": batch["session_id"]}))[
+            "status"
+        ] == "RUNNING"  # batch sessions are never idle-ended
+        assert m.quotas.idle_ended == 1
+        # left alone, kept goes idle too
+        await ended_unread(m, kept["session_id"])
+        done = await request(nc, SESSION_GET, {"session_id": kept["session_id"]})
+        assert done["status_info"].startswith("idle-timeout"), done
+        await destroy(nc, batch["session_id"])
 
 
 async def test_policy_set_and_remove_are_events_in_the_log(nc: Client, store: EventStore) -> None:
