@@ -46,6 +46,12 @@ def inbox_prefix(user: str) -> str:
     return f"{INBOX}.{check_token(user, 'NATS user')}"
 
 
+def is_inbox_of(reply: str, user: str) -> bool:
+    """``reply`` is an inbox of ``user``: a request on a user's own subject is answered only
+    there, so no user can aim the manager's answer at another user's inbox."""
+    return is_inbox(reply) and reply.startswith(f"{inbox_prefix(user)}.")
+
+
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 

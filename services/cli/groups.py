@@ -29,7 +29,12 @@ def register(subparsers: Any) -> None:
     )
     gset.add_argument("name", help="the group, as agents join it (--resource-group)")
     gset.add_argument(
-        "--user", action="append", default=[], metavar="USER", help="a user (owner) allowed"
+        "--user",
+        action="append",
+        default=[],
+        dest="members",  # not `user`: that is the top-level --user, who acts
+        metavar="USER",
+        help="a user (owner) allowed",
     )
     gset.add_argument("--public", action="store_true", help="open to every user")
     gset.add_argument("--description", default="", help="what the group is for")
@@ -82,7 +87,7 @@ async def cmd_list(args: argparse.Namespace) -> None:
 
 
 async def cmd_set(args: argparse.Namespace) -> None:
-    request: dict[str, Any] = {"name": args.name, "users": args.user, "public": args.public}
+    request: dict[str, Any] = {"name": args.name, "users": args.members, "public": args.public}
     if args.description:
         request["description"] = args.description
     reply = await _ask(GROUP_SET, request, args)

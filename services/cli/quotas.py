@@ -6,6 +6,7 @@ the manager's ``hoist.admin.quota.*`` requests (domain.contracts.quotas)."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from domain.subjects import QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
         "set", help="create or replace a user's policy, or 'default' (unset limits: unlimited)"
     )
     qset.add_argument("name", help="a user (letters, digits, '_' or '-') or default")
-    qset.add_argument("--cpu", type=float, help="cores held at once")
+    qset.add_argument("--cpu", type=_amount, help="cores held at once")
     qset.add_argument("--mem", help="memory held at once, e.g. 8g")
     qset.add_argument(
         "--slot", action="append", default=[], metavar="NAME=AMOUNT", help="e.g. gpu=1"
@@ -62,11 +63,13 @@ def request_from(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.slot:
         name, sep, amount = item.partition("=")
         try:
-            slots[name.strip()] = float(amount)
-        except ValueError:
+            slots[name.strip()] = _amount(amount)
+        except argparse.ArgumentTypeError:
             sep = ""
         if not sep or not name.strip():
-            raise CliError(f"--slot {item}: give NAME=AMOUNT, e.g. gpu=1")
+            raise CliError(f"--slot {item}: give NAME=AMOUNT with a finite AMOUNT, e.g. gpu=1")
+        if name.strip() in ("cpu", "mem"):
+            raise CliError(f"--slot {item}: cpu and mem have their own flags, --cpu and --mem")
     out: dict[str, Any] = {
         "name": args.name,
         "max_cpu": args.cpu,
@@ -143,3 +146,14 @@ async def cmd_set(args: argparse.Namespace) -> None:
 async def cmd_rm(args: argparse.Namespace) -> None:
     await _ask(QUOTA_REMOVE, {"name": args.name}, args)
     print(f"quota {args.name} removed")
+
+
+def _amount(text: str) -> float:
+    """A finite number: ``nan`` or ``inf`` would reach the manager as no limit at all."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is no limit: give a finite number")
+    return value

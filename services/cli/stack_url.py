@@ -10,14 +10,17 @@ from services.cli.connection import CliError, scoped_user
 from services.stack import up as stack
 from services.transport import credentials
 
+_USER_ROLES = ("client", "admin")  # what a Hoist user acts as, with their own credentials
+
 
 def stack_url(args: argparse.Namespace, role: str) -> str:
-    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL.  For
-    the client role with --user/$HOIST_USER: that Hoist user's credentials instead."""
+    """The URL (with `role`'s credentials) of the stack in --data-dir, or $HOIST_NATS_URL.  With
+    --user/$HOIST_USER, a client or admin command uses that Hoist user's credentials instead:
+    an admin command then works only for a user added with --admin (never the admin role's)."""
     user = getattr(args, "user", None) or os.environ.get("HOIST_USER") or None
     if os.environ.get("HOIST_NATS_URL"):
         url = os.environ["HOIST_NATS_URL"]
-        if user and role == "client" and scoped_user(url) != user:
+        if user and role in _USER_ROLES and scoped_user(url) != user:
             raise CliError(
                 f"HOIST_NATS_URL does not log in as user {user!r}: set it to the URL `hoist creds"
                 f" user {user}` prints, or unset it to use the data dir's credentials"
@@ -35,7 +38,7 @@ def stack_url(args: argparse.Namespace, role: str) -> str:
         creds = credentials.load_credentials(data_dir)
     except (FileNotFoundError, ValueError) as e:
         raise CliError(str(e)) from None
-    if user and role == "client":
+    if user and role in _USER_ROLES:
         try:
             return credentials.user_url(info.url, user, creds)
         except KeyError as e:

@@ -141,6 +141,8 @@ async def serve_queries(
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
                 if scoped:
                     user = msg.subject.split(".")[2]
+                    if not subjects.is_inbox_of(msg.reply, user):
+                        return  # answered only on the user's own inboxes
                     if user_enabled is not None and not user_enabled(user):
                         raise RequestError("forbidden", not_enabled(user))
                     request = _owned_by(user, request, msg.subject)

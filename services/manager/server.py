@@ -33,7 +33,7 @@ from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.errors import IllegalTransition, InvalidField, NotNow
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
-from domain.subjects import API, is_inbox
+from domain.subjects import API, is_inbox, is_inbox_of
 from domain.user import not_enabled
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
@@ -92,6 +92,11 @@ class CommandServer:
         if not is_inbox_reply(msg):
             return
         user, subject = self._unscoped(msg.subject)
+        if user is not None and not is_inbox_of(msg.reply, user):
+            log.debug(
+                "ignored a request on %s: its reply %s is not its user's", msg.subject, msg.reply
+            )
+            return
         cls = self.commands.get(subject)
         if cls is None:
             # Not a request: a JetStream delivery keeps its stream subject (a consumer aimed

@@ -34,6 +34,11 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert json.loads(theirs.stdout)["rows"] == []
     peek = hoist_stack.hoist("--user", "ben", "destroy", sid)
     assert peek.returncode == 1 and "not-found" in peek.stderr, peek.stdout + peek.stderr
+    # --user holds for admin commands too: a plain user is no admin (a trial was, once).
+    raised = hoist_stack.hoist("--user", "ben", "quota", "set", "ben", "--cpu", "100")
+    assert raised.returncode == 1 and "permission" in raised.stderr, raised.stdout + raised.stderr
+    nan = hoist_stack.hoist("quota", "set", "ben", "--cpu", "nan")
+    assert nan.returncode == 2 and "finite" in nan.stderr, nan.stdout + nan.stderr
 
     disabled = hoist_stack.hoist("user", "disable", "ann")
     assert disabled.returncode == 0, disabled.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import AgentServer
 from domain.scheduling import Limits, Policy
-from domain.subjects import SESSION_CREATE, SESSION_GET, SESSION_LOGS, STREAM_READ
+from domain.subjects import SESSION_CREATE, SESSION_GET, SESSION_LOGS, STREAM_READ, inbox_prefix
 from services.eventstore.store import EventStore
 from services.manager.main import Manager, ManagerConfig
 from services.transport.client import Client
@@ -85,9 +86,27 @@ async def manager(nc: Client, **overrides: Any) -> AsyncIterator[Manager]:
 
 
 async def request(nc: Client, subject: str, payload: Any, within: float = 10) -> Any:
+    """One request; on a user's own subject (``hoist.api.<user>.<x>.<y>``,
+    ``hoist.query.<user>.<name>``) from that user's inbox, the only one the manager answers."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    reply = await nc.request(subject, data, timeout=within)
+    user = _user_of(subject)
+    if user is None:
+        reply = await nc.request(subject, data, timeout=within)
+    else:
+        inbox = f"{inbox_prefix(user)}.{uuid.uuid4().hex}"
+        sub = await nc.subscribe(inbox, max_msgs=1)
+        await nc.publish(subject, data, reply=inbox)
+        reply = await sub.next_msg(timeout=within)
     return json.loads(reply.data)
+
+
+def _user_of(subject: str) -> str | None:
+    tokens = subject.split(".")
+    if tokens[:2] == ["hoist", "api"] and len(tokens) == 5:
+        return tokens[2]
+    if tokens[:2] == ["hoist", "query"] and len(tokens) == 4:
+        return tokens[2]
+    return None
 
 
 def create_payload(**overrides: Any) -> dict[str, Any]:

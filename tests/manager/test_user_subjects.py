@@ -7,6 +7,7 @@ NATS users may publish there is tested against the generated permissions in test
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import pytest
@@ -49,6 +50,17 @@ async def test_the_owner_comes_from_the_subject(nc: Client, store: EventStore) -
         assert forged["error"]["code"] == "forbidden", forged
         assert forged["error"]["message"].startswith("owner: 'bob' is not 'alice'")
         assert {s.owner for s in m.fleet.sessions.values()} == {"alice"}
+
+        # An answer goes only to the user's own inboxes, never to another user's.
+        stolen = await nc.subscribe("_INBOX.bob.spoof")
+        await nc.publish(
+            api("alice", "session.get"),
+            json.dumps({"session_id": mine["session_id"]}).encode(),
+            reply="_INBOX.bob.spoof",
+        )
+        with pytest.raises(TimeoutError):
+            await stolen.next_msg(timeout=1)
+        await stolen.unsubscribe()
 
         vols = await request(nc, api("alice", "volume.list"), {"owner": "bob"})
         assert vols["error"]["code"] == "forbidden", vols
@@ -136,9 +148,11 @@ def test_user_with_a_url_of_someone_else_is_refused(monkeypatch: pytest.MonkeyPa
     args = argparse.Namespace(data_dir=".hoist", user="alice")
     with pytest.raises(CliError, match="does not log in as user 'alice'"):
         stack_url(args, "client")
-    assert stack_url(args, "admin") == "nats://client:x@127.0.0.1:4222"  # admin commands: as is
+    with pytest.raises(CliError, match="does not log in as user 'alice'"):
+        stack_url(args, "admin")  # admin commands too: --user never means the admin role
     monkeypatch.setenv("HOIST_NATS_URL", "nats://alice:x@127.0.0.1:4222")
     assert stack_url(args, "client") == "nats://alice:x@127.0.0.1:4222"
+    assert stack_url(args, "admin") == "nats://alice:x@127.0.0.1:4222"
 
 
 async def test_users_query_only_their_own_rows(nc: Client, store: EventStore) -> None:
