@@ -37,6 +37,7 @@ from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
 from domain.resource_group import ResourceGroup
+from domain.rpc import RequestError
 from domain.scheduling import AgentView, PendingSession
 from domain.session import Session
 from domain.status import (
@@ -140,6 +141,14 @@ class Fleet:
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
         self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
+        # The aggregates an admin sets through the manager, by subject kind: folded, and saved
+        # by ``save_admin``, one way.
+        self._admin: dict[str, dict[str, Any]] = {
+            "prepull-policy": self.policies,
+            RESOURCE_POLICY: self.resource_policies,
+            RESOURCE_GROUP: self.resource_groups,
+            USER: self.users,
+        }
         self.liveness: dict[str, AgentLiveness] = {}  # agent id -> its losses
         # Per image: when a session last asked for it and when one first did (prepull rules).
         self.image_last_used: dict[str, datetime] = {}
@@ -199,64 +208,30 @@ class Fleet:
                 self._fold_agent(aggregate_id, rec, event)
             elif kind == LIVENESS:
                 self._fold_liveness(aggregate_id, rec, event)
-            elif kind == RESOURCE_POLICY:
-                self._fold_resource_policy(aggregate_id, rec, event)
-            elif kind == RESOURCE_GROUP:
-                self._fold_resource_group(aggregate_id, rec, event)
-            elif kind == USER:
-                self._fold_user(aggregate_id, rec, event)
             else:
-                self._fold_policy(aggregate_id, rec, event)
+                self._fold_admin(self._admin[kind], aggregate_id, rec, event)
         except Inadmissible as e:
             quarantined(rec.seq, rec.subject, rec.headers, e.reason, "manager")
 
-    def _fold_policy(self, name: str, rec: Recorded, event: ev.Event) -> None:
-        policy = self.policies.get(name)
-        if policy is not None and rec.seq <= loaded_seq(policy):
-            return  # our own write, kept by put_policy
-        self.policies[name] = _applied(policy, event, rec)
+    def _fold_admin(self, table: dict[str, Any], name: str, rec: Recorded, event: ev.Event) -> None:
+        aggregate = table.get(name)
+        if aggregate is not None and rec.seq <= loaded_seq(aggregate):
+            return  # our own write, kept by save_admin
+        table[name] = _applied(aggregate, event, rec)
         if self.caught_up.is_set():
             self.publish(event)
 
-    def _fold_resource_policy(self, name: str, rec: Recorded, event: ev.Event) -> None:
-        policy = self.resource_policies.get(name)
-        if policy is not None and rec.seq <= loaded_seq(policy):
-            return  # our own write, kept by put_resource_policy
-        self.resource_policies[name] = _applied(policy, event, rec)
-        if self.caught_up.is_set():
-            self.publish(event)
-
-    def put_resource_policy(self, policy: ResourcePolicy, events: Iterable[ev.Event]) -> None:
-        """A resource policy this manager just saved with ``events``."""
-        self.resource_policies[policy.id] = policy
-        for event in events:
-            self.publish(event)
-
-    def _fold_resource_group(self, name: str, rec: Recorded, event: ev.Event) -> None:
-        group = self.resource_groups.get(name)
-        if group is not None and rec.seq <= loaded_seq(group):
-            return  # our own write, kept by put_resource_group
-        self.resource_groups[name] = _applied(group, event, rec)
-        if self.caught_up.is_set():
-            self.publish(event)
-
-    def put_resource_group(self, group: ResourceGroup, events: Iterable[ev.Event]) -> None:
-        """A resource group this manager just saved with ``events``."""
-        self.resource_groups[group.id] = group
-        for event in events:
-            self.publish(event)
-
-    def _fold_user(self, name: str, rec: Recorded, event: ev.Event) -> None:
-        user = self.users.get(name)
-        if user is not None and rec.seq <= loaded_seq(user):
-            return  # our own write, kept by put_user
-        self.users[name] = _applied(user, event, rec)
-        if self.caught_up.is_set():
-            self.publish(event)
-
-    def put_user(self, user: User, events: Iterable[ev.Event]) -> None:
-        """A user this manager just saved with ``events``."""
-        self.users[user.id] = user
+    async def save_admin(self, aggregate: Any, kind: str, what: str) -> None:
+        """Save an aggregate an admin set (over hoist.admin) and publish its events; another
+        writer meanwhile is a ``conflict`` the admin sends again (``what``: its name there)."""
+        events = list(aggregate.pending_events)
+        try:
+            await self.repository.save(aggregate, actor="admin")
+        except ConcurrencyError:
+            raise RequestError(
+                "conflict", f"name: {what} {aggregate.id!r} changed meanwhile; send it again"
+            ) from None
+        self._admin[kind][aggregate.id] = aggregate
         for event in events:
             self.publish(event)
 
@@ -272,13 +247,6 @@ class Fleet:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
         if self.caught_up.is_set():
-            self.publish(event)
-
-    def put_policy(self, policy: PrepullPolicy, events: Iterable[ev.Event]) -> None:
-        """A policy this manager just saved with ``events`` (its sequence is remembered: they
-        are not folded twice)."""
-        self.policies[policy.id] = policy
-        for event in events:
             self.publish(event)
 
     def _fold_session(self, session_id: str, rec: Recorded, event: ev.Event) -> None:

@@ -16,8 +16,8 @@ from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup, group_vie
 from domain.errors import DomainError
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
+from domain.subjects import RESOURCE_GROUP
 from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError
 from services.manager.fleet import Fleet
 
 
@@ -95,11 +95,4 @@ class Groups:
         return {"groups": rows}
 
     async def _save(self, group: ResourceGroup) -> None:
-        events = list(group.pending_events)
-        try:
-            await self.repository.save(group, actor="admin")  # set over hoist.admin
-        except ConcurrencyError:
-            raise RequestError(
-                "conflict", f"name: group {group.id!r} changed meanwhile; send it again"
-            ) from None
-        self.fleet.put_resource_group(group, events)
+        await self.fleet.save_admin(group, RESOURCE_GROUP, "group")

@@ -43,7 +43,6 @@ from domain.prepull import (
 from domain.rpc import RequestError
 from domain.status import TERMINAL
 from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
 from services.transport.tasks import Tasks, every
@@ -222,14 +221,7 @@ class PrepullLoop:
         }
 
     async def _save(self, policy: PrepullPolicy) -> None:
-        events = list(policy.pending_events)
-        try:
-            await self.repository.save(policy, actor="admin")  # set over hoist.admin
-        except ConcurrencyError:
-            raise RequestError(
-                "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"
-            ) from None
-        self.fleet.put_policy(policy, events)
+        await self.fleet.save_admin(policy, "prepull-policy", "policy")
 
     # -- convergence ---------------------------------------------------------------------
 

@@ -44,8 +44,8 @@ from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.errors import DomainError
 from domain.quota import ResourcePolicy, Usage, effective
 from domain.rpc import RequestError
+from domain.subjects import RESOURCE_POLICY
 from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
@@ -138,14 +138,7 @@ class Quotas:
         }
 
     async def _save(self, policy: ResourcePolicy) -> None:
-        events = list(policy.pending_events)
-        try:
-            await self.repository.save(policy, actor="admin")  # set over hoist.admin
-        except ConcurrencyError:
-            raise RequestError(
-                "conflict", f"name: policy {policy.id!r} changed meanwhile; send it again"
-            ) from None
-        self.fleet.put_resource_policy(policy, events)
+        await self.fleet.save_admin(policy, RESOURCE_POLICY, "policy")
 
     # -- lifetime ------------------------------------------------------------------------
 

@@ -12,9 +12,9 @@ from typing import Any
 from domain.contracts.users import AddUser, DisableUser, ListUsers, user_view
 from domain.errors import DomainError, InvalidField
 from domain.rpc import RequestError
+from domain.subjects import USER
 from domain.user import User
 from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError
 from services.manager.fleet import Fleet
 
 # Admin commands come over hoist.admin.>, whose subjects name no user: the admin role sent them.
@@ -58,11 +58,4 @@ class Users:
         return {"users": [user_view(u) for _, u in sorted(self.fleet.users.items())]}
 
     async def _save(self, user: User) -> None:
-        events = list(user.pending_events)
-        try:
-            await self.repository.save(user, actor="admin")  # over hoist.admin
-        except ConcurrencyError:
-            raise RequestError(
-                "conflict", f"name: user {user.id!r} changed meanwhile; send it again"
-            ) from None
-        self.fleet.put_user(user, events)
+        await self.fleet.save_admin(user, USER, "user")
