@@ -3,6 +3,7 @@ package, as tests/agent does), and the API called over NATS like a client would.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import time
@@ -186,3 +187,13 @@ async def logs(nc: Client, session_id: str, **extra: Any) -> bytes:
     """A kernel's whole output (the main kernel's unless ``kernel_id`` says another)."""
     opened = await request(nc, SESSION_LOGS, {"session_id": session_id, **extra})
     return (await read_stream(nc, opened))[0]
+
+
+async def run_cli(register: Callable[[Any], None], *argv: str) -> None:
+    """One CLI command of a module that ``register``s its sub-commands (e.g. services.cli.quotas),
+    run as ``hoist`` would, in this process."""
+    parser = argparse.ArgumentParser(prog="hoist")
+    parser.add_argument("--data-dir", default=".hoist")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    await args.func(args)

@@ -3,8 +3,6 @@ HOIST_NATS_URL as the CLI would."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from services.cli import groups as group_cli
@@ -12,19 +10,11 @@ from services.cli.connection import CliError
 from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
 from services.transport.client import Client
-from tests.manager.harness import agents, manager
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hoist")
-    parser.add_argument("--data-dir", default=".hoist")
-    group_cli.register(parser.add_subparsers(dest="command", required=True))
-    return parser
+from tests.manager.harness import agents, manager, run_cli
 
 
 async def _run(*argv: str) -> None:
-    args = _parser().parse_args(argv)
-    await args.func(args)
+    await run_cli(group_cli.register, *argv)
 
 
 async def test_group_commands(
