@@ -171,6 +171,14 @@ SQL_SUBJECT = f"{ADMIN}.query.sql"
 VERIFY_SUBJECT = f"{ADMIN}.verify"
 
 
+HISTORY = "history"  # hoist.query.<user>.history: a session's events, for its owner
+
+
+def user_history(user: str) -> str:
+    """Where Hoist user ``user`` reads the events of their sessions (domain.contracts.history)."""
+    return f"{QUERY}.{check_token(user, 'user')}.{HISTORY}"
+
+
 def query_subject(name: str) -> str:
     """The subject of one read-model query (a name in QUERY_NAMES)."""
     return f"{QUERY}.{name}"

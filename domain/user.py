@@ -6,8 +6,8 @@ disabled user is enabled again by adding them again (``admin`` may change then).
 same user again with the same ``admin`` records nothing.  The name is a subject token: it names
 the user's NATS user, their command subjects (``hoist.api.<name>.>``) and their reply inbox
 (``_INBOX.<name>.>``), and it is the ``owner`` of their sessions.  ``by`` is who sent the
-command as the manager knows it: the NATS user whose subjects carried it (admin commands arrive
-on ``hoist.admin.>``, which no subject names a user on, so ``admin``).
+command as its subject proves it: an admin user's own ``hoist.admin.<user>.>``, else ``admin``
+(the admin role's ``hoist.admin.>``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,25 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField
-from domain.subjects import QUERY_NAMES, USER, check_token
+from domain.subjects import HISTORY, QUERY_NAMES, USER, check_token
 
 KIND = USER
 # NATS users the stack itself defines (services.transport.credentials): no Hoist user may take
 # one's name (nor ``agent-<id>``, an agent's).
 RESERVED = frozenset({"manager", "client", "admin"})
-# Nor the tokens that follow ``hoist.api.`` and ``hoist.query.`` in the unscoped subjects (the
-# client role's): user ``session`` would be granted ``hoist.api.session.>``, every owner's.
-UNSCOPED = frozenset({"session", "stream", "volume", *QUERY_NAMES})
+# Nor the tokens that follow ``hoist.api.``, ``hoist.query.`` and ``hoist.admin.`` in the
+# unscoped subjects (the client and admin roles'): user ``session`` would be granted
+# ``hoist.api.session.>``, every owner's, and admin user ``quota`` the admin role's quota
+# commands, recorded as the role's.
+UNSCOPED = frozenset(
+    {
+        *("session", "stream", "volume", HISTORY, *QUERY_NAMES),
+        *("image", "quota", "group", "user", "kernel", "agent", "query", "verify"),
+    }
+)
+# ``default`` names the default resource policy and resource group: a user so named would
+# read as either.
+NOT_A_USER = frozenset({"default"})
 
 
 class User(BaseAggregate[str]):
@@ -99,6 +109,8 @@ def check_name(name: str) -> str:
         raise InvalidField(
             "name", f"{name!r} is a role's NATS user (manager, client, admin, agent-<id>)"
         )
+    if name in NOT_A_USER:
+        raise InvalidField("name", f"{name!r} names the default resource policy and group")
     if name in UNSCOPED:
         raise InvalidField(
             "name", f"{name!r} names unscoped command or query subjects (hoist.api.{name}.>)"

@@ -615,21 +615,46 @@ async def test_users_publish_only_their_own_subjects_and_read_their_own_inbox(
             "hoist.events.session.x",
         ):
             assert await alice.refused(subject), subject
+        # Nor may the client and admin roles send on a user's own subjects: what the manager
+        # serves there is recorded as that user's doing.
+        client = await _connect(stack, "client")
+        admin = await _connect(stack, "admin")
+        try:
+            for role in (client, admin):
+                for subject in (
+                    "hoist.api.alice.session.destroy",
+                    "hoist.query.alice.history",
+                    "hoist.admin.root.user.add",
+                ):
+                    assert await role.refused(subject), subject
+        finally:
+            await client.nc.close()
+            await admin.nc.close()
         for other in ("_INBOX.bob.>", "_INBOX.>", "_INBOX.client.x", "hoist.api.>"):
             await alice.nc.subscribe(other)
             assert await alice.reported(f'subscription to "{other.lower()}"'), other
-        # History and progress as a client reads them.
+        # Not the log: every session's command and env are in it (the manager serves a user
+        # the events of their own sessions: hoist.query.<user>.history).
         await manager.nc.jetstream().publish("hoist.events.session.u1", b"x")
-        got = await alice.nc.jetstream().get_last_msg(
+        assert await alice.refused(f"$JS.API.DIRECT.GET.{EVENT_STREAM}.hoist.events.session.u1")
+        assert await alice.refused(f"$JS.API.DIRECT.GET.{EVENT_STREAM}")
+        await alice.nc.subscribe("hoist.events.>")
+        assert await alice.reported('subscription to "hoist.events.>"')
+        # An admin user: admin commands on its own subjects only (recorded as its own), every
+        # query, and the log as the admin role reads it.
+        admin_served = await manager.nc.subscribe("hoist.admin.>", cb=_answer(manager.nc))
+        await _synced(manager.nc)
+        reply = await root.nc.request("hoist.admin.root.user.list", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        reply = await root.nc.request("hoist.query.kernels", b"{}", timeout=2)
+        assert reply.data == b"ok"
+        got = await root.nc.jetstream().get_last_msg(
             EVENT_STREAM, "hoist.events.session.u1", direct=True
         )
         assert got.data == b"x"
-        # An admin user: its own subjects and the admin role's.
-        admin_served = await manager.nc.subscribe("hoist.admin.>", cb=_answer(manager.nc))
-        await _synced(manager.nc)
-        reply = await root.nc.request("hoist.admin.user.list", b"{}", timeout=2)
-        assert reply.data == b"ok"
         await admin_served.unsubscribe()
+        for subject in ("hoist.admin.user.list", "hoist.admin.alice.user.list"):
+            assert await root.refused(subject), subject
         assert await root.refused("hoist.events.user.root")
     finally:
         await served.unsubscribe()

@@ -7,9 +7,11 @@ itself waits for its timeout; so the callback resolves a future the request race
 A URL whose NATS user is a Hoist user's (``hoist creds user NAME``; no role's) scopes the
 connection to that user: every ``hoist.api.<x>.<y>`` request goes to ``hoist.api.<user>.<x>.<y>``
 (the only command subjects that user may publish; the manager takes the owner from it), so do
-the queries with an owner (``hoist.query.<user>.kernels|sessions|occupancy``), and a
-payload ``owner`` that is the user or the login name (the CLI's default) is left out, so the
-manager fills in the user; any other owner is sent, and refused ``forbidden``.
+the queries with an owner (``hoist.query.<user>.kernels|sessions|occupancy``) and the admin
+commands (``hoist.admin.<user>.<x>.<y>``: only an admin user may send them, recorded as theirs),
+and a payload ``owner`` that is the user or the login name (the CLI's default) is left out, so
+the manager fills in the user; any other owner is sent, and refused ``forbidden`` (an admin
+user's is served: admin users act for any owner and see every owner's rows).
 """
 
 from __future__ import annotations
@@ -172,8 +174,9 @@ def login_name() -> str:
 
 
 def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``user``'s own subject for a ``hoist.api.`` request, its payload without a default owner."""
-    for prefix in ("hoist.api.", "hoist.query."):
+    """``user``'s own subject for a ``hoist.api.``, ``hoist.admin.`` (an admin user's) or owned
+    ``hoist.query.`` request, its payload without a default owner."""
+    for prefix in ("hoist.api.", "hoist.query.", "hoist.admin."):
         if subject.startswith(prefix):
             rest = subject[len(prefix) :]
             break

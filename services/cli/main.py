@@ -32,6 +32,7 @@ from domain.subjects import (
 )
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
+from services.cli import session_log
 from services.cli.connection import CliError, Connection
 from services.cli.connection import login_name as cli_nats_login_name
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
@@ -344,19 +345,25 @@ def _format_event(rec: Recorded, quarantined: Mapping[int, str] | None = None) -
     )
 
 
-async def _print_events(
-    args: argparse.Namespace, *, subject_filter: str | None, follow: bool
-) -> None:
+async def _print_events(args: argparse.Namespace, *, session_id: str | None, follow: bool) -> None:
     stop = _interrupt_event()
     async with _connection(args) as conn:
-        store = event_store(conn.nc)
-        if subject_filter and not follow and await store.last_seq(subject_filter) == 0:
-            raise CliError(f"no events under {subject_filter}: check the session id")
-
+        if session_id is None and conn.user is not None:
+            raise CliError(
+                "hoist events reads the whole log, which a Hoist user may not: see one of your"
+                " sessions with `hoist history SESSION` (or `hoist events --session SESSION`)"
+            )
+        if session_id and not follow and await session_log.last_seq(conn, session_id) == 0:
+            raise CliError(f"no session {session_id!r}: check the id (`hoist sessions`)")
+        subject_filter = subjects.session_events(session_id) if session_id else None
         quarantined = await _quarantined(conn, subject_filter)
 
         async def printing() -> None:
-            async for rec in store.replay(subject_filter=subject_filter, follow=follow):
+            if session_id:
+                found = session_log.records(conn, session_id, follow=follow)
+            else:
+                found = event_store(conn.nc).replay(follow=follow)
+            async for rec in found:
                 print(_format_event(rec, quarantined), flush=True)
 
         task = asyncio.create_task(printing())
@@ -383,13 +390,13 @@ async def _quarantined(conn: Connection, subject_filter: str | None) -> dict[int
 
 
 async def cmd_history(args: argparse.Namespace) -> None:
-    """Every event of one session, in order, straight from JetStream."""
-    await _print_events(args, subject_filter=subjects.session_events(args.session_id), follow=False)
+    """Every event of one session, in order: straight from JetStream, or for a Hoist user from
+    the manager (services.cli.session_log)."""
+    await _print_events(args, session_id=args.session_id, follow=False)
 
 
 async def cmd_events(args: argparse.Namespace) -> None:
-    subject_filter = subjects.session_events(args.session) if args.session else None
-    await _print_events(args, subject_filter=subject_filter, follow=args.follow)
+    await _print_events(args, session_id=args.session, follow=args.follow)
 
 
 async def cmd_creds(args: argparse.Namespace) -> None:

@@ -29,8 +29,8 @@ from domain import admission, rpc, subjects
 from domain.events import Event
 from domain.session import Session
 from domain.status import TERMINAL, Kernel, KernelStatus
+from services.cli import session_log
 from services.cli.connection import CliError, Connection
-from services.eventstore.store import EventStore
 from services.transport import progress as progress_stream
 
 S = KernelStatus
@@ -166,15 +166,13 @@ async def follow(
 ) -> None:
     """Fold the session's events and its pulls' progress into ``state`` until cancelled;
     ``caught_up`` is set once the events stored when it started have been read."""
-    store = EventStore(conn.nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
-    subject = subjects.session_events(state.session_id)
-    last = await store.last_seq(subject)
+    last = await session_log.last_seq(conn, state.session_id)
     if last == 0:
         raise CliError(f"unknown session {state.session_id}: list sessions with `hoist sessions`")
     new_pulls = asyncio.Event()
     progress_task = asyncio.create_task(_follow_progress(conn, state, changed, new_pulls))
     try:
-        async for rec in store.replay(subject_filter=subject, follow=True):
+        async for rec in session_log.records(conn, state.session_id, follow=True):
             # The rule of every reader: what it refuses is skipped (hoist history shows it).
             try:
                 state.apply_event(admission.admit(rec.subject, rec.headers, rec.data))

@@ -27,8 +27,11 @@ _LIMITS = (
 
 
 def register(subparsers: Any) -> None:
+    # ``policy``: seed 004's name for it (a keypair's resource policy)
     quota = subparsers.add_parser(
-        "quota", help="resource policies: per-user quotas (admin credentials)"
+        "quota",
+        aliases=["policy"],
+        help="resource policies: per-user quotas (admin credentials)",
     )
     sub = quota.add_subparsers(dest="quota_command", required=True)
     show = sub.add_parser("show", help="the policies, and each user's effective policy and usage")

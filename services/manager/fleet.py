@@ -53,6 +53,7 @@ from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
 from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
 from services.manager.bus import LookAgain, RoomFreed
+from services.manager.requester import requester
 from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class Fleet:
         writer meanwhile is a ``conflict`` the admin sends again (``what``: its name there)."""
         events = list(aggregate.pending_events)
         try:
-            await self.repository.save(aggregate, actor="admin")
+            await self.repository.save(aggregate, actor=requester("admin"))
         except ConcurrencyError:
             raise RequestError(
                 "conflict", f"name: {what} {aggregate.id!r} changed meanwhile; send it again"

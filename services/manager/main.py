@@ -48,6 +48,7 @@ from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
 from services.manager.groups import Groups
+from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
@@ -162,8 +163,13 @@ class Manager:
         self.users = Users(self.fleet, self.repository)
         self._wire(self.bus)
         self.server = CommandServer(
-            nc, self.bus, owner_of=self._owner_of, user_enabled=self._user_enabled
+            nc,
+            self.bus,
+            owner_of=self._owner_of,
+            user_enabled=self._user_enabled,
+            user_admin=self._user_admin,
         )
+        self.history = History(nc, self.store, self._owner_of, self._user_enabled, self._user_admin)
         self.read_models = ReadModels(
             nc,
             self.store,
@@ -171,6 +177,7 @@ class Manager:
             bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
             last_heartbeat=self.liveness.last_heartbeat_at,
             user_enabled=self._user_enabled,
+            user_admin=self._user_admin,
         )
 
     def _owner_of(self, session_id: str) -> str | None:
@@ -182,6 +189,11 @@ class Manager:
         """Whether ``name`` is an enabled Hoist user: per-user subjects serve only those."""
         user = self.fleet.users.get(name)
         return user is not None and user.enabled
+
+    def _user_admin(self, name: str) -> bool:
+        """Whether ``name`` is an enabled admin user: they may act for any owner."""
+        user = self.fleet.users.get(name)
+        return user is not None and user.enabled and user.admin
 
     def _use(self, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
         """``handler``, each request it serves counted as a use of its session (idle timeout)."""
@@ -263,6 +275,7 @@ class Manager:
         await self.liveness.start(a for a, s in self.fleet.agents.items() if s.live)
         await self.images.start()
         await self.server.start()
+        await self.history.start()
         await self.read_models.start()
         self.scheduler.start()
         for sid in self.fleet.unsettled_sessions():
@@ -280,6 +293,7 @@ class Manager:
 
     async def stop(self) -> None:
         await self.server.stop()
+        await self.history.stop()
         await self.quotas.stop()
         await self.prepull.stop()
         await self.sync.stop()

@@ -6,10 +6,11 @@ of ``hoist.query.<name>`` per name, ``min_seq``/``timeout``/``limit``, and the a
 ``hoist.admin.query.sql`` (services.manager.admin_sql) and ``hoist.admin.verify``.
 
 Per-user queries: each query with an ``owner`` filter (kernels, sessions, occupancy) is also
-served as ``hoist.query.<user>.<name>``, which only that user's NATS user (and admin ones) may
-publish; the owner filter is forced to ``<user>`` (a request naming another owner is refused
-``forbidden`` naming ``owner``), so a user's rows are their own.  The other queries (agents,
-images, pulls, policies, quarantine: fleet-wide, no owner) are not served per user.
+served as ``hoist.query.<user>.<name>``, which only that user's NATS user may publish; the
+owner filter is forced to ``<user>`` (a request naming another owner is refused ``forbidden``
+naming ``owner``), so a user's rows are their own, unless ``<user>`` is an admin user, who sees
+every owner's.  The other queries (agents, images, pulls, policies, quarantine: fleet-wide, no
+owner) are not served per user (an admin user's NATS user may send them unscoped).
 """
 
 from __future__ import annotations
@@ -121,17 +122,20 @@ async def serve_queries(
     tasks: Tasks | None = None,
     last_heartbeat: LastHeartbeat = no_heartbeats,
     user_enabled: Callable[[str], bool] | None = None,
+    user_admin: Callable[[str], bool] | None = None,
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
     ``min_seq`` holds up no other.  ``last_heartbeat`` (the liveness watcher's
     ``last_heartbeat_at``) gives the agents query's ``last_heartbeat_at``: not an event, so
     no part of the models.  ``user_enabled`` (the fleet's users): a per-user query of a user
-    never added, or disabled, is refused ``forbidden``."""
+    never added, or disabled, is refused ``forbidden``; ``user_admin``: an admin user's is
+    answered with every owner's rows, and only they have the admin queries on their own
+    subjects (``hoist.admin.<user>.query.sql``, ``.verify``)."""
     handlers = tasks if tasks is not None else Tasks()
 
     def serving(
-        answer: Callable[[dict[str, Any]], Any], scoped: bool = False
+        answer: Callable[[dict[str, Any]], Any], scoped: bool = False, admin_only: bool = False
     ) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
             if not subjects.is_inbox(msg.reply):
@@ -145,7 +149,11 @@ async def serve_queries(
                         return  # answered only on the user's own inboxes
                     if user_enabled is not None and not user_enabled(user):
                         raise RequestError("forbidden", not_enabled(user))
-                    request = _owned_by(user, request, msg.subject)
+                    is_admin = user_admin is not None and user_admin(user)
+                    if admin_only and not is_admin:
+                        raise RequestError("forbidden", f"user {user!r} is no admin")
+                    if not is_admin:  # an admin user sees every owner's rows
+                        request = _owned_by(user, request, msg.subject)
                 reply = await answer(request)
             except RequestError as e:
                 reply = e.reply()
@@ -184,14 +192,19 @@ async def serve_queries(
                 ),
             )
         )
-    subs.append(
-        await nc.subscribe(SQL_SUBJECT, queue=queue, cb=serving(lambda r: _answer_sql(runner, r)))
-    )
-    subs.append(
-        await nc.subscribe(
-            VERIFY_SUBJECT, queue=queue, cb=serving(lambda r: _answer_verify(runner, r))
+    admin_queries = {
+        SQL_SUBJECT: lambda r: _answer_sql(runner, r),
+        VERIFY_SUBJECT: lambda r: _answer_verify(runner, r),
+    }
+    for subject, answer in admin_queries.items():
+        subs.append(await nc.subscribe(subject, queue=queue, cb=serving(answer)))
+        # an admin user's own: hoist.admin.<user>.query.sql, hoist.admin.<user>.verify
+        scoped = subject.replace(f"{subjects.ADMIN}.", f"{subjects.ADMIN}.*.", 1)
+        subs.append(
+            await nc.subscribe(
+                scoped, queue=queue, cb=serving(answer, scoped=True, admin_only=True)
+            )
         )
-    )
     return subs
 
 

@@ -41,6 +41,7 @@ class ReadModels:
         *,
         last_heartbeat: LastHeartbeat = no_heartbeats,
         user_enabled: Callable[[str], bool] | None = None,
+        user_admin: Callable[[str], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.store = store
@@ -48,6 +49,7 @@ class ReadModels:
         self.path = str(path)
         self.last_heartbeat = last_heartbeat
         self.user_enabled = user_enabled
+        self.user_admin = user_admin
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -79,6 +81,7 @@ class ReadModels:
             tasks=self._tasks,
             last_heartbeat=self.last_heartbeat,
             user_enabled=self.user_enabled,
+            user_admin=self.user_admin,
         )
 
     async def stop(self) -> None:

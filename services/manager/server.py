@@ -6,15 +6,19 @@ Every failure answers ``{"error": {"code", "message"}}`` and changed nothing: ``
 ``forbidden``, ``unavailable`` (the event store did not take the write: retry), ``internal``.
 
 Per-user subjects: every ``hoist.api.<x>.<y>`` command is also served as
-``hoist.api.<user>.<x>.<y>`` (when the server is given ``owner_of``).  Only that user's NATS
-user (and admin ones) may publish there (services.stack.natsauth), so the owner comes from the
+``hoist.api.<user>.<x>.<y>`` (when the server is given ``owner_of``), and every
+``hoist.admin.<x>.<y>`` as ``hoist.admin.<user>.<x>.<y>`` for an admin user.  Only that user's
+NATS user may publish there (services.stack.natsauth), so the owner comes from the
 subject's ``<user>`` token, never from the payload: a payload ``owner`` that differs is refused
 ``forbidden`` naming ``owner`` (left out, it is filled in); a ``session_id`` of another user's
 session, and a ``stream_id`` this manager did not open for that user, are ``not-found``, with
 the same message as an id that does not exist.  The ``<user>`` must be an enabled Hoist user
 (``user_enabled``, the fleet's folded User aggregates): one never added, or disabled, is refused
-``forbidden`` and nothing is done, whatever NATS let through.  The unscoped
-``hoist.api.<x>.<y>`` stay, for the ``client`` role of a single-user local stack (any owner).
+``forbidden`` and nothing is done, whatever NATS let through; ``hoist.admin.<user>.`` also
+needs an admin user (``user_admin``), who may name any owner, session and stream.  Who sent a
+request is the ``Hoist-Actor`` of what it records (services.manager.requester).  The unscoped
+``hoist.api.<x>.<y>`` stay, for the ``client`` role of a single-user local stack (any owner),
+and ``hoist.admin.<x>.<y>`` for the ``admin`` role.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.errors import IllegalTransition, InvalidField, NotNow
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
-from domain.subjects import API, is_inbox, is_inbox_of
+from domain.subjects import ADMIN, API, is_inbox, is_inbox_of
 from domain.user import not_enabled
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
+from services.manager.requester import set_requester
 from services.manager.uow import SessionUnknown
 from services.transport.client import Client
 from services.transport.connection import subscriptions_ready, unsubscribe_all
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 
 
 _API = f"{API}."
+_ADMIN = f"{ADMIN}."
 _MAX_STREAMS = 10_000  # streams remembered for their user (oldest forgotten first)
 
 
@@ -56,6 +62,7 @@ class CommandServer:
         bus: MessageBus,
         owner_of: Callable[[str], str | None] | None = None,
         user_enabled: Callable[[str], bool] | None = None,
+        user_admin: Callable[[str], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.bus = bus
@@ -63,16 +70,23 @@ class CommandServer:
         self.commands = {s: cls for s, cls in COMMANDS.items() if cls in served}
         self.owner_of = owner_of  # session id -> its owner (None: no such session)
         self.user_enabled = user_enabled  # None: every user token is taken as is
+        self.user_admin = user_admin  # None: no user is an admin
         # (agent, stream) -> the user a per-user logs or exec opened it for
         self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._subs: list[Subscription] = []
         self._tasks = Tasks()
 
     def scoped_subjects(self) -> list[str]:
-        """``hoist.api.*.<x>.<y>`` for each served ``hoist.api.<x>.<y>``."""
+        """``hoist.api.*.<x>.<y>`` for each served ``hoist.api.<x>.<y>``, and so for
+        ``hoist.admin.``."""
         if self.owner_of is None:
             return []
-        return [f"{API}.*.{s[len(_API) :]}" for s in self.commands if s.startswith(_API)]
+        return [
+            f"{prefix}*.{s[len(prefix) :]}"
+            for s in self.commands
+            for prefix in (_API, _ADMIN)
+            if s.startswith(prefix)
+        ]
 
     async def start(self) -> None:
         for subject in [*self.commands, *self.scoped_subjects()]:
@@ -106,9 +120,11 @@ class CommandServer:
         reply: object
         try:
             if user is None:
+                set_requester("admin" if subject.startswith(_ADMIN) else "client")
                 reply = await self.bus.handle(decode(msg.data, cls, what=msg.subject))
             else:
-                reply = await self._serve_user(user, msg, cls)
+                set_requester(user)
+                reply = await self._serve_user(user, msg, cls, admin=subject.startswith(_ADMIN))
         except RequestError as e:
             reply = e.reply()
         except InvalidField as e:
@@ -127,34 +143,35 @@ class CommandServer:
         await msg.respond(encode_reply(reply))
 
     def _unscoped(self, subject: str) -> tuple[str | None, str]:
-        """(user, the unscoped subject) of ``hoist.api.<user>.<x>.<y>``; (None, subject) for
-        any other subject."""
-        if self.owner_of is None or subject in self.commands or not subject.startswith(_API):
+        """(user, the unscoped subject) of ``hoist.api.<user>.<x>.<y>`` and
+        ``hoist.admin.<user>.<x>.<y>``; (None, subject) for any other subject."""
+        if self.owner_of is None or subject in self.commands:
             return None, subject
-        user, _, rest = subject[len(_API) :].partition(".")
-        return user, _API + rest
+        for prefix in (_API, _ADMIN):
+            if subject.startswith(prefix):
+                user, _, rest = subject[len(prefix) :].partition(".")
+                return user, prefix + rest
+        return None, subject
 
-    async def _serve_user(self, user: str, msg: Msg, cls: type[msgspec.Struct]) -> Any:
-        """One request on ``user``'s own subject: the owner is ``user``, the sessions and
-        streams it names must be ``user``'s."""
+    async def _serve_user(self, user: str, msg: Msg, cls: type[msgspec.Struct], admin: bool) -> Any:
+        """One request on ``user``'s own subject (``admin``: an admin command's): the owner is
+        ``user``, the sessions and streams it names must be ``user``'s; an admin user may name
+        any owner, session and stream, as the admin role may."""
         if self.user_enabled is not None and not self.user_enabled(user):
             raise RequestError("forbidden", not_enabled(user))
-        data = msg.data
-        if "owner" in cls.__struct_fields__:
-            try:
-                payload = msgspec.json.decode(data or b"{}")
-            except msgspec.DecodeError:
-                payload = None  # decode() below says what is wrong
-            if isinstance(payload, dict):
-                given = payload.get("owner")
-                if given is not None and given != user:
-                    raise RequestError(
-                        "forbidden",
-                        f"owner: {quote(str(given))} is not {user!r}, the user whose subject"
-                        f" ({msg.subject}) this came on; leave owner out",
-                    )
-                data = msgspec.json.encode({**payload, "owner": user})
-        req = decode(data, cls, what=msg.subject)
+        is_admin = self.user_admin is not None and self.user_admin(user)
+        if admin and not is_admin:
+            raise RequestError("forbidden", f"user {user!r} is no admin; {msg.subject} is admin's")
+        req = decode(_owner_filled(msg.data, user, cls), cls, what=msg.subject)
+        if is_admin:
+            return await self.bus.handle(req)
+        given = getattr(req, "owner", user)
+        if given != user:
+            raise RequestError(
+                "forbidden",
+                f"owner: {quote(str(given))} is not {user!r}, the user whose subject"
+                f" ({msg.subject}) this came on; leave owner out",
+            )
         session_id = getattr(req, "session_id", None)
         assert self.owner_of is not None
         if isinstance(session_id, str) and self.owner_of(session_id) != user:
@@ -172,6 +189,19 @@ class CommandServer:
             while len(self._streams) > _MAX_STREAMS:
                 self._streams.popitem(last=False)
         return reply
+
+
+def _owner_filled(data: bytes, user: str, cls: type[msgspec.Struct]) -> bytes:
+    """A request on ``user``'s subject: ``owner`` left out is ``user``."""
+    if "owner" not in cls.__struct_fields__:
+        return data
+    try:
+        payload = msgspec.json.decode(data or b"{}")
+    except msgspec.DecodeError:
+        return data  # decode() says what is wrong
+    if not isinstance(payload, dict) or payload.get("owner") is not None:
+        return data
+    return msgspec.json.encode({**payload, "owner": user})
 
 
 def is_inbox_reply(msg: Msg) -> bool:

@@ -26,6 +26,7 @@ from domain.rpc import RequestError
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
+from services.manager.requester import requester
 from services.manager.uow import UnitOfWork
 
 
@@ -74,7 +75,7 @@ class SessionCommands:
         # original's sequences while we hold other kernel ids. The derived session id and
         # "subject must be empty" make the retry a conflict instead, and we get what the first
         # attempt stored.
-        stored = await self.uow.add(new, actor="client")
+        stored = await self.uow.add(new, actor=requester("client"))
         if stored is not new:
             _same_request(stored, req)
         await self.fleet.wait_settled(sid, req.max_wait)
@@ -84,7 +85,7 @@ class SessionCommands:
         return await self._view(req.session_id)
 
     async def destroy(self, req: DestroySession) -> SessionView:
-        async with self.uow.session(req.session_id, actor="client") as session:
+        async with self.uow.session(req.session_id, actor=requester("client")) as session:
             session.destroy(req.forced)
         self.uow.publish(LookAgain(req.session_id))  # asked again: its worker looks again too
         return await self._view(req.session_id)
@@ -95,7 +96,7 @@ class SessionCommands:
             raise RequestError(
                 "not-found", f"kernel_id: no kernel {req.kernel_id!r}; look it up in the session"
             )
-        async with self.uow.session(sid, actor="admin") as session:
+        async with self.uow.session(sid, actor=requester("admin")) as session:
             session.force_cancel(req.kernel_id, req.reason)
         self.uow.publish(LookAgain(sid))
         return await self._view(sid)

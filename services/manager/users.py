@@ -16,9 +16,7 @@ from domain.subjects import USER
 from domain.user import User
 from services.eventstore.repository import Repository
 from services.manager.fleet import Fleet
-
-# Admin commands come over hoist.admin.>, whose subjects name no user: the admin role sent them.
-BY = "admin"
+from services.manager.requester import requester
 
 
 class Users:
@@ -33,7 +31,7 @@ class Users:
                 None if existing is None else copy.deepcopy(existing),
                 name=req.name,
                 admin=req.admin,
-                by=BY,
+                by=requester("admin"),
             )
         except InvalidField as e:
             raise RequestError("invalid-request", str(e)) from None
@@ -48,7 +46,7 @@ class Users:
             raise RequestError("not-found", f"name: no user {req.name!r}; see them with user list")
         user = copy.deepcopy(existing)
         try:
-            user.disable(by=BY)
+            user.disable(by=requester("admin"))
         except DomainError as e:
             raise RequestError("conflict", f"name: {e}") from None
         await self._save(user)

@@ -174,20 +174,29 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
 def user_permissions(name: str, admin: bool = False) -> dict[str, Any]:
     """The ``permissions`` of Hoist user ``name``'s NATS user: publish only its own command and
     query subjects (``hoist.api.<name>.>``, ``hoist.query.<name>.>``: the manager takes the
-    owner from that token) and read history and progress as a client does (the same direct
-    gets: they name no aggregate, so history is not per user); subscribe only its own inbox
-    (``_INBOX.<name>.>``), progress and the events' wake-up signal.  Never ``hoist.admin.>``,
-    unless ``admin``: then also everything the admin role may (``hoist.api.>``, ``.query.>``,
-    ``.admin.>``)."""
+    owner from that token) and read progress as a client does, but never the event log;
+    subscribe only its own inbox (``_INBOX.<name>.>``) and progress.  Never ``hoist.admin.>``,
+    unless ``admin``: then what the admin role may, with commands on its own subjects
+    (``hoist.api.<name>.>``, ``hoist.admin.<name>.>``) and every query (``hoist.query.>``)."""
     name = check_name(name)
     if admin:
+        # The admin role's, but commands only on the user's own subjects: the manager records
+        # them as the user's (never as another admin user's, nor the role's).
         grants = permissions("admin")
-        grants["publish"]["allow"][:0] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
-    else:
-        grants = permissions("client")
         allow = grants["publish"]["allow"]
-        allow[: allow.index(f"{QUERY}.>") + 1] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
-    grants["subscribe"]["allow"] = [f"{PROGRESS}.>", EVENTS_ALL, f"{inbox_prefix(name)}.>"]
+        allow[allow.index(f"{API}.>")] = f"{API}.{name}.>"
+        allow[allow.index(f"{ADMIN}.>")] = f"{ADMIN}.{name}.>"
+        grants["subscribe"]["allow"] = [f"{PROGRESS}.>", EVENTS_ALL, f"{inbox_prefix(name)}.>"]
+        return grants
+    # A plain user reads no log (every session's command and env are in it): the events of
+    # their own sessions come from the manager (hoist.query.<name>.history); progress as a
+    # client reads it (it names images and agents, no session).
+    grants = permissions("client")
+    allow = grants["publish"]["allow"]
+    allow[: allow.index(f"{QUERY}.>") + 1] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
+    for subject in _stream_reader(EVENT_STREAM):
+        allow.remove(subject)
+    grants["subscribe"]["allow"] = [f"{PROGRESS}.>", f"{inbox_prefix(name)}.>"]
     return grants
 
 
@@ -221,10 +230,18 @@ def _change_users(data_dir: Path, name: str, admin: bool | None) -> Credentials:
 
 def render_auth_conf(creds: Credentials) -> str:
     """auth.conf for nats-server: every role user with its permissions; no anonymous access."""
+    # The client and admin roles may send any owner's commands on the unscoped subjects, but
+    # never on a Hoist user's own: what the manager serves there it records as that user's.
+    theirs = [
+        f"{prefix}.{name}.>" for name in sorted(creds.users) for prefix in (API, QUERY, ADMIN)
+    ]
+    client, admin = _user("client", creds.client), _user("admin", creds.admin)
+    for role in (client, admin):
+        role["permissions"]["publish"]["deny"] += theirs
     users = [
         _user("manager", creds.manager),
-        _user("client", creds.client),
-        _user("admin", creds.admin),
+        client,
+        admin,
         *(
             _user("agent", password, agent_id)
             for agent_id, password in sorted(creds.agents.items())

@@ -34,6 +34,23 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert json.loads(theirs.stdout)["rows"] == []
     peek = hoist_stack.hoist("--user", "ben", "destroy", sid)
     assert peek.returncode == 1 and "not-found" in peek.stderr, peek.stdout + peek.stderr
+    # The log is not theirs to read: the manager serves each user their own sessions' events.
+    history = hoist_stack.hoist("--user", "ann", "history", sid)
+    assert history.returncode == 0, history.stderr
+    assert "SessionEnqueued  by ann" in history.stdout, history.stdout
+    watched = hoist_stack.hoist("--user", "ann", "watch", sid)
+    assert "TERMINATED" in watched.stdout + watched.stderr, watched.stdout + watched.stderr
+    for argv in (("history", sid), ("events", "--session", sid)):
+        hidden = hoist_stack.hoist("--user", "ben", *argv)
+        assert hidden.returncode == 1 and "no session" in hidden.stderr, argv
+    whole = hoist_stack.hoist("--user", "ann", "events")
+    assert whole.returncode == 1 and "hoist history SESSION" in whole.stderr, whole.stderr
+    # An admin user: sees every owner's sessions, and what they do is recorded as theirs.
+    assert hoist_stack.hoist("user", "add", "root", "--admin").returncode == 0
+    every = hoist_stack.hoist("--user", "root", "sessions", "--json")
+    assert sid in {r["session_id"] for r in json.loads(every.stdout)["rows"]}, every.stderr
+    by_root = hoist_stack.hoist("--user", "root", "user", "add", "cy")
+    assert "user added: cy: user, enabled (by root)" in by_root.stdout, by_root.stderr
     # --user holds for admin commands too: a plain user is no admin (a trial was, once).
     raised = hoist_stack.hoist("--user", "ben", "quota", "set", "ben", "--cpu", "100")
     assert raised.returncode == 1 and "permission" in raised.stderr, raised.stdout + raised.stderr
@@ -49,6 +66,8 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert listed.stdout.splitlines() == [
         "ann: user, disabled (by admin)",
         "ben: user, enabled (by admin)",
+        "cy: user, enabled (by root)",
+        "root: admin, enabled (by admin)",
     ]
     if nats_pid:  # the same nats-server throughout: users came and went by reloads
         after = json.loads((hoist_stack.data_dir / "stack.json").read_text()).get("nats_pid")

@@ -28,7 +28,21 @@ def test_add_disable_and_add_again() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["a.b", "", "a b", "manager", "client", "admin", "agent-1", "session", "kernels"]
+    "name",
+    [
+        "a.b",
+        "",
+        "a b",
+        "manager",
+        "client",
+        "admin",
+        "agent-1",
+        "session",
+        "kernels",
+        "quota",
+        "history",
+        "default",
+    ],
 )
 def test_names_are_subject_tokens_and_no_roles_user(name: str) -> None:
     with pytest.raises(InvalidField, match="name"):

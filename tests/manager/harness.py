@@ -86,11 +86,14 @@ async def manager(nc: Client, **overrides: Any) -> AsyncIterator[Manager]:
         await m.stop()
 
 
-async def request(nc: Client, subject: str, payload: Any, within: float = 10) -> Any:
+async def request(
+    nc: Client, subject: str, payload: Any, within: float = 10, user: str | None = None
+) -> Any:
     """One request; on a user's own subject (``hoist.api.<user>.<x>.<y>``,
-    ``hoist.query.<user>.<name>``) from that user's inbox, the only one the manager answers."""
+    ``hoist.query.<user>.<name>``, or ``user``'s: ``hoist.admin.<user>.…``) from that user's
+    inbox, the only one the manager answers."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    user = _user_of(subject)
+    user = user or _user_of(subject)
     if user is None:
         reply = await nc.request(subject, data, timeout=within)
     else:

@@ -44,6 +44,8 @@ async def test_quota_commands(
             "alice: policy alice (cpu 4, mem 8G, gpu 1, sessions 3, kernels/session 4,"
             " lifetime 3600s, idle 600s); using cpu 1, mem 256M, sessions 1; 0 pending"
         ) in out
+        await _run("policy", "show", "alice")  # the issue's (and seed 004's) name for it
+        assert capsys.readouterr().out == out
         await _run("quota", "rm", "alice")
         assert capsys.readouterr().out.strip() == "quota alice removed"
         await _run("quota", "show", "alice")

@@ -1,0 +1,112 @@
+"""``hoist.query.<user>.history``: a session's events for the Hoist user who owns it
+(domain.contracts.history).  Users may not read the log itself (their NATS users have no
+grant on the event stream: every session's command and env are in it), so the manager, which
+knows each session's owner, reads it for them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from domain import subjects
+from domain.contracts.history import (
+    MAX_BYTES,
+    MAX_EVENTS,
+    HistoryEvent,
+    HistoryPage,
+    SessionHistory,
+)
+from domain.rpc import RequestError, decode, encode_reply
+from domain.user import not_enabled
+from services.eventstore.store import EventStore, Recorded, StoreError
+from services.transport.client import Client
+from services.transport.tasks import Tasks
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how often a waiting request looks for a new event of its session
+
+
+class History:
+    def __init__(
+        self,
+        nc: Client,
+        store: EventStore,
+        owner_of: Callable[[str], str | None],
+        user_enabled: Callable[[str], bool],
+        user_admin: Callable[[str], bool],
+    ) -> None:
+        self.nc = nc
+        self.store = store
+        self.owner_of = owner_of
+        self.user_enabled = user_enabled
+        self.user_admin = user_admin
+        self._sub: Subscription | None = None
+        self._tasks = Tasks()
+
+    async def start(self) -> None:
+        subject = f"{subjects.QUERY}.*.{subjects.HISTORY}"
+        self._sub = await self.nc.subscribe(subject, queue="hoist-history", cb=self._on_msg)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        await self._tasks.stop()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        user = msg.subject.split(".")[2]
+        if not subjects.is_inbox_of(msg.reply, user):
+            return  # answered only on the user's own inboxes
+        self._tasks.spawn(self._serve(user, msg), msg.subject)
+
+    async def _serve(self, user: str, msg: Msg) -> None:
+        reply: object
+        try:
+            reply = await self.page(user, decode(msg.data or b"{}", SessionHistory, msg.subject))
+        except RequestError as e:
+            reply = e.reply()
+        except (StoreError, TimeoutError) as e:
+            reply = RequestError("unavailable", f"reading the log: {e}; retry").reply()
+        await msg.respond(encode_reply(reply))
+
+    async def page(self, user: str, req: SessionHistory) -> HistoryPage:
+        if not self.user_enabled(user):
+            raise RequestError("forbidden", not_enabled(user))
+        owner = self.owner_of(req.session_id)
+        if owner is None or (owner != user and not self.user_admin(user)):
+            raise RequestError(  # never a hint that another user's session exists
+                "not-found", f"session_id: no session {req.session_id!r}; check the id"
+            )
+        subject = subjects.session_events(req.session_id)
+        deadline = time.monotonic() + req.wait_s
+        while True:
+            records = await self.store.read_subject(subject, after_seq=req.after_seq)
+            if records or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(POLL_S)
+        events: list[HistoryEvent] = []
+        size = 0
+        for rec in records[:MAX_EVENTS]:
+            event = _event(rec)
+            size += len(event.data) + 200
+            if events and size > MAX_BYTES:
+                break
+            events.append(event)
+        last = records[-1].seq if records else await self.store.last_seq(subject)
+        return HistoryPage(events=events, last_seq=last, more=len(events) < len(records))
+
+
+def _event(rec: Recorded) -> HistoryEvent:
+    return HistoryEvent(
+        seq=rec.seq,
+        subject=rec.subject,
+        time=rec.time.isoformat(),
+        headers=dict(rec.headers),
+        data=rec.data.decode("utf-8", errors="replace"),
+    )
