@@ -499,7 +499,9 @@ QuotaCpu = Annotated[float, msgspec.Meta(ge=0, le=2**40)]  # cores, all of an ow
 QuotaAmount = Annotated[float, msgspec.Meta(ge=0, le=2**40)]
 QuotaSlots = Annotated[dict[SlotName, QuotaAmount], msgspec.Meta(max_length=64)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
-Seconds = Annotated[float, msgspec.Meta(gt=0, le=2**40)]
+# A limit in seconds: never 0 (None is no limit).  Not ``Seconds`` (a duration may be 0: a
+# command can end within the clock's resolution), which it once shadowed.
+LimitSeconds = Annotated[float, msgspec.Meta(gt=0, le=2**40)]
 
 
 class ResourcePolicySet(
@@ -516,9 +518,9 @@ class ResourcePolicySet(
     max_slots: QuotaSlots = {}  # slot -> amount held at once; a slot not named is unlimited
     max_sessions: Count | None = None  # sessions holding resources at once
     max_kernels_per_session: Count | None = None
-    max_lifetime_s: Seconds | None = None  # an interactive session RUNNING longer is ended
+    max_lifetime_s: LimitSeconds | None = None  # an interactive session RUNNING longer is ended
     # an interactive session nobody used through Hoist for longer is ended
-    idle_timeout_s: Seconds | None = None
+    idle_timeout_s: LimitSeconds | None = None
     reason: Reason  # e.g. "set-by-admin"
 
     # v2: ``idle_timeout_s`` (absent from v1, which set no idle timeout: left out, None).

@@ -10,7 +10,9 @@ and always gets ``default``.  The name ``default`` is the default policy, so an 
 
 What counts against a quota is exactly what the owner's kernels hold in
 USER_RESOURCE_OCCUPYING statuses (domain.status): a PULLING kernel holds nothing (seed 000),
-so a user at quota can have a session pulling while another runs.  The scheduler checks the
+so a user at quota can have a session pulling while another runs.  ``max_sessions`` counts
+sessions from SCHEDULED until they end, PULLING included: a pull holds nothing, but it is a
+session, so it bounds how far pulls ending can take usage past the quota.  The scheduler checks the
 quota when it places a session (``quota_failures``); once a pull ends, the kernel is charged
 again and goes on to start even if that puts its owner over the quota, as seed 000's
 check-pulling-kernels loop starts every pulled kernel: the quota only keeps new sessions
@@ -149,8 +151,8 @@ class _Checked(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_slots: ev.QuotaSlots = {}
     max_sessions: ev.Count | None = None
     max_kernels_per_session: ev.Count | None = None
-    max_lifetime_s: ev.Seconds | None = None
-    idle_timeout_s: ev.Seconds | None = None
+    max_lifetime_s: ev.LimitSeconds | None = None
+    idle_timeout_s: ev.LimitSeconds | None = None
 
 
 def checked(quota: Quota) -> dict[str, Any]:

@@ -19,7 +19,7 @@ may not use is refused, and nothing is appended):
   users instead).
 
 A change applies to creates from then on: sessions already created are neither stopped nor
-held.  Users are sessions' ``owner`` strings (until users authenticate).
+held.  Users are sessions' ``owner`` strings (a Hoist user's name on their own subjects).
 """
 
 from __future__ import annotations

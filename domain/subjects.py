@@ -171,12 +171,9 @@ SQL_SUBJECT = f"{ADMIN}.query.sql"
 VERIFY_SUBJECT = f"{ADMIN}.verify"
 
 
-HISTORY = "history"  # hoist.query.<user>.history: a session's events, for its owner
-
-
-def user_history(user: str) -> str:
-    """Where Hoist user ``user`` reads the events of their sessions (domain.contracts.history)."""
-    return f"{QUERY}.{check_token(user, 'user')}.{HISTORY}"
+# hoist.query.<user>.history: a session's events, for its owner (domain.contracts.history);
+# served only on a user's own subject (roles read the log itself)
+HISTORY = "history"
 
 
 def query_subject(name: str) -> str:

@@ -32,8 +32,8 @@ class SetQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_slots: ev.QuotaSlots = {}
     max_sessions: ev.Count | None = None
     max_kernels_per_session: ev.Count | None = None
-    max_lifetime_s: ev.Seconds | None = None
-    idle_timeout_s: ev.Seconds | None = None
+    max_lifetime_s: ev.LimitSeconds | None = None
+    idle_timeout_s: ev.LimitSeconds | None = None
 
     def quota(self) -> Quota:
         return Quota(

@@ -7,11 +7,12 @@ itself waits for its timeout; so the callback resolves a future the request race
 A URL whose NATS user is a Hoist user's (``hoist creds user NAME``; no role's) scopes the
 connection to that user: every ``hoist.api.<x>.<y>`` request goes to ``hoist.api.<user>.<x>.<y>``
 (the only command subjects that user may publish; the manager takes the owner from it), so do
-the queries with an owner (``hoist.query.<user>.kernels|sessions|occupancy``) and the admin
-commands (``hoist.admin.<user>.<x>.<y>``: only an admin user may send them, recorded as theirs),
-and a payload ``owner`` that is the user or the login name (the CLI's default) is left out, so
-the manager fills in the user; any other owner is sent, and refused ``forbidden`` (an admin
-user's is served: admin users act for any owner and see every owner's rows).
+the queries (``hoist.query.<user>.<name>``; the fleet-wide ones are answered only for an admin
+user; ``history`` only there) and the admin commands (``hoist.admin.<user>.<x>.<y>``: only an
+admin user may send them, recorded as theirs), and a payload ``owner`` that is the user or the
+login name (the CLI's default) is left out, so the manager fills in the user; any other owner
+is sent, and refused ``forbidden`` (an admin user's is served: admin users act for any owner
+and see every owner's rows).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from domain.user import RESERVED
 from services.transport.client import Client, connect
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
@@ -149,18 +151,13 @@ async def ask(url: str, subject: str, payload: dict[str, Any], wait_s: float = 1
         await conn.close()
 
 
-_ROLE_USERS = ("manager", "client", "admin")
-# The queries served per user (hoist.query.<user>.<name>, services.manager.queries).
-OWNED_QUERIES = ("kernels", "sessions", "occupancy")
-
-
 def scoped_user(url: str) -> str | None:
     """The Hoist user a URL logs in as (None: a role's user, or no user)."""
     name = urlsplit(url).username
     if not name:
         return None
     name = unquote(name)
-    if name in _ROLE_USERS or name.startswith("agent-"):
+    if name in RESERVED or name.startswith("agent-"):
         return None
     return name
 
@@ -182,8 +179,6 @@ def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[
             break
     else:
         return subject, payload
-    if prefix == "hoist.query." and rest not in OWNED_QUERIES:
-        return subject, payload  # fleet-wide: refused to a user, as the permissions say
     if payload.get("owner") in (user, login_name()):
         payload = {k: v for k, v in payload.items() if k != "owner"}
     return f"{prefix}{user}.{rest}", payload

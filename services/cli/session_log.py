@@ -48,7 +48,9 @@ async def records(
 async def _page(conn: Connection, session_id: str, *, after_seq: int, wait_s: float) -> Any:
     assert conn.user is not None
     payload = {"session_id": session_id, "after_seq": after_seq, "wait_s": wait_s}
-    return await conn.request(subjects.user_history(conn.user), payload, wait_s=wait_s + 10)
+    # hoist.query.history: the connection sends it on the user's own subject
+    subject = f"{subjects.QUERY}.{subjects.HISTORY}"
+    return await conn.request(subject, payload, wait_s=wait_s + 10)
 
 
 def _recorded(event: dict[str, Any]) -> Recorded:

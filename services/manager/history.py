@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
@@ -30,6 +31,7 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often a waiting request looks for a new event of its session
+MAX_WAITING = 8  # requests one user may have waiting at once; more are answered at once
 
 
 class History:
@@ -46,6 +48,7 @@ class History:
         self.owner_of = owner_of
         self.user_enabled = user_enabled
         self.user_admin = user_admin
+        self._waiting: Counter[str] = Counter()  # user -> their requests waiting now
         self._sub: Subscription | None = None
         self._tasks = Tasks()
 
@@ -84,12 +87,20 @@ class History:
                 "not-found", f"session_id: no session {req.session_id!r}; check the id"
             )
         subject = subjects.session_events(req.session_id)
-        deadline = time.monotonic() + req.wait_s
-        while True:
-            records = await self.store.read_subject(subject, after_seq=req.after_seq)
-            if records or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(POLL_S)
+        # Each waiting request polls the log: one user's many cannot make it do more.
+        wait_s = req.wait_s if self._waiting[user] < MAX_WAITING else 0.0
+        deadline = time.monotonic() + wait_s
+        self._waiting[user] += 1
+        try:
+            while True:
+                records = await self.store.read_subject(subject, after_seq=req.after_seq)
+                if records or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(POLL_S)
+        finally:
+            self._waiting[user] -= 1
+            if not self._waiting[user]:
+                del self._waiting[user]
         events: list[HistoryEvent] = []
         size = 0
         for rec in records[:MAX_EVENTS]:

@@ -10,7 +10,7 @@ served as ``hoist.query.<user>.<name>``, which only that user's NATS user may pu
 owner filter is forced to ``<user>`` (a request naming another owner is refused ``forbidden``
 naming ``owner``), so a user's rows are their own, unless ``<user>`` is an admin user, who sees
 every owner's.  The other queries (agents, images, pulls, policies, quarantine: fleet-wide, no
-owner) are not served per user (an admin user's NATS user may send them unscoped).
+owner) are answered on a user's subject only for an admin user.
 """
 
 from __future__ import annotations
@@ -140,18 +140,22 @@ async def serve_queries(
         async def handle(msg: Msg) -> None:
             if not subjects.is_inbox(msg.reply):
                 return  # a reply subject is the requester's to choose: only inboxes answered
+            user = msg.subject.split(".")[2] if scoped else None
+            if user is not None and not subjects.is_inbox_of(msg.reply, user):
+                return  # answered only on the user's own inboxes
             reply: object
             try:
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
-                if scoped:
-                    user = msg.subject.split(".")[2]
-                    if not subjects.is_inbox_of(msg.reply, user):
-                        return  # answered only on the user's own inboxes
+                if user is not None:
                     if user_enabled is not None and not user_enabled(user):
                         raise RequestError("forbidden", not_enabled(user))
                     is_admin = user_admin is not None and user_admin(user)
                     if admin_only and not is_admin:
-                        raise RequestError("forbidden", f"user {user!r} is no admin")
+                        raise RequestError(
+                            "forbidden",
+                            f"user {user!r} is no admin, and {msg.subject} answers for the whole"
+                            " fleet; ask an admin",
+                        )
                     if not is_admin:  # an admin user sees every owner's rows
                         request = _owned_by(user, request, msg.subject)
                 reply = await answer(request)
@@ -170,8 +174,6 @@ async def serve_queries(
 
     subs = []
     for name, query in QUERIES.items():
-        if "owner" not in FILTERS.get(name, {}):
-            continue
         subs.append(
             await nc.subscribe(
                 f"{subjects.QUERY}.*.{name}",
@@ -179,6 +181,7 @@ async def serve_queries(
                 cb=serving(
                     lambda r, n=name, q=query: _answer_query(runner, n, q, r, last_heartbeat),
                     scoped=True,
+                    admin_only="owner" not in FILTERS.get(name, {}),  # fleet-wide
                 ),
             )
         )

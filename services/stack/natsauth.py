@@ -174,28 +174,22 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
 def user_permissions(name: str, admin: bool = False) -> dict[str, Any]:
     """The ``permissions`` of Hoist user ``name``'s NATS user: publish only its own command and
     query subjects (``hoist.api.<name>.>``, ``hoist.query.<name>.>``: the manager takes the
-    owner from that token) and read progress as a client does, but never the event log;
-    subscribe only its own inbox (``_INBOX.<name>.>``) and progress.  Never ``hoist.admin.>``,
-    unless ``admin``: then what the admin role may, with commands on its own subjects
-    (``hoist.api.<name>.>``, ``hoist.admin.<name>.>``) and every query (``hoist.query.>``)."""
+    owner from that token, and serves only an enabled user) and read progress as a client does,
+    but never the event log; subscribe only its own inbox (``_INBOX.<name>.>``) and progress.
+    Never ``hoist.admin.>``; ``admin``: ``hoist.admin.<name>.>`` too."""
     name = check_name(name)
-    if admin:
-        # The admin role's, but commands only on the user's own subjects: the manager records
-        # them as the user's (never as another admin user's, nor the role's).
-        grants = permissions("admin")
-        allow = grants["publish"]["allow"]
-        allow[allow.index(f"{API}.>")] = f"{API}.{name}.>"
-        allow[allow.index(f"{ADMIN}.>")] = f"{ADMIN}.{name}.>"
-        grants["subscribe"]["allow"] = [f"{PROGRESS}.>", EVENTS_ALL, f"{inbox_prefix(name)}.>"]
-        return grants
-    # A plain user reads no log (every session's command and env are in it): the events of
-    # their own sessions come from the manager (hoist.query.<name>.history); progress as a
-    # client reads it (it names images and agents, no session).
+    # A user reads no log (every session's command and env are in it): the events of their own
+    # sessions (an admin user's: any session's) come from the manager, hoist.query.<name>.history,
+    # which checks the user is still enabled on every request; progress as a client reads it
+    # (it names images and agents, no session).
     grants = permissions("client")
     allow = grants["publish"]["allow"]
     allow[: allow.index(f"{QUERY}.>") + 1] = [f"{API}.{name}.>", f"{QUERY}.{name}.>"]
     for subject in _stream_reader(EVENT_STREAM):
         allow.remove(subject)
+    if admin:  # admin commands on its own subjects only: the manager records them as its own
+        allow.append(f"{ADMIN}.{name}.>")
+        grants["publish"]["deny"].remove(f"{ADMIN}.>")
     grants["subscribe"]["allow"] = [f"{PROGRESS}.>", f"{inbox_prefix(name)}.>"]
     return grants
 

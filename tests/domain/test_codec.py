@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from domain import events as ev
+from domain import rpc
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER, decode, encode
 from domain.errors import EventDecodeError
 from tests.domain.histories import (
@@ -166,3 +167,16 @@ def test_v1_payload_problems_are_named() -> None:
         decode(b"[1, 2]", V1_HEADERS)
     with pytest.raises(EventDecodeError, match="schema 1"):
         decode(b"{nope", V1_HEADERS)
+
+
+def test_a_command_that_ended_within_the_clocks_resolution_ran_zero_seconds() -> None:
+    # A limit's ``Seconds`` (> 0) once shadowed the duration's (>= 0): a container that ended
+    # as it started was quarantined, and its session never ended.
+    for name in ("KernelExited", "KernelTerminated"):
+        event = msgspec.structs.replace(ONE_OF_EACH[name], ran_s=0.0)
+        assert decode(*encode(event)).ran_s == 0.0, name
+    exit_ = {"kernel_id": "k", "session_id": "s", "exit_code": 0, "ran_s": 0.0}
+    assert msgspec.convert(exit_, rpc.KernelExit).ran_s == 0.0
+    policy = msgspec.structs.replace(ONE_OF_EACH["ResourcePolicySet"], max_lifetime_s=0.0)
+    with pytest.raises(EventDecodeError, match="max_lifetime_s"):
+        decode(*encode(policy))  # a limit of 0 s is no limit: refused

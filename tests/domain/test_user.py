@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from domain import events as ev
+from domain.contracts.commands import COMMANDS
 from domain.errors import DomainError, InvalidField
-from domain.user import User
+from domain.subjects import HISTORY, QUERY_NAMES
+from domain.user import UNSCOPED, User
 
 
 def test_add_disable_and_add_again() -> None:
@@ -47,3 +49,11 @@ def test_add_disable_and_add_again() -> None:
 def test_names_are_subject_tokens_and_no_roles_user(name: str) -> None:
     with pytest.raises(InvalidField, match="name"):
         User.add(None, name=name, by="admin")
+
+
+def test_no_user_name_is_a_token_of_an_unscoped_subject() -> None:
+    # hoist.api.<user>.> must never cover an unscoped command (served as the client role's,
+    # any owner), nor hoist.admin.<user>.> the admin role's: the reserved names follow the
+    # subjects, so a new command cannot silently hand a user someone else's subjects.
+    tokens = {s.split(".")[2] for s in COMMANDS} | set(QUERY_NAMES) | {HISTORY}
+    assert tokens <= UNSCOPED, tokens - UNSCOPED

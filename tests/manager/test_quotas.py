@@ -55,7 +55,9 @@ async def test_a_user_at_quota_has_a_session_pulling_while_another_runs(
         await until(nc, running["session_id"], status("RUNNING"), what="running")
         assert (await until(nc, pulling["session_id"], status("PULLING")))["status"] == "PULLING"
         usage = m.fleet.owner_usage["alice"]
-        assert (usage.cpu, usage.sessions) == (1.0, 1)  # the running one only
+        # cpu: the running one only; sessions: both (a pulling session is still a session,
+        # so pulls ending cannot take an owner past their sessions quota)
+        assert (usage.cpu, usage.sessions) == (1.0, 2)
 
         waiting = await create(nc)  # at quota: stays PENDING, with the numbers
         view = await until(
@@ -78,6 +80,22 @@ async def test_a_user_at_quota_has_a_session_pulling_while_another_runs(
         await until(nc, pulling["session_id"], status("PULLING"))  # still not charged
         for s in (pulling, waiting):
             await destroy(nc, s["session_id"])
+
+        # With a sessions quota, a pulling session counts: no number of sessions pulling at
+        # once can each start past it when their pulls end.
+        await set_quota(nc, name="alice", max_sessions=1)
+        first = await create(nc, image="big:1")
+        await until(nc, first["session_id"], status("PULLING"), what="pulling")
+        second = await create(nc, image="big:1")
+        view = await until(
+            nc,
+            second["session_id"],
+            lambda s: s["status_info"].startswith("predicate-checks-failed"),
+            what="held by the sessions quota",
+        )
+        assert view["status_info"] == (
+            "predicate-checks-failed: user sessions quota (1 of 1 used, asks 1)"
+        ), view
 
 
 async def test_each_limit_keeps_a_session_pending_and_the_default_policy_applies(

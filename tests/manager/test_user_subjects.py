@@ -139,7 +139,7 @@ def test_scoping_by_the_urls_user() -> None:
         "hoist.query.alice.kernels",
         {"owner": "x"},
     )
-    assert scoped("alice", "hoist.query.agents", {}) == ("hoist.query.agents", {})
+    assert scoped("alice", "hoist.query.agents", {}) == ("hoist.query.alice.agents", {})
     assert scoped("alice", "hoist.api.volume.list", {"owner": "alice"})[1] == {}
 
 
@@ -174,6 +174,13 @@ async def test_users_query_only_their_own_rows(nc: Client, store: EventStore) ->
         occupancy = await request(nc, "hoist.query.alice.occupancy", wait)
         assert "error" not in occupancy, occupancy
         assert all(r.get("owner") in (None, "alice") for r in occupancy["rows"]), occupancy
+        # The fleet-wide queries: an admin user's only.
+        fleet = await request(nc, "hoist.query.alice.agents", {})
+        assert fleet["error"]["code"] == "forbidden", fleet
+        assert fleet["error"]["message"].startswith("user 'alice' is no admin")
+        await request(nc, USER_ADD, {"name": "alice", "admin": True})
+        fleet = await request(nc, "hoist.query.alice.agents", {})
+        assert "error" not in fleet, fleet
 
 
 async def test_only_enabled_users_subjects_are_served(nc: Client, store: EventStore) -> None:
