@@ -1,9 +1,9 @@
 """The local stack behind `hoist up`: an embedded nats-server on the project's nats.conf with
 generated credentials, the streams, the manager and N agents as child processes.
 
-Everything lives in one data dir: credentials (0600), the JetStream store (so the log survives
-a restart), each process's log, and ``stack.json`` while the stack runs, which tells the other
-`hoist` commands where to connect.
+Everything lives in one data dir (which one: ``services/stack/home.py``): credentials (0600),
+the JetStream store (so the log survives a restart), each process's log, and ``stack.json``
+while the stack runs, which tells the other `hoist` commands where to connect.
 
 Whatever ends `hoist up`, its processes end with it: Ctrl-C, SIGTERM and SIGHUP stop them in
 order; SIGKILL leaves that to the kernel (PR_SET_PDEATHSIG, ``services/pdeathsig.py``). They
@@ -34,7 +34,6 @@ from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.transport import client, credentials, progress
 from services.transport.client import Client
 
-DEFAULT_DATA_DIR = Path(".hoist")
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
 READY_TIMEOUT_S = 30.0
@@ -77,6 +76,7 @@ class StackInfo:
     nats_pid: int = 0  # signalled to reload its users when an agent is added
     pids: dict[str, int] = field(default_factory=dict)  # every process of the stack, by name
     stopping: bool = False  # a new `hoist up` waits for a stopping stack, refuses a running one
+    docker_host: str = ""  # the docker agents' --docker-host ("": DOCKER_HOST or the default)
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -92,6 +92,7 @@ class StackInfo:
             nats_pid=raw.get("nats_pid", 0),
             pids=dict(raw.get("pids", {})),
             stopping=raw.get("stopping", False),
+            docker_host=raw.get("docker_host", ""),
         )
 
     def write(self, data_dir: Path) -> None:
@@ -393,6 +394,7 @@ class Stack:
         pids = {"nats-server": self.server.proc.pid, **{c.name: c.proc.pid for c in self.children}}
         info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, pids["nats-server"])
         info.pids = pids
+        info.docker_host = self.docker_host or ""
         info.write(self.data_dir)
 
     def _spawn(
