@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from services.cli.stack_cmds import _docker
 from services.stack.up import _running
 from tests.cli.stack_harness import HOIST, Stack, start_stack, stop_stack
 
@@ -134,3 +135,33 @@ def test_status_of_a_running_and_a_stopped_stack(hoist_stack: Stack, tmp_path: P
     )
     code, checks = _status(tmp_path, stopped)
     assert code == 1 and set(checks) == {"stack", "disk"} and checks["disk"]["ok"]
+
+
+def test_status_checks_the_docker_engine_of_docker_agents(
+    docker_engine: str, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    stack = start_stack(
+        data_dir,
+        "--runtime",
+        "docker",
+        "--docker-host",
+        docker_engine,
+        "--agents",
+        "1",
+        "--no-demo",
+    )
+    try:
+        code, checks = _status(tmp_path, data_dir)
+        assert code == 0, checks
+        assert checks["docker"]["ok"]
+        assert f"at {docker_engine}" in str(checks["docker"]["detail"])
+        assert str(checks["docker"]["detail"]).startswith("Docker Engine ")
+    finally:
+        assert stop_stack(stack) == 0
+
+
+def test_an_unreachable_docker_engine_is_a_problem_with_what_to_do() -> None:
+    check = _docker("unix:///nonexistent/docker.sock")
+    assert not check.ok and "no Docker Engine reachable at unix:///nonexistent" in check.detail
+    assert "start dockerd" in check.next
