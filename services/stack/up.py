@@ -240,6 +240,38 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _port_in_use(port: int) -> str:
+    message = f"port {port} is in use: pick another with --nats-port"
+    held = stack_on_port(port)
+    if held is None:
+        return message
+    pid, data_dir = held  # the usual case: a stack started from elsewhere, named by its data dir
+    return (
+        f"{message}; it is the Hoist stack in {data_dir} (nats-server pid {pid}): use it with"
+        f" --data-dir {data_dir}, or stop it with `hoist down --data-dir {data_dir}`"
+    )
+
+
+def stack_on_port(port: int) -> tuple[int, Path] | None:
+    """(pid, data dir) of a stack's nats-server listening on ``port`` (its command line says
+    both: ``-p PORT -c DIR/nats.conf``), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if not args or Path(args[0]).name != "nats-server":
+            continue
+        flags = dict(zip(args[1::2], args[2::2], strict=False))
+        config = flags.get("-c", "")
+        if flags.get("-p") == str(port) and config.endswith("/nats.conf"):
+            return int(entry.name), Path(config).parent
+    return None
+
+
 @dataclass
 class Child:
     """A process of the stack, its output in a log file of the data dir."""
@@ -301,7 +333,7 @@ class Stack:
         deadline = time.monotonic() + (2.0 if waited else 0.0)
         while not _port_free(self.nats_port):
             if time.monotonic() >= deadline:
-                raise StackError(f"port {self.nats_port} is in use: pick another with --nats-port")
+                raise StackError(_port_in_use(self.nats_port))
             await asyncio.sleep(0.05)
         try:
             self.server, self.creds = start_nats(

@@ -4,6 +4,7 @@ stack, and the `hoist` wrapper `./dev up` installs works from any directory of a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -151,3 +152,20 @@ def test_the_banner_commands_work_from_another_directory(
         assert "EXIT=0" in term.screen(), term.screen()
     finally:
         term.close()
+
+
+def test_up_on_a_port_another_stack_holds_names_that_stack(
+    hoist_stack: Stack, tmp_path: Path
+) -> None:
+    port = json.loads((hoist_stack.data_dir / "stack.json").read_text())["url"].rsplit(":", 1)[1]
+    up = ["up", "--runtime", "dummy", "--no-demo", "--nats-port", port]
+    result = _hoist(tmp_path, *up, env=_env(HOIST_HOME=str(tmp_path / "other")))
+    assert result.returncode == 1
+    data_dir = hoist_stack.data_dir.resolve()
+    assert f"port {port} is in use: pick another with --nats-port; it is the Hoist stack in" in (
+        result.stderr
+    )
+    assert (
+        f"use it with --data-dir {data_dir}, or stop it with `hoist down --data-dir {data_dir}`"
+        in result.stderr
+    )
