@@ -32,7 +32,7 @@ from domain.subjects import (
 )
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
-from services.cli import session_log
+from services.cli import session_log, stack_cmds
 from services.cli.connection import CliError, Connection
 from services.cli.connection import login_name as cli_nats_login_name
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
@@ -46,6 +46,7 @@ from services.cli.streams import (
     until_stopped,
 )
 from services.eventstore.store import Recorded, StoreError, event_store
+from services.stack import home as stack_home
 from services.stack import up as stack
 from services.transport import credentials
 
@@ -493,13 +494,14 @@ def _print_started(local: stack.Stack, data_dir: Path) -> None:
 
 
 def _print_connect(data_dir: Path) -> None:
-    flag = "" if data_dir == stack.DEFAULT_DATA_DIR else f" --data-dir {data_dir}"
+    hoist = stack_cmds.hoist_command() + stack_home.data_dir_flag(data_dir)
     print("Running; Ctrl-C stops the stack. From another terminal:", flush=True)
     for line in (
-        f"hoist{flag} run jupyter/scipy-notebook:2024-05 --cluster-size 2",
-        f"hoist{flag} ps | sessions | agents | images | pulls",
-        f"hoist{flag} events --follow",
-        f"hoist{flag} creds client     (a NATS URL for scripts and the nats CLI)",
+        f"{hoist} run jupyter/scipy-notebook:2024-05 --cluster-size 2",
+        f"{hoist} ps | sessions | agents | images | pulls",
+        f"{hoist} events --follow",
+        f"{hoist} creds client     (a NATS URL for scripts and the nats CLI)",
+        f"{hoist} status | down     (check the stack, stop it)",
     ):
         print(f"  {line}", flush=True)
 
@@ -552,8 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hoist", description=__doc__)
     parser.add_argument(
         "--data-dir",
-        default=str(stack.DEFAULT_DATA_DIR),
-        help="the local stack's data dir (default: %(default)s); HOIST_NATS_URL overrides it",
+        help="the local stack's data dir (default: $HOIST_HOME, else the nearest .hoist from"
+        " here up, else the per-user state dir); HOIST_NATS_URL overrides it",
     )
     parser.add_argument(
         "--user",
@@ -653,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     from services.cli import quotas as quota_cli
     from services.cli import users as user_cli
 
+    stack_cmds.register(sub)
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)
@@ -729,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             args.cmd = command
         else:  # `--` meant nothing special here: argparse's own reading of it
             args = parser.parse_args(argv)
+    args.data_dir = str(stack_home.resolve_data_dir(args.data_dir))
     return run(args.func, args)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.cli.connection import CliError, scoped_user
 from services.stack import up as stack
+from services.stack.home import start_command
 from services.transport import credentials
 
 _USER_ROLES = ("client", "admin")  # what a Hoist user acts as, with their own credentials
@@ -31,8 +32,8 @@ def stack_url(args: argparse.Namespace, role: str) -> str:
     if info is None or not info.alive():
         state = "has stopped" if info else "is not running"
         raise CliError(
-            f"the Hoist stack in {data_dir} {state}: start it with `hoist up --data-dir"
-            f" {data_dir}` (or set HOIST_NATS_URL)"
+            f"the Hoist stack in {data_dir} {state}: start it with `{start_command(data_dir)}`"
+            " (or set HOIST_NATS_URL)"
         )
     try:
         creds = credentials.load_credentials(data_dir)

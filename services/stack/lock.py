@@ -47,6 +47,21 @@ class DataDirLock:
             return int(self.path.read_text().strip())
         return None
 
+    def held(self) -> bool:
+        """Whether some process holds the lock (a stack runs, starts or stops here). Probes
+        with a shared lock, dropped at once: the file and its pid are left as they are."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def close(self) -> None:
         """Close this process's descriptor: the lock ends once the children's are closed too."""
         if self.fd is not None:

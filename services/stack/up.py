@@ -1,9 +1,9 @@
 """The local stack behind `hoist up`: an embedded nats-server on the project's nats.conf with
 generated credentials, the streams, the manager and N agents as child processes.
 
-Everything lives in one data dir: credentials (0600), the JetStream store (so the log survives
-a restart), each process's log, and ``stack.json`` while the stack runs, which tells the other
-`hoist` commands where to connect.
+Everything lives in one data dir (which one: ``services/stack/home.py``): credentials (0600),
+the JetStream store (so the log survives a restart), each process's log, and ``stack.json``
+while the stack runs, which tells the other `hoist` commands where to connect.
 
 Whatever ends `hoist up`, its processes end with it: Ctrl-C, SIGTERM and SIGHUP stop them in
 order; SIGKILL leaves that to the kernel (PR_SET_PDEATHSIG, ``services/pdeathsig.py``). They
@@ -34,7 +34,6 @@ from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.transport import client, credentials, progress
 from services.transport.client import Client
 
-DEFAULT_DATA_DIR = Path(".hoist")
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
 READY_TIMEOUT_S = 30.0
@@ -77,6 +76,7 @@ class StackInfo:
     nats_pid: int = 0  # signalled to reload its users when an agent is added
     pids: dict[str, int] = field(default_factory=dict)  # every process of the stack, by name
     stopping: bool = False  # a new `hoist up` waits for a stopping stack, refuses a running one
+    docker_host: str = ""  # the docker agents' --docker-host ("": DOCKER_HOST or the default)
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -92,6 +92,7 @@ class StackInfo:
             nats_pid=raw.get("nats_pid", 0),
             pids=dict(raw.get("pids", {})),
             stopping=raw.get("stopping", False),
+            docker_host=raw.get("docker_host", ""),
         )
 
     def write(self, data_dir: Path) -> None:
@@ -239,6 +240,38 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _port_in_use(port: int) -> str:
+    message = f"port {port} is in use: pick another with --nats-port"
+    held = stack_on_port(port)
+    if held is None:
+        return message
+    pid, data_dir = held  # the usual case: a stack started from elsewhere, named by its data dir
+    return (
+        f"{message}; it is the Hoist stack in {data_dir} (nats-server pid {pid}): use it with"
+        f" --data-dir {data_dir}, or stop it with `hoist down --data-dir {data_dir}`"
+    )
+
+
+def stack_on_port(port: int) -> tuple[int, Path] | None:
+    """(pid, data dir) of a stack's nats-server listening on ``port`` (its command line says
+    both: ``-p PORT -c DIR/nats.conf``), or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if not args or Path(args[0]).name != "nats-server":
+            continue
+        flags = dict(zip(args[1::2], args[2::2], strict=False))
+        config = flags.get("-c", "")
+        if flags.get("-p") == str(port) and config.endswith("/nats.conf"):
+            return int(entry.name), Path(config).parent
+    return None
+
+
 @dataclass
 class Child:
     """A process of the stack, its output in a log file of the data dir."""
@@ -300,7 +333,7 @@ class Stack:
         deadline = time.monotonic() + (2.0 if waited else 0.0)
         while not _port_free(self.nats_port):
             if time.monotonic() >= deadline:
-                raise StackError(f"port {self.nats_port} is in use: pick another with --nats-port")
+                raise StackError(_port_in_use(self.nats_port))
             await asyncio.sleep(0.05)
         try:
             self.server, self.creds = start_nats(
@@ -393,6 +426,7 @@ class Stack:
         pids = {"nats-server": self.server.proc.pid, **{c.name: c.proc.pid for c in self.children}}
         info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, pids["nats-server"])
         info.pids = pids
+        info.docker_host = self.docker_host or ""
         info.write(self.data_dir)
 
     def _spawn(

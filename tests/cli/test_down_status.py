@@ -1,0 +1,167 @@
+"""`hoist down` stops a stack from any terminal (every process of it, only those), again and
+again; `hoist up` brings it back with its data; `hoist status` says what runs and what not."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from services.cli.stack_cmds import _docker
+from services.stack.up import _running
+from tests.cli.stack_harness import HOIST, Stack, start_stack, stop_stack
+
+
+def _hoist(cwd: Path, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hoist ARGS` from ``cwd``, the stack named by $HOIST_HOME only."""
+    env = {k: v for k, v in os.environ.items() if k != "HOIST_NATS_URL"}
+    return subprocess.run(
+        [HOIST, *args],
+        cwd=cwd,
+        env={**env, "HOIST_HOME": str(data_dir)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def _pids(data_dir: Path) -> dict[str, int]:
+    return json.loads((data_dir / "stack.json").read_text())["pids"]
+
+
+def _status(cwd: Path, data_dir: Path) -> tuple[int, dict[str, dict[str, object]]]:
+    result = _hoist(cwd, data_dir, "status", "-o", "json")
+    doc = json.loads(result.stdout)
+    assert doc["ok"] == (result.returncode == 0)
+    return result.returncode, {c["check"]: c for c in doc["checks"]}
+
+
+def test_down_stops_every_process_and_up_brings_the_data_back(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stack = start_stack(data_dir, "--agents", "2", "--no-demo")
+    pids = _pids(data_dir)
+    try:
+        run = stack.hoist("run", "-d", stack.next_image())
+        assert run.returncode == 0, run.stderr
+        session_id = run.stdout.split()[1]
+        # A dead agent is a problem `hoist status` names, with its log.
+        os.kill(pids["agent-2"], signal.SIGKILL)
+        code, checks = _status(elsewhere, data_dir)
+        assert code == 1
+        assert not checks["agent-2"]["ok"] and "gone" in str(checks["agent-2"]["detail"])
+        assert f"{data_dir}/logs/agent-2.log" in str(checks["agent-2"]["next"])
+        assert checks["agent-1"]["ok"] and checks["nats"]["ok"] and checks["queries"]["ok"]
+
+        down = _hoist(elsewhere, data_dir, "down")
+        assert down.returncode == 0, down.stderr
+        assert f"stopped the Hoist stack in {data_dir}" in down.stdout
+        assert f"`hoist up --data-dir {data_dir}`" in down.stdout
+        assert stack.proc.wait(30) == 0  # `hoist up` stopped in order, as on Ctrl-C
+        assert "Hoist stack stopped" in stack.log.read_text()
+        assert not any(_running(pid) for pid in pids.values()), pids
+        assert not (data_dir / "stack.json").exists()
+
+        again = _hoist(elsewhere, data_dir, "down")  # idempotent
+        assert again.returncode == 0
+        assert again.stdout.strip() == f"no Hoist stack runs in {data_dir}: nothing to stop"
+    finally:
+        stop_stack(stack)
+
+    restarted = start_stack(data_dir, "--agents", "1", "--no-demo")
+    try:
+        sessions = _hoist(elsewhere, data_dir, "sessions", "--json")
+        assert session_id in {r["session_id"] for r in json.loads(sessions.stdout)["rows"]}
+    finally:
+        assert _hoist(elsewhere, data_dir, "down").returncode == 0
+        assert restarted.proc.wait(30) == 0
+
+
+def test_down_stops_the_processes_a_killed_up_left_and_nothing_else(tmp_path: Path) -> None:
+    # Processes still holding the data dir's lock after their `hoist up` is gone (as in
+    # test_up_lifetime): down stops them; a pid stack.json names but that holds no lock
+    # (the system gave the number to another process) is left alone.
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    lock = os.open(data_dir / "stack.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    orphan = subprocess.Popen(sleep, pass_fds=(lock,))
+    os.close(lock)
+    stranger = subprocess.Popen(sleep)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    state = {"pid": gone.pid, "pids": {"manager": orphan.pid, "agent-1": stranger.pid}}
+    (data_dir / "stack.json").write_text(json.dumps({"url": "nats://127.0.0.1:1", **state}))
+    try:
+        code, checks = _status(tmp_path, data_dir)
+        assert code == 1 and "processes still hold it" in str(checks["stack"]["detail"])
+        assert "hoist down" in str(checks["stack"]["next"])
+
+        down = _hoist(tmp_path, data_dir, "down")
+        assert down.returncode == 0, down.stderr
+        assert f"stopped the Hoist stack in {data_dir} (manager)" in down.stdout
+        assert orphan.wait(10) == -signal.SIGTERM
+        assert stranger.poll() is None
+    finally:
+        for proc in (orphan, stranger):
+            proc.kill()
+            proc.wait()
+
+
+def test_status_of_a_running_and_a_stopped_stack(hoist_stack: Stack, tmp_path: Path) -> None:
+    running = _hoist(tmp_path, hoist_stack.data_dir, "status")
+    assert running.returncode == 0, running.stdout + running.stderr
+    lines = running.stdout.splitlines()
+    assert all(line.startswith("ok ") for line in lines), running.stdout
+    for name in ("stack", "nats-server", "manager", "agent-1", "nats", "queries", "disk"):
+        assert any(line.split()[1] == name for line in lines), (name, running.stdout)
+    code, checks = _status(tmp_path, hoist_stack.data_dir)
+    assert code == 0
+    assert checks["agents"]["detail"] == "2 alive (agent-1, agent-2)"
+    assert str(checks["read models"]["detail"]).startswith(("up to date", "caught up"))
+    assert "docker" not in checks  # dummy agents: no engine to check
+
+    stopped = tmp_path / "stopped"
+    result = _hoist(tmp_path, stopped, "status")
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == (
+        f"PROBLEM  stack  not running in {stopped}: start it with `hoist up --data-dir {stopped}`"
+    )
+    code, checks = _status(tmp_path, stopped)
+    assert code == 1 and set(checks) == {"stack", "disk"} and checks["disk"]["ok"]
+
+
+def test_status_checks_the_docker_engine_of_docker_agents(
+    docker_engine: str, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"
+    stack = start_stack(
+        data_dir,
+        "--runtime",
+        "docker",
+        "--docker-host",
+        docker_engine,
+        "--agents",
+        "1",
+        "--no-demo",
+    )
+    try:
+        code, checks = _status(tmp_path, data_dir)
+        assert code == 0, checks
+        assert checks["docker"]["ok"]
+        assert f"at {docker_engine}" in str(checks["docker"]["detail"])
+        assert str(checks["docker"]["detail"]).startswith("Docker Engine ")
+    finally:
+        assert stop_stack(stack) == 0
+
+
+def test_an_unreachable_docker_engine_is_a_problem_with_what_to_do() -> None:
+    check = _docker("unix:///nonexistent/docker.sock")
+    assert not check.ok and "no Docker Engine reachable at unix:///nonexistent" in check.detail
+    assert "start dockerd" in check.next
