@@ -73,6 +73,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--docker-host", help="docker runtime: e.g. unix:///var/run/docker.sock")
     p.add_argument("--dummy-config", type=Path, help="dummy runtime: JSON of DummyConfig fields")
+    p.add_argument(
+        "--dummy-state",
+        type=Path,
+        metavar="FILE",
+        help="dummy runtime: keep the simulated host (images, containers, volumes) in this JSON"
+        " file, so a restarted agent finds it as it was (default: in memory only)",
+    )
     p.add_argument("--registry-auth", type=Path, help="JSON {registry: {username, password}}")
     pulls = p.add_argument_group("pulls")
     d = PullPolicy()
@@ -144,7 +151,7 @@ def make_runtime(args: argparse.Namespace, agent_id: str) -> Runtime:
             raise ValueError(f"--dummy-config {args.dummy_config}: {e}") from None
     if not config.slots:  # a simulated host has the devices its agent offers
         config = dataclasses.replace(config, slots=_slots(args.slot))
-    return DummyRuntime(agent_id, config, address=args.address)
+    return DummyRuntime(agent_id, config, address=args.address, state_file=args.dummy_state)
 
 
 async def run(args: argparse.Namespace) -> None:

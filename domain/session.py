@@ -393,7 +393,7 @@ class Session(BaseAggregate[str]):
         server about ten times a single append)."""
         for k in self.kernels.values():
             if k.status is S.SCHEDULED:
-                detail = f"check-and-pull on {k.agent_id}"
+                detail = f"asking {k.agent_id} for the image"
                 self.mark_preparing(k.kernel_id, info(Reason.PREPARING, detail))
 
     def force_cancel(self, kernel_id: str, why: str | None = None) -> None:

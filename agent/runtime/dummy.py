@@ -8,6 +8,11 @@ A kernel runs its command through agent.runtime.dummy_shell (``sleep``, ``echo``
 ``sh -c 'a; b'``; None runs until destroyed); its end is an ExitInfo pushed to watch_exits.
 Logs, execs, published ports (host ports from a counter) and volumes are simulated; with
 ``output_bps`` every running kernel writes lines at that rate (one task for all of them).
+
+The host (images, containers, volumes) lives in memory, or with ``state_file`` also on disk
+(agent.runtime.dummy_state): a restarted agent finds it as it was, as a docker agent finds the
+Docker Engine's, whose containers ran on while the agent was away: a kernel's command goes on
+from where it would be now (agent.runtime.dummy_shell.Replay).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from agent.runtime import dummy_state
 from agent.runtime.base import (
     Capacity,
     ContainerSpec,
@@ -44,7 +51,7 @@ from agent.runtime.base import (
     VolumeInUse,
     validate_create,
 )
-from agent.runtime.dummy_shell import Output, Step, parse, run
+from agent.runtime.dummy_shell import Output, Replay, Step, parse, run
 
 FailureKind = Literal["not-found", "unauthorized", "transient", "stall"]
 _ERRORS: dict[str, type[PullError]] = {
@@ -129,6 +136,7 @@ class DummyKernel:
     ports: tuple[Published, ...]
     out: Output
     started: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    started_at: float = field(default_factory=time.time)  # the same instant, unix time
     task: asyncio.Task[None] | None = None
     exit: ExitInfo | None = None
     execs: set[DummyExec] = field(default_factory=set)
@@ -167,6 +175,7 @@ class DummyRuntime:
         config: DummyConfig | None = None,
         host: DummyHost | None = None,
         address: str = "127.0.0.1",
+        state_file: Path | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.address = address  # where published ports are "reachable"
@@ -176,12 +185,86 @@ class DummyRuntime:
         self.volume_listings = 0  # for tests: volume_names calls
         self.config = config or DummyConfig()
         self.rng = random.Random(self.config.seed)
+        self.state_file = state_file
+        saved = dummy_state.load(state_file) if state_file and host is None else None
         self.host = host or DummyHost()
         self.images = self.host.images
         self.kernels = self.host.kernels
         self.pull_attempts: dict[str, int] = {}  # for tests: how often each image was pulled
+        if saved is not None:
+            self._restore(saved)
         for image in self.config.preloaded - self.images.keys():
             self.images[image] = PulledImage(image, _digest(image), self._size(image) or 0)
+        self._save()
+
+    # -- the host on disk (state_file) -----------------------------------------------------------
+
+    def _restore(self, saved: dummy_state.SavedHost) -> None:
+        self.images.update((i.image, i) for i in saved.images)
+        self.host.volumes.update(saved.volumes)
+        self.host.next_port = max(self.host.next_port, saved.next_port)
+        now = time.time()
+        for k in saved.kernels:
+            out = Output(self.config.log_limit_bytes)
+            out.data, out.start = bytearray(k.log), k.log_start
+            ran_s = max(0.0, now - k.started_at)
+            kernel = DummyKernel(
+                kernel_id=k.kernel_id,
+                session_id=k.session_id,
+                container_id=k.container_id,
+                image=k.image,
+                cpu=k.cpu,
+                mem_bytes=k.mem_bytes,
+                spec=k.spec,
+                ports=k.ports,
+                out=out,
+                started=asyncio.get_running_loop().time() - ran_s,
+                started_at=k.started_at,
+                exit=k.exit,
+                stopped=k.stopped,
+            )
+            self.kernels[k.kernel_id] = kernel
+            if k.exit is not None:
+                out.close()
+            elif k.spec.command is not None and not k.stopped:
+                # Its process ran on while the agent was away: on from where it is now.
+                replay = Replay(ran_s, quiet_s=k.saved_at - k.started_at)
+                steps = parse(k.spec.command, k.spec.env)
+                kernel.task = asyncio.get_running_loop().create_task(
+                    self._run(kernel, steps, replay)
+                )
+        if self.kernels:
+            self._ensure_ticker()
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        now = time.time()
+        saved = dummy_state.SavedHost(
+            images=list(self.images.values()),
+            kernels=[
+                dummy_state.SavedKernel(
+                    kernel_id=k.kernel_id,
+                    session_id=k.session_id,
+                    container_id=k.container_id,
+                    image=k.image,
+                    cpu=k.cpu,
+                    mem_bytes=k.mem_bytes,
+                    spec=k.spec,
+                    ports=k.ports,
+                    started_at=k.started_at,
+                    exit=k.exit,
+                    stopped=k.stopped,
+                    log=bytes(k.out.data),
+                    log_start=k.out.start,
+                    saved_at=now,
+                )
+                for k in self.kernels.values()
+            ],
+            volumes=dict(self.host.volumes),
+            next_port=self.host.next_port,
+        )
+        dummy_state.save(self.state_file, saved)
 
     def _size(self, image: str) -> int | None:
         return self.config.image_sizes.get(image, self.config.default_size)
@@ -240,6 +323,7 @@ class DummyRuntime:
             on_progress(PullProgress(image, layer, "Pull complete", layer_size, layer_size))
         pulled = PulledImage(image, _digest(image), size)
         self.images[image] = pulled
+        self._save()
         return pulled
 
     async def has_image(self, image: str) -> PulledImage | None:
@@ -251,7 +335,9 @@ class DummyRuntime:
     async def remove_image(self, image: str) -> bool:
         if any(k.image == image for k in self.kernels.values()):
             raise ImageInUse(image, "a kernel container uses it")
-        return self.images.pop(image, None) is not None
+        removed = self.images.pop(image, None) is not None
+        self._save()
+        return removed
 
     # -- kernels -------------------------------------------------------------------------------
 
@@ -290,7 +376,7 @@ class DummyRuntime:
                     kernel_id, f"volume {mount.volume} belongs to another owner"
                 )
         for mount in spec.mounts:
-            self.host.volumes.setdefault(mount.volume, spec.owner)
+            self.host.volumes.setdefault(mount.volume, spec.owner)  # saved with the kernel
         ports = []
         for port in spec.ports:
             self.host.next_port += 1
@@ -311,17 +397,24 @@ class DummyRuntime:
             steps = parse(spec.command, spec.env)
             kernel.task = asyncio.get_running_loop().create_task(self._run(kernel, steps))
         self._ensure_ticker()
+        self._save()
         return kernel.container_id
 
-    async def _run(self, kernel: DummyKernel, steps: list[Step]) -> None:
-        code = await run(steps, kernel.out.write, kernel.spec.env)
+    async def _run(
+        self, kernel: DummyKernel, steps: list[Step], replay: Replay | None = None
+    ) -> None:
+        code = await run(steps, kernel.out.write, kernel.spec.env, replay)
         loop = asyncio.get_running_loop()
+        ran_s = loop.time() - kernel.started
+        if replay is not None and replay.t < replay.ran_s:  # it ended while the agent was away
+            ran_s = replay.t
         kernel.exit = ExitInfo(
             exit_code=code,
-            ran_s=round(loop.time() - kernel.started, 6),
-            finished_at=time.time(),
+            ran_s=round(ran_s, 6),
+            finished_at=min(time.time(), kernel.started_at + ran_s),
         )
         kernel.out.close()
+        self._save()
         for run_ in list(kernel.execs):
             await run_.kill()  # they die with the container
         container = kernel.container()
@@ -340,6 +433,7 @@ class DummyRuntime:
         for run_ in list(kernel.execs):
             await run_.kill()
         kernel.out.close()
+        self._save()
         return True
 
     async def list_kernels(self) -> list[KernelContainer]:
@@ -403,6 +497,7 @@ class DummyRuntime:
         if users := self._users(name):
             raise VolumeInUse(name, users)
         del self.host.volumes[name]
+        self._save()
         return True
 
     # -- output at a rate (DummyConfig.output_bps) ----------------------------------------------
@@ -447,6 +542,7 @@ class DummyRuntime:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        self._save()  # with the output written since the last change
 
 
 class DummyExec:

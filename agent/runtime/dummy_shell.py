@@ -113,29 +113,57 @@ def _split_script(script: str, env: Mapping[str, str]) -> list[Step]:
     return [(o, w) for o, w in steps if w]
 
 
-async def run(steps: Sequence[Step], write: Write, env: Mapping[str, str]) -> int:
+class Replay:
+    """A process that has run ``ran_s`` seconds already (its agent restarted meanwhile), run
+    again from its start: its sleeps pass at once until it is ``ran_s`` in, and what it wrote
+    in its first ``quiet_s`` (the output kept) is not written twice.  ``t`` is the process's
+    time: how long it has run, sleeps passed at once included."""
+
+    def __init__(self, ran_s: float = 0.0, quiet_s: float = 0.0) -> None:
+        self.ran_s = max(0.0, ran_s)
+        self.quiet_s = min(max(0.0, quiet_s), self.ran_s)
+        self.t = 0.0
+
+    def sleep_for(self, seconds: float) -> float:
+        """How long a sleep of ``seconds`` really waits."""
+        passed = min(seconds, max(0.0, self.ran_s - self.t))
+        self.t += seconds
+        return seconds - passed
+
+    def write(self, write: Write) -> Write:
+        return lambda chunk: None if self.t < self.quiet_s else write(chunk)
+
+
+async def run(
+    steps: Sequence[Step], write: Write, env: Mapping[str, str], replay: Replay | None = None
+) -> int:
     """Run ``steps``; their exit code (an ``exit N`` ends the whole sequence)."""
+    replay = replay or Replay(0)
+    write = replay.write(write)
     code = 0
     try:
         for op, argv in steps:
             if op == "&&" and code != 0:
                 continue
-            code = await _step(argv, write, env, code)
+            code = await _step(argv, write, env, code, replay)
     except Exit as e:
         return e.code
     return code
 
 
-async def _step(argv: list[str], write: Write, env: Mapping[str, str], last: int) -> int:
+async def _step(
+    argv: list[str], write: Write, env: Mapping[str, str], last: int, replay: Replay
+) -> int:
     name, args = argv[0].rsplit("/", 1)[-1], argv[1:]
     if name == "sleep":
         if args == ["infinity"]:
             await asyncio.Event().wait()
         try:
-            await asyncio.sleep(max(0.0, float(args[0].rstrip("s"))) if args else 0)
+            seconds = max(0.0, float(args[0].rstrip("s"))) if args else 0
         except ValueError:
             write(f"sleep: invalid time interval '{args[0]}'\n".encode())
             return 1
+        await asyncio.sleep(replay.sleep_for(seconds))
         return 0
     if name == "echo":
         newline = "\n"

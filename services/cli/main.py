@@ -30,6 +30,7 @@ from domain.subjects import (
     SESSION_GET,
     SESSION_LOGS,
 )
+from services.cli import demo
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
 from services.cli import session_log, stack_cmds
@@ -511,16 +512,26 @@ async def _demo(
 ) -> int:
     image = args.demo_image or stack.DEMO_IMAGE[runtime]
     size = min(2, len(local.agent_ids))
-    print(f"demo: a {size}-kernel session of {image}", flush=True)
     conn = await Connection.open(local.role_url("client"), "hoist-up-demo")
     try:
+        # Once per data dir (the log knows): a restarted stack does not pile up demos.
+        earlier = None if args.demo else await demo.earlier_demo(conn)
+        if earlier is not None:
+            print(
+                f"demo: session {earlier} was started here before (`hoist ps` shows it);"
+                " `hoist up --demo` starts another",
+                flush=True,
+            )
+            return 0
+        print(f"demo: a {size}-kernel session of {image}", flush=True)
         reply = await conn.request(
             SESSION_CREATE,
             {
-                "owner": "demo",
+                "owner": demo.OWNER,
                 "image": image,
                 "resources": {"cpu": 1, "mem": 512 * 1024**2},
                 "cluster_size": size,
+                **({} if args.demo else {"request_id": demo.REQUEST_ID}),
             },
         )
         return await _watch_and_report(conn, reply["session_id"], max_wait=0, detach=stop)
@@ -570,7 +581,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--agents", type=int, default=2, help="how many agents (default 2)")
     up.add_argument("--nats-port", type=int, default=stack.DEFAULT_PORT)
     up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
-    up.add_argument("--no-demo", action="store_true", help="start no demo session")
+    demo_flags = up.add_mutually_exclusive_group()
+    demo_flags.add_argument("--no-demo", action="store_true", help="start no demo session")
+    demo_flags.add_argument(
+        "--demo",
+        action="store_true",
+        help="start a demo session even if one ran in this data dir (default: the first time)",
+    )
     up.add_argument("--demo-image", help="the demo session's image")
     up.add_argument(
         "--dummy-config",

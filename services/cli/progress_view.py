@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import TextIO
 
 from nats.aio.msg import Msg
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -97,6 +98,8 @@ class SessionState:
     pulls: dict[tuple[str, str], rpc.PullProgress] = field(default_factory=dict)
     rates: dict[tuple[str, ...], Rate] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    # The widest cell each column of the view has drawn: columns never narrow between frames.
+    widths: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def apply_event(self, event: Event) -> None:
         subject = subjects.session_events(self.session_id)
@@ -147,13 +150,18 @@ class SessionState:
             finished = finished and p.done
         return current, total, finished
 
+    def failures(self) -> list[str]:
+        """Why the session's failed pulls failed, one entry per failed pull."""
+        done = (self.pulls.get(key) for key in self.pull_keys())
+        return [p.error for p in done if p is not None and p.done and p.error]
+
     def fraction(self) -> float | None:
         """Of the session's pulls done; below 1 until every pull says done (a pull may reveal
-        more layers after the known ones are complete)."""
+        more layers after the known ones are complete) and below 1 for good once one failed."""
         current, total, finished = self.totals()
         if not self.pull_keys():
             return None
-        if finished:
+        if finished and not self.failures():
             return 1.0
         return min(current / total, 0.99) if total else 0.0
 
@@ -232,10 +240,54 @@ async def _follow_progress(
 # --- rendering --------------------------------------------------------------------------------
 
 
-def _bar(fraction: float | None, width: int = 30) -> ProgressBar:
+# Each column's least width, wide enough for what its cells hold at their widest (a bar, a
+# layer status such as "Verifying Checksum", "1023.9 MiB / 1023.9 MiB", a rate and its ETA),
+# so growing numbers move nothing; longer texts (agent ids, reasons) widen a column for good.
+_KERNEL_COLUMNS = (21, 18, 24, 23, 25, 0)
+_SESSION_COLUMNS = (12, 40, 32, 25)
+_FAILED = "red"
+
+
+def _bar(fraction: float | None, width: int = 30, failed: bool = False) -> ProgressBar:
     if fraction is None:
         return ProgressBar(total=None, width=width, pulse=True)
+    if failed:
+        return ProgressBar(
+            total=1.0, completed=fraction, width=width, complete_style=_FAILED,
+            finished_style=_FAILED,
+        )  # fmt: skip
     return ProgressBar(total=1.0, completed=fraction, width=width)
+
+
+def _bytes(current: int, total: int) -> str:
+    return f"{human_bytes(current):>10} / {human_bytes(total):<10}"
+
+
+def _width(cell: RenderableType) -> int:
+    if isinstance(cell, str):
+        return cell_len(cell)
+    if isinstance(cell, Text):
+        return cell.cell_len
+    if isinstance(cell, ProgressBar):
+        return cell.width or 0
+    return 0
+
+
+def _grid(
+    state: SessionState, name: str, least: tuple[int, ...], rows: list[list[RenderableType]]
+) -> Table:
+    """A borderless table whose columns are as wide as the widest cell they ever held (this
+    frame or an earlier one), at least ``least``: columns do not shift from frame to frame."""
+    for row in rows:
+        for i, cell in enumerate(row):
+            key = (name, i)
+            state.widths[key] = max(state.widths.get(key, least[i]), _width(cell))
+    grid = Table.grid(padding=(0, 1))
+    for i, floor in enumerate(least):
+        grid.add_column(min_width=state.widths.get((name, i), floor))
+    for row in rows:
+        grid.add_row(*row)
+    return grid
 
 
 def _status_text(status: KernelStatus | None) -> Text:
@@ -255,56 +307,68 @@ def render(state: SessionState) -> RenderableType:
         _status_text(session.status),
         f"  {session.status_info}",
     )
-    grid = Table.grid(padding=(0, 1))
-    for _ in range(6):
-        grid.add_column()
+    cells: list[list[RenderableType]] = []
     for kernel in session.kernels.values():
-        grid.add_row(
-            Text(f"  kernel {kernel.kernel_id[:12]}"),
-            Text(kernel.agent_id or "-", style="magenta"),
-            _status_text(kernel.status),
-            Text(kernel_info(kernel), style="dim"),
-            "",
-            "",
+        cells.append(
+            [
+                Text(f"  kernel {kernel.kernel_id[:12]}"),
+                Text(kernel.agent_id or "-", style="magenta"),
+                _status_text(kernel.status),
+                Text(kernel_info(kernel), style="dim"),
+                "",
+                "",
+            ]
         )
         if kernel.agent_id is None or kernel.pull_task_id is None:
             continue
         key = (kernel.agent_id, kernel.pull_task_id)
         pull = state.pulls.get(key)
+        if pull is not None and pull.done and pull.error:  # whatever the kernel's status now
+            failed = Text(f"    pull failed: {pull.error}", style=f"bold {_FAILED}")
+            cells.append([failed, "", "", _bytes(pull.current, pull.total), "", ""])
+            continue
         if kernel.status != S.PULLING:
             if pull is not None and pull.done:
-                outcome = f"pull failed: {pull.error}" if pull.error else "image pulled"
-                grid.add_row(Text(f"    {outcome}"), "", "", human_bytes(pull.total), "", "")
+                cells.append(["    image pulled", "", "", _bytes(pull.total, pull.total), "", ""])
             continue
         if pull is None:
-            grid.add_row("    waiting for progress", "", "", "", "", "")
+            cells.append(["    waiting for progress", "", "", "", "", ""])
             continue
         for layer in pull.layers:
             rate = state.rates.get((*key, layer.id), Rate()).per_s(now)
             fraction = layer.current / layer.total if layer.total else None
-            grid.add_row(
-                Text(f"    {layer.id[:12]}"),
-                Text(layer.status),
-                _bar(fraction, 24),
-                f"{human_bytes(layer.current)} / {human_bytes(layer.total)}",
-                _rate_text(rate, layer.current, layer.total) if layer.current < layer.total else "",
-                "",
+            cells.append(
+                [
+                    Text(f"    {layer.id[:12]}"),
+                    Text(layer.status),
+                    _bar(fraction, 24),
+                    _bytes(layer.current, layer.total),
+                    _rate_text(rate, layer.current, layer.total)
+                    if layer.current < layer.total
+                    else "",
+                    "",
+                ]
             )
-    rows: list[RenderableType] = [head, grid]
+    rows: list[RenderableType] = [head, _grid(state, "kernels", _KERNEL_COLUMNS, cells)]
     fraction = state.fraction()
     if fraction is not None:
         current, total, _ = state.totals()
-        rate = state.rates.get(("session",), Rate()).per_s(now)
-        line = Table.grid(padding=(0, 1))
-        for _ in range(4):
-            line.add_column()
-        line.add_row(
+        failures = state.failures()
+        if failures:  # drawn as what it is: red, where it stopped, and why
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            last: RenderableType = Text(
+                f"pull failed: {failures[0]}{more}", style=f"bold {_FAILED}"
+            )
+        else:
+            rate = state.rates.get(("session",), Rate()).per_s(now)
+            last = _rate_text(rate, current, total) if fraction < 1 else ""
+        line = [
             Text("  all agents", style="bold"),
-            _bar(fraction, 40),
-            f"{fraction * 100:5.1f} %  {human_bytes(current)} / {human_bytes(total)}",
-            _rate_text(rate, current, total) if fraction < 1 else "",
-        )
-        rows.append(line)
+            _bar(fraction, 40, failed=bool(failures)),
+            f"{fraction * 100:5.1f} %  {_bytes(current, total)}",
+            last,
+        ]
+        rows.append(_grid(state, "session", _SESSION_COLUMNS, [line]))
     return Group(*rows)
 
 

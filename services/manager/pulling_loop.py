@@ -34,7 +34,6 @@ from services.transport.tasks import Tasks, every
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-_SEEN = "seen by check-pulling-kernels"
 Pull = tuple[str, str]  # (agent id, task id)
 
 
@@ -115,7 +114,9 @@ class PullingLoop:
             log.info("pull %s on agent %s: no status (%s)", task_id, agent_id, e)
             reply = None
         if reply is not None and reply.known and reply.state == "done":
-            await self._ready(agent_id, kernels, info(Reason.IMAGE_PULLED, _SEEN))
+            await self._ready(
+                agent_id, kernels, info(Reason.IMAGE_PULLED, f"the pull finished on {agent_id}")
+            )
             return
         if reply is not None and reply.known and reply.state == "failed":
             why = info(Reason.IMAGE_PULL_FAILED, reply.reason or "failed")
@@ -142,7 +143,7 @@ class PullingLoop:
             log.info("agent %s: check-and-pull of %s asked again: %s", agent_id, image, e)
             return
         if task_id is None:
-            await self._ready(agent_id, kernels, info(Reason.IMAGE_PRESENT, _SEEN))
+            await self._ready(agent_id, kernels, info(Reason.IMAGE_PRESENT, f"{agent_id} holds it"))
             return
         for _, kid in kernels:
             self.fleet.retasked(kid, task_id)

@@ -371,7 +371,9 @@ class Stack:
             for slot in self.slots:
                 args += ["--slot", slot]
             if self.runtime == "dummy":
-                args += ["--dummy-config", str(dummy_config)]
+                # Its simulated host outlives it, as a Docker Engine outlives a docker agent.
+                host = self.data_dir / "dummy-hosts" / f"{agent_id}.json"
+                args += ["--dummy-config", str(dummy_config), "--dummy-state", str(host)]
             elif self.docker_host:
                 args += ["--docker-host", self.docker_host]
             # The agent's URL and password go through its environment: none in `ps` output.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -310,3 +311,60 @@ async def test_a_thousand_kernels_with_output_stay_cheap() -> None:
     assert all(len(rt.kernels["k1"].out.data) > 0 for rt in rts)
     for rt in rts:
         await rt.close()
+
+
+async def test_a_state_file_keeps_the_host_across_a_restart(tmp_path: Path) -> None:
+    """The agent process goes, the simulated host stays: images pulled, containers running
+    (their processes on from where they would be now), exits, logs, volumes and ports."""
+    state = tmp_path / "dummy" / "a.json"
+    cfg = DummyConfig(image_sizes={"img:1": MiB}, default_size=None, bandwidth_bps=None)
+    rt = DummyRuntime("a", cfg, state_file=state)
+    await rt.pull("img:1", lambda p: None)
+    mount = VolumeMount("data", "/data")
+    forever = ContainerSpec(ports=[8888], mounts=[mount], owner="ann")
+    cid = await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, forever)
+    script = ContainerSpec(command=["sh", "-c", "echo one; sleep 0.4; echo two; exit 3"])
+    await rt.create("k2", "s1", "img:1", 1.0, 64 * MiB, script)
+    await rt.create("k3", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(command=["exit", "5"]))
+    await asyncio.sleep(0.1)  # k3 ended, k2 wrote "one" and sleeps
+    await rt.close()
+    del rt  # the agent process is gone; its host is in the file
+
+    again = DummyRuntime("a", cfg, state_file=state)
+    ended = await _exits(again)
+    assert [i.image for i in await again.list_images()] == ["img:1"]
+    kernels = {k.kernel_id: k for k in await again.list_kernels()}
+    assert (kernels["k1"].container_id, kernels["k1"].running) == (cid, True)
+    assert [(p.port, p.host_port) for p in kernels["k1"].ports] == [(8888, 30001)]
+    assert kernels["k2"].running
+    assert kernels["k3"].exit is not None and kernels["k3"].exit.exit_code == 5
+    assert await again.volume_names() == ["data"]
+    k2 = await asyncio.wait_for(ended.get(), 5)  # k2 goes on: its sleep ends ~0.3 s later
+    assert k2.kernel_id == "k2" and k2.exit is not None and k2.exit.exit_code == 3
+    assert 0.35 < k2.exit.ran_s < 1
+    assert await _logs(again, "k2") == b"one\ntwo\n"  # once each
+    assert again.pull_attempts == {}
+    await again.close()
+
+
+async def test_a_container_that_ended_while_its_agent_was_away_is_found_ended(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "a.json"
+    cfg = DummyConfig(bandwidth_bps=None, preloaded={"img:1"})
+    rt = DummyRuntime("a", cfg, state_file=state)
+    await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(command=["sleep", "0.2"]))
+    await rt.close()
+    await asyncio.sleep(0.4)  # the agent is away longer than the process runs
+    again = DummyRuntime("a", cfg, state_file=state)
+    await asyncio.sleep(0.01)
+    [k] = await again.list_kernels()
+    assert k.exit is not None and k.exit.exit_code == 0 and 0.19 < k.exit.ran_s < 0.3
+
+
+def test_a_state_file_that_is_no_dummy_host_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    state = tmp_path / "a.json"
+    state.write_text("{not json")
+    with pytest.raises(ValueError, match=r"--dummy-state .*a\.json.*move it away"):
+        DummyRuntime("a", DummyConfig(), state_file=state)
+    assert state.read_text() == "{not json"  # left as it was

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from rich.console import Console
 
 from domain.rpc import LayerProgress, PullProgress
@@ -80,3 +82,65 @@ def test_rate_and_eta_over_the_last_seconds() -> None:
     console.print(render(state))
     text = console.export_text()
     assert "10.0 MiB/s  ETA 0:00:06" in text and "40.0 MiB / 100.0 MiB" in text
+
+
+def _screen(state: SessionState, styles: bool = False) -> str:
+    console = Console(width=160, record=True, force_terminal=True, color_system="standard")
+    console.print(render(state))
+    return console.export_text(styles=styles)
+
+
+def _failed(agent: str, layers: list[tuple[int, int]], error: str) -> PullProgress:
+    p = progress(agent, layers, done=True)
+    return PullProgress(**{**{f: getattr(p, f) for f in p.__struct_fields__}, "error": error})
+
+
+def test_a_failed_pull_is_drawn_as_a_failure_not_a_full_bar() -> None:
+    state = pulling_session(["a1", "a2"])
+    state.apply_progress(progress("a2", [(100 * MiB, 100 * MiB)], done=True))
+    state.apply_progress(_failed("a1", [(50 * MiB, 100 * MiB)], "manifest unknown"))
+    assert state.fraction() == 0.75  # what arrived, not 100 %
+    assert state.failures() == ["manifest unknown"]
+    for kernel_cancelled in (False, True):
+        if kernel_cancelled:  # and once the manager cancelled the kernel, the same
+            session = copy.deepcopy(state.session)  # the manager's copy, not the view's
+            assert session is not None
+            session.pull_ended("a1", "image-pull-failed: manifest unknown")
+            for event in session.collect_events():
+                state.apply_event(event)  # type: ignore[arg-type]
+        text = _screen(state)
+        session_line = next(line for line in text.splitlines() if "all agents" in line)
+        assert "75.0 %" in session_line and "100.0 %" not in text, text
+        assert "pull failed: manifest unknown" in session_line, text
+        kernel_line = next(line for line in text.splitlines() if "a1" in line and "kernel" in line)
+        assert ("CANCELLED" if kernel_cancelled else "PULLING") in kernel_line, text
+        below = text.splitlines()[text.splitlines().index(kernel_line) + 1]
+        assert "pull failed: manifest unknown" in below, text
+        # In red: the session bar and the failure lines (ANSI 31), nothing of it green.
+        styled = next(line for line in _screen(state, True).splitlines() if "all agents" in line)
+        assert "\x1b[31m━" in styled or "\x1b[1;31m━" in styled, repr(styled)
+
+
+def test_columns_keep_their_place_from_frame_to_frame() -> None:
+    """Texts of every length pass through a pull (layer statuses, byte counts, rates, the
+    ETA); the bars and the columns after them stay where they were."""
+    state = pulling_session(["a1"])
+    frames = []
+    steps = [("Waiting", 0), ("Downloading", 5 * MiB), ("Downloading", 95 * MiB)]
+    for second, (status, current) in enumerate(steps):
+        now[0] = float(second)
+        p = progress("a1", [(current, 100 * MiB), (0, 2 * 1024 * MiB)])
+        layers = [LayerProgress(id=x.id, status=status, current=x.current, total=x.total)
+                  for x in p.layers]  # fmt: skip
+        state.apply_progress(PullProgress(**{**{f: getattr(p, f) for f in p.__struct_fields__},
+                                             "layers": layers}))  # fmt: skip
+        frames.append(_screen(state).splitlines())
+
+    def places(lines: list[str]) -> tuple[int, ...]:
+        layer = next(line for line in lines if line.lstrip().startswith("l0"))
+        total = next(line for line in lines if "all agents" in line)
+        return layer.index("━"), layer.index(" / "), total.index("━"), total.index(" / ")
+
+    assert places(frames[0]) == places(frames[1]) == places(frames[2]), "\n".join(
+        "\n".join(f) for f in frames
+    )

@@ -1,14 +1,16 @@
-"""`hoist up`: private credentials, one stack per data dir, a clean stop on SIGTERM, and the
-event log kept across a restart."""
+"""`hoist up`: private credentials, one stack per data dir, a clean stop on SIGTERM, the
+event log kept across a restart, and a dummy stack restarted as it was, its demo run once."""
 
 from __future__ import annotations
 
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
-from tests.cli.stack_harness import HOIST, start_stack, stop_stack
+from tests.cli.stack_harness import HOIST, TEST_IMAGES, Stack, start_stack, stop_stack, wait_for
 
 
 def _port_open(url: str) -> bool:
@@ -64,5 +66,54 @@ def test_up_stop_and_restart(tmp_path: Path) -> None:
         history = stack.hoist("history", session_id)
         assert history.returncode == 0, history.stderr
         assert "SessionEnqueued" in history.stdout and "KernelCreated" in history.stdout
+    finally:
+        assert stop_stack(stack) == 0
+
+
+def _rows(stack: Stack, *args: str) -> list[dict[str, Any]]:
+    result = stack.hoist(*args, "--json", timeout=30)
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, Any]] = json.loads(result.stdout)["rows"]
+    return rows
+
+
+def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    image = TEST_IMAGES[0]
+    demo = ("--agents", "1", "--demo-image", image)
+    stack = start_stack(data_dir, *demo)
+    try:
+        assert f"demo: a 1-kernel session of {image}" in stack.log.read_text()
+        [first] = _rows(stack, "sessions", "--owner", "demo")
+        assert first["status"] == "RUNNING", first
+    finally:
+        assert stop_stack(stack) == 0
+
+    stack = start_stack(data_dir, *demo)
+    try:
+        up_log = stack.log.read_text()
+        assert f"demo: session {first['session_id']} was started here before" in up_log
+        assert "1-kernel session" not in up_log
+        # Past a resource sync (every 5 s, judging a container 2 s after its last change):
+        # the demo's container is still there, its image was not pulled again.
+        time.sleep(8)
+        wait_for(lambda: len(_rows(stack, "ps", "--owner", "demo")) == 1, 15)
+        [kernel] = _rows(stack, "ps", "--owner", "demo")
+        assert (kernel["session_id"], kernel["status"]) == (first["session_id"], "RUNNING")
+        pulls = [r for r in _rows(stack, "pulls") if r["image"] == image]
+        assert len(pulls) == 1, pulls
+        assert [r["session_id"] for r in _rows(stack, "sessions", "--owner", "demo")] == [
+            first["session_id"]
+        ]
+    finally:
+        assert stop_stack(stack) == 0
+
+    # Asked for, another demo starts.
+    stack = start_stack(data_dir, *demo, "--demo")
+    try:
+        assert f"demo: a 1-kernel session of {image}" in stack.log.read_text()
+        wait_for(lambda: len(_rows(stack, "sessions", "--owner", "demo")) == 2, 15)
     finally:
         assert stop_stack(stack) == 0

@@ -36,7 +36,7 @@ def test_start_preparing_marks_the_scheduled_kernels_preparing_with_their_agent(
         S.SCHEDULED,
         S.PREPARING,
     ]
-    assert session.kernels[k1].status_info == "preparing: check-and-pull on a1"
+    assert session.kernels[k1].status_info == "preparing: asking a1 for the image"
     before = len(session.pending_events)
     session.start_preparing()  # nothing SCHEDULED any more: nothing recorded
     assert len(session.pending_events) == before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -162,6 +163,29 @@ ENDED = {"TERMINATED", "CANCELLED", "ERROR"}
 
 def ended(s: dict[str, Any]) -> bool:
     return s["status"] in ENDED
+
+
+# Names of the manager's loops and of the agent RPCs: words for developers, never for the person
+# reading a status_info (a reason code such as check-and-pull-failed is not one: whole words).
+INTERNAL_NAMES = (
+    "check-pulling-kernels", "check-and-pull", "pull-status", "sync-kernels", "pin-images",
+    "agent resource sync", "agent reconciliation", "scheduling pass", "liveness check",
+    "prepull convergence", "lifetime and idle check", "reactor",
+)  # fmt: skip
+_INTERNAL = re.compile(
+    "|".join(rf"(?<![\w-]){re.escape(name)}(?![\w-])" for name in INTERNAL_NAMES)
+)
+
+
+def internal_names(manager: Manager) -> list[str]:
+    """Every status_info of the manager's sessions that names an internal loop or RPC."""
+    return [
+        change.status_info
+        for session in manager.fleet.sessions.values()
+        for kernel in session.kernels.values()
+        for change in kernel.status_history
+        if _INTERNAL.search(change.status_info)
+    ]
 
 
 async def read_stream(

@@ -22,7 +22,17 @@ from services.stack.natsserver import NatsServer
 from services.transport import credentials
 from services.transport.client import Client, connect
 from tests.agent.agent_harness import config, running, wait_for
-from tests.manager.harness import GB, MB, agents, create, dummy, manager, request, until
+from tests.manager.harness import (
+    GB,
+    MB,
+    agents,
+    create,
+    dummy,
+    internal_names,
+    manager,
+    request,
+    until,
+)
 
 SLOW = {"bandwidth_bps": 1 * MB, "default_size": 40 * MB, "tick_s": 0.05}  # 40 s pulls
 
@@ -71,7 +81,8 @@ async def test_the_loop_promotes_a_kernel_whose_image_pulled_event_was_lost(
         assert done["status"] == "RUNNING", done
         kernel = next(iter(m.fleet.sessions[created["session_id"]].kernels.values()))
         prepared = [c for c in kernel.status_history if c.status.value == "PREPARED"]
-        assert [c.status_info for c in prepared] == ["image-pulled: seen by check-pulling-kernels"]
+        assert [c.status_info for c in prepared] == ["image-pulled: the pull finished on a1"]
+        assert internal_names(m) == []  # user-facing words only, from enqueue to RUNNING
 
 
 async def test_the_loop_asks_a_restarted_agent_to_pull_again(nc: Client, store: EventStore) -> None:
@@ -95,6 +106,7 @@ async def test_the_loop_asks_a_restarted_agent_to_pull_again(nc: Client, store: 
         assert [c.status.value for c in kernel.status_history][-4:] == [
             "PULLING", "PREPARED", "CREATING", "RUNNING"
         ]  # fmt: skip
+        assert internal_names(m) == []
 
 
 async def test_a_stalled_pull_is_cancelled_by_the_loop(nc: Client, store: EventStore) -> None:
