@@ -48,8 +48,11 @@ class User(BaseAggregate[str]):
         by: str
 
     @staticmethod
-    def add(existing: User | None, *, name: str, admin: bool = False, by: str) -> User:
-        """Add the user, or enable ``existing`` again (a disabled one, or change ``admin``)."""
+    def add(existing: User | None, *, name: str, admin: bool | None = None, by: str) -> User:
+        """Add the user, or enable ``existing`` again (a disabled one, or change ``admin``);
+        ``admin`` None: no admin if new, as before if not (enabling one again never demotes)."""
+        if admin is None:
+            admin = existing is not None and existing.admin
         if not isinstance(admin, bool):
             raise InvalidField("admin", f"must be true or false, got {admin!r}")
         if existing is None:

@@ -1,7 +1,8 @@
 """Hoist users: the admin's commands (served by services.manager.users).
 
-- ``hoist.admin.user.add {name, admin=false}`` records UserAdded (a new user, or a disabled one
-  enabled again, or ``admin`` changed) and answers ``{"user": {...}, "recorded": bool}`` (false:
+- ``hoist.admin.user.add {name, admin}`` records UserAdded (a new user, or a disabled one
+  enabled again, or ``admin`` changed; ``admin`` left out: false for a new user, unchanged for
+  one added before) and answers ``{"user": {...}, "recorded": bool}`` (false:
   the user is already enabled with that ``admin``, nothing appended);
 - ``hoist.admin.user.disable {name}`` records UserDisabled: ``{"user": {...}, "recorded":
   true}``; ``not-found`` when no user has that name, ``conflict`` when already disabled;
@@ -24,7 +25,7 @@ from domain.user import User
 
 class AddUser(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Id  # hoist.events.user.<name>
-    admin: bool = False
+    admin: bool | None = None  # None: a new user is no admin, an existing one keeps theirs
 
 
 class DisableUser(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -30,10 +30,9 @@ from domain.subjects import (
     SESSION_GET,
     SESSION_LOGS,
 )
-from services.cli import demo
+from services.cli import demo, session_log, stack_cmds
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
-from services.cli import session_log, stack_cmds
 from services.cli.connection import CliError, Connection
 from services.cli.connection import login_name as cli_nats_login_name
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines

@@ -28,7 +28,13 @@ def register(subparsers: Any) -> None:
     sub = user.add_subparsers(dest="user_command", required=True)
     add = sub.add_parser("add", help="add a user, or enable a disabled one again")
     add.add_argument("name", help="letters, digits, '_' and '-' (a NATS subject token)")
-    add.add_argument("--admin", action="store_true", help="may also send admin commands")
+    add.add_argument(
+        "--admin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="may also send admin commands (--no-admin: may not); left out, a user added before"
+        " keeps theirs",
+    )
     add.set_defaults(func=cmd_add)
     disable = sub.add_parser("disable", help="disable a user: they may no longer connect")
     disable.add_argument("name")
@@ -48,10 +54,11 @@ def user_text(user: dict[str, Any]) -> str:
 
 
 async def cmd_add(args: argparse.Namespace) -> None:
-    reply = await _ask(USER_ADD, {"name": args.name, "admin": args.admin}, args)
+    request = {"name": args.name} | ({} if args.admin is None else {"admin": args.admin})
+    reply = await _ask(USER_ADD, request, args)
     done = "added" if reply["recorded"] else "unchanged"
     print(f"user {done}: {user_text(reply['user'])}")
-    print(_apply_to_local_stack(args, args.name, args.admin))
+    print(_apply_to_local_stack(args, args.name, reply["user"]["admin"]))
 
 
 async def cmd_disable(args: argparse.Namespace) -> None:

@@ -8,7 +8,14 @@ import asyncio
 import json
 
 from domain import codec
-from domain.subjects import USER, USER_ADD, aggregate_subject, session_events
+from domain.subjects import (
+    QUOTA_SET,
+    USER,
+    USER_ADD,
+    USER_DISABLE,
+    aggregate_subject,
+    session_events,
+)
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from tests.manager.harness import agents as running_agents
@@ -41,6 +48,18 @@ async def test_an_admin_user_sees_and_ends_every_session_recorded_as_themselves(
         refused = await request(nc, "hoist.admin.alice.user.add", {"name": "eve"}, user="alice")
         assert refused["error"]["code"] == "forbidden", refused
         assert await store.last(aggregate_subject(USER, "eve")) is None
+
+        # An admin command's owner filter is not forced to the admin's own either.
+        await request(nc, QUOTA_SET, {"name": "alice", "max_cpu": 4})
+        shown = await request(nc, "hoist.admin.root.quota.show", {}, user="root")
+        assert "alice" in {row["owner"] for row in shown["owners"]}, shown
+        # Enabling an admin again keeps them admin unless told otherwise.
+        await request(nc, "hoist.admin.root.user.disable", {"name": "bob"}, user="root")
+        bob = await request(nc, USER_ADD, {"name": "bob", "admin": True})
+        assert bob["user"]["admin"], bob
+        await request(nc, USER_DISABLE, {"name": "bob"})
+        bob = await request(nc, USER_ADD, {"name": "bob"})
+        assert bob["user"] == {"name": "bob", "admin": True, "enabled": True, "by": "admin"}
 
         # Every owner's rows and sessions: queries are not forced to the admin's own.
         rows = await request(nc, "hoist.query.root.sessions", {"min_seq": first.seq, "timeout": 10})
