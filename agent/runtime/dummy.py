@@ -18,8 +18,8 @@ import hashlib
 import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar
 
 from agent.runtime.base import (
     Capacity,
@@ -45,6 +45,9 @@ from agent.runtime.base import (
     validate_create,
 )
 from agent.runtime.dummy_shell import Output, Step, parse, run
+from domain.image_ref import canonical_or_same, familiar
+
+_V = TypeVar("_V")
 
 FailureKind = Literal["not-found", "unauthorized", "transient", "stall"]
 _ERRORS: dict[str, type[PullError]] = {
@@ -145,7 +148,7 @@ class DummyKernel:
             self.kernel_id,
             self.session_id,
             self.container_id,
-            self.image,
+            canonical_or_same(self.image),
             running=self.running,
             cpu=self.cpu,
             mem_bytes=self.mem_bytes,
@@ -154,6 +157,25 @@ class DummyKernel:
             ports=self.ports,
             exit=self.exit,
         )
+
+
+def _engine_name(image: str) -> str:
+    """How a Docker Engine names an image it holds: Docker Hub's short form (``python:latest``),
+    whatever it was asked as; the runtime hands the agent canonical names, as the docker one."""
+    return familiar(canonical_or_same(image))
+
+
+def _configured(table: Mapping[str, _V] | set[str], image: str) -> _V | bool | None:
+    """What the config says of ``image``, whichever way the config spells it."""
+    name = _engine_name(image)
+    for key in table:
+        if _engine_name(key) == name:
+            return True if isinstance(table, set) else table[key]
+    return None
+
+
+def _canonical(image: PulledImage) -> PulledImage:
+    return replace(image, image=canonical_or_same(image.image))
 
 
 def _digest(image: str) -> str:
@@ -180,11 +202,13 @@ class DummyRuntime:
         self.images = self.host.images
         self.kernels = self.host.kernels
         self.pull_attempts: dict[str, int] = {}  # for tests: how often each image was pulled
-        for image in self.config.preloaded - self.images.keys():
-            self.images[image] = PulledImage(image, _digest(image), self._size(image) or 0)
+        for image in map(_engine_name, self.config.preloaded):
+            if image not in self.images:
+                self.images[image] = PulledImage(image, _digest(image), self._size(image) or 0)
 
     def _size(self, image: str) -> int | None:
-        return self.config.image_sizes.get(image, self.config.default_size)
+        size = _configured(self.config.image_sizes, image)
+        return self.config.default_size if size is None else int(size)
 
     async def capacity(self) -> Capacity:
         return self.config.capacity
@@ -198,11 +222,13 @@ class DummyRuntime:
     ) -> PulledImage:
         if not image:
             raise ValueError("image must be a non-empty reference")
-        attempt = self.pull_attempts[image] = self.pull_attempts.get(image, 0) + 1
+        name = _engine_name(image)
+        attempt = self.pull_attempts[name] = self.pull_attempts.get(name, 0) + 1
         size = self._size(image)
         if size is None:
             raise ImageNotFound(image, f"manifest for {image} not found: manifest unknown")
-        failure = self.config.pull_failures.get(image)
+        failure = _configured(self.config.pull_failures, image)
+        assert failure is None or isinstance(failure, PullFailure)
         if failure and failure.times is not None and attempt > failure.times:
             failure = None
         if failure is None and self.rng.random() < self.config.pull_failure_rate:
@@ -238,20 +264,21 @@ class DummyRuntime:
                 done += chunk
                 on_progress(PullProgress(image, layer, "Downloading", current, layer_size))
             on_progress(PullProgress(image, layer, "Pull complete", layer_size, layer_size))
-        pulled = PulledImage(image, _digest(image), size)
-        self.images[image] = pulled
-        return pulled
+        pulled = self.images[name] = PulledImage(name, _digest(name), size)
+        return _canonical(pulled)
 
     async def has_image(self, image: str) -> PulledImage | None:
-        return self.images.get(image)
+        held = self.images.get(_engine_name(image))
+        return None if held is None else _canonical(held)
 
     async def list_images(self) -> list[PulledImage]:
-        return list(self.images.values())
+        return [_canonical(i) for i in self.images.values()]
 
     async def remove_image(self, image: str) -> bool:
-        if any(k.image == image for k in self.kernels.values()):
+        name = _engine_name(image)
+        if any(_engine_name(k.image) == name for k in self.kernels.values()):
             raise ImageInUse(image, "a kernel container uses it")
-        return self.images.pop(image, None) is not None
+        return self.images.pop(name, None) is not None
 
     # -- kernels -------------------------------------------------------------------------------
 
@@ -268,10 +295,10 @@ class DummyRuntime:
         spec = spec or ContainerSpec()
         if kernel_id in self.kernels:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
-        if image not in self.images:
+        if _engine_name(image) not in self.images:
             raise KernelCreateError(kernel_id, f"image {image} is not on this host: pull it")
         await asyncio.sleep(self.config.create_delay_s)
-        if image in self.config.create_failures or (
+        if _configured(self.config.create_failures, image) or (
             self.config.create_failure_rate and self.rng.random() < self.config.create_failure_rate
         ):
             raise KernelCreateError(kernel_id, "injected create failure")
