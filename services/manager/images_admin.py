@@ -34,7 +34,7 @@ from domain.contracts.images import (
     UnloadRequest,
 )
 from domain.contracts.images import Targets as _Targets
-from domain.image_ref import canonical_all
+from domain.image_ref import canonical_all, canonical_or_same
 from domain.limits import quote
 from domain.reasons import Reason, info
 from domain.rpc import RequestError
@@ -231,7 +231,7 @@ class ImagesAdmin:
         }
 
     async def unload(self, req: UnloadRequest) -> dict[str, Any]:
-        req = _canonical(req)
+        asked, req = req.images, _canonical(req)
         ids, lost = target_agents(self.fleet, req)
         out: dict[str, dict[str, dict[str, Any]]] = {
             a: {i: {"removed": False, "reason": why} for i in req.images} for a, why in lost.items()
@@ -260,7 +260,12 @@ class ImagesAdmin:
             out[agent_id] = {image: answers[image] for image in req.images}
 
         await asyncio.gather(*(one(a) for a in ids))
-        return {"agents": out}
+        # Answered under the caller's own spelling of each image.
+        return {
+            "agents": {
+                a: {image: r[canonical_or_same(image)] for image in asked} for a, r in out.items()
+            }
+        }
 
     def unload_refusal(self, agent_id: str, image: str) -> str | None:
         """Why the manager's view forbids removing ``image`` from the agent now, if it does."""

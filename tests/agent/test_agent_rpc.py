@@ -59,7 +59,9 @@ async def test_registers_with_capacity_and_images_then_heartbeats(
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
         await wait_for(lambda: len(beats) >= 3 and beats[-1].kernels, 5, "heartbeats")
     beat = beats[-1]
-    assert beat.agent_id == "a1" and beat.images == ["docker.io/library/base:1"] and beat.pulls == {}
+    assert (
+        beat.agent_id == "a1" and beat.images == ["docker.io/library/base:1"] and beat.pulls == {}
+    )
     assert [(k.kernel_id, k.status) for k in beat.kernels] == [("k1", "running")]
     assert beat.free == rpc.FreeCapacity(cpu=3, mem=8 * GB - 256 * MB, disk=100 * GB - 8 * MB)
 
