@@ -161,7 +161,7 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
             assert sum(i.size_bytes for i in held.values()) <= agent.capacity.disk * 0.85
             assert agent.policy_pins == {w["image"] for w in plans[agent_id]["desired"]}
         assert plans["g000"]["to_pull"] == [] and plans["g000"]["desired"][0]["image"] == (
-            "ml/tiny:2"
+            "docker.io/ml/tiny:2"
         )
 
         # Every pull of a policy is marked preloaded, not pinned by the job mechanism.
