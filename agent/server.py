@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -40,6 +41,7 @@ from agent.runtime.base import (
 from agent.streams import Streams
 from domain import events as ev
 from domain import limits, rpc
+from domain.image_ref import canonical_or_same
 from domain.subjects import (
     AGENT_RPC,
     EVENT_STREAM,
@@ -382,6 +384,8 @@ class AgentServer:
             request = rpc.decode_request(verb, msg.data)
             assert handler is not None
             reply = await handler(request)
+            if isinstance(reply, dict) and verb in _IMAGE_KEYED:
+                reply = _as_asked(reply, msg.data)
         except rpc.RequestError as e:
             reply = e.reply()
         except Exception as e:
@@ -897,3 +901,13 @@ def _check_id(value: str, field: str) -> None:
         check_token(value, field)
     except ValueError as e:
         raise rpc.RequestError("invalid-request", str(e)) from None
+
+
+# Verbs answered per image: keyed by canonical references inside, by the caller's own spelling
+# on the wire (a caller that asked for "python" finds its answer under "python").
+_IMAGE_KEYED = frozenset({rpc.CHECK_AND_PULL, rpc.PRELOAD, rpc.UNLOAD})
+
+
+def _as_asked(reply: dict[str, Any], data: bytes) -> dict[str, Any]:
+    asked = msgspec.json.decode(data).get("images") or []
+    return {image: reply[canonical_or_same(image)] for image in asked}

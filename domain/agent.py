@@ -15,6 +15,7 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField, convert, require_text
+from domain.image_ref import canonical, canonical_or_same
 from domain.limits import MAX_REASON, clip
 from domain.reasons import exit_reason
 from domain.subjects import check_token
@@ -49,7 +50,7 @@ class Agent(BaseAggregate[str]):
             resource_group=check_token(resource_group, "resource_group"),
             capacity=convert(capacity, ev.Capacity, "capacity", _CAPACITY),
             runtime=check_token(runtime, "runtime"),
-            images=convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES),
+            images=_held(images),
         )
 
     def reregister(
@@ -65,11 +66,11 @@ class Agent(BaseAggregate[str]):
             resource_group=check_token(resource_group, "resource_group"),
             capacity=convert(capacity, ev.Capacity, "capacity", _CAPACITY),
             runtime=check_token(runtime, "runtime"),
-            images=convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES),
+            images=_held(images),
         )
 
     def pull_started(self, image: str, task_id: str) -> None:
-        require_text(image, "image")
+        image = canonical(image, "image")
         check_token(task_id, "task_id")
         running = self.pulls.get(image)
         if running is not None:
@@ -82,6 +83,7 @@ class Agent(BaseAggregate[str]):
     def pulled(
         self, image: str, task_id: str, digest: str, size_bytes: int, duration_s: float
     ) -> None:
+        image = canonical(image, "image")
         self._check_pull(image, task_id)
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
             raise InvalidField("size_bytes", f"must be an integer >= 0, got {size_bytes!r}")
@@ -97,6 +99,7 @@ class Agent(BaseAggregate[str]):
         )
 
     def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+        image = canonical(image, "image")
         self._check_pull(image, task_id)
         self.trigger_event(
             ev.ImagePullFailed,
@@ -107,6 +110,7 @@ class Agent(BaseAggregate[str]):
 
     def image_removed(self, image: str, reason: str) -> None:
         reason = clip(require_text(reason, "reason"), MAX_REASON)
+        image = canonical(image, "image")
         if image not in self.images:
             raise DomainError(
                 f"agent {self.id} holds no image {image!r}; nothing to remove"
@@ -117,6 +121,7 @@ class Agent(BaseAggregate[str]):
     def mark_preloaded(self, image: str, reason: str, pinned: bool) -> None:
         """Record that ``image`` was preloaded; nothing if that is known already (one fact)."""
         reason = clip(require_text(reason, "reason"), MAX_REASON)
+        image = canonical(image, "image")
         if image not in self.images:
             raise DomainError(
                 f"agent {self.id} holds no image {image!r}; preload marks only images it holds"
@@ -163,7 +168,8 @@ class Agent(BaseAggregate[str]):
         self.resource_group = e.resource_group
         self.capacity = e.capacity
         self.runtime = e.runtime
-        self.images = dict(e.images)
+        # Older events (and engines) may name an image in a short form: one key per image.
+        self.images = {canonical_or_same(i): held for i, held in e.images.items()}
         # A preload mark outlives a restart for as long as the image is still there.
         self.preloaded = {
             image: pinned
@@ -172,21 +178,24 @@ class Agent(BaseAggregate[str]):
         }
 
     def _on_pull_started(self, e: ev.ImagePullStarted) -> None:
-        self.pulls[e.image] = e.task_id
+        self.pulls[canonical_or_same(e.image)] = e.task_id
 
     def _on_pulled(self, e: ev.ImagePulled) -> None:
-        self.pulls.pop(e.image, None)
-        self.images[e.image] = ev.HeldImage(digest=e.digest, size_bytes=e.size_bytes)
+        image = canonical_or_same(e.image)
+        self.pulls.pop(image, None)
+        self.images[image] = ev.HeldImage(digest=e.digest, size_bytes=e.size_bytes)
 
     def _on_pull_failed(self, e: ev.ImagePullFailed) -> None:
-        self.pulls.pop(e.image, None)
+        self.pulls.pop(canonical_or_same(e.image), None)
 
     def _on_image_removed(self, e: ev.ImageRemoved) -> None:
-        self.images.pop(e.image, None)
-        self.preloaded.pop(e.image, None)
+        image = canonical_or_same(e.image)
+        self.images.pop(image, None)
+        self.preloaded.pop(image, None)
 
     def _on_preloaded(self, e: ev.ImagePreloaded) -> None:
-        self.preloaded[e.image] = e.pinned or self.preloaded.get(e.image, False)
+        image = canonical_or_same(e.image)
+        self.preloaded[image] = e.pinned or self.preloaded.get(image, False)
 
     WHEN = {  # event class -> state change, for Event.apply
         ev.AgentRegistered: _on_registered,
@@ -198,3 +207,11 @@ class Agent(BaseAggregate[str]):
         ev.ImagePreloaded: _on_preloaded,
         ev.KernelExited: lambda agent, e: None,  # a fact for the manager; changes no agent state
     }
+
+
+def _held(
+    images: Mapping[str, ev.HeldImage | Mapping[str, object]] | None,
+) -> dict[str, ev.HeldImage]:
+    """An agent's inventory keyed by canonical references (an engine lists short forms)."""
+    held = convert(images or {}, dict[str, ev.HeldImage], "images", _IMAGES)
+    return {canonical_or_same(image): h for image, h in held.items()}

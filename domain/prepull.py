@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+import msgspec
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField, convert, require_text
+from domain.image_ref import canonical_all, canonical_or_same, canonical_repository
 from domain.subjects import check_token
 
 DEFAULT_FILL = 0.8
@@ -83,7 +85,7 @@ class PrepullPolicy(BaseAggregate[str]):
 
     def _on_set(self, e: ev.PrepullPolicySet) -> None:
         self.resource_groups = list(e.resource_groups)
-        self.rules = list(e.rules)
+        self.rules = [_read_rule(r) for r in e.rules]  # older events: short forms
         self.priority = e.priority
         self.removed = False
         self.reason = e.reason
@@ -104,6 +106,29 @@ def _topic() -> str:
     return get_topic(PrepullPolicy)
 
 
+def _door_rule(rule: ev.Rule, i: int) -> ev.Rule:
+    """``rule`` with its references canonical; InvalidField naming the bad one."""
+    if isinstance(rule, ev.ListedImages):
+        return msgspec.structs.replace(
+            rule, images=canonical_all(rule.images, f"rules[{i}].images")
+        )
+    if isinstance(rule, ev.NewestTags):
+        repo = canonical_repository(rule.repository, f"rules[{i}].repository")
+        return msgspec.structs.replace(rule, repository=repo)
+    return rule
+
+
+def _read_rule(rule: ev.Rule) -> ev.Rule:
+    if isinstance(rule, ev.ListedImages):
+        images = list(dict.fromkeys(canonical_or_same(i) for i in rule.images))
+        return msgspec.structs.replace(rule, images=images)
+    if isinstance(rule, ev.NewestTags):
+        repo = canonical_or_same(rule.repository)
+        repo = repo.removesuffix(":latest") if repo != rule.repository else repo
+        return msgspec.structs.replace(rule, repository=repo)
+    return rule
+
+
 def _checked(
     resource_groups: Sequence[str],
     rules: Sequence[ev.Rule | Mapping[str, object]],
@@ -113,7 +138,9 @@ def _checked(
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise InvalidField("priority", f"must be an integer, got {priority!r}")
     groups = [check_token(g, f"resource_groups[{i}]") for i, g in enumerate(resource_groups)]
-    checked = convert(list(rules), list[ev.Rule], "rules", _RULES)
+    checked = [
+        _door_rule(r, i) for i, r in enumerate(convert(list(rules), list[ev.Rule], "rules", _RULES))
+    ]
     if not checked:
         raise InvalidField("rules", f"must name at least one rule: {_RULES}")
     return {
@@ -191,6 +218,7 @@ class Policy:
 
 def repository_of(image: str) -> tuple[str, str]:
     """``repo:tag`` -> (repo, tag); a ':' before the last '/' is a registry port, not a tag."""
+    image = image.partition("@")[0]  # a digest is no tag
     slash = image.rfind("/")
     colon = image.rfind(":")
     if colon > slash:

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from domain import limits
+from domain.errors import InvalidField
 from domain.events import (
     AwareTime,
     Bytes,
@@ -27,6 +28,7 @@ from domain.events import (
     Resources,
     Seconds,
 )
+from domain.image_ref import canonical, canonical_all
 from domain.limits import (
     MAX_EXEC_S,
     MAX_LIST,
@@ -455,7 +457,27 @@ def decode_request(verb: str, data: bytes) -> Any:
         raise RequestError(
             "invalid-request", f"unknown verb {limits.quote(verb)}; use one of {VERBS}"
         )
-    return decode(data, cls, what=verb)
+    return _canonical_images(decode(data, cls, what=verb))
+
+
+def _canonical_images(request: Any) -> Any:
+    """``request`` with its image references canonical (domain.image_ref), so the agent keys
+    pulls, pins and leases by one name per image; RequestError naming a bad one."""
+    try:
+        if isinstance(request, CheckAndPull | Preload | Unload):
+            return msgspec.structs.replace(request, images=canonical_all(request.images))
+        if isinstance(request, CreateKernel):
+            return msgspec.structs.replace(request, image=canonical(request.image))
+        if isinstance(request, PinImages):
+            lists = {
+                name: canonical_all(value, name)
+                for name in ("policy", "expected")
+                if (value := getattr(request, name)) is not None
+            }
+            return msgspec.structs.replace(request, **lists)
+    except InvalidField as e:
+        raise RequestError("invalid-request", str(e)) from None
+    return request
 
 
 def decode(data: bytes, cls: type[T], what: str = "", *, max_bytes: int = limits.MAX_REQUEST) -> T:

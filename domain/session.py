@@ -22,6 +22,7 @@ from domain.errors import (
     convert,
     require_text,
 )
+from domain.image_ref import canonical, canonical_or_same
 from domain.limits import MAX_DETAIL, MAX_REASON, clip
 from domain.reasons import Reason, exit_reason, info
 from domain.status import PRE_RUNNING, TERMINAL, Kernel, KernelStatus, check_transition
@@ -148,7 +149,7 @@ class Session(BaseAggregate[str]):
             ev.SessionEnqueued,
             id=check_token(session_id or uuid4().hex, "session_id"),
             owner=require_text(owner, "owner"),
-            image=require_text(image, "image"),
+            image=canonical(image, "image"),
             resources=convert(resources, ev.Resources, "resources", _RESOURCES),
             cluster_size=cluster_size,
             resource_group=check_token(resource_group, "resource_group"),
@@ -222,7 +223,7 @@ class Session(BaseAggregate[str]):
 
     def _on_enqueued(self, e: ev.SessionEnqueued) -> None:
         self.owner = e.owner
-        self.image = e.image
+        self.image = canonical_or_same(e.image)  # an older event may hold a short form
         self.resources = e.resources
         self.resource_group = e.resource_group
         self.request_id = e.request_id

@@ -14,6 +14,7 @@ from typing import ClassVar
 import duckdb
 
 from domain import events as ev
+from domain.image_ref import canonical_or_same
 from domain.limits import MAX_BYTES
 from domain.status import AGENT_RESOURCE_OCCUPYING
 from projections.base import Projection, fetch_rows
@@ -151,7 +152,9 @@ class ImagesProjection(Projection):
     name: ClassVar[str] = "images"
     # v2: preload marks (pinned, reason, time) from ImagePreloaded.  v3: built under the
     # admission rule (domain.admission), which refuses what older builds took (forgeries).
-    version: ClassVar[int] = 3
+    # v4: images in canonical form (domain.image_ref): ``python`` and
+    # ``docker.io/library/python:latest`` in the log are one row.
+    version: ClassVar[int] = 4
     tables: ClassVar[tuple[Table, ...]] = (AGENT_IMAGES,)
     views: ClassVar[Mapping[str, str]] = {
         # In use: kernels on that agent with that image holding the agent's resources; last
@@ -187,10 +190,11 @@ class ImagesProjection(Projection):
         """The report replaces the agent's inventory; as in the Agent aggregate, a restarted
         agent keeps the preload marks of the images it still holds (by name)."""
         agent = e.originator_id
-        for key in [k for k in self.images if k[0] == agent and k[1] not in e.images]:
+        report = {canonical_or_same(image): held for image, held in e.images.items()}
+        for key in [k for k in self.images if k[0] == agent and k[1] not in report]:
             del self.images[key]
             self.delete("agent_images", key)
-        for image, held in e.images.items():
+        for image, held in report.items():
             key = (agent, image)
             row = self.images.get(key)
             fresh = False
@@ -203,11 +207,11 @@ class ImagesProjection(Projection):
             self.put("agent_images", key, row, fresh=fresh)
 
     def _pulled(self, e: ev.ImagePulled, seq: int) -> None:
-        key = (e.originator_id, e.image)
+        key = (e.originator_id, canonical_or_same(e.image))
         row = self.images.get(key)
         fresh = row is None and key not in self.changes["agent_images"].rows
         if row is None:
-            row = self.images[key] = {"agent_id": e.originator_id, "image": e.image}
+            row = self.images[key] = {"agent_id": e.originator_id, "image": key[1]}
             row.update(_NOT_PRELOADED)
         row.update(
             digest=e.digest,
@@ -219,12 +223,12 @@ class ImagesProjection(Projection):
         self.put("agent_images", key, row, fresh=fresh)
 
     def _removed(self, e: ev.ImageRemoved, seq: int) -> None:
-        key = (e.originator_id, e.image)
+        key = (e.originator_id, canonical_or_same(e.image))
         if self.images.pop(key, None) is not None:
             self.delete("agent_images", key)
 
     def _preloaded(self, e: ev.ImagePreloaded, seq: int) -> None:
-        key = (e.originator_id, e.image)
+        key = (e.originator_id, canonical_or_same(e.image))
         row = self.images.get(key)
         if row is None:
             return  # the domain marks only held images: never recorded
@@ -252,7 +256,8 @@ class PullsProjection(Projection):
     """Every image pull: started, finished, bytes, duration, outcome and reason."""
 
     name: ClassVar[str] = "pulls"
-    version: ClassVar[int] = 2  # v2: built under the admission rule (domain.admission)
+    # v2: built under the admission rule (domain.admission).  v3: images canonical.
+    version: ClassVar[int] = 3
     tables: ClassVar[tuple[Table, ...]] = (PULLS,)
 
     def __init__(self) -> None:
@@ -274,7 +279,7 @@ class PullsProjection(Projection):
         row = {
             "agent_id": e.originator_id,
             "task_id": e.task_id,
-            "image": e.image,
+            "image": canonical_or_same(e.image),
             "started_at": e.timestamp,
             "outcome": "pulling",
             "last_seq": seq,

@@ -13,6 +13,7 @@ import msgspec
 
 from domain import events as ev
 from domain.admission import Inadmissible
+from domain.image_ref import canonical_or_same
 from domain.session import hostname_of, session_status
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
@@ -127,8 +128,8 @@ class SessionsProjection(Projection):
     # v2: built under the admission rule (domain.admission), which refuses events older builds
     # applied (a kernel the session lacks, an illegal transition, a version gap).
     # v3: what kernels run and how they ended (hostname, slots, ports, exit_code, ran_s;
-    # session_type, cluster_mode, command).
-    version: ClassVar[int] = 3
+    # session_type, cluster_mode, command).  v4: images in canonical form (domain.image_ref).
+    version: ClassVar[int] = 4
     tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
     views: ClassVar[Mapping[str, str]] = {
         "occupancy_by_owner": f"""
@@ -165,10 +166,11 @@ class SessionsProjection(Projection):
     # -- folds ----------------------------------------------------------------------------------
 
     def _enqueued(self, e: ev.SessionEnqueued, seq: int) -> None:
+        image = canonical_or_same(e.image)  # an older event may hold a short form
         row: Row = {
             "session_id": e.originator_id,
             "owner": e.owner,
-            "image": e.image,
+            "image": image,
             "resource_group": e.resource_group,
             "cluster_size": e.cluster_size,
             "cpu": e.resources.cpu,
@@ -192,7 +194,7 @@ class SessionsProjection(Projection):
                 "hostname": hostname_of(index),
                 "slots": slots,
                 "owner": e.owner,
-                "image": e.image,
+                "image": image,
                 "resource_group": e.resource_group,
                 "cpu": e.resources.cpu,
                 "mem": e.resources.mem,

@@ -79,6 +79,7 @@ from agent.runtime.docker_containers import (
 )
 from agent.runtime.docker_pulls import _Pull, _repo_digest, classify, split_ref
 from agent.runtime.docker_streams import HANDOFF_BYTES, _DockerExec, _drain, _Handoff, _pump
+from domain.image_ref import canonical_or_same
 
 __all__ = [
     "API_VERSION",
@@ -180,8 +181,10 @@ class DockerRuntime:
 
     async def list_images(self) -> list[PulledImage]:
         images = await self._call(self.api.images)
+        # The engine lists RepoTags in short form (python:latest): Hoist names images
+        # canonically (docker.io/library/python:latest), so locality, GC and heartbeats match.
         return [
-            PulledImage(tag, _repo_digest(img, tag), img["Size"])
+            PulledImage(canonical_or_same(tag), _repo_digest(img, tag), img["Size"])
             for img in images
             for tag in img.get("RepoTags") or []
             if tag != "<none>:<none>"

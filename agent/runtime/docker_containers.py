@@ -30,6 +30,7 @@ from agent.runtime.base import (
     Published,
 )
 from agent.runtime.docker_client import API_VERSION, _Conn
+from domain.image_ref import canonical_or_same
 
 
 def _timestamp(text: str | None) -> float:
@@ -103,7 +104,7 @@ def _kernel(
         kernel_id=labels[LABEL_KERNEL],
         session_id=labels.get(LABEL_SESSION, ""),
         container_id=container_id,
-        image=image,
+        image=canonical_or_same(image),  # the engine may list a short form: one name per image
         running=running,
         cpu=float(labels.get(LABEL_CPU) or 0),
         mem_bytes=int(labels.get(LABEL_MEM) or 0),

@@ -23,6 +23,7 @@ from agent.runtime.base import (
     Unauthorized,
 )
 from agent.runtime.docker_client import API_VERSION
+from domain.image_ref import canonical_or_same
 
 _UNAUTHORIZED = ("unauthorized", "authentication required", "no basic auth credentials", "denied")
 _NOT_FOUND = ("not found", "manifest unknown", "name unknown", "invalid reference format")
@@ -49,12 +50,21 @@ def split_ref(image: str) -> tuple[str, str]:
 
 
 def _repo_digest(attrs: dict[str, Any], image: str) -> str:
-    repo = split_ref(image)[0]
+    # The engine lists Docker Hub repositories in short form (python@sha256:...): compare
+    # canonical names.
+    repo = _repository(image)
     for rd in attrs.get("RepoDigests") or []:
         name, _, digest = rd.partition("@")
-        if name == repo:
+        if _repository(name) == repo:
             return digest
     return attrs["Id"]
+
+
+def _repository(image: str) -> str:
+    """The canonical repository of a reference: no tag, no digest."""
+    canonical = canonical_or_same(image).partition("@")[0]
+    slash, colon = canonical.rfind("/"), canonical.rfind(":")
+    return canonical[:colon] if colon > slash else canonical
 
 
 class _LayerTracker:

@@ -23,9 +23,9 @@ import hashlib
 import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from agent.runtime import dummy_state
 from agent.runtime.base import (
@@ -52,6 +52,9 @@ from agent.runtime.base import (
     validate_create,
 )
 from agent.runtime.dummy_shell import Output, Replay, Step, parse, run
+from domain.image_ref import canonical_or_same, familiar
+
+_V = TypeVar("_V")
 
 FailureKind = Literal["not-found", "unauthorized", "transient", "stall"]
 _ERRORS: dict[str, type[PullError]] = {
@@ -153,7 +156,7 @@ class DummyKernel:
             self.kernel_id,
             self.session_id,
             self.container_id,
-            self.image,
+            canonical_or_same(self.image),
             running=self.running,
             cpu=self.cpu,
             mem_bytes=self.mem_bytes,
@@ -162,6 +165,25 @@ class DummyKernel:
             ports=self.ports,
             exit=self.exit,
         )
+
+
+def _engine_name(image: str) -> str:
+    """How a Docker Engine names an image it holds: Docker Hub's short form (``python:latest``),
+    whatever it was asked as; the runtime hands the agent canonical names, as the docker one."""
+    return familiar(canonical_or_same(image))
+
+
+def _configured(table: Mapping[str, _V] | set[str], image: str) -> _V | bool | None:
+    """What the config says of ``image``, whichever way the config spells it."""
+    name = _engine_name(image)
+    for key in table:
+        if _engine_name(key) == name:
+            return True if isinstance(table, set) else table[key]
+    return None
+
+
+def _canonical(image: PulledImage) -> PulledImage:
+    return replace(image, image=canonical_or_same(image.image))
 
 
 def _digest(image: str) -> str:
@@ -193,8 +215,9 @@ class DummyRuntime:
         self.pull_attempts: dict[str, int] = {}  # for tests: how often each image was pulled
         if saved is not None:
             self._restore(saved)
-        for image in self.config.preloaded - self.images.keys():
-            self.images[image] = PulledImage(image, _digest(image), self._size(image) or 0)
+        for image in map(_engine_name, self.config.preloaded):
+            if image not in self.images:
+                self.images[image] = PulledImage(image, _digest(image), self._size(image) or 0)
         self._save()
 
     # -- the host on disk (state_file) -----------------------------------------------------------
@@ -267,7 +290,8 @@ class DummyRuntime:
         dummy_state.save(self.state_file, saved)
 
     def _size(self, image: str) -> int | None:
-        return self.config.image_sizes.get(image, self.config.default_size)
+        size = _configured(self.config.image_sizes, image)
+        return self.config.default_size if size is None else int(size)
 
     async def capacity(self) -> Capacity:
         return self.config.capacity
@@ -281,11 +305,13 @@ class DummyRuntime:
     ) -> PulledImage:
         if not image:
             raise ValueError("image must be a non-empty reference")
-        attempt = self.pull_attempts[image] = self.pull_attempts.get(image, 0) + 1
+        name = _engine_name(image)
+        attempt = self.pull_attempts[name] = self.pull_attempts.get(name, 0) + 1
         size = self._size(image)
         if size is None:
             raise ImageNotFound(image, f"manifest for {image} not found: manifest unknown")
-        failure = self.config.pull_failures.get(image)
+        failure = _configured(self.config.pull_failures, image)
+        assert failure is None or isinstance(failure, PullFailure)
         if failure and failure.times is not None and attempt > failure.times:
             failure = None
         if failure is None and self.rng.random() < self.config.pull_failure_rate:
@@ -321,21 +347,22 @@ class DummyRuntime:
                 done += chunk
                 on_progress(PullProgress(image, layer, "Downloading", current, layer_size))
             on_progress(PullProgress(image, layer, "Pull complete", layer_size, layer_size))
-        pulled = PulledImage(image, _digest(image), size)
-        self.images[image] = pulled
+        pulled = self.images[name] = PulledImage(name, _digest(name), size)
         self._save()
-        return pulled
+        return _canonical(pulled)
 
     async def has_image(self, image: str) -> PulledImage | None:
-        return self.images.get(image)
+        held = self.images.get(_engine_name(image))
+        return None if held is None else _canonical(held)
 
     async def list_images(self) -> list[PulledImage]:
-        return list(self.images.values())
+        return [_canonical(i) for i in self.images.values()]
 
     async def remove_image(self, image: str) -> bool:
-        if any(k.image == image for k in self.kernels.values()):
+        name = _engine_name(image)
+        if any(_engine_name(k.image) == name for k in self.kernels.values()):
             raise ImageInUse(image, "a kernel container uses it")
-        removed = self.images.pop(image, None) is not None
+        removed = self.images.pop(name, None) is not None
         self._save()
         return removed
 
@@ -354,10 +381,10 @@ class DummyRuntime:
         spec = spec or ContainerSpec()
         if kernel_id in self.kernels:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
-        if image not in self.images:
+        if _engine_name(image) not in self.images:
             raise KernelCreateError(kernel_id, f"image {image} is not on this host: pull it")
         await asyncio.sleep(self.config.create_delay_s)
-        if image in self.config.create_failures or (
+        if _configured(self.config.create_failures, image) or (
             self.config.create_failure_rate and self.rng.random() < self.config.create_failure_rate
         ):
             raise KernelCreateError(kernel_id, "injected create failure")

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from domain.image_ref import familiar
 from domain.subjects import (
     AGENT_SYNC,
     JOB,
@@ -187,19 +188,19 @@ async def cmd_unload(args: argparse.Namespace) -> None:
     for agent_id, images in reply["agents"].items():
         for image, r in images.items():
             what = "removed" if r["removed"] else f"kept: {r.get('reason', '')}"
-            print(f"{agent_id:<16} {image:<40} {what}")
+            print(f"{agent_id:<16} {familiar(image):<40} {what}")
 
 
 def print_plans(plans: dict[str, Any]) -> None:
     for agent_id, p in plans.items():
         print(
             f"{agent_id:<16} budget {_gib(p['budget'])}, wants {len(p['desired'])} image(s)"
-            f" ({_gib(p['bytes'])}), to pull: {', '.join(p['to_pull']) or 'nothing'}"
+            f" ({_gib(p['bytes'])}), to pull: {', '.join(map(familiar, p['to_pull'])) or 'nothing'}"
         )
         for w in p["desired"]:
-            print(f"  + {w['image']} ({_gib(w['size_bytes'])}; {w['why']})")
+            print(f"  + {familiar(w['image'])} ({_gib(w['size_bytes'])}; {w['why']})")
         for s in p["skipped"]:
-            print(f"  - {s['image']}: {s['why']}")
+            print(f"  - {familiar(s['image'])}: {s['why']}")
 
 
 async def cmd_policy_set(args: argparse.Namespace) -> None:

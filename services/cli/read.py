@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from domain import subjects
+from domain.image_ref import familiar
 from services.cli.connection import Connection
 
 # command -> (query name, columns shown in the table, in order; missing ones are skipped)
@@ -192,6 +193,8 @@ def _cell(column: str, value: Any) -> str:
         return "-"
     if column in _ID_COLUMNS and isinstance(value, str):
         return value[:12]
+    if column == "image" and isinstance(value, str):
+        return familiar(value)  # stored canonical; shown as docker images shows it
     if column == "ran_s" and isinstance(value, int | float):
         return f"{value:.1f}s"
     if column in _BYTE_COLUMNS and isinstance(value, int | float):

@@ -33,6 +33,7 @@ from typing import Any
 from domain import events as ev
 from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
+from domain.image_ref import canonical_or_same
 from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
@@ -279,16 +280,17 @@ class Fleet:
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        image = canonical_or_same(getattr(event, "image", ""))  # older events: short forms
         if isinstance(event, ev.ImagePulled) and event.size_bytes:
-            self.image_sizes[event.image] = event.size_bytes
+            self.image_sizes[image] = event.size_bytes
         elif isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             for image, held in agent.images.items():
                 if held.size_bytes:
                     self.image_sizes[image] = held.size_bytes
         if isinstance(event, ev.ImagePullFailed):
-            state.failed_pulls[event.image] = (event.task_id, event.reason)
+            state.failed_pulls[image] = (event.task_id, event.reason)
         elif isinstance(event, ev.ImagePullStarted | ev.ImagePulled):
-            state.failed_pulls.pop(event.image, None)
+            state.failed_pulls.pop(image, None)
         elif isinstance(event, ev.AgentReregistered):
             state.failed_pulls.clear()
         if self.caught_up.is_set():

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
@@ -34,6 +34,7 @@ from domain.contracts.images import (
     UnloadRequest,
 )
 from domain.contracts.images import Targets as _Targets
+from domain.image_ref import canonical_all, canonical_or_same
 from domain.limits import quote
 from domain.reasons import Reason, info
 from domain.rpc import RequestError
@@ -47,6 +48,7 @@ from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
+_R = TypeVar("_R", PreloadRequest, UnloadRequest)
 _PERMANENT = ("not found", "manifest unknown", "unauthorized", "denied")
 MAX_JOBS = 200  # finished job views kept
 
@@ -188,7 +190,7 @@ class ImagesAdmin:
     # -- commands ------------------------------------------------------------------------
 
     async def preload(self, req: PreloadRequest) -> dict[str, Any]:
-        job = self.start_job(req)
+        job = self.start_job(_canonical(req))
         if req.wait > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(req.wait):  # wait_for can lose a cancel on 3.11
@@ -229,6 +231,7 @@ class ImagesAdmin:
         }
 
     async def unload(self, req: UnloadRequest) -> dict[str, Any]:
+        asked, req = req.images, _canonical(req)
         ids, lost = target_agents(self.fleet, req)
         out: dict[str, dict[str, dict[str, Any]]] = {
             a: {i: {"removed": False, "reason": why} for i in req.images} for a, why in lost.items()
@@ -257,7 +260,12 @@ class ImagesAdmin:
             out[agent_id] = {image: answers[image] for image in req.images}
 
         await asyncio.gather(*(one(a) for a in ids))
-        return {"agents": out}
+        # Answered under the caller's own spelling of each image.
+        return {
+            "agents": {
+                a: {image: r[canonical_or_same(image)] for image in asked} for a, r in out.items()
+            }
+        }
 
     def unload_refusal(self, agent_id: str, image: str) -> str | None:
         """Why the manager's view forbids removing ``image`` from the agent now, if it does."""
@@ -420,3 +428,9 @@ class ImagesAdmin:
         for state in following:
             state.current = max(state.current, p.current)
             state.total = max(state.total, p.total)
+
+
+def _canonical(req: _R) -> _R:
+    """The request with each image canonical, so one image is one pull and one unload
+    whatever it is called; InvalidField (refused, nothing done) for a bad reference."""
+    return msgspec.structs.replace(req, images=canonical_all(req.images))

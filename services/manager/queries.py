@@ -42,6 +42,7 @@ from domain.contracts.queries import (
     PULL_OUTCOMES,
     STATUS,
 )
+from domain.image_ref import canonical_or_same
 from domain.limits import MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
@@ -281,6 +282,8 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
         bad = [v for v in values if v not in allowed]
         if bad:
             raise InvalidRequest(f"{name} {quote(bad)} unknown: use any of {', '.join(allowed)}")
+    if name == "image":  # the read models hold canonical references: any spelling finds them
+        values = [canonical_or_same(v) for v in values]
     return f"{name} IN ({', '.join('?' for _ in values)})", values
 
 

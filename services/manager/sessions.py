@@ -20,6 +20,7 @@ from domain.contracts.sessions import (
     session_id_for,
     session_view,
 )
+from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
 from domain.rpc import RequestError
@@ -111,7 +112,7 @@ class SessionCommands:
 
 def _same_request(session: Session, req: CreateSession) -> None:
     asked: dict[str, Any] = {
-        "image": req.image,
+        "image": canonical_or_same(req.image),  # a retry may name it another way
         "resources": req.kernel_resources(),
         "cluster_size": req.cluster_size,
         "resource_group": req.resource_group,

@@ -21,6 +21,7 @@ from agent.server import AgentServer
 from domain import events as ev
 from domain import rpc, subjects
 from domain.codec import decode
+from domain.image_ref import canonical
 from services.eventstore.store import EventStore
 from services.transport import progress
 from services.transport.client import Client
@@ -88,7 +89,10 @@ async def wait_for(check: Callable[[], Any], within: float = 20, what: str = "co
 async def event_of(
     store: EventStore, agent_id: str, kind: type[ev.Event], within: float = 30, **match: Any
 ) -> Any:
-    """Wait for an event of ``kind`` on the agent's subject with the given field values."""
+    """Wait for an event of ``kind`` on the agent's subject with the given field values (an
+    ``image`` in any spelling: events name images canonically, domain.image_ref)."""
+    if "image" in match:
+        match = {**match, "image": canonical(match["image"])}
 
     async def find() -> ev.Event | None:
         for e in await agent_events(store, agent_id):

@@ -67,7 +67,9 @@ async def test_pulls_of_different_images_run_in_parallel_up_to_the_bound() -> No
         await asyncio.sleep(0.01)
     assert most == 2
     pulled = lambda: sorted(f[1] for f in facts.log if f[0] == "pulled")  # noqa: E731
-    await wait_for(lambda: pulled() == [f"img-{i}:1" for i in range(5)], 5, "5 ImagePulled")
+    await wait_for(
+        lambda: pulled() == [f"docker.io/library/img-{i}:1" for i in range(5)], 5, "5 ImagePulled"
+    )
 
 
 async def test_transient_errors_are_retried_with_growing_backoff() -> None:

@@ -55,11 +55,13 @@ async def test_registers_with_capacity_and_images_then_heartbeats(
         assert isinstance(registered, ev.AgentRegistered)
         assert registered.capacity == ev.Capacity(cpu=4, mem=8 * GB, disk=100 * GB)
         assert (registered.resource_group, registered.runtime) == ("rg", "dummy")
-        assert set(registered.images) == {"base:1"}
+        assert set(registered.images) == {"docker.io/library/base:1"}  # canonical
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
         await wait_for(lambda: len(beats) >= 3 and beats[-1].kernels, 5, "heartbeats")
     beat = beats[-1]
-    assert beat.agent_id == "a1" and beat.images == ["base:1"] and beat.pulls == {}
+    assert (
+        beat.agent_id == "a1" and beat.images == ["docker.io/library/base:1"] and beat.pulls == {}
+    )
     assert [(k.kernel_id, k.status) for k in beat.kernels] == [("k1", "running")]
     assert beat.free == rpc.FreeCapacity(cpu=3, mem=8 * GB - 256 * MB, disk=100 * GB - 8 * MB)
 
@@ -87,7 +89,7 @@ async def test_check_and_pull_gives_one_task_progress_and_events(
         assert status == {
             "task_id": task_id,
             "known": True,
-            "image": "new:1",
+            "image": "docker.io/library/new:1",
             "state": "done",
             "current": 8 * MB,
             "total": 8 * MB,
@@ -165,7 +167,7 @@ async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")) as agent:
         reply = await call(nc, "a1", rpc.PRELOAD, {"images": ["extra:1"]})
-        assert "task_id" in reply["extra:1"] and agent.preloaded == {"extra:1"}
+        assert "task_id" in reply["extra:1"] and agent.preloaded == {"docker.io/library/extra:1"}
         await event_of(store, "a1", ev.ImagePulled, image="extra:1")
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
         reply = await call(nc, "a1", rpc.UNLOAD, {"images": ["base:1", "extra:1", "none:1"]})
@@ -226,7 +228,9 @@ async def test_a_restarted_agent_reports_what_it_has_and_forgets_old_tasks(
         events = await agent_events(store, "a1")
         rereg = events[-1]
         assert isinstance(rereg, ev.AgentReregistered)
-        assert set(rereg.images) == {"base:1"}  # the interrupted pull left nothing
+        assert set(rereg.images) == {
+            "docker.io/library/base:1"
+        }  # the interrupted pull left nothing
         beat = await second.send_heartbeat()
         assert [k.kernel_id for k in beat.kernels] == ["k1"]
         # The surviving container still holds what it was given.

@@ -90,7 +90,7 @@ async def test_a_transient_failure_for_the_first_attempts_only() -> None:
     for _ in range(2):
         with pytest.raises(TransientPullError):
             await rt.pull("img:1", lambda p: None)
-    assert (await rt.pull("img:1", lambda p: None)).image == "img:1"
+    assert (await rt.pull("img:1", lambda p: None)).image == "docker.io/library/img:1"
     assert rt.pull_attempts["img:1"] == 3
 
 
@@ -143,7 +143,7 @@ async def test_kernels_create_destroy_and_survive_a_restart() -> None:
     restarted = DummyRuntime("a", DummyConfig(), host)
     [k] = await restarted.list_kernels()
     assert (k.kernel_id, k.session_id, k.container_id, k.running) == ("k1", "s1", cid, True)
-    assert [i.image for i in await restarted.list_images()] == ["img:1"]
+    assert [i.image for i in await restarted.list_images()] == ["docker.io/library/img:1"]
     assert await restarted.destroy("k1") is True
     assert await restarted.destroy("k1") is False
     assert await restarted.remove_image("img:1") is True
@@ -164,7 +164,7 @@ async def test_two_hundred_agents_pull_at_zero_delay() -> None:
     pulled = await asyncio.wait_for(
         asyncio.gather(*(rt.pull("img:1", updates.append) for rt in agents)), 30
     )
-    assert len(pulled) == 200 and all(p.image == "img:1" for p in pulled)
+    assert len(pulled) == 200 and all(p.image == "docker.io/library/img:1" for p in pulled)
     assert sum(p.current for p in updates if p.status == "Pull complete") == 200 * 100 * MiB
 
 
@@ -332,7 +332,7 @@ async def test_a_state_file_keeps_the_host_across_a_restart(tmp_path: Path) -> N
 
     again = DummyRuntime("a", cfg, state_file=state)
     ended = await _exits(again)
-    assert [i.image for i in await again.list_images()] == ["img:1"]
+    assert [i.image for i in await again.list_images()] == ["docker.io/library/img:1"]
     kernels = {k.kernel_id: k for k in await again.list_kernels()}
     assert (kernels["k1"].container_id, kernels["k1"].running) == (cid, True)
     assert [(p.port, p.host_port) for p in kernels["k1"].ports] == [(8888, 30001)]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from domain.image_ref import canonical
 from tests.cli.stack_harness import HOIST, TEST_IMAGES, Stack, start_stack, stop_stack, wait_for
 
 
@@ -81,7 +82,7 @@ def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
     tmp_path: Path,
 ) -> None:
     data_dir = tmp_path / "data"
-    image = TEST_IMAGES[0]
+    image = canonical(TEST_IMAGES[0])  # the read models hold canonical references
     demo = ("--agents", "1", "--demo-image", image)
     stack = start_stack(data_dir, *demo)
     try:

@@ -58,16 +58,18 @@ def test_preload_marks_follow_the_images() -> None:
     agent.mark_preloaded("a:1", "prepull-policy: p", pinned=False)  # known: nothing new
     agent.mark_preloaded("a:1", "preload: job j1", pinned=True)  # a job pins it: new fact
     agent.mark_preloaded("b:1", "preload: job j1", pinned=True)
-    assert agent.preloaded == {"a:1": True, "b:1": True}
+    assert agent.preloaded == {"docker.io/library/a:1": True, "docker.io/library/b:1": True}
     assert len(agent.collect_events()) == 4  # registered + three marks
     agent.image_removed("b:1", "unload-requested: by an admin")
-    assert agent.preloaded == {"a:1": True}
+    assert agent.preloaded == {"docker.io/library/a:1": True}
     agent.reregister(
         resource_group="default",
         capacity={"cpu": 1, "mem": 2**30, "disk": 2**30},
         runtime="dummy",
         images={"a:1": IMAGES["a:1"]},
     )
-    assert agent.preloaded == {"a:1": True}  # still held after the restart: still pinned
-    with pytest.raises(DomainError, match="holds no image 'c:1'"):
+    assert agent.preloaded == {
+        "docker.io/library/a:1": True
+    }  # still held after the restart: still pinned
+    with pytest.raises(DomainError, match=r"holds no image 'docker\.io/library/c:1'"):
         agent.mark_preloaded("c:1", "preload: job j2", pinned=True)

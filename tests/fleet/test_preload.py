@@ -41,10 +41,10 @@ async def test_a_preload_job_pulls_with_bounded_parallelism_and_reports_progress
         }  # fmt: skip
         for agent_id, result in job["agents"].items():
             assert result["state"] == "succeeded" and result["attempts"] == 1
-            assert result["images"]["py:3"]["state"] == "pulled"
-            assert "py:3" in agents[agent_id].preloaded  # pinned against image GC
+            assert result["images"]["docker.io/library/py:3"]["state"] == "pulled"
+            assert "docker.io/library/py:3" in agents[agent_id].preloaded  # pinned against image GC
         [preloaded] = [e for e in await agent_events(store, "p0") if type(e) is ev.ImagePreloaded]
-        assert preloaded.image == "py:3" and preloaded.pinned
+        assert preloaded.image == "docker.io/library/py:3" and preloaded.pinned
         assert preloaded.reason == f"preload: job {job['job_id']}"
         listed = await admin(nc, JOBS, {})
         assert [j["job_id"] for j in listed["jobs"]] == [job["job_id"]]
@@ -71,7 +71,8 @@ async def test_failures_are_per_agent_with_reasons_retries_and_no_retry_when_not
         result = job["agents"]["f2"]
         assert result["state"] == "failed" and result["attempts"] == 1
         assert result["reason"] == (
-            "image ghost:1: manifest for ghost:1 not found: manifest unknown (after 1 attempt(s))"
+            "image docker.io/library/ghost:1: manifest for docker.io/library/ghost:1 not found:"
+            " manifest unknown (after 1 attempt(s))"
         )
         bad = await request(nc, PRELOAD, {"images": ["x:1"], "agents": ["f2"], "all": True})
         assert bad["error"]["code"] == "invalid-request" and "agents" in bad["error"]["message"]
@@ -113,6 +114,6 @@ async def test_unload_is_refused_where_a_kernel_uses_or_is_about_to_use_the_imag
         }
         removed = [e for e in await agent_events(store, "u1") if type(e) is ev.ImageRemoved]
         assert [(e.image, e.reason) for e in removed] == [
-            ("old:1", "unload-requested: by an admin")
+            ("docker.io/library/old:1", "unload-requested: by an admin")
         ]
         await wait_for(lambda: "old:1" not in agents["u1"].runtime.images, 5, "old:1 gone")

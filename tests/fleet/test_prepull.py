@@ -11,6 +11,7 @@ import pytest
 
 from domain import events as ev
 from domain.errors import InvalidField
+from domain.image_ref import canonical
 from domain.prepull import AgentDisk, KnownImage, Policy, PrepullPolicy, plan_agent
 from domain.subjects import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
 from services.eventstore.repository import Repository
@@ -126,8 +127,8 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
         )  # fmt: skip
         assert dry["recorded"] is False and len(dry["plans"]) == 101
         assert dry["plans"]["seed"]["desired"] == []
-        assert dry["plans"]["g004"]["to_pull"] == ["ml/torch:1.5", "ml/torch:1.4", "ml/torch:1.3"]
-        assert dry["plans"]["g000"]["to_pull"] == ["ml/torch:1.5"]  # 1 GiB disk: one fits
+        assert dry["plans"]["g004"]["to_pull"] == [f"docker.io/ml/torch:1.{i}" for i in (5, 4, 3)]
+        assert dry["plans"]["g000"]["to_pull"] == ["docker.io/ml/torch:1.5"]  # 1 GiB disk: one fits
         assert m.fleet.policies == {}
         assert all(not a.runtime.pull_attempts for a in agents.values())  # nothing pulled
 
@@ -139,7 +140,8 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
         plans = (await admin(nc, POLICY_PLAN, {}))["plans"]
         _budget_ok(agents, plans)
         for agent_id, agent in agents.items():
-            assert set(agent.runtime.images) == {w["image"] for w in plans[agent_id]["desired"]}
+            held = {canonical(i) for i in agent.runtime.images}  # the dummy engine's short names
+            assert held == {w["image"] for w in plans[agent_id]["desired"]}
 
         # The change: two newest torch tags and the tiny images, first.
         start = time.monotonic()
@@ -155,11 +157,11 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
         _budget_ok(agents, plans)
         for agent_id, agent in agents.items():
             held = agent.runtime.images  # type: ignore[attr-defined]
-            assert {w["image"] for w in plans[agent_id]["desired"]} <= held.keys()
+            assert {w["image"] for w in plans[agent_id]["desired"]} <= set(map(canonical, held))
             assert sum(i.size_bytes for i in held.values()) <= agent.capacity.disk * 0.85
             assert agent.policy_pins == {w["image"] for w in plans[agent_id]["desired"]}
         assert plans["g000"]["to_pull"] == [] and plans["g000"]["desired"][0]["image"] == (
-            "ml/tiny:2"
+            "docker.io/ml/tiny:2"
         )
 
         # Every pull of a policy is marked preloaded, not pinned by the job mechanism.

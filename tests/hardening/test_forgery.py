@@ -183,7 +183,7 @@ async def test_forged_and_poison_events_are_quarantined_by_every_reader(
         [k] = rows(con, f"SELECT status FROM kernels WHERE kernel_id = '{kernel_id}'")
         assert k["status"] == "SCHEDULED"
         b_images = rows(con, f"SELECT image, pinned FROM agent_images WHERE agent_id = '{b_id}'")
-        assert b_images == [{"image": "base:1", "pinned": False}]
+        assert b_images == [{"image": "docker.io/library/base:1", "pinned": False}]
         assert not rows(con, f"SELECT * FROM sessions WHERE session_id IN ('m{run}', 'o{run}')")
 
         # A later valid event is reflected: the runner still follows.
@@ -210,7 +210,7 @@ async def test_forged_and_poison_events_are_quarantined_by_every_reader(
     await fleet.start()
     try:
         assert fleet.agents[b_id].live and fleet.agents[a_id].live
-        assert fleet.agents[b_id].agent.images.keys() == {"base:1"}
+        assert fleet.agents[b_id].agent.images.keys() == {"docker.io/library/base:1"}
         assert fleet.sessions[session.id].kernels[kernel_id].status == "SCHEDULED"
         assert f"m{run}" not in fleet.sessions and f"o{run}" not in fleet.sessions
     finally:

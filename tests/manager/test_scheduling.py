@@ -84,7 +84,11 @@ async def test_image_locality_prefers_holders_without_piling_onto_them(
     ):
         # a2 pulls the big image; the manager learns it from ImagePulled.
         await running["a2"].check_and_pull(rpc.CheckAndPull(images=["big:1"]))
-        await wait_for(lambda: "big:1" in m.fleet.agents["a2"].agent.images, 10, "ImagePulled")
+        await wait_for(
+            lambda: "docker.io/library/big:1" in m.fleet.agents["a2"].agent.images,
+            10,
+            "ImagePulled",
+        )
         half = {"cpu": 2, "mem": 4 * GB}  # half an agent: more than the locality bonus
         first = await create(nc, image="big:1", resources=half, max_wait=5)
         assert first["kernels"][0]["agent_id"] == "a2", first  # locality wins among idle agents

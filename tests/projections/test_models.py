@@ -7,6 +7,7 @@ import json
 import duckdb
 
 from domain.agent import Agent
+from domain.image_ref import familiar
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
@@ -19,6 +20,7 @@ from services.eventstore.store import EventStore
 from tests.projections.conftest import rebuilt, rows
 
 GIB = 2**30
+HUB = "docker.io/library/"  # Docker Hub official images, canonical (domain.image_ref)
 
 
 async def test_kernels_sessions_and_occupancy(store: EventStore, repo: Repository) -> None:
@@ -114,8 +116,9 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     [a] = rows(con, "SELECT * FROM agents_view")
     assert a["alive"] and a["cpu"] == 8 and a["free_cpu"] == 5.0 and a["free_mem"] == 7 * GIB
     assert a["free_disk"] == 10_000 - 1000 - 3000 and a["kernels"] == 1
-    images = {r["image"]: r for r in rows(con, "SELECT * FROM agent_images_view")}
-    assert set(images) == {"base:1", "img:1"}
+    # Stored as canonical references (domain.image_ref); the test reads them short.
+    images = {familiar(r["image"]): r for r in rows(con, "SELECT * FROM agent_images_view")}
+    assert {r["image"] for r in images.values()} == {HUB + "base:1", HUB + "img:1"}
     assert images["img:1"]["kernels_using"] == 1 and images["img:1"]["last_used_at"] is not None
     assert images["img:1"]["pulled_at"] is not None and images["base:1"]["pulled_at"] is None
     assert not images["img:1"]["preloaded"]
@@ -131,7 +134,7 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     await runner.run(follow=False)
     [a] = rows(con, "SELECT alive, status_info, lost_at FROM agents")
     assert not a["alive"] and a["status_info"] == "heartbeat-timeout" and a["lost_at"]
-    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == ["img:1"]
+    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == [HUB + "img:1"]
 
     # A restarted agent reports its inventory anew; its old process's pull is gone.
     agent.reregister(
@@ -145,7 +148,7 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     await runner.run(follow=False)
     [a] = rows(con, "SELECT alive, cpu, status_info FROM agents")
     assert a == {"alive": True, "cpu": 4.0, "status_info": "reregistered"}
-    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == ["img:9"]
+    assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == [HUB + "img:9"]
     [t3] = rows(con, "SELECT outcome, reason FROM pulls WHERE task_id = 't3'")
     assert t3 == {"outcome": "abandoned", "reason": "agent-reregistered"}
 
@@ -175,7 +178,7 @@ async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repositor
 
     def marks() -> dict[str, tuple[bool, bool, str | None]]:
         return {
-            r["image"]: (r["preloaded"], r["pinned"], r["preload_reason"])
+            familiar(r["image"]): (r["preloaded"], r["pinned"], r["preload_reason"])
             for r in rows(con, "SELECT * FROM agent_images_view")
         }
 
@@ -195,7 +198,7 @@ async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repositor
         "b:1": (True, True, "preload: job j1"),
         "d:1": (True, False, "prepull-policy: p2"),
     }
-    assert agent.preloaded == {"a:1": True, "b:1": True, "d:1": False}
+    assert agent.preloaded == {HUB + "a:1": True, HUB + "b:1": True, HUB + "d:1": False}
 
     # Restarted: a:1 and d:1 still held (d:1 with a new digest: marks go by name, as in the
     # aggregate), b:1 gone, c:1 back from elsewhere and not preloaded.  The runner restarts
@@ -218,8 +221,8 @@ async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repositor
         "c:1": (False, False, None),
         "d:1": (True, False, "prepull-policy: p2"),
     }
-    assert agent.preloaded == {"a:1": True, "d:1": False}
-    [d1] = rows(con, "SELECT digest, preloaded_at FROM agent_images WHERE image = 'd:1'")
+    assert agent.preloaded == {HUB + "a:1": True, HUB + "d:1": False}
+    [d1] = rows(con, "SELECT digest, preloaded_at FROM agent_images WHERE image = '" + HUB + "d:1'")
     assert d1["digest"] == "sha256:d2" and d1["preloaded_at"] is not None
 
     # Removed images lose their mark: pulled again, they are not preloaded.
@@ -251,7 +254,7 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     assert set(policies) == {"gpu", "base"}
     assert json.loads(policies["gpu"]["resource_groups"]) == ["a100", "gpu"]
     assert json.loads(policies["gpu"]["rules"]) == [
-        {"kind": "newest-tags", "repository": "ml/torch", "count": 3}
+        {"kind": "newest-tags", "repository": "docker.io/ml/torch", "count": 3}
     ]
     assert policies["gpu"]["priority"] == 5 and not policies["gpu"]["removed"]
     assert policies["gpu"]["reason"] == "set-by-admin"
@@ -278,7 +281,9 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     assert (gpu_row["priority"], gpu_row["reason"], gpu_row["removed"]) == (1, "tuned", False)
     assert gpu_row["created_at"] == created < gpu_row["updated_at"]
     assert (policies["base"]["removed"], policies["base"]["reason"]) == (True, "no longer needed")
-    assert json.loads(policies["base"]["rules"]) == [{"kind": "images", "images": ["base:1"]}]
+    assert json.loads(policies["base"]["rules"]) == [
+        {"kind": "images", "images": ["docker.io/library/base:1"]}
+    ]
 
     # Set again after its removal: live once more.
     PrepullPolicy.set(
@@ -287,7 +292,7 @@ async def test_prepull_policies_set_replace_remove(store: EventStore, repo: Repo
     await repo.save(everywhere)
     await runner.run(follow=False)
     [base] = rows(con, "SELECT removed, rules FROM prepull_policies WHERE name = 'base'")
-    assert not base["removed"] and json.loads(base["rules"])[0]["images"] == ["b:2"]
+    assert not base["removed"] and json.loads(base["rules"])[0]["images"] == [HUB + "b:2"]
     assert compare(snapshot(con)[1], await rebuilt(store)) == []
 
 

@@ -64,7 +64,7 @@ async def test_every_query_and_its_filters(nc: Client, repo: Repository, runner:
     assert [a["agent_id"] for a in agents["rows"]] == ["agent-0", "agent-1"]
     assert {"free_cpu", "free_mem", "free_disk", "last_heartbeat_at"} <= set(agents["rows"][0])
     images = await ask(nc, "hoist.query.images", {**base, "agent_id": "agent-0"})
-    assert [i["image"] for i in images["rows"]] == ["img:0-0"]
+    assert [i["image"] for i in images["rows"]] == ["docker.io/library/img:0-0"]
     pulls = await ask(nc, "hoist.query.pulls", {**base, "outcome": ["pulled", "failed"]})
     assert pulls["rows"] and {p["outcome"] for p in pulls["rows"]} <= {"pulled", "failed"}
     by_owner = await ask(nc, "hoist.query.occupancy", base)
@@ -75,17 +75,17 @@ async def test_every_query_and_its_filters(nc: Client, repo: Repository, runner:
     assert [r["agent_id"] for r in by_agent["rows"]] == ["agent-1"]
     preloaded = await ask(nc, "hoist.query.images", {**base, "preloaded": True})
     assert [(i["agent_id"], i["image"], i["pinned"]) for i in preloaded["rows"]] == [
-        ("agent-1", "base:1", True)
+        ("agent-1", "docker.io/library/base:1", True)
     ]
     assert preloaded["rows"][0]["preload_reason"] == "preload: job j1"
     unpinned = await ask(nc, "hoist.query.images", {**base, "pinned": False})
-    assert {i["image"] for i in unpinned["rows"]} >= {"img:0-0"}
+    assert {i["image"] for i in unpinned["rows"]} >= {"docker.io/library/img:0-0"}
     assert not any(i["preloaded"] for i in unpinned["rows"])
     policies = await ask(nc, "hoist.query.policies", {**base, "name": ["agent-policy", "x"]})
     [policy] = policies["rows"]
     assert policies["seq"] == last and not policies["truncated"]
     assert policy["resource_groups"] == ["default"] and policy["priority"] == 3
-    assert policy["rules"] == [{"kind": "images", "images": ["img:3"]}]
+    assert policy["rules"] == [{"kind": "images", "images": ["docker.io/library/img:3"]}]
     assert not policy["removed"] and policy["updated_at"] > policy["created_at"]
     assert (await ask(nc, "hoist.query.policies", {**base, "removed": True}))["rows"] == []
     limited = await ask(nc, "hoist.query.kernels", {**base, "limit": 2})
