@@ -41,6 +41,18 @@ class InvalidField(DomainError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+def unknown_session(session_id: str) -> str:
+    """The one wording for a session id that names none the asker may see (the manager's
+    not-found after ``session_id: ``, the CLI's own checks): another user's session reads the
+    same as one that never existed."""
+    return f"unknown session {session_id}: list sessions with `hoist sessions`"
+
+
+def unknown_kernel(kernel_id: str) -> str:
+    """The one wording for a kernel id that names none the asker may see."""
+    return f"unknown kernel {kernel_id}: list kernels with `hoist ps -a`"
+
+
 class UnknownKernel(DomainError, KeyError):
     def __init__(self, session_id: str, kernel_id: str) -> None:
         self.session_id = session_id

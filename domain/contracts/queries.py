@@ -7,8 +7,9 @@ seconds, default 5) until the model reflects that sequence: read-your-writes aft
 that returned its event sequences.
 
 - ``hoist.query.kernels``   filters kernel_id, session_id, owner, agent_id, image,
-  resource_group, status
-- ``hoist.query.sessions``  filters session_id, owner, image, resource_group, status
+  resource_group, status; kernel_id_prefix, session_id_prefix
+- ``hoist.query.sessions``  filters session_id, owner, image, resource_group, status;
+  session_id_prefix
 - ``hoist.query.occupancy`` ``by``: "owner" (default; charged statuses exclude PULLING) or
   "agent"; filters owner / agent_id
 - ``hoist.query.agents``    filters agent_id, resource_group, alive
@@ -19,7 +20,8 @@ that returned its event sequences.
 - ``hoist.query.quarantine`` filters subject, event_type, actor, writer: events every reader
   skips (seq, subject, event_type, reason, actor as claimed, writer as the grants allow,
   stored_at)
-  Text filters take a string or a list of strings (any of them); ``alive``/``preloaded``/
+  Text filters take a string or a list of strings (any of them); a ``*_prefix`` filter one
+  string, the start of the id (what the CLI resolves a short id with); ``alive``/``preloaded``/
   ``pinned``/``removed`` a boolean.  Also ``limit`` (1-10000, default 1000; the reply has
   ``"truncated": true`` when more rows matched).
 - ``hoist.admin.query.sql`` ``{"sql": "SELECT ..."}``: one read-only SELECT; reply
@@ -48,6 +50,7 @@ __all__ = [
     "MAX_WAIT_S",
     "OCCUPANCY_BY",
     "OUTCOME",
+    "PREFIX",
     "PULL_OUTCOMES",
     "QUERY_NAMES",
     "SQL_DEFAULT_TIME_LIMIT_S",
@@ -70,8 +73,8 @@ SQL_DEFAULT_TIME_LIMIT_S = 10.0
 SQL_MAX_TIME_LIMIT_S = 30.0
 
 # What a filter takes: a string or a list of strings (any of them), a kernel status, a pull
-# outcome (PULL_OUTCOMES), a boolean.
-TEXT, STATUS, OUTCOME, BOOL = "text", "status", "outcome", "bool"
+# outcome (PULL_OUTCOMES), a boolean, or the start of an id (field ``<column>_prefix``).
+TEXT, STATUS, OUTCOME, BOOL, PREFIX = "text", "status", "outcome", "bool", "prefix"
 
 # Each query's filters: field -> what it takes.
 FILTERS: dict[str, dict[str, str]] = {
@@ -83,6 +86,8 @@ FILTERS: dict[str, dict[str, str]] = {
         "image": TEXT,
         "resource_group": TEXT,
         "status": STATUS,
+        "kernel_id_prefix": PREFIX,
+        "session_id_prefix": PREFIX,
     },
     "sessions": {
         "session_id": TEXT,
@@ -90,6 +95,7 @@ FILTERS: dict[str, dict[str, str]] = {
         "image": TEXT,
         "resource_group": TEXT,
         "status": STATUS,
+        "session_id_prefix": PREFIX,
     },
     "occupancy": {"owner": TEXT, "agent_id": TEXT},
     "agents": {"agent_id": TEXT, "resource_group": TEXT, "alive": BOOL},

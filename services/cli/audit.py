@@ -16,6 +16,7 @@ from projections import ALL
 from projections.runner import Runner
 from services.cli import connection as cli_nats
 from services.cli.connection import CliError
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.read import truncation_note
 from services.cli.stack_url import stack_url
 from services.eventstore.bulk import bulk_reader
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
 
     sql = subparsers.add_parser("sql", help="one read-only SELECT over the read models (admin)")
     sql.add_argument("sql")
+    add_output_flags(sql, "the rows (table: tab-separated)")
     sql.add_argument("--limit", type=int)
     sql.add_argument(
         "--time-limit", type=float, help="seconds before the query is interrupted (default 10)"
@@ -158,6 +160,9 @@ async def cmd_sql(args: argparse.Namespace) -> None:
     if args.time_limit is not None:
         request["time_limit"] = args.time_limit
     reply = await _ask(args, "admin", SQL_SUBJECT, request, 35.0)
+    if wants_json(args):
+        print_json(reply)
+        return
     print("\t".join(reply["columns"]))
     for row in reply["rows"]:
         print("\t".join("" if v is None else str(v) for v in row))

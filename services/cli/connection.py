@@ -39,6 +39,16 @@ class CliError(Exception):
     """An error the user can act on; printed as one line, exit code 1."""
 
 
+class ReplyError(CliError):
+    """An error reply: its code and message, which the CLI may say in its flags' terms
+    (services.cli.flag_errors)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+        self.message = message
+
+
 def redact(url: str) -> str:
     """The URL without its password (error messages end up in logs and terminals)."""
     parts = urlsplit(url)
@@ -138,7 +148,7 @@ class Connection:
         reply = msgspec.json.decode(msg.data or b"null")
         if isinstance(reply, dict) and isinstance(reply.get("error"), dict):
             err = reply["error"]
-            raise CliError(f"{err.get('message', err)} ({err.get('code', 'error')})")
+            raise ReplyError(str(err.get("code", "error")), str(err.get("message", err)))
         return reply
 
 

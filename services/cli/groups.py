@@ -11,6 +11,7 @@ from typing import Any
 
 from domain.subjects import GROUP_LIST, GROUP_REMOVE, GROUP_SET
 from services.cli import connection as cli_nats
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.quotas import describe
 from services.cli.stack_url import stack_url
 
@@ -21,6 +22,7 @@ def register(subparsers: Any) -> None:
     )
     sub = group.add_subparsers(dest="group_command", required=True)
     ls = sub.add_parser("list", help="every group: who may use it, its live agents")
+    add_output_flags(ls, "the groups")
     ls.set_defaults(func=cmd_list)
     gset = sub.add_parser(
         "set",
@@ -79,6 +81,9 @@ def _limits(capacity: dict[str, Any]) -> dict[str, Any]:
 
 async def cmd_list(args: argparse.Namespace) -> None:
     reply = await _ask(GROUP_LIST, {}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     if not reply["groups"]:
         print("no group: no agent joined one and no admin defined one")
     for g in reply["groups"]:

@@ -24,6 +24,7 @@ from domain.subjects import (
 )
 from services.cli import connection as cli_nats
 from services.cli.connection import CliError
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -45,11 +46,13 @@ def register(subparsers: Any) -> None:
 
     job = sub.add_parser("job", help="a preload job's state per agent")
     job.add_argument("job_id")
+    add_output_flags(job, "the job")
     job.set_defaults(func=cmd_job)
 
     unload = sub.add_parser("unload", help="remove images from agents (refused where needed)")
     unload.add_argument("images", nargs="+")
     _targets(unload)
+    add_output_flags(unload, "what each agent did")
     unload.set_defaults(func=cmd_unload)
 
     policy = sub.add_parser("policy", help="prepull policies: which images agents should hold")
@@ -75,13 +78,18 @@ def register(subparsers: Any) -> None:
     premove.add_argument("name")
     premove.add_argument("--dry-run", action="store_true")
     premove.set_defaults(func=cmd_policy_remove)
-    psub.add_parser("list", help="the policies").set_defaults(func=cmd_policy_list)
-    psub.add_parser("plan", help="each agent's plan now").set_defaults(func=cmd_policy_plan)
+    plist = psub.add_parser("list", help="the policies (JSON lines; -o json: one document)")
+    add_output_flags(plist, "the policies")
+    plist.set_defaults(func=cmd_policy_list)
+    plan = psub.add_parser("plan", help="each agent's plan now")
+    add_output_flags(plan, "the plans")
+    plan.set_defaults(func=cmd_policy_plan)
 
     sync = subparsers.add_parser(
         "sync-agents", help="reconcile agents' containers with the manager's view (admin)"
     )
     sync.add_argument("agent_ids", nargs="*", help="default: every live agent")
+    add_output_flags(sync, "what each agent did")
     sync.set_defaults(func=cmd_sync)
 
 
@@ -180,11 +188,18 @@ async def cmd_preload(args: argparse.Namespace) -> int:
 
 
 async def cmd_job(args: argparse.Namespace) -> None:
-    print_job(await _ask(JOB, {"job_id": args.job_id}, args))
+    job = await _ask(JOB, {"job_id": args.job_id}, args)
+    if wants_json(args):
+        print_json(job)
+        return
+    print_job(job)
 
 
 async def cmd_unload(args: argparse.Namespace) -> None:
     reply = await _ask(UNLOAD, {"images": args.images, **_target(args)}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     for agent_id, images in reply["agents"].items():
         for image, r in images.items():
             what = "removed" if r["removed"] else f"kept: {r.get('reason', '')}"
@@ -228,12 +243,19 @@ async def cmd_policy_remove(args: argparse.Namespace) -> None:
 
 
 async def cmd_policy_list(args: argparse.Namespace) -> None:
-    for p in (await _ask(POLICY_LIST, {}, args))["policies"]:
+    reply = await _ask(POLICY_LIST, {}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
+    for p in reply["policies"]:
         print(json.dumps(p))
 
 
 async def cmd_policy_plan(args: argparse.Namespace) -> None:
     reply = await _ask(POLICY_PLAN, {}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     print_plans(reply["plans"])
     print("converged" if reply["converged"] else "converging")
 
@@ -241,6 +263,9 @@ async def cmd_policy_plan(args: argparse.Namespace) -> None:
 async def cmd_sync(args: argparse.Namespace) -> None:
     request = {"agent_ids": args.agent_ids} if args.agent_ids else {}
     reply = await _ask(AGENT_SYNC, request, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     for agent_id, r in reply["agents"].items():
         if "error" in r:
             print(f"{agent_id:<16} not synced: {r['error']}")

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
-
 from domain.limits import ABS_PATH, ENV_NAME, TOKEN
 from domain.subjects import SESSION_EXEC, SESSION_LOGS, VOLUME_LIST, VOLUME_REMOVE
+from services.cli import ids, output
 from services.cli.connection import CliError, Connection
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.streams import interrupt_event, process_exit, read_stream
 
 Connect = Callable[[argparse.Namespace], contextlib.AbstractAsyncContextManager[Connection]]
@@ -241,8 +240,8 @@ async def cmd_exec(conn: Connection, args: argparse.Namespace) -> int:
 async def cmd_volumes(conn: Connection, args: argparse.Namespace) -> int:
     payload = {"owner": args.owner} if args.owner else {}
     reply = await conn.request(VOLUME_LIST, payload, wait_s=20)
-    if args.json:
-        print(json.dumps(reply, indent=2))
+    if wants_json(args):
+        print_json(reply)
         return 0
     from services.cli.read import _table
 
@@ -250,7 +249,7 @@ async def cmd_volumes(conn: Connection, args: argparse.Namespace) -> int:
         [v["agent_id"], v["name"], v["owner"], ", ".join(k[:12] for k in v["used_by"]) or "-"]
         for v in reply["volumes"]
     ]
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 400)
+    console = output.console()
     console.print(_table(["agent", "name", "owner", "used by"], rows))
     note = f"{len(rows)} volume(s)"
     if reply.get("unreachable"):
@@ -269,6 +268,14 @@ async def cmd_volume_rm(conn: Connection, args: argparse.Namespace) -> int:
     for agent_id, why in sorted(reply["refused"].items()):
         print(f"hoist: volume {args.name} not removed from {agent_id}: {why}", file=sys.stderr)
     return 0 if reply["removed"] and not reply["refused"] else 1
+
+
+async def _resolve_ids(conn: Connection, args: argparse.Namespace) -> None:
+    """A session (and ``--kernel``) given by a unique prefix -> the whole id."""
+    if getattr(args, "session_id", None):
+        args.session_id = await ids.session_id(conn, args.session_id)
+        if getattr(args, "kernel", None):
+            args.kernel = await ids.kernel_id(conn, args.kernel, args.session_id)
 
 
 # --- the parser ----------------------------------------------------------------------------------
@@ -317,21 +324,26 @@ def register(
     ) -> Callable[[argparse.Namespace], Any]:
         async def run(args: argparse.Namespace) -> int:
             async with connect(args) as conn:
+                await _resolve_ids(conn, args)
                 return int(await fn(conn, args))
 
         return run
 
     logs = sub.add_parser("logs", help="a kernel's output (stdout and stderr)")
-    logs.add_argument("session_id")
-    logs.add_argument("--kernel", "-k", help="kernel id or hostname (main1, sub1); default main1")
+    logs.add_argument("session_id", metavar="SESSION", help="a session id or its unique prefix")
+    logs.add_argument(
+        "--kernel", "-k", help="kernel id (or prefix) or hostname (main1, sub1); default main1"
+    )
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     logs.set_defaults(func=wrap(cmd_logs))
 
     exec_p = sub.add_parser("exec", help="run a command in a running kernel: hoist exec S -- CMD")
-    exec_p.add_argument("session_id")
+    exec_p.add_argument("session_id", metavar="SESSION", help="a session id or its unique prefix")
     exec_p.add_argument("words", nargs="*", metavar="CMD", help="the command (after `--`)")
-    exec_p.add_argument("--kernel", "-k", help="kernel id or hostname (main1, sub1); default main1")
+    exec_p.add_argument(
+        "--kernel", "-k", help="kernel id (or prefix) or hostname (main1, sub1); default main1"
+    )
     exec_p.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     exec_p.add_argument("--env", "-e", action="append", metavar="K=V")
     exec_p.add_argument("--workdir", "-w")
@@ -339,7 +351,7 @@ def register(
 
     volumes = sub.add_parser("volumes", help="the agents' named volumes")
     volumes.add_argument("--owner", help="only this owner's")
-    volumes.add_argument("--json", action="store_true")
+    add_output_flags(volumes, "the volumes")
     volumes.set_defaults(func=wrap(cmd_volumes))
 
     volume = sub.add_parser("volume", help="volume commands: rm")

@@ -6,21 +6,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-import msgspec
-from rich.console import Console
-
-from domain import codec, subjects
-from domain.admission import Inadmissible, admit, writer
 from domain.limits import MAX_SLOT, SLOT_NAME
 from domain.status import TERMINAL, KernelStatus
 from domain.subjects import (
@@ -30,14 +27,17 @@ from domain.subjects import (
     SESSION_GET,
     SESSION_LOGS,
 )
-from services.cli import demo, session_log, stack_cmds
+from services.cli import completion, demo, ids, output, stack_cmds
+from services.cli import history as history_cli
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
-from services.cli.connection import CliError, Connection
+from services.cli.connected import connected
+from services.cli.connection import CliError, Connection, ReplyError
 from services.cli.connection import login_name as cli_nats_login_name
+from services.cli.flag_errors import in_flag_terms
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.progress_view import FAILED, Outcome, watch
-from services.cli.stack_url import stack_url
 from services.cli.streams import (
     interrupt_event,
     process_exit,
@@ -45,22 +45,10 @@ from services.cli.streams import (
     silence_stdout,
     until_stopped,
 )
-from services.eventstore.store import Recorded, StoreError, event_store
+from services.eventstore.store import StoreError
 from services.stack import home as stack_home
 from services.stack import up as stack
 from services.transport import credentials
-
-# --- where to connect ---------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def _connection(args: argparse.Namespace, role: str = "client") -> AsyncIterator[Connection]:
-    conn = await Connection.open(stack_url(args, role))
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
 
 _interrupt_event = interrupt_event
 
@@ -110,16 +98,10 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
     return out
 
 
-def _console(stderr: bool = False) -> Console:
-    # Piped output is read by scripts and grep: rows are never folded to 80 columns.
-    out = sys.stderr if stderr else sys.stdout
-    return Console(highlight=False, width=None if out.isatty() else 400, stderr=stderr)
-
-
 async def _watch_and_report(
     conn: Connection, session_id: str, *, max_wait: float, detach: asyncio.Event
 ) -> int:
-    console = _console()
+    console = output.console()
     outcome = await watch(
         conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
     )
@@ -155,6 +137,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     command = args.cmd if args.cmd is not None else (args.words or None)
     if args.cmd is not None and not args.cmd:
         raise CliError("nothing after `--`: write hoist run IMAGE -- CMD ...")
+    if wants_json(args) and not args.detach:
+        raise CliError("-o json prints the created session: give it with -d/--detach")
     request: dict[str, Any] = {
         "owner": args.owner,
         "image": args.image,
@@ -166,17 +150,20 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.detach:  # the manager waits for us; without --detach the CLI watches instead
         request["max_wait"] = args.max_wait
     detach = _interrupt_event()
-    async with _connection(args) as conn:
+    async with connected(args) as conn:
         reply = await conn.request(SESSION_CREATE, request, wait_s=args.max_wait + 10)
         session_id = reply["session_id"]
         if args.detach:
-            print(f"session {session_id} {reply['status']} {reply['status_info']}")
-            _print_ports(reply)
+            if wants_json(args):
+                print_json(reply)
+            else:
+                print(f"session {session_id} {reply['status']} {reply['status_info']}")
+                _print_ports(reply)
             return 1 if reply["status"] in FAILED else 0
         if command is not None:  # like `docker run`: the output, then its exit code
             return await _run_attached(conn, session_id, args.max_wait, detach)
         print(f"session {session_id} created (Ctrl-C detaches; it goes on)", flush=True)
-        console = _console()
+        console = output.console()
         outcome = await watch(
             conn,
             session_id,
@@ -203,7 +190,7 @@ async def _run_attached(
     then the main kernel's output until it ends; its exit code becomes ours."""
     err = sys.stderr
     print(f"session {session_id} created (Ctrl-C detaches; it goes on)", file=err, flush=True)
-    console = _console(stderr=True)
+    console = output.console(stderr=True)
     outcome = await watch(
         conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
     )
@@ -281,123 +268,47 @@ async def _main_exit_code(
 
 async def cmd_watch(args: argparse.Namespace) -> int:
     detach = _interrupt_event()
-    async with _connection(args) as conn:
-        return await _watch_and_report(conn, args.session_id, max_wait=args.max_wait, detach=detach)
+    async with connected(args) as conn:
+        session_id = await ids.session_id(conn, args.session_id)
+        return await _watch_and_report(conn, session_id, max_wait=args.max_wait, detach=detach)
 
 
 async def cmd_destroy(args: argparse.Namespace) -> int:
-    async with _connection(args) as conn:
+    async with connected(args) as conn:
+        session_id = await ids.session_id(conn, args.session_id)
         reply = await conn.request(
-            SESSION_DESTROY, {"session_id": args.session_id, "forced": args.forced}
+            SESSION_DESTROY, {"session_id": session_id, "forced": args.forced}
         )
+    if wants_json(args):
+        print_json(reply)
+        return 0
     print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
     return 0
 
 
 async def cmd_cancel_kernel(args: argparse.Namespace) -> int:
-    payload = {"kernel_id": args.kernel_id}
-    if args.reason:
-        payload["reason"] = args.reason
-    async with _connection(args, "admin") as conn:
+    async with connected(args, "admin") as conn:
+        kernel_id = await ids.kernel_id(conn, args.kernel_id)
+        payload = {"kernel_id": kernel_id}
+        if args.reason:
+            payload["reason"] = args.reason
         reply = await conn.request(KERNEL_CANCEL, payload)
+    if wants_json(args):
+        print_json(reply)
+        return 0
     for kernel in reply.get("kernels", []):
-        if kernel["kernel_id"] == args.kernel_id:
-            print(f"kernel {args.kernel_id} {kernel['status']} {kernel['status_info']}")
+        if kernel["kernel_id"] == kernel_id:
+            print(f"kernel {kernel_id} {kernel['status']} {kernel['status_info']}")
     print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
     return 0
 
 
 async def cmd_read(args: argparse.Namespace) -> int:
-    async with _connection(args) as conn:
-        await cli_read.run_read(conn, args, _console())
+    async with connected(args) as conn:
+        if getattr(args, "session", None):
+            args.session = await ids.session_id(conn, args.session)
+        await cli_read.run_read(conn, args, output.console())
     return 0
-
-
-# --- history, events -----------------------------------------------------------------------------
-
-
-def _format_event(rec: Recorded, quarantined: Mapping[int, str] | None = None) -> str:
-    """One line of history; ``quarantined``: seq -> reason of the records the read models
-    skipped (an event can decode and still not apply: its line says so too)."""
-    when = rec.time.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
-    actor = rec.headers.get(codec.ACTOR_HEADER, "-")
-    # The manager's Hoist-Actor names who caused its event (client, admin); anyone else's is
-    # only a claim, so the line names the writer the subject proves.
-    written = writer(rec.subject)
-    by = f"by {actor}" if written in ("manager", actor) else f"by {written} (claims {actor})"
-    try:
-        event = admit(rec.subject, rec.headers, rec.data)
-    except Inadmissible as e:  # history shows what every reader skipped, and who wrote it
-        name = e.event_type or "?"
-        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  {by}  QUARANTINED: {e}"
-    skipped = (quarantined or {}).get(rec.seq)
-    if skipped is not None:
-        name = type(event).__name__
-        return f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {name}  {by}  QUARANTINED: {skipped}"
-    payload = {
-        k: v
-        for k, v in msgspec.to_builtins(event).items()
-        if k not in ("type", "originator_id", "originator_version", "timestamp", "originator_topic")
-    }
-    return (
-        f"{rec.seq:>8}  {when}  {kind}:{agg_id}  {type(event).__name__}  {by}"
-        f"  {msgspec.json.encode(payload).decode()}"
-    )
-
-
-async def _print_events(args: argparse.Namespace, *, session_id: str | None, follow: bool) -> None:
-    stop = _interrupt_event()
-    async with _connection(args) as conn:
-        if session_id is None and conn.user is not None:
-            raise CliError(
-                "hoist events reads the whole log, which a Hoist user may not: see one of your"
-                " sessions with `hoist history SESSION` (or `hoist events --session SESSION`)"
-            )
-        if session_id and not follow and await session_log.last_seq(conn, session_id) == 0:
-            raise CliError(f"no session {session_id!r}: check the id (`hoist sessions`)")
-        subject_filter = subjects.session_events(session_id) if session_id else None
-        quarantined = await _quarantined(conn, subject_filter)
-
-        async def printing() -> None:
-            if session_id:
-                found = session_log.records(conn, session_id, follow=follow)
-            else:
-                found = event_store(conn.nc).replay(follow=follow)
-            async for rec in found:
-                print(_format_event(rec, quarantined), flush=True)
-
-        task = asyncio.create_task(printing())
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _quarantined(conn: Connection, subject_filter: str | None) -> dict[int, str]:
-    """seq -> reason of the quarantined records under ``subject_filter`` (the read model's
-    word, for what decoding alone cannot tell); empty when the manager does not answer."""
-    payload: dict[str, Any] = {"limit": 10000}
-    if subject_filter:
-        payload["subject"] = subject_filter
-    try:
-        reply = await conn.request(f"{subjects.QUERY}.quarantine", payload, wait_s=5)
-    except CliError:
-        return {}
-    return {row["seq"]: row["reason"] for row in reply["rows"]}
-
-
-async def cmd_history(args: argparse.Namespace) -> None:
-    """Every event of one session, in order: straight from JetStream, or for a Hoist user from
-    the manager (services.cli.session_log)."""
-    await _print_events(args, session_id=args.session_id, follow=False)
-
-
-async def cmd_events(args: argparse.Namespace) -> None:
-    await _print_events(args, session_id=args.session, follow=args.follow)
 
 
 async def cmd_creds(args: argparse.Namespace) -> None:
@@ -562,6 +473,7 @@ async def _supervise(local: stack.Stack, stop: asyncio.Event) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hoist", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hoist {package_version()}")
     parser.add_argument(
         "--data-dir",
         help="the local stack's data dir (default: $HOIST_HOME, else the nearest .hoist from"
@@ -631,37 +543,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-wait", type=float, default=0.0, help="stop watching after S seconds (0: no limit)"
     )
     run.add_argument("--detach", "-d", action="store_true", help="print the session id, no view")
+    add_output_flags(run, "the created session (with -d)")
     kernel_cli.add_run_flags(run)
     run.set_defaults(func=cmd_run, cmd=None)
 
     watch_p = sub.add_parser("watch", help="show a session live (again), from its current state")
-    watch_p.add_argument("session_id")
+    watch_p.add_argument("session_id", metavar="SESSION", help=_SESSION_HELP)
     watch_p.add_argument("--max-wait", type=float, default=0.0)
     watch_p.set_defaults(func=cmd_watch)
 
     destroy = sub.add_parser("destroy", help="end a session")
-    destroy.add_argument("session_id")
+    destroy.add_argument("session_id", metavar="SESSION", help=_SESSION_HELP)
     destroy.add_argument("--forced", action="store_true", help="record it terminated at once")
+    add_output_flags(destroy, "the session")
     destroy.set_defaults(func=cmd_destroy)
 
     admin = sub.add_parser("admin", help="superadmin commands (admin credentials)")
     admin_sub = admin.add_subparsers(dest="admin_command", required=True)
     cancel = admin_sub.add_parser("cancel-kernel", help="force a not-yet-running kernel CANCELLED")
-    cancel.add_argument("kernel_id")
+    cancel.add_argument("kernel_id", metavar="KERNEL", help="a kernel id or its unique prefix")
     cancel.add_argument("--reason")
+    add_output_flags(cancel, "the session")
     cancel.set_defaults(func=cmd_cancel_kernel)
 
     cli_read.add_commands(sub, cmd_read)
-    kernel_cli.register(sub, _connection, _default_owner())
+    kernel_cli.register(sub, connected, _default_owner())
 
-    history = sub.add_parser("history", help="every event of a session, in order")
-    history.add_argument("session_id")
-    history.set_defaults(func=cmd_history)
-
-    events = sub.add_parser("events", help="the event log")
-    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    events.add_argument("--session", help="only this session's events")
-    events.set_defaults(func=cmd_events)
+    history_cli.register(sub)
 
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.
@@ -677,8 +585,19 @@ def build_parser() -> argparse.ArgumentParser:
     quota_cli.register(sub)
     group_cli.register(sub)
     user_cli.register(sub)
+    completion.register(sub, parser)
     _accept_data_dir_after(sub)
     return parser
+
+
+_SESSION_HELP = "a session id or its unique prefix (tables show 12 characters)"
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("hoist")
+    except metadata.PackageNotFoundError:  # run from a checkout never installed
+        return "unknown (not installed)"
 
 
 def _accept_data_dir_after(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -704,20 +623,29 @@ def _raise_interrupt(*_: object) -> None:
 
 
 def run(
-    func: Callable[[argparse.Namespace], Awaitable[int | None]], args: argparse.Namespace
+    func: Callable[[argparse.Namespace], Awaitable[int | None]],
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser | None = None,
 ) -> int:
+    """Run a command; an error ends in one line on stderr (a reply's in the terms of
+    ``parser``, the command's own parser: its flags), exit code 1."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return asyncio.run(func(args)) or 0
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `hoist ... | head`: the reader has what it wanted
-        silence_stdout()
-        return 0
+    except ReplyError as e:
+        print(f"hoist: {in_flag_terms(e, parser)}", file=sys.stderr)
+        return 1
     except CliError as e:
         print(f"hoist: {e}", file=sys.stderr)
         return 1
-    except (ValueError, OSError) as e:  # e.g. an id that cannot be a subject token
+    except OSError as e:
+        if isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE:  # `main` ends it quietly
+            raise BrokenPipeError from None
+        print(f"hoist: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # e.g. an id that cannot be a subject token
         print(f"hoist: {e}", file=sys.stderr)
         return 1
     except StoreError as e:  # the stream too busy or gone mid-command: one line, not a trace
@@ -731,7 +659,17 @@ PROCESSES = {"agent": "agent", "manager": "services.manager"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """`hoist`.  A closed stdout (`hoist events | head`) ends any command quietly with exit
+    code 0, as `run` does when its command's output is closed: the reader has what it wanted
+    (0, not 141, so `set -o pipefail` scripts do not fail on a `| head`)."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        silence_stdout()  # the interpreter's last flush would raise again
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     # A process parses its own options (its --help too), also after `--data-dir D`.
     first = 0
     if argv[:1] == ["--data-dir"]:
@@ -749,7 +687,19 @@ def main(argv: list[str] | None = None) -> int:
         else:  # `--` meant nothing special here: argparse's own reading of it
             args = parser.parse_args(argv)
     args.data_dir = str(stack_home.resolve_data_dir(args.data_dir))
-    return run(args.func, args)
+    return run(args.func, args, command_parser(parser, args))
+
+
+def command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` came from (`hoist admin cancel-kernel`'s own)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if not subs or name not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[name]
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from domain.session import Session
 from domain.status import TERMINAL, Kernel, KernelStatus
 from services.cli import session_log
 from services.cli.connection import CliError, Connection
+from services.cli.output import human_bytes, human_duration
 from services.transport import progress as progress_stream
 
 S = KernelStatus
@@ -50,15 +51,7 @@ _STATUS_STYLE = {
 }
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def human_duration(seconds: float | None) -> str:
+def eta(seconds: float | None) -> str:
     if seconds is None:
         return "-:--:--"
     s = int(seconds + 0.5)
@@ -377,14 +370,14 @@ def kernel_info(kernel: Kernel) -> str:
     1.2s)``."""
     if kernel.ran_s is None:
         return kernel.status_info
-    return f"{kernel.status_info} (ran {kernel.ran_s:.1f}s)"
+    return f"{kernel.status_info} (ran {human_duration(kernel.ran_s)})"
 
 
 def _rate_text(rate: float | None, current: int, total: int) -> str:
     if rate is None:
         return ""
-    eta = (total - current) / rate if rate > 0 and total > current else None
-    return f"{human_bytes(rate)}/s  ETA {human_duration(eta)}"
+    remaining = (total - current) / rate if rate > 0 and total > current else None
+    return f"{human_bytes(rate)}/s  ETA {eta(remaining)}"
 
 
 class PlainPrinter:

@@ -13,6 +13,7 @@ from domain.subjects import QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW
 from services.cli import connection as cli_nats
 from services.cli.connection import CliError
 from services.cli.images import parse_size
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 
 _LIMITS = (
@@ -36,6 +37,7 @@ def register(subparsers: Any) -> None:
     sub = quota.add_subparsers(dest="quota_command", required=True)
     show = sub.add_parser("show", help="the policies, and each user's effective policy and usage")
     show.add_argument("owner", nargs="?", help="one user (default: every user holding or waiting)")
+    add_output_flags(show, "the policies and usage")
     show.set_defaults(func=cmd_show)
     qset = sub.add_parser(
         "set", help="create or replace a user's policy, or 'default' (unset limits: unlimited)"
@@ -126,6 +128,9 @@ def usage_line(usage: dict[str, Any]) -> str:
 
 async def cmd_show(args: argparse.Namespace) -> None:
     reply = await _ask(QUOTA_SHOW, {} if args.owner is None else {"owner": args.owner}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     print("policies:")
     for p in reply["policies"]:
         state = " (removed)" if p["removed"] else ""

@@ -2,13 +2,13 @@
 ``hoist.query.*`` request each (served beside the projections), printed as a table or JSON.
 
 Replies are ``{"seq", "rows": [{column: value}], "truncated"}``.  A table shows the columns a
-person scans first; ``--json`` has them all.
+person scans first, ids cut to 12 characters, durations and sizes in human form; ``-o wide``
+every column and whole ids; ``-o json`` (``--json``) the reply as it came, raw values.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -19,7 +19,15 @@ from rich.text import Text
 
 from domain import subjects
 from domain.image_ref import familiar
+from domain.status import TERMINAL, KernelStatus
 from services.cli.connection import Connection
+from services.cli.output import (
+    add_output_flags,
+    human_bytes,
+    human_duration,
+    print_json,
+    wants_json,
+)
 
 # command -> (query name, columns shown in the table, in order; missing ones are skipped)
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -95,6 +103,9 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
 _SPARSE_COLUMNS = ("exit_code", "ran_s", "ports", "slots")  # shown when some row has one
 _ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
 _BYTE_COLUMNS = ("mem", "free_mem", "disk", "free_disk", "size_bytes", "bytes")
+_SECONDS_COLUMNS = ("ran_s", "duration_s")
+# `hoist ps` without -a: kernels that have not ended.
+LIVE = [s.value for s in KernelStatus if s not in TERMINAL]
 
 
 def add_commands(
@@ -106,13 +117,14 @@ def add_commands(
 
     def table_command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--json", action="store_true", help="the reply as JSON, every column")
+        add_output_flags(p, "the rows")
         p.add_argument("--limit", type=int, help="at most this many rows (default 1000)")
         p.set_defaults(func=read, read=name)
         return p
 
-    ps = table_command("ps", "kernels and their status")
-    ps.add_argument("--session", help="only this session's kernels")
+    ps = table_command("ps", "live kernels and their status (-a: ended ones too)")
+    ps.add_argument("--all", "-a", action="store_true", help="ended kernels too")
+    ps.add_argument("--session", help="only this session's kernels (an id or its prefix)")
     ps.add_argument("--owner")
     ps.add_argument("--status", action="append", help="e.g. PULLING (repeatable)")
     sessions = table_command("sessions", "sessions and their status")
@@ -142,32 +154,38 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.read == "occupancy":
         options["by"] = args.by
+    if args.read == "ps" and not args.all and options["status"] is None:
+        options["status"] = LIVE
     return {k: v for k, v in options.items() if v is not None}
 
 
 async def run_read(conn: Connection, args: argparse.Namespace, console: Console) -> None:
     query, columns = COMMANDS[args.read]
     reply = await conn.request(f"{subjects.QUERY}.{query}", request_of(args))
-    if args.json:
-        print(json.dumps(reply, indent=2, default=str))
+    if wants_json(args):
+        print_json(reply)
         return
     rows = reply.get("rows", [])
+    wide = args.output == "wide"
+    if wide:  # the table's columns first, then the rest as the reply has them
+        extra = [k for r in rows for k in r if k not in columns]
+        columns = (*columns, *dict.fromkeys(extra))
     shown = [
         c
         for c in columns
         if any(c in r and (c not in _SPARSE_COLUMNS or r[c] is not None) for r in rows)
     ] or sorted({k for r in rows for k in r})
-    console.print(_table(shown, [[r.get(c) for c in shown] for r in rows]))
+    console.print(_table(shown, [[r.get(c) for c in shown] for r in rows], whole_ids=wide))
     _footer(console, reply, len(rows))
 
 
-def _table(columns: list[str], rows: list[list[Any]]) -> Table:
+def _table(columns: list[str], rows: list[list[Any]], whole_ids: bool = False) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for c in columns:
         table.add_column(c, overflow="fold")
     for row in rows:
         # Text, not str: rich would read "[...]" in a value (an owner, a reason) as markup.
-        table.add_row(*(Text(_cell(c, v)) for c, v in zip(columns, row, strict=True)))
+        table.add_row(*(Text(_cell(c, v, whole_ids)) for c, v in zip(columns, row, strict=True)))
     return table
 
 
@@ -186,17 +204,15 @@ def _footer(console: Console, reply: dict[str, Any], count: int) -> None:
     console.print(f"[dim]{count} row(s) as of event {reply.get('seq', '?')}{more}[/dim]")
 
 
-def _cell(column: str, value: Any) -> str:
-    from services.cli.progress_view import human_bytes
-
+def _cell(column: str, value: Any, whole_ids: bool = False) -> str:
     if value is None:
         return "-"
-    if column in _ID_COLUMNS and isinstance(value, str):
+    if column in _ID_COLUMNS and isinstance(value, str) and not whole_ids:
         return value[:12]
     if column == "image" and isinstance(value, str):
         return familiar(value)  # stored canonical; shown as docker images shows it
-    if column == "ran_s" and isinstance(value, int | float):
-        return f"{value:.1f}s"
+    if column in _SECONDS_COLUMNS and isinstance(value, int | float):
+        return human_duration(value)
     if column in _BYTE_COLUMNS and isinstance(value, int | float):
         return human_bytes(value)
     if isinstance(value, str) and len(value) > 19 and value[4:5] == "-" and value[10:11] == "T":

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from domain.subjects import USER_ADD, USER_DISABLE, USER_LIST
 from services.cli import connection as cli_nats
+from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 from services.stack import up as stack
 
@@ -40,6 +41,7 @@ def register(subparsers: Any) -> None:
     disable.add_argument("name")
     disable.set_defaults(func=cmd_disable)
     ls = sub.add_parser("list", help="every user, disabled ones too")
+    add_output_flags(ls, "the users")
     ls.set_defaults(func=cmd_list)
 
 
@@ -92,6 +94,9 @@ def _same_server(a: str, b: str) -> bool:
 
 async def cmd_list(args: argparse.Namespace) -> None:
     reply = await _ask(USER_LIST, {}, args)
+    if wants_json(args):
+        print_json(reply)
+        return
     if not reply["users"]:
         print("no user: add one with `hoist user add NAME`")
     for u in reply["users"]:

@@ -22,6 +22,7 @@ from domain.contracts.history import (
     HistoryPage,
     SessionHistory,
 )
+from domain.errors import unknown_session
 from domain.rpc import RequestError, decode, encode_reply
 from domain.user import not_enabled
 from services.eventstore.store import EventStore, Recorded, StoreError
@@ -84,7 +85,7 @@ class History:
         owner = self.owner_of(req.session_id)
         if owner is None or (owner != user and not self.user_admin(user)):
             raise RequestError(  # never a hint that another user's session exists
-                "not-found", f"session_id: no session {req.session_id!r}; check the id"
+                "not-found", f"session_id: {unknown_session(req.session_id)}"
             )
         subject = subjects.session_events(req.session_id)
         # Each waiting request polls the log: one user's many cannot make it do more.

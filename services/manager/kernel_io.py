@@ -27,6 +27,7 @@ from domain.contracts.sessions import (
     VolumesView,
     VolumeView,
 )
+from domain.errors import unknown_session
 from domain.rpc import RequestError
 from domain.session import CLUSTER_ENV_PREFIX, Session
 from domain.status import Kernel, KernelStatus
@@ -148,7 +149,7 @@ class KernelIO:
     async def _session(self, session_id: str) -> Session:
         session = await self.fleet.committed(session_id)
         if session is None:
-            raise RequestError("not-found", f"session_id: no session {session_id!r}; check the id")
+            raise RequestError("not-found", f"session_id: {unknown_session(session_id)}")
         return session
 
     async def _open(

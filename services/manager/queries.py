@@ -39,11 +39,12 @@ from domain.contracts.queries import (
     MAX_WAIT_S,
     OCCUPANCY_BY,
     OUTCOME,
+    PREFIX,
     PULL_OUTCOMES,
     STATUS,
 )
 from domain.image_ref import canonical_or_same
-from domain.limits import MAX_IMAGE, MAX_LIST, quote
+from domain.limits import MAX_ID, MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
@@ -268,6 +269,12 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
         if not isinstance(value, bool):
             raise InvalidRequest(f"{name} must be true or false, got {quote(value)}")
         return f"{name} = ?", [value]
+    if kind == PREFIX:  # the start of an id: a short id the CLI resolves
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_ID:
+            raise InvalidRequest(
+                f"{name} must be a string of 1 to {MAX_ID} characters, got {quote(value)}"
+            )
+        return f"starts_with({name.removesuffix('_prefix')}, ?)", [value]
     values = value if isinstance(value, list) else [value]
     # No stored text is longer than an image reference: a longer value could match nothing.
     if not 0 < len(values) <= MAX_LIST or not all(

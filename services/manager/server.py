@@ -34,7 +34,7 @@ from nats.aio.subscription import Subscription
 
 from domain.contracts.commands import COMMANDS
 from domain.contracts.sessions import ReadStream, StreamOpened
-from domain.errors import IllegalTransition, InvalidField, NotNow
+from domain.errors import IllegalTransition, InvalidField, NotNow, unknown_session
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
 from domain.subjects import ADMIN, API, is_inbox, is_inbox_of
@@ -132,7 +132,7 @@ class CommandServer:
         except (IllegalTransition, NotNow) as e:
             reply = RequestError("illegal-transition", str(e)).reply()
         except SessionUnknown as e:
-            message = f"session_id: no session {e.args[0]!r}; check the id"
+            message = f"session_id: {unknown_session(e.args[0])}"
             reply = RequestError("not-found", message).reply()
         except (StoreError, ConcurrencyError) as e:
             reply = RequestError("unavailable", f"{e}; retry the request").reply()

@@ -20,6 +20,7 @@ from domain.contracts.sessions import (
     session_id_for,
     session_view,
 )
+from domain.errors import unknown_kernel, unknown_session
 from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
@@ -94,9 +95,7 @@ class SessionCommands:
     async def cancel_kernel(self, req: CancelKernel) -> SessionView:
         sid = self.fleet.kernel_session.get(req.kernel_id)
         if sid is None:
-            raise RequestError(
-                "not-found", f"kernel_id: no kernel {req.kernel_id!r}; look it up in the session"
-            )
+            raise RequestError("not-found", f"kernel_id: {unknown_kernel(req.kernel_id)}")
         async with self.uow.session(sid, actor=requester("admin")) as session:
             session.force_cancel(req.kernel_id, req.reason)
         self.uow.publish(LookAgain(sid))
@@ -106,7 +105,7 @@ class SessionCommands:
         """What the log holds of the session (never a change still being saved)."""
         session = await self.fleet.committed(session_id)
         if session is None:
-            raise RequestError("not-found", f"session_id: no session {session_id!r}; check the id")
+            raise RequestError("not-found", f"session_id: {unknown_session(session_id)}")
         return session_view(session)
 
 

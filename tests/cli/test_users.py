@@ -33,7 +33,7 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert theirs.returncode == 0, theirs.stderr
     assert json.loads(theirs.stdout)["rows"] == []
     peek = hoist_stack.hoist("--user", "ben", "destroy", sid)
-    assert peek.returncode == 1 and "not-found" in peek.stderr, peek.stdout + peek.stderr
+    assert peek.returncode == 1 and "unknown session" in peek.stderr, peek.stdout + peek.stderr
     # The log is not theirs to read: the manager serves each user their own sessions' events.
     history = hoist_stack.hoist("--user", "ann", "history", sid)
     assert history.returncode == 0, history.stderr
@@ -42,7 +42,7 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert "TERMINATED" in watched.stdout + watched.stderr, watched.stdout + watched.stderr
     for argv in (("history", sid), ("events", "--session", sid)):
         hidden = hoist_stack.hoist("--user", "ben", *argv)
-        assert hidden.returncode == 1 and "no session" in hidden.stderr, argv
+        assert hidden.returncode == 1 and "unknown session" in hidden.stderr, argv
     whole = hoist_stack.hoist("--user", "ann", "events")
     assert whole.returncode == 1 and "hoist history SESSION" in whole.stderr, whole.stderr
     # An admin user: sees every owner's sessions, and what they do is recorded as theirs.

@@ -12,7 +12,7 @@ from domain.admission import Inadmissible, writer
 from domain.codec import ACTOR_HEADER, encode
 from domain.session import Session
 from domain.status import KernelStatus
-from services.cli.main import _format_event
+from services.cli.history import format_event as _format_event
 from services.cli.progress_view import SessionState
 from services.cli.read import truncation_note
 from services.eventstore.store import Recorded

@@ -8,6 +8,7 @@ import asyncio
 import json
 
 from domain import codec
+from domain.errors import unknown_session
 from domain.subjects import (
     QUOTA_SET,
     USER,
@@ -90,9 +91,7 @@ async def test_a_user_reads_the_history_of_their_own_sessions_only(
         for session_id in (sid, "f" * 32):
             theirs = await request(nc, history("bob"), {"session_id": session_id})
             assert theirs["error"]["code"] == "not-found", theirs
-            assert (
-                theirs["error"]["message"] == f"session_id: no session {session_id!r}; check the id"
-            )
+            assert theirs["error"]["message"] == f"session_id: {unknown_session(session_id)}"
         bad = await request(nc, history("alice"), {"session_id": sid, "wait_s": 99})
         assert bad["error"]["code"] == "invalid-request" and "wait_s" in bad["error"]["message"]
 
