@@ -96,13 +96,14 @@ class Agent(BaseAggregate[str]):
             duration_s=float(duration_s),
         )
 
-    def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+    def pull_failed(self, image: str, task_id: str, reason: str, cancelled: bool = False) -> None:
         self._check_pull(image, task_id)
         self.trigger_event(
             ev.ImagePullFailed,
             image=image,
             task_id=task_id,
             reason=clip(require_text(reason, "reason"), MAX_REASON),  # a registry's words
+            cancelled=cancelled,
         )
 
     def image_removed(self, image: str, reason: str) -> None:
