@@ -182,10 +182,12 @@ class AgentFacts:
 
         await self.record(command)
 
-    async def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+    async def pull_failed(
+        self, image: str, task_id: str, reason: str, cancelled: bool = False
+    ) -> None:
         def command(agent: Agent) -> None:
             if agent.pulls.get(image) == task_id:
-                agent.pull_failed(image, task_id, reason)
+                agent.pull_failed(image, task_id, reason, cancelled)
 
         await self.record(command)
 

@@ -5,6 +5,11 @@ in parallel, retries on transient errors, a timeout and a stall deadline, thrott
 and the registration of a new task happen with no await in between, so concurrent callers can
 never start two pulls of one image.  The pull's facts (started / pulled / failed) go to the
 ``PullEvents`` the agent supplies, progress to its ``publish`` callback.
+
+Each task knows who waits for it: kernels by id, or an anonymous caller (a preload, an admin's
+pull, a manager that names no kernel).  ``release`` takes kernels off it; when the last one goes
+and no anonymous caller wants it, the pull is cancelled (the runtime's pull stops) and ends
+``cancelled``: recorded as ImagePullFailed with ``cancelled``, its last progress ``cancelled``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,7 +40,9 @@ class PullEvents(Protocol):
 
     async def pull_started(self, image: str, task_id: str) -> None: ...
     async def pulled(self, task_id: str, image: PulledImage, duration_s: float) -> None: ...
-    async def pull_failed(self, image: str, task_id: str, reason: str) -> None: ...
+    async def pull_failed(
+        self, image: str, task_id: str, reason: str, cancelled: bool = False
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,12 @@ class PullTask:
     # Set when the task is over and its outcome recorded (or recording failed).
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     last_activity: float = field(default_factory=time.monotonic)
+    # Who waits for it: kernels by id (a check-and-pull naming them), and whether anyone asked
+    # without naming a kernel (a preload, an admin's pull): then it is never cancelled.
+    kernels: set[str] = field(default_factory=set)
+    anonymous: bool = False
+    cancel_reason: str | None = None  # set by cancel(): the pull stops with this reason
+    work: asyncio.Task[tuple[PulledImage, float]] | None = None  # the pull in its slot
 
     @property
     def current(self) -> int:
@@ -83,7 +96,7 @@ class PullTask:
 
     @property
     def finished(self) -> bool:
-        return self.state in ("done", "failed")
+        return self.state in ("done", "failed", "cancelled")
 
     def update(self, p: LayerUpdate) -> None:
         prev = self.layers.get(p.layer)
@@ -104,6 +117,10 @@ class _Abort(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _Cancelled(Exception):
+    """The pull was stopped by ``PullManager.cancel`` (no kernel waits for it any more)."""
 
 
 class PullManager:
@@ -132,11 +149,40 @@ class PullManager:
         self._runners = Tasks()
         self.pulls_started = 0  # attempts that reached the runtime (for tests and benchmarks)
 
-    def request(self, image: str) -> PullTask:
-        """The unfinished task pulling ``image``, or a new one (queued until a slot is free)."""
+    def request(self, image: str, kernel_ids: Iterable[str] = ()) -> PullTask:
+        """The unfinished task pulling ``image``, or a new one (queued until a slot is free);
+        ``kernel_ids`` wait for it (none: an anonymous caller, who never releases it)."""
         task = self.active.get(image)
-        if task is not None:
-            return task
+        if task is None or task.cancel_reason is not None:  # a cancelled one is ending: anew
+            task = self._new(image)
+        waiters = set(kernel_ids)
+        task.kernels |= waiters
+        task.anonymous = task.anonymous or not waiters
+        return task
+
+    def release(self, image: str, kernel_ids: Iterable[str], reason: str) -> PullTask | None:
+        """``kernel_ids`` no longer wait for ``image``'s pull: it is cancelled when they were
+        its last waiters and no anonymous caller wants it.  The image's task in flight (as it
+        is now), or None."""
+        task = self.active.get(image)
+        if task is None:
+            return None
+        gone = task.kernels & set(kernel_ids)
+        task.kernels -= gone
+        if gone and not task.kernels and not task.anonymous:
+            self.cancel(task, reason)
+        return task
+
+    def cancel(self, task: PullTask, reason: str) -> None:
+        """Stop ``task`` (queued, pulling or waiting to retry): it ends ``cancelled``, the
+        runtime's pull is cancelled (docker: the API stream closed; dummy: the simulation)."""
+        if task.finished or task.cancel_reason is not None:
+            return
+        task.cancel_reason = reason
+        if task.work is not None:
+            task.work.cancel()
+
+    def _new(self, image: str) -> PullTask:
         task = PullTask(task_id=uuid.uuid4().hex, image=image)
         self.active[image] = task
         self.tasks[task.task_id] = task
@@ -164,10 +210,16 @@ class PullManager:
                 task.recorded.set()
             publisher = asyncio.create_task(self._publish_loop(task))
             try:
-                async with self._slots:
-                    task.state = "pulling"
-                    started = time.monotonic()  # the pull's duration, not its time in the queue
-                    pulled = await self._attempts(task, started + self.policy.timeout_s)
+                pulled, started = await self._in_slot(task)
+            except _Cancelled:
+                task.state, task.reason = "cancelled", task.cancel_reason
+                log.info(
+                    "agent %s: pull %s of %s cancelled: %s",
+                    self.agent_id,
+                    task.task_id,
+                    task.image,
+                    task.reason,
+                )
             except (PullError, _Abort) as e:
                 task.state, task.reason = "failed", e.reason
                 log.warning(
@@ -185,14 +237,16 @@ class PullManager:
                     for k, v in task.layers.items()
                 }
             finally:
-                self.active.pop(task.image, None)
+                self._forget(task)
                 task.changed.set()
             await publisher  # the final state is published before the outcome is recorded
             publisher = None
             if task.state == "done":
                 await self.events.pulled(task.task_id, pulled, time.monotonic() - started)
             else:
-                await self.events.pull_failed(task.image, task.task_id, task.reason or "failed")
+                cancelled = task.state == "cancelled"
+                reason = task.reason or "failed"
+                await self.events.pull_failed(task.image, task.task_id, reason, cancelled)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -201,10 +255,39 @@ class PullManager:
             if not task.finished:
                 task.state, task.reason = "failed", "internal error: see the agent log"
         finally:
-            self.active.pop(task.image, None)
+            self._forget(task)
             task.ended.set()
             if publisher is not None:
                 publisher.cancel()
+
+    async def _in_slot(self, task: PullTask) -> tuple[PulledImage, float]:
+        """The pull (its attempts, once a slot is free) and when it started; _Cancelled when
+        ``cancel`` stopped it.  It runs as a task of its own so that a cancel stops it wherever
+        it is (queued, pulling, backing off) and nothing else of the runner."""
+
+        async def work() -> tuple[PulledImage, float]:
+            async with self._slots:
+                task.state = "pulling"
+                started = time.monotonic()  # the pull's duration, not its time in the queue
+                return await self._attempts(task, started + self.policy.timeout_s), started
+
+        if task.cancel_reason is not None:
+            raise _Cancelled
+        task.work = asyncio.create_task(work())
+        try:
+            return await task.work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancel_reason is None or (current is not None and current.cancelling()):
+                raise  # the agent stops (close): not this pull's cancel
+            raise _Cancelled from None
+        finally:
+            task.work = None
+
+    def _forget(self, task: PullTask) -> None:
+        """``task`` is no longer the image's pull in flight (unless a new one already is)."""
+        if self.active.get(task.image) is task:
+            del self.active[task.image]
 
     async def _attempts(self, task: PullTask, deadline: float) -> PulledImage:
         policy = self.policy
@@ -282,5 +365,6 @@ class PullManager:
             current=task.current,
             total=task.total,
             done=task.finished,
-            error=task.reason if task.state == "failed" else None,
+            error=task.reason if task.state in ("failed", "cancelled") else None,
+            cancelled=task.state == "cancelled",
         )

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,6 +126,7 @@ class AgentServer:
             rpc.SYNC_KERNELS: self.sync_kernels,
             rpc.UNLOAD: self.unload,
             rpc.PULL_STATUS: self.pull_status,
+            rpc.PULL_CANCEL: self.pull_cancel,
             rpc.PIN_IMAGES: self.pin_images,
             rpc.IMAGE_GC: self.image_gc,
             rpc.LOGS: self.logs,
@@ -401,16 +402,18 @@ class AgentServer:
         for image in request.images:
             # A kernel is about to use it: GC keeps it for the lease (pin-images renews it).
             self.leases[image] = max(lease, self.leases.get(image, 0.0))
-        return await self._present_or_pull(request.images)
+        kernel_ids = request.kernel_ids if isinstance(request, rpc.CheckAndPull) else []
+        return await self._present_or_pull(request.images, kernel_ids)
 
     async def _present_or_pull(
-        self, images: list[str]
+        self, images: list[str], kernel_ids: Sequence[str] = ()
     ) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
+        """Each image held, or its pull (the one in flight, or a new one) with ``kernel_ids``
+        waiting for it (none: an anonymous caller, whose pull is never cancelled)."""
         out: dict[str, rpc.ImagePresent | rpc.PullTask] = {}
         started = []
         for i, image in enumerate(images):
-            task = self.pulls.active.get(image)
-            if task is None:
+            if image not in self.pulls.active:
                 try:
                     held = await self.runtime.has_image(image)
                 except ValueError as e:
@@ -418,7 +421,7 @@ class AgentServer:
                 if held is not None:
                     out[image] = rpc.ImagePresent(digest=held.digest, size=held.size_bytes)
                     continue
-                task = self.pulls.request(image)  # the same task if a caller beat us to it
+            task = self.pulls.request(image, kernel_ids)  # the task in flight, if there is one
             out[image] = rpc.PullTask(task_id=task.task_id)
             started.append(task.recorded.wait())
         # Reply once ImagePullStarted is stored, so the manager can follow the task in the log.
@@ -459,8 +462,23 @@ class AgentServer:
         self.last_used[image.image] = time.time()
         await self.facts.pulled(task_id, image, duration_s)
 
-    async def pull_failed(self, image: str, task_id: str, reason: str) -> None:
-        await self.facts.pull_failed(image, task_id, reason)
+    async def pull_failed(
+        self, image: str, task_id: str, reason: str, cancelled: bool = False
+    ) -> None:
+        await self.facts.pull_failed(image, task_id, reason, cancelled)
+
+    async def pull_cancel(self, request: rpc.PullCancel) -> rpc.PullCancelled:
+        """The kernels no longer wait for the image: its pull stops if nobody else waits."""
+        task = self.pulls.release(request.image, request.kernel_ids, request.reason)
+        if task is None:
+            return rpc.PullCancelled()
+        cancelled = task.cancel_reason is not None
+        return rpc.PullCancelled(
+            task_id=task.task_id,
+            state="cancelled" if cancelled else task.state,
+            cancelled=cancelled,
+            waiting=sorted(task.kernels),
+        )
 
     async def pull_status(self, request: rpc.PullStatus) -> rpc.PullStatusReply:
         task = self.pulls.get(request.task_id)

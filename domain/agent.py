@@ -98,7 +98,7 @@ class Agent(BaseAggregate[str]):
             duration_s=float(duration_s),
         )
 
-    def pull_failed(self, image: str, task_id: str, reason: str) -> None:
+    def pull_failed(self, image: str, task_id: str, reason: str, cancelled: bool = False) -> None:
         image = canonical(image, "image")
         self._check_pull(image, task_id)
         self.trigger_event(
@@ -106,6 +106,7 @@ class Agent(BaseAggregate[str]):
             image=image,
             task_id=task_id,
             reason=clip(require_text(reason, "reason"), MAX_REASON),  # a registry's words
+            cancelled=cancelled,
         )
 
     def image_removed(self, image: str, reason: str) -> None:

@@ -403,10 +403,15 @@ class ImagePulled(Event, frozen=True, kw_only=True, tag="ImagePulled"):
         return state
 
 
-class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed"):
+class ImagePullFailed(Event, frozen=True, kw_only=True, tag="ImagePullFailed", omit_defaults=True):
+    """A pull ended without the image.  ``cancelled``: the agent stopped it because no kernel
+    waited for it any more (pull-cancel), not a registry's or the network's failure; absent
+    (False) from the events of a failure, and from those written before it existed."""
+
     image: Image
     task_id: Id
     reason: Reason
+    cancelled: bool = False
 
 
 class ImageRemoved(Event, frozen=True, kw_only=True, tag="ImageRemoved"):

@@ -36,6 +36,12 @@ MAX_DEPTH = 16  # nesting of a JSON request
 MAX_REQUEST = 256 * 1024  # bytes of one request
 MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
 QUOTE = 80  # characters of a bad value an error message quotes
+# The least one kernel may ask for: what a container engine can enforce.  Docker refuses a
+# memory limit under 6 MiB, and a CPU limit under 0.01 cores is a CFS quota under the kernel's
+# 1 ms minimum per 100 ms period (Docker's documented range starts at 0.01).  The session
+# door (domain.contracts.sessions) and every agent runtime (agent.runtime.base) check these.
+MIN_KERNEL_MEM = 6 * 2**20
+MIN_KERNEL_CPU = 0.01
 
 TOKEN = r"^[A-Za-z0-9_-]+\Z"  # \Z, not $: $ also matches before a final newline
 # Printable text: no C0/C1 control characters (they would drive terminals and corrupt logs),
@@ -75,6 +81,17 @@ SlotName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=SLOT
 SlotAmount = Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOT)]
 Slots = Annotated[dict[SlotName, SlotAmount], msgspec.Meta(max_length=64)]
 ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+
+
+def kernel_floor(cpu: float, mem: int) -> tuple[str, str] | None:
+    """(key, why) when one kernel asks for less cpu or mem than a runtime can enforce."""
+    if not cpu >= MIN_KERNEL_CPU:
+        return "cpu", f"must be at least {MIN_KERNEL_CPU:g} cores, got {cpu!r}"
+    if mem < MIN_KERNEL_MEM:
+        return "mem", (
+            f"must be at least {MIN_KERNEL_MEM // 2**20} MiB ({MIN_KERNEL_MEM} bytes), got {mem!r}"
+        )
+    return None
 
 
 def clip(text: str, limit: int) -> str:

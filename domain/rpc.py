@@ -54,6 +54,7 @@ SYNC_KERNELS = "sync-kernels"
 PRELOAD = "preload"
 UNLOAD = "unload"
 PULL_STATUS = "pull-status"
+PULL_CANCEL = "pull-cancel"
 PIN_IMAGES = "pin-images"
 IMAGE_GC = "image-gc"
 LOGS = "logs"
@@ -69,6 +70,7 @@ VERBS = (
     PRELOAD,
     UNLOAD,
     PULL_STATUS,
+    PULL_CANCEL,
     PIN_IMAGES,
     IMAGE_GC,
     LOGS,
@@ -104,9 +106,13 @@ class _Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class CheckAndPull(_Request, kw_only=True):
-    """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (seed 000)."""
+    """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (seed 000).
+    ``kernel_ids``: the kernels that wait for the pull (pull-cancel names them when they no
+    longer do); none: someone who never says (an admin's pull), so the pull is never
+    cancelled for want of waiters."""
 
     images: Images
+    kernel_ids: KernelIds = []
 
 
 class Preload(_Request, kw_only=True):
@@ -324,7 +330,29 @@ class PullStatus(_Request, kw_only=True):
     task_id: Id
 
 
-PullState = Literal["queued", "pulling", "done", "failed"]
+class PullCancel(_Request, kw_only=True):
+    """``kernel_ids`` no longer wait for ``image`` (cancelled, destroyed): the agent stops its
+    pull when no other kernel waits for it and nobody asked for it without naming a kernel
+    (a preload, an admin's pull).  Idempotent: kernels that are no waiters (any more) change
+    nothing."""
+
+    image: Image
+    kernel_ids: Annotated[list[Id], msgspec.Meta(min_length=1, max_length=MAX_LIST)]
+    reason: Reason = "no kernel waits for it"
+
+
+PullState = Literal["queued", "pulling", "done", "failed", "cancelled"]
+
+
+class PullCancelled(_Reply, kw_only=True):
+    """The image's pull after the request: ``task_id`` None when none is in flight;
+    ``cancelled`` True when it is being stopped (by this request or an earlier one);
+    ``waiting``: the kernels still waiting for it."""
+
+    task_id: str | None = None
+    state: PullState | None = None
+    cancelled: bool = False
+    waiting: list[str] = []
 
 
 class PullStatusReply(_Reply, kw_only=True):
@@ -356,6 +384,7 @@ REQUESTS: dict[str, type[_Request]] = {
     PRELOAD: Preload,
     UNLOAD: Unload,
     PULL_STATUS: PullStatus,
+    PULL_CANCEL: PullCancel,
     PIN_IMAGES: PinImages,
     IMAGE_GC: ImageGc,
     LOGS: Logs,
@@ -427,6 +456,7 @@ class PullProgress(msgspec.Struct, frozen=True, kw_only=True):
     total: Bytes
     done: bool = False
     error: str | None = None
+    cancelled: bool = False  # with done: stopped because no kernel waited (``error`` says so)
 
 
 # --- encoding: the one way every request is decoded and every reply encoded ----------------

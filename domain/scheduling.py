@@ -728,25 +728,97 @@ class _Group:
     def _ever(self, cpu: int, mem: int, slots: SlotAsk, n: int, single: bool) -> bool:
         shape = (cpu, mem, slots, n, single)
         if shape not in self.ever:
-            caps = zip(self.cap_cpu, self.cap_mem, self.cap_slots, strict=True)
             if single:
+                caps = zip(self.cap_cpu, self.cap_mem, self.cap_slots, strict=True)
                 self.ever[shape] = any(
                     c >= cpu * n and m >= mem * n and all(s[k] >= a * n for k, a in slots)
                     for c, m, s in caps
                 )
-            elif not slots:
-                cpu, mem = max(cpu, 1), max(mem, 1)
-                room = sum(
-                    min(c // cpu, m // mem) for c, m in zip(self.cap_cpu, self.cap_mem, strict=True)
-                )
-                self.ever[shape] = room >= n
             else:
-                room = sum(
-                    min(c // max(cpu, 1), m // max(mem, 1), *(s[k] // a for k, a in slots))
-                    for c, m, s in caps
-                )
-                self.ever[shape] = room >= n
+                self.ever[shape] = self._idle_room(cpu, mem, slots) >= n
         return self.ever[shape]
+
+    def _idle_room(self, cpu: int, mem: int, slots: SlotAsk) -> int:
+        """How many kernels of (cpu, mem, slots) the group's agents hold when idle."""
+        cpu, mem = max(cpu, 1), max(mem, 1)
+        if not slots:
+            return sum(
+                min(c // cpu, m // mem) for c, m in zip(self.cap_cpu, self.cap_mem, strict=True)
+            )
+        caps = zip(self.cap_cpu, self.cap_mem, self.cap_slots, strict=True)
+        return sum(min(c // cpu, m // mem, *(s[k] // a for k, a in slots)) for c, m, s in caps)
+
+    def refusal(self, session: PendingSession) -> tuple[str, str]:
+        """(field, why) the group's live agents could not hold ``session`` even when idle,
+        naming the largest agent in the dimension that falls short (see ``never_holds``)."""
+        r, n = session.resources, session.cluster_size
+        single = _single(session)
+        per = n if single else 1  # kernels one agent must hold at once
+        whose = f"resource group {self.name!r}"
+        asks: list[tuple[str, int, list[int]]] = [
+            ("cpu", _mc_up(r.cpu) * per, self.cap_cpu),
+            ("mem", r.mem * per, self.cap_mem),
+            *((k, a * per, [c[k] for c in self.cap_slots]) for k, a in _slot_ask(r)),
+        ]
+        asked = f"the {n} kernels of this single-node session ask" if single else "asks"
+        for key, amount, caps in asks:
+            best = max(range(len(caps)), key=lambda i: (caps[i], -i))  # ties: the first id
+            if caps[best] >= amount:
+                continue
+            if key == "mem":
+                want, have = _fmt_mem(amount), _fmt_mem(caps[best])
+            else:
+                want = f"{_fmt_amount(amount / 1000)} {key}"
+                have = f"{_fmt_amount(caps[best] / 1000)} {key}"
+            if not caps[best]:
+                return f"resources.{key}", (
+                    f"{asked} {want} but no live agent of {whose} offers {key}"
+                )
+            return f"resources.{key}", (
+                f"{asked} {want}{' on one agent' if single else ''} but the largest live agent"
+                f" of {whose}, {self.ids[best]}, has {have}"
+            )
+        need = _need(r.cpu * per, r.mem * per, {k: v * per for k, v in r.slots.items()})
+        if single or not self._idle_room(_mc_up(r.cpu), r.mem, _slot_ask(r)):
+            return "resources", f"{need}: no live agent of {whose} has all of it at once"
+        room = self._idle_room(_mc_up(r.cpu), r.mem, _slot_ask(r))
+        return "cluster_size", (
+            f"{n} kernels of {need} each, but the live agents of {whose} hold {room} of them"
+            " even when idle"
+        )
+
+
+def never_holds(
+    resources: Resources,
+    cluster_size: int,
+    cluster_mode: ClusterMode,
+    resource_group: str,
+    agents: Sequence[AgentView],
+) -> tuple[str, str] | None:
+    """(field, why) when the live agents of ``resource_group`` could not hold the session even
+    when idle (the scheduler's own test, ``_Group.could_ever_fit``), so it could never start:
+    multi-node, each kernel must fit an agent and all of them the group; single-node, all of
+    them one agent.  None when they could, and when the group has no live agent at all (agents
+    still starting: the session waits for them)."""
+    session = PendingSession(
+        session_id="new",
+        owner="",
+        image="",
+        resources=resources,
+        cluster_size=cluster_size,
+        resource_group=resource_group,
+        kernel_ids=[str(i) for i in range(cluster_size)],
+        enqueued_at=datetime.min,
+        cluster_mode=cluster_mode,
+    )
+    group = _Group(resource_group, Policy())
+    group.note_request(session)
+    for agent in sorted(agents, key=lambda a: a.agent_id):
+        if agent.live and agent.resource_group == resource_group:
+            group.add_agent(agent)
+    if not group.ids or group.could_ever_fit(session):
+        return None
+    return group.refusal(session)
 
 
 def _single(session: PendingSession) -> bool:

@@ -67,7 +67,8 @@ PULLS = Table(
         ("image", "VARCHAR"),
         ("started_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
-        ("outcome", "VARCHAR"),  # pulling, pulled, failed, abandoned (agent restarted)
+        # pulling, pulled, failed, cancelled (no kernel waited), abandoned (agent restarted)
+        ("outcome", "VARCHAR"),
         ("reason", "VARCHAR"),
         ("digest", "VARCHAR"),
         ("bytes", "BIGINT"),
@@ -158,13 +159,17 @@ class ImagesProjection(Projection):
     tables: ClassVar[tuple[Table, ...]] = (AGENT_IMAGES,)
     views: ClassVar[Mapping[str, str]] = {
         # In use: kernels on that agent with that image holding the agent's resources; last
-        # used: the latest status change of any kernel of that image there.
+        # used: the latest status change of a kernel of that image there that got a container
+        # (started, or ended since): a kernel still waiting for the image, or cancelled before
+        # it got one, never used it.
         "agent_images_view": f"""
             SELECT i.agent_id, i.image, i.digest, i.size_bytes, i.pulled_at, i.reported_at,
                    u.last_used_at, coalesce(u.kernels_using, 0) AS kernels_using, i.preloaded,
                    i.pinned, i.preload_reason, i.preloaded_at, i.last_seq
             FROM agent_images i
-            LEFT JOIN (SELECT agent_id, image, max(status_changed_at) AS last_used_at,
+            LEFT JOIN (SELECT agent_id, image,
+                              max(status_changed_at) FILTER (WHERE container_id IS NOT NULL)
+                                  AS last_used_at,
                               count(*) FILTER (WHERE status IN ({_in(AGENT_RESOURCE_OCCUPYING)}))
                                   AS kernels_using
                        FROM kernels WHERE agent_id IS NOT NULL GROUP BY agent_id, image) u
@@ -298,7 +303,7 @@ class PullsProjection(Projection):
             row.update(outcome="pulled", digest=e.digest, bytes=e.size_bytes)
             row["duration_s"] = e.duration_s
         else:
-            row.update(outcome="failed", reason=e.reason)
+            row.update(outcome="cancelled" if e.cancelled else "failed", reason=e.reason)
             row["duration_s"] = (e.timestamp - row["started_at"]).total_seconds()
         self.put("pulls", (e.originator_id, e.task_id), row)
 

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from domain.limits import kernel_floor
+
 # Container labels: which kernel/session a container runs, which agent owns it.
 LABEL_KERNEL = "hoist.kernel"
 LABEL_SESSION = "hoist.session"
@@ -228,10 +230,9 @@ def validate_create(kernel_id: str, session_id: str, cpu: float, mem_bytes: int)
     """What every runtime checks before it creates a container (ValueError naming the field)."""
     if not kernel_id or not session_id:
         raise ValueError("kernel_id and session_id must be non-empty")
-    if not cpu > 0:
-        raise ValueError(f"cpu must be > 0 (cores), got {cpu!r}")
-    if mem_bytes < 6 * 1024 * 1024:  # Docker's minimum memory limit
-        raise ValueError(f"mem_bytes must be at least 6 MiB (6291456), got {mem_bytes!r}")
+    if (floor := kernel_floor(cpu, mem_bytes)) is not None:  # the session door's rule too
+        key, why = floor
+        raise ValueError(f"{key}: {why}")
 
 
 class Runtime(Protocol):

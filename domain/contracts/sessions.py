@@ -83,6 +83,7 @@ from domain.limits import (
     Port,
     SlotAmount,
     SlotName,
+    kernel_floor,
 )
 from domain.session import Session
 
@@ -132,7 +133,8 @@ _RESOURCE_TYPES: dict[str, object] = {"cpu": Cpu, "mem": Mem}
 
 def resources_from(asked: Mapping[str, msgspec.Raw | float]) -> Resources:
     """``{cpu, mem, <slot>: amount}`` -> Resources, or InvalidField naming
-    ``$.resources.<key>``; a slot asked with amount 0 is no slot."""
+    ``$.resources.<key>`` (also for less cpu or mem than a runtime enforces,
+    domain.limits.kernel_floor); a slot asked with amount 0 is no slot."""
     values: dict[str, Any] = {}
     for key, value in asked.items():
         type_ = _RESOURCE_TYPES.get(key, SlotAmount)
@@ -146,6 +148,9 @@ def resources_from(asked: Mapping[str, msgspec.Raw | float]) -> Resources:
     for key in ("cpu", "mem"):
         if key not in values:
             raise InvalidField(f"$.resources.{key}", "is required (cpu in cores, mem in bytes)")
+    # What every runtime enforces at create, refused here instead of after a pull.
+    if (floor := kernel_floor(values["cpu"], values["mem"])) is not None:
+        raise InvalidField(f"$.resources.{floor[0]}", floor[1])
     if values.get("gpu", 0) != int(values.get("gpu", 0)):
         raise InvalidField("$.resources.gpu", f"is a number of whole GPUs, got {values['gpu']}")
     slots = {k: float(v) for k, v in values.items() if k not in ("cpu", "mem") and v > 0}

@@ -7,6 +7,7 @@ and changed nothing).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -61,10 +62,14 @@ class AgentRpc:
             raise AgentRefused(str(error.get("code")), str(error.get("message")))
         return reply
 
-    async def check_image(self, agent_id: str, image: str) -> str | None:
-        """check-and-pull of one image: the background pull's task id, or None when the
-        agent holds the image (AgentRefused also for an answer without the image)."""
-        reply = await self.call(agent_id, rpc.CHECK_AND_PULL, rpc.CheckAndPull(images=[image]))
+    async def check_image(
+        self, agent_id: str, image: str, kernel_ids: Sequence[str] = ()
+    ) -> str | None:
+        """check-and-pull of one image for ``kernel_ids`` (they wait for its pull): the
+        background pull's task id, or None when the agent holds the image (AgentRefused also
+        for an answer without the image)."""
+        request = rpc.CheckAndPull(images=[image], kernel_ids=list(kernel_ids))
+        reply = await self.call(agent_id, rpc.CHECK_AND_PULL, request)
         try:
             answer = reply[image]
             return answer.get("task_id") or None

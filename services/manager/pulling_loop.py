@@ -138,7 +138,7 @@ class PullingLoop:
     async def _ask_again(self, agent_id: str, kernels: list[tuple[str, str]]) -> None:
         image = self.fleet.sessions[kernels[0][0]].image
         try:
-            task_id = await self.agents.check_image(agent_id, image)
+            task_id = await self.agents.check_image(agent_id, image, [k for _, k in kernels])
         except AgentCallFailed as e:
             log.info("agent %s: check-and-pull of %s asked again: %s", agent_id, image, e)
             return

@@ -12,9 +12,11 @@ Steps, in order of precedence (each decision is a method of the Session aggregat
 2. a kernel ERROR or CANCELLED -> the others wind down ``sibling-failed`` (``wind_down``); a
    batch session's main kernel TERMINATED -> the others stop ``session-ended`` (``end_batch``);
 3. TERMINATING kernels, cancelled ones a create may have reached, and force-terminated ones
-   -> destroy-kernel (``container_removed``);
+   -> destroy-kernel (``container_removed``); kernels cancelled while PULLING -> pull-cancel
+   (the agent stops the pull when no other kernel nor a preload waits for it; nothing is
+   recorded);
 4. SCHEDULED kernels -> PREPARING (``start_preparing``), then one check-and-pull per agent
-   -> PULLING or PREPARED (``image_checked``);
+   -> PULLING or PREPARED (``image_checked``), naming the kernels that wait for the pull;
 5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``), CANCELLED
    ``image-pull-failed`` when their pull failed (``pull_ended``);
 6. all kernels PREPARED -> CREATING -> create-kernel -> RUNNING, or ERROR ``failed-to-start``
@@ -73,6 +75,11 @@ def _was_creating(kernel: Kernel) -> bool:
     return len(history) >= 2 and history[-2].status is S.CREATING
 
 
+def _was_pulling(kernel: Kernel) -> bool:
+    history = kernel.status_history
+    return len(history) >= 2 and history[-2].status is S.PULLING
+
+
 def _force_terminated(kernel: Kernel) -> bool:
     return (
         kernel.status is S.TERMINATED and reason_of(kernel.status_info) == Reason.FORCE_TERMINATED
@@ -102,6 +109,7 @@ class Reactors:
         self.sync_after_refusal = sync_after_refusal
         self.address_of = address_of  # agent id -> where its published ports are reachable
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
+        self._released: set[str] = set()  # kernels cancelled while PULLING, pull-cancel sent
         # Exits reported while the kernel was still CREATING (its command was quicker than
         # the create-kernel reply): recorded with the reply.
         self._early_exits: dict[str, ev.KernelExited] = {}
@@ -236,6 +244,13 @@ class Reactors:
         ]
         if to_destroy:
             return await self._destroy(sid, to_destroy)
+        to_release = [
+            k
+            for k in kernels
+            if k.status is S.CANCELLED and _was_pulling(k) and k.kernel_id not in self._released
+        ]
+        if to_release:
+            return await self._release_pulls(session, to_release)
         if any(k.status is S.SCHEDULED for k in kernels):
             return await self._change(sid, Session.start_preparing)
         if any(k.status is S.PREPARING for k in kernels):
@@ -284,6 +299,33 @@ class Reactors:
 
         return await self._change(session_id, decide)
 
+    async def _release_pulls(self, session: Session, kernels: list[Kernel]) -> bool:
+        """Kernels cancelled while PULLING wait for their pull no more: pull-cancel tells each
+        agent, which stops the pull unless another kernel (or a preload) waits for it.  Nothing
+        is recorded; an agent that does not answer is asked again later, a lost one not."""
+        by_agent: defaultdict[str, list[str]] = defaultdict(list)
+        for k in kernels:
+            if k.agent_id is None or self._lost(k.agent_id):
+                self._released.add(k.kernel_id)  # its pulls went with it
+            else:
+                by_agent[k.agent_id].append(k.kernel_id)
+
+        async def one(agent_id: str, kernel_ids: list[str]) -> None:
+            why = f"no kernel waits for it: {', '.join(kernel_ids)} cancelled"
+            request = rpc.PullCancel(image=session.image, kernel_ids=kernel_ids, reason=why)
+            try:
+                await self.agents.call(agent_id, rpc.PULL_CANCEL, request)
+            except AgentUnreachable as e:
+                log.info("agent %s: pull-cancel of %s not sent (%s)", agent_id, session.image, e)
+                self.kick_later(session.id)
+                return
+            except AgentRefused as e:  # e.g. an agent without the verb: its pull runs on
+                log.warning("agent %s: pull-cancel of %s refused: %s", agent_id, session.image, e)
+            self._released.update(kernel_ids)
+
+        await asyncio.gather(*(one(a, ks) for a, ks in by_agent.items()))
+        return any(k.kernel_id in self._released for k in kernels)
+
     async def _check_and_pull(self, session: Session) -> bool:
         by_agent: defaultdict[str, list[str]] = defaultdict(list)
         for k in session.kernels.values():
@@ -292,7 +334,8 @@ class Reactors:
 
         async def ask(agent_id: str) -> tuple[str, str | Exception | None]:
             try:
-                return agent_id, await self.agents.check_image(agent_id, session.image)
+                kernel_ids = by_agent[agent_id]
+                return agent_id, await self.agents.check_image(agent_id, session.image, kernel_ids)
             except AgentCallFailed as e:
                 return agent_id, e
 

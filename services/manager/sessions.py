@@ -2,8 +2,10 @@
 superadmin's ``hoist.admin.kernel.cancel`` (domain.contracts.sessions says what each takes and
 answers; services.manager.server serves them).  Each gets the session, calls its aggregate and
 saves through the unit of work.  A create is refused before anything is appended when its owner
-may not use its resource group (``forbidden``, domain.resource_group) or it could never fit its
-owner's resource policy (``invalid-request``, domain.quota).
+may not use its resource group (``forbidden``, domain.resource_group), it could never fit its
+owner's resource policy (``invalid-request``, domain.quota), or the live agents of its group
+could not hold it even when idle (``invalid-request`` naming the largest agent,
+domain.scheduling.never_holds; a group with no live agent yet is waited for).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
 from domain.rpc import RequestError
+from domain.scheduling import never_holds
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -72,6 +75,19 @@ class SessionCommands:
             raise RequestError(
                 "invalid-request",
                 f"{field}: {why} (resource policy {policy.id!r}): this session could never start",
+            )
+        # The live agents of its group could never hold it, even idle: refused now rather than
+        # PENDING for ever.  A group with no live agent yet (a stack starting) waits for them.
+        views = self.fleet.agent_views()
+        never = never_holds(
+            new.resources, req.cluster_size, new.cluster_mode, new.resource_group, views
+        )
+        if never is not None:
+            field, why = never
+            raise RequestError(
+                "invalid-request",
+                f"{field}: {why}: this session could never start; ask for less, or use a"
+                " resource group with bigger agents (hoist agents lists them)",
             )
         # Not the store's idempotency key: a retried append would come back with the
         # original's sequences while we hold other kernel ids. The derived session id and

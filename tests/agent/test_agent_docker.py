@@ -27,6 +27,7 @@ from tests.agent.agent_harness import (
     progress_log,
     running,
     store_fixture,  # noqa: F401 - the `store` fixture
+    wait_for,
 )
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
@@ -215,3 +216,37 @@ async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
         assert await runtime.has_image(image) is None
     last = seen.of(task_id)[-1]
     assert last.done and last.error == failed.reason and last.current > 0
+
+
+async def test_pull_cancel_stops_a_docker_pull_its_last_kernel_left(
+    nc: Client,
+    store: EventStore,
+    agent_id: str,
+    docker_engine: str,
+    big_image: str,
+    slow_proxy: RegistryProxy,
+) -> None:
+    image = f"{slow_proxy.host}/hoist/big:1"  # 20 MB/s: seconds of download to stop
+    remove_local(docker_engine, image)
+    runtime = DockerRuntime(agent_id, base_url=docker_engine)
+    async with (
+        running(nc, store, runtime, docker_config(agent_id)),  # type: ignore[arg-type]
+        progress_log(nc, agent_id) as seen,
+    ):
+        asked = {"images": [image], "kernel_ids": ["k1"]}
+        task_id = (await call(nc, agent_id, rpc.CHECK_AND_PULL, asked))[image]["task_id"]
+        await wait_for(lambda: any(p.current > 0 for p in seen.of(task_id)), 30, "bytes")
+        cancel = {"image": image, "kernel_ids": ["k1"], "reason": "k1 cancelled"}
+        reply = await call(nc, agent_id, rpc.PULL_CANCEL, cancel)
+        assert reply == {"task_id": task_id, "state": "cancelled", "cancelled": True}, reply
+        failed = await event_of(store, agent_id, ev.ImagePullFailed, within=15, task_id=task_id)
+        assert failed.cancelled and failed.reason == "k1 cancelled"
+        status = await call(nc, agent_id, rpc.PULL_STATUS, {"task_id": task_id})
+        assert status["state"] == "cancelled", status
+        assert await runtime.has_image(image) is None
+        assert ev.ImagePulled not in {type(e) for e in await agent_events(store, agent_id)}
+        # Idempotent: nothing in flight any more, nothing changes.
+        assert await call(nc, agent_id, rpc.PULL_CANCEL, cancel) == {}
+    last = seen.of(task_id)[-1]
+    assert last.done and last.cancelled and last.error == "k1 cancelled"
+    assert 0 < last.current < last.total  # where it stopped, not a full bar

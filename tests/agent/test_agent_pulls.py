@@ -26,8 +26,10 @@ class Facts:
     async def pulled(self, task_id: str, image: PulledImage, duration_s: float) -> None:
         self.log.append(("pulled", image.image, task_id))
 
-    async def pull_failed(self, image: str, task_id: str, reason: str) -> None:
-        self.log.append(("failed", image, task_id, reason))
+    async def pull_failed(
+        self, image: str, task_id: str, reason: str, cancelled: bool = False
+    ) -> None:
+        self.log.append(("cancelled" if cancelled else "failed", image, task_id, reason))
 
 
 def manager(
@@ -157,3 +159,35 @@ async def test_progress_is_rate_bounded_monotonic_and_ends_at_the_total() -> Non
     assert last.done and last.error is None and last.current == last.total == 20 * MB
     assert [layer.current for layer in last.layers] == [layer.total for layer in last.layers]
     assert all(p.task_id == task.task_id and p.image == "img:1" for p in published)
+
+
+async def test_a_pull_its_last_kernel_releases_is_cancelled_early() -> None:
+    pm, runtime, facts, published = manager(
+        DummyConfig(default_size=40 * MB, bandwidth_bps=4 * MB, tick_s=0.02)  # a 10 s pull
+    )
+    task = pm.request("img:1", ["k1"])
+    assert pm.request("img:1", ["k2"]) is task  # one pull, two waiters
+    await wait_for(lambda: task.current > 0, 5, "bytes")
+    assert pm.release("img:1", ["k1"], "k1 cancelled") is task
+    await asyncio.sleep(0.2)
+    assert task.state == "pulling"  # k2 still waits for it
+    pm.release("img:1", ["k2", "k9"], "no kernel waits for it")
+    await asyncio.wait_for(task.ended.wait(), 2)  # stopped early, not after 10 s
+    assert (task.state, task.reason) == ("cancelled", "no kernel waits for it")
+    assert [f[0] for f in facts.log] == ["started", "cancelled"]
+    assert await runtime.has_image("img:1") is None
+    last = published[-1]
+    assert last.done and last.cancelled and last.error == "no kernel waits for it"
+    assert last.current < 40 * MB  # ends where it stopped, not at 100 %
+    # Again: nothing in flight, nothing changes; a new request is a new pull.
+    assert pm.release("img:1", ["k2"], "again") is None
+    assert pm.request("img:1", ["k3"]).task_id != task.task_id
+
+
+async def test_a_pull_an_anonymous_caller_wants_is_never_cancelled() -> None:
+    pm, _, facts, _ = manager(DummyConfig(default_size=2 * MB, bandwidth_bps=8 * MB, tick_s=0.02))
+    task = pm.request("img:1", ["k1"])
+    pm.request("img:1")  # a preload or an admin's pull: says no kernel
+    pm.release("img:1", ["k1"], "k1 cancelled")
+    await asyncio.wait_for(task.ended.wait(), 5)
+    assert task.state == "done" and [f[0] for f in facts.log] == ["started", "pulled"]

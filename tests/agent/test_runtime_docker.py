@@ -243,7 +243,7 @@ async def test_create_needs_the_image_and_valid_resources(
         await runtime.create("k3", "s3", f"{registry.host}/hoist/absent:1", 1, 64 * MiB)
     with pytest.raises(ValueError, match="cpu"):
         await runtime.create("k3", "s3", "x:1", 0, 64 * MiB)
-    with pytest.raises(ValueError, match="mem_bytes"):
+    with pytest.raises(ValueError, match="mem: must be at least 6 MiB"):
         await runtime.create("k3", "s3", "x:1", 1, 1024)
 
 

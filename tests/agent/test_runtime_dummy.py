@@ -137,7 +137,7 @@ async def test_kernels_create_destroy_and_survive_a_restart() -> None:
         await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB)
     with pytest.raises(ImageInUse):
         await rt.remove_image("img:1")
-    with pytest.raises(ValueError, match="mem_bytes"):
+    with pytest.raises(ValueError, match="mem: must be at least 6 MiB"):
         await rt.create("k2", "s1", "img:1", 1.0, 0)
 
     restarted = DummyRuntime("a", DummyConfig(), host)

@@ -3,11 +3,13 @@ info, exit codes, batch sessions, resource slots at the door."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import msgspec
 import pytest
 
+from agent.runtime.base import validate_create
 from domain import events as ev
 from domain.codec import decode, encode
 from domain.contracts.sessions import CreateSession, resources_from, session_view
@@ -258,7 +260,27 @@ def test_what_no_container_can_take_is_refused_at_the_door(
 
 
 def test_gpus_are_whole() -> None:
-    assert resources_from({"cpu": 1, "mem": 1, "gpu": 2}).slots == {"gpu": 2.0}
+    assert resources_from({"cpu": 1, "mem": 8 * MiB, "gpu": 2}).slots == {"gpu": 2.0}
     with pytest.raises(InvalidField, match=r"resources\.gpu.*whole"):
-        resources_from({"cpu": 1, "mem": 1, "gpu": 0.5})
-    assert resources_from({"cpu": 1, "mem": 1, "tpu": 0.5}).slots == {"tpu": 0.5}
+        resources_from({"cpu": 1, "mem": 8 * MiB, "gpu": 0.5})
+    assert resources_from({"cpu": 1, "mem": 8 * MiB, "tpu": 0.5}).slots == {"tpu": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"cpu": 1, "mem": 3 * MiB}, "$.resources.mem: must be at least 6 MiB (6291456 bytes)"),
+        ({"cpu": 0.005, "mem": 64 * MiB}, "$.resources.cpu: must be at least 0.01 cores"),
+    ],
+)
+def test_less_than_a_runtime_enforces_is_refused_at_the_door(
+    asked: dict[str, float], message: str
+) -> None:
+    # The agent's runtimes refuse these at create (after the pull): the door refuses them first,
+    # by the same rule (domain.limits.kernel_floor).
+    with pytest.raises(InvalidField) as e:
+        resources_from(asked)
+    assert str(e.value).startswith(message), e.value
+    with pytest.raises(ValueError, match=re.escape(message.removeprefix("$.resources."))):
+        validate_create("k", "s", asked["cpu"], int(asked["mem"]))
+    assert resources_from({"cpu": 0.01, "mem": 6 * MiB}).mem == 6 * MiB

@@ -24,6 +24,7 @@ from domain.scheduling import (
     Scheduled,
     Unschedulable,
     locality_bonus,
+    never_holds,
     plan,
 )
 
@@ -333,6 +334,61 @@ def test_no_room_names_what_was_needed() -> None:
     never = run([session("s", cpu=4, mem=4 * GiB, group="gpu")], fleet)
     assert info(never["s"]).startswith("no-available-instances: the live agents of resource")
     assert "even when idle" in info(never["s"])
+
+
+def never(s: PendingSession, fleet: list[AgentView]) -> tuple[str, str] | None:
+    return never_holds(s.resources, s.cluster_size, s.cluster_mode, s.resource_group, fleet)
+
+
+def test_never_holds_names_the_largest_live_agent_of_the_group() -> None:
+    fleet = [
+        agent("a1", cpu=4, mem=8 * GiB),
+        agent("a2", cpu=8, mem=4 * GiB, slots={"gpu": 1}),
+        agent("big", cpu=64, mem=512 * GiB, group="other"),  # another group's: not counted
+        agent("dead", cpu=64, mem=512 * GiB, live=False),
+    ]
+    assert never(session("s", cpu=1000), fleet) == (
+        "resources.cpu",
+        "asks 1000 cpu but the largest live agent of resource group 'default', a2, has 8 cpu",
+    )
+    assert never(session("s", cpu=1, mem=64 * GiB), fleet) == (
+        "resources.mem",
+        "asks 64 GiB but the largest live agent of resource group 'default', a1, has 8 GiB",
+    )
+    assert never(session("s", slots={"gpu": 2}), fleet) == (
+        "resources.gpu",
+        "asks 2 gpu but the largest live agent of resource group 'default', a2, has 1 gpu",
+    )
+    assert never(session("s", slots={"tpu": 1}), fleet) == (
+        "resources.tpu",
+        "asks 1 tpu but no live agent of resource group 'default' offers tpu",
+    )
+    # Each dimension fits some agent, but no agent has both at once.
+    field, why = never(session("s", cpu=6, mem=6 * GiB), fleet) or ("", "")
+    assert field == "resources" and "no live agent of resource group 'default' has all" in why
+    # Multi-node: each kernel fits, the group holds 3 of 4 even idle; single-node: one agent.
+    assert never(session("s", cpu=4, mem=1 * GiB, n=4), fleet) == (
+        "cluster_size",
+        "4 kernels of 4.0 cpu and 1 GiB each, but the live agents of resource group 'default'"
+        " hold 3 of them even when idle",
+    )
+    assert never(session("s", cpu=3, mem=1 * GiB, n=3, mode="single-node"), fleet) == (
+        "resources.cpu",
+        "the 3 kernels of this single-node session ask 9 cpu on one agent but the largest live"
+        " agent of resource group 'default', a2, has 8 cpu",
+    )
+    # What the scheduler could place (now or once agents free up) is never refused.
+    for fits in (session("s", cpu=8, mem=4 * GiB), session("s", cpu=2, mem=GiB, n=6)):
+        assert never(fits, fleet) is None
+        assert run([fits], [agent("a1", cpu=4, mem=8 * GiB, reserved_cpu=4), *fleet[1:]])
+    assert never(session("s", cpu=2, mem=GiB, n=2, mode="single-node"), fleet) is None
+
+
+def test_never_holds_waits_for_a_group_with_no_live_agent() -> None:
+    """Agents still starting (or all lost): the session waits for them, as it always did."""
+    assert never(session("s", cpu=1000), []) is None
+    assert never(session("s", cpu=1000), [agent("a1", live=False)]) is None
+    assert never(session("s", cpu=1000, group="gpu"), [agent("a1")]) is None
 
 
 def test_200_sessions_compete_for_little_capacity_without_over_commit() -> None:

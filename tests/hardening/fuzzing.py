@@ -30,7 +30,7 @@ TEMPLATES: dict[str, dict[str, Any]] = {
     f"{A}.session.create": {
         "owner": "fuzz",
         "image": "base:1",
-        "resources": {"cpu": 1, "mem": 1048576},
+        "resources": {"cpu": 1, "mem": 8388608},
         "cluster_size": 1,
         "resource_group": "default",
         "max_wait": 0,

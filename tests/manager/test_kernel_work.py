@@ -290,13 +290,15 @@ async def test_a_gpu_slot_is_placed_only_where_it_is_free_and_freed_after(
         )
 
 
-async def test_a_gpu_asked_where_no_agent_offers_one_waits(nc: Client, store: EventStore) -> None:
+async def test_a_gpu_asked_where_no_agent_offers_one_is_refused(
+    nc: Client, store: EventStore
+) -> None:
     async with agents(nc, store, ["a1"]), manager(nc):
-        created = await create(nc, resources={"cpu": 1, "mem": 256 * MB, "gpu": 1})
-        waiting = await until(
-            nc, created["session_id"], lambda s: "no-available" in s["status_info"], 5, "waiting"
-        )
-        assert waiting["status"] == "PENDING" and "gpu" in waiting["status_info"], waiting
+        payload = create_payload(resources={"cpu": 1, "mem": 256 * MB, "gpu": 1})
+        reply = await request(nc, SESSION_CREATE, payload)
+        assert reply["error"]["message"].startswith(
+            "resources.gpu: asks 1 gpu but no live agent of resource group 'default' offers gpu"
+        ), reply
 
 
 async def test_a_single_node_cluster_places_every_kernel_on_one_agent(
@@ -322,15 +324,16 @@ async def test_a_single_node_cluster_places_every_kernel_on_one_agent(
         assert len({k["agent_id"] for k in multi["kernels"]}) > 1, multi["kernels"]
 
 
-async def test_a_single_node_cluster_too_big_for_any_one_agent_waits(
+async def test_a_single_node_cluster_too_big_for_any_one_agent_is_refused(
     nc: Client, store: EventStore
 ) -> None:
     async with agents(nc, store, ["a1", "a2"], cpu=2), manager(nc):
-        created = await create(nc, cluster_size=3, cluster_mode="single-node")
-        waiting = await until(
-            nc, created["session_id"], lambda s: "no-available" in s["status_info"], 5, "waiting"
-        )
-        assert waiting["status"] == "PENDING", waiting
+        payload = create_payload(cluster_size=3, cluster_mode="single-node")
+        reply = await request(nc, SESSION_CREATE, payload)
+        assert reply["error"]["message"].startswith(
+            "resources.cpu: the 3 kernels of this single-node session ask 3 cpu on one agent"
+            " but the largest live agent of resource group 'default', a1, has 2 cpu"
+        ), reply
 
 
 # -- the create request's new fields at the door -----------------------------------------------

@@ -12,16 +12,17 @@ import pytest
 
 from agent.pulls import PullPolicy
 from agent.runtime.dummy import DummyHost, PullFailure
+from domain import events as ev
 from domain import subjects
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
-from domain.subjects import KERNEL_CANCEL
+from domain.subjects import KERNEL_CANCEL, SESSION_DESTROY
 from services.eventstore.store import EventStore, event_store
 from services.stack import natsauth
 from services.stack.natsserver import NatsServer
 from services.transport import credentials
 from services.transport.client import Client, connect
-from tests.agent.agent_harness import config, running, wait_for
+from tests.agent.agent_harness import config, event_of, running, wait_for
 from tests.manager.harness import (
     GB,
     MB,
@@ -197,3 +198,28 @@ async def test_a_pulling_session_does_not_count_against_its_owner(
         assert second["status"] == "RUNNING", second
         third = await create(nc, image="base:1", max_wait=0.3)
         assert third["status_info"].startswith("predicate-checks-failed: max_sessions_per_owner")
+
+
+async def test_a_destroyed_pulling_kernels_pull_is_cancelled_unless_another_waits(
+    nc: Client, store: EventStore
+) -> None:
+    async with agents(nc, store, ["a1"], **SLOW) as running_agents, manager(nc):
+        pulls = running_agents["a1"].pulls
+        first = await create(nc, image="py:3")
+        second = await create(nc, image="py:3", owner="bob")  # waits for the same pull
+        for s in (first, second):
+            await until(nc, s["session_id"], all_pulling, 5, "pulling")
+        task = pulls.active["py:3"]
+        assert len(task.kernels) == 2
+        destroyed = await request(nc, SESSION_DESTROY, {"session_id": first["session_id"]})
+        assert destroyed["status"] == "CANCELLED", destroyed
+        await wait_for(lambda: len(task.kernels) == 1, 5, "first kernel released")
+        await asyncio.sleep(0.3)
+        assert task.state == "pulling"  # bob's kernel still waits for it
+        destroyed = await request(nc, SESSION_DESTROY, {"session_id": second["session_id"]})
+        assert destroyed["status"] == "CANCELLED", destroyed
+        await asyncio.wait_for(task.ended.wait(), 5)  # a 40 s pull, stopped early
+        assert task.state == "cancelled" and task.current < task.total
+        failed = await event_of(store, "a1", ev.ImagePullFailed, task_id=task.task_id)
+        assert failed.cancelled and failed.reason.startswith("no kernel waits for it")
+        assert await running_agents["a1"].runtime.has_image("py:3") is None

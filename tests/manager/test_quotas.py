@@ -131,9 +131,9 @@ async def test_a_session_that_could_never_fit_its_quota_is_refused_at_create(
         before = await store.last_seq(f"{subjects.EVENTS}.session.>")
         cases = {
             "cluster_size": create_payload(cluster_size=3),
-            "resources.cpu": create_payload(resources={"cpu": 3, "mem": MB}, cluster_size=2),
+            "resources.cpu": create_payload(resources={"cpu": 3, "mem": 8 * MB}, cluster_size=2),
             "resources.mem": create_payload(resources={"cpu": 1, "mem": 2 * GB}),
-            "resources.gpu": create_payload(resources={"cpu": 1, "mem": MB, "gpu": 2}),
+            "resources.gpu": create_payload(resources={"cpu": 1, "mem": 8 * MB, "gpu": 2}),
         }
         for field, payload in cases.items():
             reply = await request(nc, SESSION_CREATE, payload)

@@ -119,7 +119,8 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     # Stored as canonical references (domain.image_ref); the test reads them short.
     images = {familiar(r["image"]): r for r in rows(con, "SELECT * FROM agent_images_view")}
     assert {r["image"] for r in images.values()} == {HUB + "base:1", HUB + "img:1"}
-    assert images["img:1"]["kernels_using"] == 1 and images["img:1"]["last_used_at"] is not None
+    assert images["img:1"]["kernels_using"] == 1  # PREPARED: holds its agent's room
+    assert images["img:1"]["last_used_at"] is None  # but has no container yet
     assert images["img:1"]["pulled_at"] is not None and images["base:1"]["pulled_at"] is None
     assert not images["img:1"]["preloaded"]
     pulls = {r["task_id"]: r for r in rows(con, "SELECT * FROM pulls")}
@@ -151,6 +152,69 @@ async def test_agents_images_and_pulls(store: EventStore, repo: Repository) -> N
     assert [r["image"] for r in rows(con, "SELECT image FROM agent_images")] == [HUB + "img:9"]
     [t3] = rows(con, "SELECT outcome, reason FROM pulls WHERE task_id = 't3'")
     assert t3 == {"outcome": "abandoned", "reason": "agent-reregistered"}
+
+
+async def test_last_used_at_is_when_a_container_used_the_image(
+    store: EventStore, repo: Repository
+) -> None:
+    """Not when a kernel began waiting for its pull (issue 15): a kernel PULLING, PREPARED,
+    CREATING, or cancelled while pulling never used the image; one that got a container did."""
+    agent = Agent.register(
+        agent_id="agent-a",
+        resource_group="rg",
+        capacity={"cpu": 8, "mem": 8 * GIB, "disk": 10_000},
+        runtime="dummy",
+    )
+    agent.pull_started("img:1", "t1")
+    used, cancelled = (
+        Session.enqueue(
+            owner=owner, image="img:1", resources={"cpu": 1.0, "mem": GIB}, resource_group="rg"
+        )
+        for owner in ("bob", "carol")
+    )
+    for session in (used, cancelled):
+        (k,) = session.kernels
+        session.schedule({k: "agent-a"})
+        session.mark_preparing(k)
+        session.mark_pulling(k, "t1")
+    cancelled.destroy()  # CANCELLED while pulling
+    await repo.save(agent, used, cancelled)
+    agent.pulled("img:1", "t1", "sha256:1", 3000, 2.5)
+    (k,) = used.kernels
+    used.mark_prepared(k)
+    used.mark_creating(k)
+    await repo.save(agent, used)
+
+    con = duckdb.connect()
+    runner = Runner(con, store, ALL)
+    await runner.run(follow=False)
+    [row] = rows(con, "SELECT * FROM agent_images_view")
+    assert row["image"] == "img:1" and row["last_used_at"] is None, row
+    used.mark_created(k, "container-1")
+    await repo.save(used)
+    await runner.run(follow=False)
+    [row] = rows(con, "SELECT * FROM agent_images_view")
+    assert row["last_used_at"] is not None and row["last_used_at"] > row["pulled_at"], row
+    [kernel] = rows(con, f"SELECT running_at FROM kernels WHERE kernel_id = '{k}'")
+    assert row["last_used_at"] == kernel["running_at"]
+
+
+async def test_a_cancelled_pull_is_no_failure(store: EventStore, repo: Repository) -> None:
+    agent = Agent.register(
+        agent_id="agent-a",
+        resource_group="rg",
+        capacity={"cpu": 8, "mem": 8 * GIB, "disk": 10_000},
+        runtime="dummy",
+    )
+    agent.pull_started("img:1", "t1")
+    agent.pull_failed("img:1", "t1", "no kernel waits for it: k1 cancelled", cancelled=True)
+    agent.pull_started("img:2", "t2")
+    agent.pull_failed("img:2", "t2", "manifest unknown")
+    await repo.save(agent)
+    con = duckdb.connect()
+    await Runner(con, store, ALL).run(follow=False)
+    outcomes = {r["task_id"]: r["outcome"] for r in rows(con, "SELECT * FROM pulls")}
+    assert outcomes == {"t1": "cancelled", "t2": "failed"}
 
 
 async def test_preload_marks_follow_the_agent(store: EventStore, repo: Repository) -> None:
