@@ -19,6 +19,14 @@ _DESTS = {
     "session_type": "batch",
     "command": "words",
     "agent_id": "agent",
+    # hoist quota set
+    "max_cpu": "cpu",
+    "max_mem": "mem",
+    "max_slots": "slot",
+    "max_sessions": "sessions",
+    "max_kernels_per_session": "kernels",
+    "max_lifetime_s": "lifetime",
+    "idle_timeout_s": "idle",
 }
 # "<what> request: <detail> - at `$.<path>`" (msgspec, through domain.rpc.decode)
 _AT_PATH = re.compile(r"^(?:\S+ request: )?(?P<detail>.*) - at `\$\.(?P<path>[^`]+)`$", re.S)
@@ -60,9 +68,13 @@ def in_flag_terms(error: ReplyError, parser: argparse.ArgumentParser | None) -> 
             return detail
         return f"{(action.metavar or action.dest).upper()} {detail}"  # type: ignore[union-attr]
     flag = "/".join(sorted(action.option_strings, key=len))
-    key = path[len(head) :].lstrip(".")
-    if head == "resources" and key:  # -r mem=...: the flag and the key typed
-        flag = f"-r {key}"
+    # What in the flag's value: -r's key as typed (-r mem), else the innermost field named
+    # (mounts[0].path: -v/--volume path).
+    names = [n for n in re.split(r"[.\[\]]+", path[len(head) :]) if n and not n.isdigit()]
+    if head == "resources" and names:
+        flag = f"-r {names[0]}"
+    elif names:
+        flag = f"{flag} {names[-1]}"
     joiner = " " if detail.startswith(("must ", "takes ")) else ": "
     return f"{flag}{joiner}{detail}"
 

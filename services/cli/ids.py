@@ -22,6 +22,10 @@ HOSTNAME = re.compile(r"^(main|sub)[0-9]+\Z")  # a kernel named by its hostname 
 SHOWN = 10  # candidates an ambiguous prefix lists
 
 
+class NoMatch(CliError):
+    """No id the caller may see starts with the prefix."""
+
+
 async def session_id(conn: Connection, given: str) -> str:
     """The one session id starting with ``given``."""
     if FULL_ID.match(given):
@@ -59,7 +63,7 @@ def _one(kind: str, given: str, ids: list[str], reply: dict[str, Any], missing: 
     if len(ids) == 1:
         return ids[0]
     if not ids:
-        raise CliError(missing)
+        raise NoMatch(missing)
     more = " and more" if reply.get("truncated") else ""
     raise CliError(
         f"{kind} id {given} is ambiguous: it starts {', '.join(ids)}{more}; give more characters"

@@ -288,7 +288,10 @@ async def cmd_destroy(args: argparse.Namespace) -> int:
 
 async def cmd_cancel_kernel(args: argparse.Namespace) -> int:
     async with connected(args, "admin") as conn:
-        kernel_id = await ids.kernel_id(conn, args.kernel_id)
+        try:
+            kernel_id = await ids.kernel_id(conn, args.kernel_id)
+        except ids.NoMatch:  # sent as given: the manager says why (not-found, or the role)
+            kernel_id = args.kernel_id
         payload = {"kernel_id": kernel_id}
         if args.reason:
             payload["reason"] = args.reason

@@ -170,6 +170,8 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
     if wide:  # the table's columns first, then the rest as the reply has them
         extra = [k for r in rows for k in r if k not in columns]
         columns = (*columns, *dict.fromkeys(extra))
+        if not console.is_terminal:  # piped: every column in full on one line per row
+            console.width = 10_000
     shown = [
         c
         for c in columns
@@ -182,7 +184,7 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
 def _table(columns: list[str], rows: list[list[Any]], whole_ids: bool = False) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for c in columns:
-        table.add_column(c, overflow="fold")
+        table.add_column(c, overflow="fold", no_wrap=whole_ids and c in _ID_COLUMNS)
     for row in rows:
         # Text, not str: rich would read "[...]" in a value (an owner, a reason) as markup.
         table.add_row(*(Text(_cell(c, v, whole_ids)) for c, v in zip(columns, row, strict=True)))

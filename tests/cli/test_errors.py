@@ -57,10 +57,16 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
+        # One wording for an unknown session, whoever finds it (the CLI, the manager).
         (("watch", "0" * 32), f"unknown session {'0' * 32}: list sessions with `hoist sessions`"),
-        (("destroy", "0" * 32), f"no session '{'0' * 32}'"),
-        (("history", "0" * 32), "no events under hoist.events.session." + "0" * 32),
-        (("admin", "cancel-kernel", "nope"), "no kernel 'nope'"),
+        (("destroy", "0" * 32), f"unknown session {'0' * 32}: list sessions with `hoist sessions`"),
+        (("history", "0" * 32), f"unknown session {'0' * 32}: list sessions with `hoist sessions`"),
+        (("logs", "0" * 32), f"unknown session {'0' * 32}: list sessions with `hoist sessions`"),
+        (("admin", "cancel-kernel", "0" * 32), f"unknown kernel {'0' * 32}: list kernels with"),
+        (
+            ("admin", "cancel-kernel", "nope"),
+            "unknown kernel nope: list kernels with `hoist ps -a`",
+        ),
         (
             ("run", "test/image-0:1", "-r", "mem=lots"),
             "-r mem=lots: mem takes a size like 512m or 2g",
@@ -71,7 +77,7 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
         ),
         (("run", "test/image-0:1", "-r", "gpu=x"), "-r gpu=x: gpu takes an amount >= 0"),
         (("run", "test/image-0:1", "-r", "Gpu!=1"), "-r Gpu!=1: write cpu=CORES, mem=SIZE"),
-        (("run", "test/image-0:1", "--cluster-size", "0"), "cluster_size"),
+        (("run", "test/image-0:1", "--cluster-size", "0"), "-n/--cluster-size must be at least 1"),
     ],
 )
 def test_bad_input(hoist_stack: Stack, args: tuple[str, ...], expected: str) -> None:

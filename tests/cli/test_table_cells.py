@@ -14,3 +14,14 @@ def test_brackets_in_a_cell_are_printed_as_they_are() -> None:
     out = console.export_text()
     assert reason in out
     assert "[red]ann" in out
+
+
+def test_durations_and_sizes_read_at_a_glance() -> None:
+    from services.cli.output import human_duration
+    from services.cli.read import _cell
+
+    assert [human_duration(s) for s in (0.04, 5.1781, 59.9, 123, 3599.4, 3900, 90000)] == [
+        "0.0s", "5.2s", "59.9s", "2m03s", "59m59s", "1h05m", "25h00m",
+    ]  # fmt: skip
+    assert _cell("duration_s", 5.1781) == "5.2s" and _cell("ran_s", 123.4) == "2m03s"
+    assert _cell("bytes", 12.3 * 1024**2) == "12.3 MiB"

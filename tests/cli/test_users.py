@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from domain.errors import unknown_session
 from tests.cli.stack_harness import Stack
 
 
@@ -33,7 +34,14 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert theirs.returncode == 0, theirs.stderr
     assert json.loads(theirs.stdout)["rows"] == []
     peek = hoist_stack.hoist("--user", "ben", "destroy", sid)
-    assert peek.returncode == 1 and "unknown session" in peek.stderr, peek.stdout + peek.stderr
+    # Another user's session reads as one that never was: the one unknown-session wording.
+    assert peek.returncode == 1, peek.stdout + peek.stderr
+    assert peek.stderr == f"hoist: {unknown_session(sid)}\n", peek.stderr
+    # A short id resolves among the caller's own sessions only.
+    short = hoist_stack.hoist("--user", "ben", "destroy", sid[:12])
+    assert short.stderr == f"hoist: {unknown_session(sid[:12])}\n", short.stdout + short.stderr
+    own = hoist_stack.hoist("--user", "ann", "history", sid[:12])
+    assert own.returncode == 0 and f"session:{sid}" in own.stdout, own.stdout + own.stderr
     # The log is not theirs to read: the manager serves each user their own sessions' events.
     history = hoist_stack.hoist("--user", "ann", "history", sid)
     assert history.returncode == 0, history.stderr

@@ -1,0 +1,191 @@
+"""The command-line conventions people expect, on a real stack: short ids, errors in the
+flags' terms, --version, -o json on every command that prints data, ps / ps -a, a quiet
+closed pipe, shell completion."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from domain.errors import unknown_session
+from services.cli.connection import ReplyError
+from services.cli.flag_errors import in_flag_terms
+from services.cli.main import build_parser, command_parser
+from tests.cli.stack_harness import HOIST, Stack, wait_for
+from tests.cli.test_errors import one_line_error
+
+
+def hoist_json(stack: Stack, *args: str) -> Any:
+    result = stack.hoist(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def in_read_model(stack: Stack, session_id: str, status: str | None = None) -> None:
+    """Until the sessions query has the session (in ``status``): prefixes resolve through it."""
+
+    def there() -> bool:
+        rows = hoist_json(stack, "sessions", "-o", "json")["rows"]
+        return any(r["session_id"] == session_id and status in (None, r["status"]) for r in rows)
+
+    wait_for(there, 15)
+
+
+def created(stack: Stack, *args: str) -> dict[str, Any]:
+    """`hoist run -d -o json IMAGE ...`: the created session."""
+    session = hoist_json(stack, "run", "-d", "-o", "json", *args)
+    assert isinstance(session, dict)
+    return session
+
+
+def test_a_unique_prefix_names_the_session(hoist_stack: Stack) -> None:
+    session = created(hoist_stack, hoist_stack.next_image(), "--max-wait", "30")
+    sid = session["session_id"]
+    assert session["status"] == "RUNNING", session
+    in_read_model(hoist_stack, sid)
+    short = sid[:12]  # what the tables print
+
+    watched = hoist_stack.hoist("watch", short)
+    assert watched.returncode == 0 and f"session {sid} RUNNING" in watched.stdout, watched
+    history = hoist_stack.hoist("history", short)
+    assert history.returncode == 0 and f"session:{sid}  SessionEnqueued" in history.stdout
+    rows = hoist_json(hoist_stack, "ps", "--session", short[:8], "-o", "json")["rows"]
+    assert {r["session_id"] for r in rows} == {sid}
+    destroyed = hoist_stack.hoist("destroy", short)
+    assert destroyed.returncode == 0 and destroyed.stdout.startswith(f"session {sid} ")
+
+    one_line_error(hoist_stack.hoist("destroy", "zz"), unknown_session("zz"))
+    one_line_error(hoist_stack.hoist("logs", "zz"), unknown_session("zz"))
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("run", "test/image-0:1", "-n", "0"), "-n/--cluster-size must be at least 1"),
+        (("run", "test/image-0:1", "-d", "--max-wait", "5000"), "--max-wait must be at most"),
+        (
+            ("run", "test/image-0:1", "-d", "--resource-group", "a b"),
+            "--resource-group must be 1-128 letters, digits, '_' or '-'",
+        ),
+        (("ps", "--limit", "0"), "--limit must be an integer from 1 to 10000, got 0"),
+    ],
+)
+def test_wire_errors_name_the_flag(hoist_stack: Stack, args: tuple[str, ...], line: str) -> None:
+    result = hoist_stack.hoist(*args)
+    one_line_error(result, line)
+    assert result.stderr.startswith(f"hoist: {line}"), result.stderr
+    assert "$." not in result.stderr and "Expected" not in result.stderr
+
+
+def test_version(hoist_stack: Stack) -> None:
+    result = subprocess.run([HOIST, "--version"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    assert result.stdout == f"hoist {metadata.version('hoist')}\n"
+
+
+def test_every_data_command_prints_json(hoist_stack: Stack) -> None:
+    session = created(hoist_stack, hoist_stack.next_image(), "--max-wait", "30")
+    sid = session["session_id"]
+    assert session["status"] == "RUNNING" and len(session["kernels"]) == 1, session
+    in_read_model(hoist_stack, sid)
+    for command in ("ps", "sessions", "agents", "images", "occupancy", "pulls"):
+        for flag in (("-o", "json"), ("--json",)):
+            reply = hoist_json(hoist_stack, command, *flag)
+            assert isinstance(reply["rows"], list) and reply["rows"], (command, reply)
+    assert "volumes" in hoist_json(hoist_stack, "volumes", "-o", "json")
+    lines = hoist_stack.hoist("history", sid, "-o", "json").stdout.splitlines()
+    events = [json.loads(line) for line in lines]
+    assert events[0]["type"] == "SessionEnqueued" and events[0]["id"] == sid, events[0]
+    assert all(e["aggregate"] == "session" for e in events)
+    first = json.loads(hoist_stack.hoist("events", "-o", "json").stdout.splitlines()[0])
+    assert first["seq"] == 1
+    # Admin ones (the stack's admin credentials from the data dir)
+    assert "policies" in hoist_json(hoist_stack, "quota", "show", "-o", "json")
+    assert "groups" in hoist_json(hoist_stack, "group", "list", "-o", "json")
+    assert "users" in hoist_json(hoist_stack, "user", "list", "-o", "json")
+    assert "plans" in hoist_json(hoist_stack, "image", "policy", "plan", "-o", "json")
+    assert hoist_json(hoist_stack, "sql", "SELECT 1 AS one", "-o", "json")["rows"] == [[1]]
+    destroyed = hoist_json(hoist_stack, "destroy", sid[:12], "-o", "json")
+    assert destroyed["session_id"] == sid and destroyed["status"] in ("TERMINATING", "TERMINATED")
+    wide = hoist_stack.hoist("ps", "-a", "-o", "wide", "--session", sid)
+    assert sid in wide.stdout and "resource_group" in wide.stdout  # whole ids, every column
+
+
+def test_ps_shows_live_kernels_and_ps_a_all(hoist_stack: Stack) -> None:
+    live = created(hoist_stack, hoist_stack.next_image(), "--max-wait", "30")["session_id"]
+    ended = created(hoist_stack, hoist_stack.next_image(), "--max-wait", "30")["session_id"]
+    assert hoist_stack.hoist("destroy", ended, "--forced").returncode == 0
+    in_read_model(hoist_stack, ended, "TERMINATED")
+    in_read_model(hoist_stack, live, "RUNNING")
+    shown = {r["session_id"] for r in hoist_json(hoist_stack, "ps", "-o", "json")["rows"]}
+    every = {r["session_id"] for r in hoist_json(hoist_stack, "ps", "-a", "-o", "json")["rows"]}
+    assert live in shown and ended not in shown
+    assert {live, ended} <= every
+    table = hoist_stack.hoist("ps").stdout
+    assert live[:12] in table and ended[:12] not in table
+
+
+@pytest.mark.parametrize("command", ["events", "ps", "sessions"])
+def test_a_closed_pipe_ends_quietly(hoist_stack: Stack, command: str) -> None:
+    # Some rows and events to write (several lines: head closes the pipe after the first).
+    assert hoist_stack.hoist("run", "-d", hoist_stack.next_image(), "-n", "2").returncode == 0
+    result = subprocess.run(
+        ["bash", "-c", f"{HOIST} --data-dir {hoist_stack.data_dir} {command} | head -1;"
+         " echo \"exit ${PIPESTATUS[0]}\""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.stdout.splitlines()[-1] == "exit 0", result.stdout + result.stderr
+    assert "Broken pipe" not in result.stderr and "hoist:" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_completion_scripts_come_from_the_parser(tmp_path: Any) -> None:
+    bash = subprocess.run([HOIST, "completion", "bash"], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    for word in ("destroy", "history", "--cluster-size", "completion"):
+        assert word in bash.stdout, word
+    script = tmp_path / "hoist.bash"
+    script.write_text(bash.stdout)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # Sourced, it completes the subcommands.
+    complete = subprocess.run(
+        ["bash", "-c", f"source {script}; complete -p hoist"], capture_output=True, text=True
+    )
+    assert complete.returncode == 0 and "hoist" in complete.stdout, complete.stderr
+
+    zsh = subprocess.run([HOIST, "completion", "zsh"], capture_output=True, text=True)
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef hoist"), zsh.stderr
+    assert "destroy" in zsh.stdout and "--cluster-size" in zsh.stdout
+    if shutil.which("zsh"):
+        (tmp_path / "_hoist").write_text(zsh.stdout)
+        assert subprocess.run(["zsh", "-n", str(tmp_path / "_hoist")]).returncode == 0
+
+
+def test_nested_and_renamed_fields_name_their_flags() -> None:
+    parser = build_parser()
+
+    def said(argv: list[str], message: str, code: str = "invalid-request") -> str:
+        command = command_parser(parser, parser.parse_args(argv))
+        return in_flag_terms(ReplyError(code, message), command)
+
+    mount = (
+        "hoist.api.session.create request: Expected `str` of length >= 2 - at `$.mounts[0].path`"
+    )
+    assert said(["run", "i"], mount) == "-v/--volume path must be at least 2 characters"
+    mem = "hoist.api.session.create request: Expected `int` >= 6291456 - at `$.resources.mem`"
+    assert said(["run", "i"], mem) == "-r mem must be at least 6291456"
+    quota = "hoist.admin.quota.set request: Expected `float` >= 0.0 - at `$.max_cpu`"
+    assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0.0"
+    # A field the command has no flag for, or no field: as it came, with its code.
+    assert said(["ps"], "owner: 'x' is not 'y'", "forbidden") == "--owner: 'x' is not 'y'"
+    assert said(["agents"], "owner: 'x' is not 'y'", "forbidden") == (
+        "owner: 'x' is not 'y' (forbidden)"
+    )
+    assert said(["ps"], "the manager is busy", "unavailable") == "the manager is busy (unavailable)"
