@@ -28,6 +28,7 @@ from rich.text import Text
 
 from domain import admission, rpc, subjects
 from domain.events import Event
+from domain.image_ref import familiar
 from domain.session import Session
 from domain.status import TERMINAL, Kernel, KernelStatus
 from services.cli import session_log
@@ -296,7 +297,7 @@ def render(state: SessionState) -> RenderableType:
     head = Text.assemble(
         ("session ", "bold"),
         (state.session_id, "bold"),
-        f"  {session.image}  {len(session.kernels)} kernel(s)  ",
+        f"  {familiar(session.image)}  {len(session.kernels)} kernel(s)  ",
         _status_text(session.status),
         f"  {session.status_info}",
     )

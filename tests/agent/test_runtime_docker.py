@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -252,6 +253,32 @@ async def test_remove_image(runtime: DockerRuntime, small_image: str) -> None:
     assert await runtime.remove_image(small_image) is True
     assert await runtime.has_image(small_image) is None
     assert await runtime.remove_image(small_image) is False
+
+
+async def test_short_engine_names_are_listed_canonical(
+    runtime: DockerRuntime, small_image: str, docker_engine: str
+) -> None:
+    """The engine lists a Docker Hub image as ``team/app:1`` (RepoTags, a container's image):
+    the runtime names it ``docker.io/team/app:1``, as every event and the manager do."""
+    await runtime.pull(small_image, lambda p: None)
+    repo = f"hoist-test/short-{uuid.uuid4().hex[:8]}"
+    api = docker.APIClient(base_url=docker_engine, version="1.41")
+    try:
+        api.tag(small_image, repo, "1")
+        assert f"{repo}:1" in {t for i in api.images() for t in i.get("RepoTags") or []}
+        canonical = f"docker.io/{repo}:1"
+        listed = {i.image for i in await runtime.list_images()}
+        assert canonical in listed and f"{repo}:1" not in listed
+        held = await runtime.has_image(canonical)
+        assert held is not None and held.image == canonical
+        await runtime.create("k-short", "s-short", canonical, cpu=0.25, mem_bytes=32 * MiB)
+        [k] = [k for k in await runtime.list_kernels() if k.kernel_id == "k-short"]
+        assert k.image == canonical
+    finally:
+        await runtime.destroy("k-short")
+        with contextlib.suppress(docker.errors.APIError):
+            api.remove_image(f"{repo}:1")
+        api.close()
 
 
 # --- The kernel spec, exits, logs, exec, volumes, session networks (a real engine) ---

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from domain import subjects
+from domain.image_ref import canonical
 from projections import ALL
 from projections.runner import Runner
 from services.eventstore.store import EventStore
@@ -74,7 +75,8 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     assert code == 0 and image in out and "240.0 MiB" in out
 
     code, out, _ = await hoist(hoist_stack, "pulls", "--json")
-    pulls = [r for r in json.loads(out)["rows"] if r["image"] == image]
+    # --json gives the canonical reference; tables show the short one.
+    pulls = [r for r in json.loads(out)["rows"] if r["image"] == canonical(image)]
     assert code == 0 and {r["outcome"] for r in pulls} == {"pulled"} and len(pulls) == 2
 
     code, out, _ = await hoist(hoist_stack, "agents")
