@@ -82,8 +82,8 @@ async def test_save_of_several_aggregates_is_one_atomic_append(store: EventStore
     assert len(seqs) == 2
     assert (await repo.get(Session, session.id)).status == KernelStatus.SCHEDULED
     assert (await repo.get(Agent, agent.id)).pulls == {
-        "python:3.11": "task-0",
-        "python:3.12": "task-1",
+        "docker.io/library/python:3.11": "task-0",
+        "docker.io/library/python:3.12": "task-1",
     }
 
 

@@ -185,17 +185,21 @@ async def _force_cancel(conns: dict[str, Client], creds: credentials.Credentials
             assert {r.headers.get(ACTOR_HEADER) for r in agent_records} == {"agent:a1"}
 
 
-async def test_a_pulling_session_does_not_count_against_its_owner(
+async def test_a_pulling_session_holds_no_user_resources_but_is_a_session(
     nc: Client, store: EventStore
 ) -> None:
-    limits = Limits(max_sessions_per_owner=1)
+    limits = Limits(max_sessions_per_owner=2)
     async with agents(nc, store, ["a1"], **SLOW), manager(nc, limits=limits) as m:
         pulling = await create(nc, image="py:3")
         await until(nc, pulling["session_id"], all_pulling, 5, "pulling")
-        assert m.fleet.owner_sessions["alice"] == 0  # seed 000: PULLING occupies no user room
-        assert m.fleet.agents["a1"].reserved_cpu == 1  # but it holds its agent slot
+        assert "alice" not in m.fleet.owner_usage or m.fleet.owner_usage["alice"].cpu == 0
+        assert m.fleet.agents["a1"].reserved_cpu == 1  # seed 000: it holds its agent slot only
+        # ... but it is a session: per-owner session limits count it, so any number of pulls
+        # ending cannot start sessions past them
+        assert m.fleet.owner_sessions["alice"] == 1
         second = await create(nc, image="base:1", max_wait=5)
         assert second["status"] == "RUNNING", second
+        assert m.fleet.owner_usage["alice"].cpu == 1  # the running one only
         third = await create(nc, image="base:1", max_wait=0.3)
         assert third["status_info"].startswith("predicate-checks-failed: max_sessions_per_owner")
 
@@ -209,7 +213,7 @@ async def test_a_destroyed_pulling_kernels_pull_is_cancelled_unless_another_wait
         second = await create(nc, image="py:3", owner="bob")  # waits for the same pull
         for s in (first, second):
             await until(nc, s["session_id"], all_pulling, 5, "pulling")
-        task = pulls.active["py:3"]
+        task = pulls.active["docker.io/library/py:3"]
         assert len(task.kernels) == 2
         destroyed = await request(nc, SESSION_DESTROY, {"session_id": first["session_id"]})
         assert destroyed["status"] == "CANCELLED", destroyed

@@ -189,7 +189,7 @@ async def test_last_used_at_is_when_a_container_used_the_image(
     runner = Runner(con, store, ALL)
     await runner.run(follow=False)
     [row] = rows(con, "SELECT * FROM agent_images_view")
-    assert row["image"] == "img:1" and row["last_used_at"] is None, row
+    assert row["image"] == HUB + "img:1" and row["last_used_at"] is None, row
     used.mark_created(k, "container-1")
     await repo.save(used)
     await runner.run(follow=False)
