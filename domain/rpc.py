@@ -496,7 +496,7 @@ def _canonical_images(request: Any) -> Any:
     try:
         if isinstance(request, CheckAndPull | Preload | Unload):
             return msgspec.structs.replace(request, images=canonical_all(request.images))
-        if isinstance(request, CreateKernel):
+        if isinstance(request, CreateKernel | PullCancel):
             return msgspec.structs.replace(request, image=canonical(request.image))
         if isinstance(request, PinImages):
             lists = {

@@ -223,7 +223,10 @@ class DummyRuntime:
     # -- the host on disk (state_file) -----------------------------------------------------------
 
     def _restore(self, saved: dummy_state.SavedHost) -> None:
-        self.images.update((i.image, i) for i in saved.images)
+        # Keyed as the engine names them (a file saved before canonical names holds others).
+        for i in saved.images:
+            name = _engine_name(i.image)
+            self.images[name] = replace(i, image=name)
         self.host.volumes.update(saved.volumes)
         self.host.next_port = max(self.host.next_port, saved.next_port)
         now = time.time()

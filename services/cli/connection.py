@@ -133,8 +133,8 @@ class Connection:
             msg = req.result()
         except NoRespondersError:
             raise CliError(
-                f"nothing answers {subject}: the manager is not running; start the stack with"
-                " `hoist up`"
+                f"nothing answers {subject}: the manager is not running; `hoist status` says"
+                " what is down (a stack whose manager died: `hoist down`, then `hoist up`)"
             ) from None
         except NatsTimeoutError:
             raise CliError(

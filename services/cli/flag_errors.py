@@ -31,7 +31,10 @@ _DESTS = {
 # "<what> request: <detail> - at `$.<path>`" (msgspec, through domain.rpc.decode)
 _AT_PATH = re.compile(r"^(?:\S+ request: )?(?P<detail>.*) - at `\$\.(?P<path>[^`]+)`$", re.S)
 # "<path>: <detail>" (InvalidField, RequestError naming its field)
-_FIELD_FIRST = re.compile(r"^(?P<path>[a-z_][a-z0-9_]*(?:[.\[][^ :]*)?): (?P<detail>.*)$", re.S)
+# ("$.resources.mem: ..." too: the create door's per-key checks name the path msgspec's way)
+_FIELD_FIRST = re.compile(
+    r"^(?:\$\.)?(?P<path>[a-z_][a-z0-9_]*(?:[.\[][^ :]*)?): (?P<detail>.*)$", re.S
+)
 # "<field> must ..." (the queries' checks)
 _FIELD_MUST = re.compile(r"^(?P<path>[a-z_][a-z0-9_]*) (?P<detail>must .*)$", re.S)
 # msgspec's constraint words -> ours
@@ -49,8 +52,13 @@ _BOUNDS = [
 ]
 
 
-def in_flag_terms(error: ReplyError, parser: argparse.ArgumentParser | None) -> str:
-    """The line to print for ``error``, a reply to the command ``parser`` parsed."""
+def in_flag_terms(
+    error: ReplyError,
+    parser: argparse.ArgumentParser | None,
+    args: argparse.Namespace | None = None,
+) -> str:
+    """The line to print for ``error``, a reply to the command ``parser`` parsed (into
+    ``args``: a flag left out is not named, as the user never typed it)."""
     for form in (_AT_PATH, _FIELD_FIRST, _FIELD_MUST):
         m = form.match(error.message)
         if m:
@@ -62,6 +70,8 @@ def in_flag_terms(error: ReplyError, parser: argparse.ArgumentParser | None) -> 
     action = _action(parser, head)
     if action is None:
         return str(error)
+    if action.option_strings and args is not None and getattr(args, action.dest, None) is None:
+        return str(error)  # the flag was left out: the field was not the user's
     detail = _words(detail)
     if not action.option_strings:  # a positional (SESSION, IMAGE): the detail names it
         if error.code == "not-found":

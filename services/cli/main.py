@@ -195,7 +195,9 @@ async def _run_attached(
         conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
     )
     code = _report(session_id, outcome, max_wait, file=err)
-    if outcome.detached or outcome.timed_out or outcome.status in FAILED:
+    if outcome.detached:
+        return INTERRUPTED  # Ctrl-C: 130 while pulling, as while following the output
+    if outcome.timed_out or outcome.status in FAILED:
         return code
     view = await conn.request(SESSION_GET, {"session_id": session_id})
     _print_ports(view, err)
@@ -638,7 +640,7 @@ def run(
     except KeyboardInterrupt:
         return 130
     except ReplyError as e:
-        print(f"hoist: {in_flag_terms(e, parser)}", file=sys.stderr)
+        print(f"hoist: {in_flag_terms(e, parser, args)}", file=sys.stderr)
         return 1
     except CliError as e:
         print(f"hoist: {e}", file=sys.stderr)

@@ -75,9 +75,11 @@ def _was_creating(kernel: Kernel) -> bool:
     return len(history) >= 2 and history[-2].status is S.CREATING
 
 
-def _was_pulling(kernel: Kernel) -> bool:
+def _may_wait_for_a_pull(kernel: Kernel) -> bool:
+    """Cancelled while PULLING, or while PREPARING: a check-and-pull in flight may have made it
+    a waiter of its agent's pull (pull-cancel of a kernel that is none changes nothing)."""
     history = kernel.status_history
-    return len(history) >= 2 and history[-2].status is S.PULLING
+    return len(history) >= 2 and history[-2].status in (S.PULLING, S.PREPARING)
 
 
 def _force_terminated(kernel: Kernel) -> bool:
@@ -109,7 +111,7 @@ class Reactors:
         self.sync_after_refusal = sync_after_refusal
         self.address_of = address_of  # agent id -> where its published ports are reachable
         self._removed: set[str] = set()  # cancelled/forced kernels whose container is gone
-        self._released: set[str] = set()  # kernels cancelled while PULLING, pull-cancel sent
+        self._released: set[str] = set()  # kernels cancelled while pulling, pull-cancel sent
         # Exits reported while the kernel was still CREATING (its command was quicker than
         # the create-kernel reply): recorded with the reply.
         self._early_exits: dict[str, ev.KernelExited] = {}
@@ -247,7 +249,9 @@ class Reactors:
         to_release = [
             k
             for k in kernels
-            if k.status is S.CANCELLED and _was_pulling(k) and k.kernel_id not in self._released
+            if k.status is S.CANCELLED
+            and _may_wait_for_a_pull(k)
+            and k.kernel_id not in self._released
         ]
         if to_release:
             return await self._release_pulls(session, to_release)

@@ -402,8 +402,8 @@ class Stack:
         if info is not None and info.alive():
             return (
                 f"a stack already runs in {self.data_dir} (hoist up pid {info.pid}, {info.url}):"
-                f" stop it with Ctrl-C in its terminal or `kill {info.pid}`, or use another"
-                " --data-dir"
+                f" stop it with `hoist down --data-dir {self.data_dir}` (or Ctrl-C in its"
+                f" terminal, or `kill {info.pid}`), or use another --data-dir"
             )
         left = sorted(p for p in (info.pids.values() if info else ()) if _running(p))
         if left:
@@ -411,7 +411,7 @@ class Stack:
             return (
                 f"a stack already runs in {self.data_dir}: processes of a `hoist up` that ended"
                 f" still hold it after {LOCK_WAIT_S:g}s (pids {pids}); stop them with"
-                f" `kill {pids}` and start again"
+                f" `hoist down --data-dir {self.data_dir}` (or `kill {pids}`) and start again"
             )
         if holder is None or not _running(holder):
             return (

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.runtime import dummy_state
 from agent.runtime.base import (
     ContainerSpec,
     ImageInUse,
@@ -18,6 +19,7 @@ from agent.runtime.base import (
     KernelCreateError,
     KernelExists,
     KernelNotFound,
+    PulledImage,
     PullProgress,
     TransientPullError,
     Unauthorized,
@@ -28,6 +30,7 @@ from agent.runtime.base import (
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime, PullFailure
 
 MiB = 1024 * 1024
+HUB = "docker.io/library/"  # Docker Hub official images, canonical (domain.image_ref)
 
 
 async def test_progress_adds_up_per_layer_and_per_image() -> None:
@@ -368,3 +371,21 @@ def test_a_state_file_that_is_no_dummy_host_is_refused_naming_the_flag(tmp_path:
     with pytest.raises(ValueError, match=r"--dummy-state .*a\.json.*move it away"):
         DummyRuntime("a", DummyConfig(), state_file=state)
     assert state.read_text() == "{not json"  # left as it was
+
+
+async def test_a_state_file_saved_under_other_spellings_is_read_under_the_engines(
+    tmp_path: Path,
+) -> None:
+    """A file saved before names were canonical (``python``, or the canonical form): the images
+    are found, listed once, and removable under any spelling."""
+    state = tmp_path / "a.json"
+    held = [PulledImage("python", "sha256:1", MiB), PulledImage(HUB + "busybox:1", "sha256:2", 1)]
+    dummy_state.save(state, dummy_state.SavedHost(images=held))
+    rt = DummyRuntime("a", DummyConfig(bandwidth_bps=None), state_file=state)
+    assert await rt.has_image("python:latest") is not None
+    assert await rt.has_image("busybox:1") is not None
+    listed = sorted(i.image for i in await rt.list_images())
+    assert listed == [HUB + "busybox:1", HUB + "python:latest"]
+    assert await rt.remove_image(HUB + "python:latest")
+    assert await rt.has_image("python") is None
+    await rt.close()

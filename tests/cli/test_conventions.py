@@ -181,6 +181,15 @@ def test_nested_and_renamed_fields_name_their_flags() -> None:
     assert said(["run", "i"], mount) == "-v/--volume path must be at least 2 characters"
     mem = "hoist.api.session.create request: Expected `int` >= 6291456 - at `$.resources.mem`"
     assert said(["run", "i"], mem) == "-r mem must be at least 6291456"
+    # The create door's own per-key checks, as the manager words them.
+    floor = "$.resources.mem: must be at least 6 MiB (6291456 bytes), got 3145728"
+    assert said(["run", "i"], floor) == "-r mem must be at least 6 MiB (6291456 bytes), got 3145728"
+    # A field whose flag was left out was not the user's: said as it came.
+    parsed = parser.parse_args(["exec", "abc", "--", "true"])
+    gone = "kernel_id: kernel k1 is TERMINATED (exited: code 0); exec needs a RUNNING kernel"
+    assert in_flag_terms(ReplyError("conflict", gone), command_parser(parser, parsed), parsed) == (
+        f"{gone} (conflict)"
+    )
     quota = "hoist.admin.quota.set request: Expected `float` >= 0.0 - at `$.max_cpu`"
     assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0.0"
     # A field the command has no flag for, or no field: as it came, with its code.

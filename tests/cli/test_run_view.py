@@ -106,6 +106,22 @@ def test_ctrl_c_detaches_and_watch_shows_the_current_state_at_once(
     assert "pull 100%" in result.stdout
 
 
+def test_ctrl_c_while_a_command_waits_for_its_pull_exits_130(
+    hoist_stack: Stack, terminal: Terminal
+) -> None:
+    """`hoist run IMAGE -- CMD` follows the command's output once it runs, and Ctrl-C then
+    exits 130; so does Ctrl-C before, while the image is pulled (it exited 0 there)."""
+    image = hoist_stack.next_big_image()
+    dd = hoist_stack.data_dir
+    terminal.type(f"{HOIST} --data-dir {dd} run {image} -- sleep 30; echo EXIT=$?")
+    screens = _record_until(terminal, "Downloading", 60)
+    session_id = CREATED.search(screens[-1])[1]  # type: ignore[index]
+    terminal.ctrl_c()
+    detached = _record_until(terminal, r"EXIT=\d", 20)[-1]
+    assert f"detached from session {session_id}" in detached
+    assert "EXIT=130" in detached, detached
+
+
 def test_detach_returns_at_once_and_max_wait_bounds_a_watch(hoist_stack: Stack) -> None:
     image = hoist_stack.next_big_image()
     created = hoist_stack.hoist("run", image, "--detach")

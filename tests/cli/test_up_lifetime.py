@@ -146,6 +146,7 @@ def test_a_second_up_on_a_running_data_dir_is_refused_and_the_first_unharmed(
         pid = stack.proc.pid
         assert f"a stack already runs in {data_dir.resolve()} (hoist up pid {pid}," in second.stderr
         assert f"`kill {pid}`" in second.stderr
+        assert f"`hoist down --data-dir {data_dir.resolve()}`" in second.stderr
         assert "Traceback" not in second.stderr
         assert "stopped" not in second.stdout  # it never started anything
         assert _alive(recorded) == recorded
@@ -186,6 +187,7 @@ def test_up_waits_for_and_names_the_processes_still_holding_the_data_dir(
     assert up.returncode == 1
     assert f"still hold it after 5s (pids {orphan.pid})" in up.stderr
     assert f"`kill {orphan.pid}`" in up.stderr
+    assert f"`hoist down --data-dir {data_dir.resolve()}`" in up.stderr
     assert waited >= 5
     orphan.kill()
     orphan.wait()
