@@ -212,24 +212,12 @@ def _agents(data_dir: Path, info: stack.StackInfo, rows: list[dict[str, Any]]) -
 
 
 def _docker(docker_host: str | None) -> Check:
-    import docker
-
-    where = docker_host or "DOCKER_HOST or unix:///var/run/docker.sock"
-    try:
-        client = (
-            docker.DockerClient(base_url=docker_host, timeout=3)
-            if docker_host
-            else docker.from_env(timeout=3)
-        )
-        try:
-            version = client.version().get("Version", "?")
-        finally:
-            client.close()
-    except Exception as e:  # any failure means the same: the docker agents have no engine
+    version, where = stack.docker_version(docker_host)
+    if version is None:
         return Check(
             "docker",
             False,
-            f"no Docker Engine reachable at {where} ({type(e).__name__})",
+            f"no Docker Engine reachable at {where}",
             "start dockerd (the docker agents cannot start kernels without it)",
         )
     return Check("docker", True, f"Docker Engine {version} at {where}")

@@ -211,6 +211,12 @@ async def connect(url: str, name: str) -> Client:
 
 def docker_reachable(docker_host: str | None) -> tuple[bool, str]:
     """(reachable, where): ping the Docker Engine the docker runtime would use."""
+    version, where = docker_version(docker_host)
+    return version is not None, where
+
+
+def docker_version(docker_host: str | None) -> tuple[str | None, str]:
+    """(the engine's version, or None when none answers; where, with why not)."""
     import docker
 
     where = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -221,12 +227,12 @@ def docker_reachable(docker_host: str | None) -> tuple[bool, str]:
             else docker.from_env(timeout=3)
         )
         try:
-            client.ping()
+            version = str(client.version().get("Version", "?"))
         finally:
             client.close()
     except Exception as e:  # any failure means the same thing here: no engine to use
-        return False, f"{where} ({type(e).__name__})"
-    return True, where
+        return None, f"{where} ({type(e).__name__})"
+    return version, where
 
 
 def _port_free(port: int) -> bool:
