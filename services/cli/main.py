@@ -363,7 +363,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     local = stack.Stack(
         data_dir,
-        nats_port=args.nats_port,
+        nats_port=args.nats_port or stack.remembered_port(data_dir),
         agents=args.agents,
         runtime=runtime,
         docker_host=args.docker_host,
@@ -383,7 +383,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     except stack.StackError as e:
         raise CliError(str(e)) from None
     finally:
-        started = local.lock.fd is not None  # refused before it started: nothing stopped
+        started = local.server is not None  # refused before nats-server: nothing stopped
         local.stop()
         if started:
             with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
@@ -495,7 +495,12 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents, a demo")
     up.add_argument("--runtime", choices=("docker", "dummy"), help="default: docker if reachable")
     up.add_argument("--agents", type=int, default=2, help="how many agents (default 2)")
-    up.add_argument("--nats-port", type=int, default=stack.DEFAULT_PORT)
+    up.add_argument(
+        "--nats-port",
+        type=int,
+        help=f"the port of its nats-server (default: the one this data dir's stack last used,"
+        f" else {stack.DEFAULT_PORT})",
+    )
     up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
     demo_flags = up.add_mutually_exclusive_group()
     demo_flags.add_argument("--no-demo", action="store_true", help="start no demo session")

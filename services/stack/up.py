@@ -36,6 +36,20 @@ from services.transport.client import Client
 
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
+PORT_FILE = "nats-port"  # the port this data dir's stack last used: `hoist up` uses it again
+
+
+def remembered_port(data_dir: Path) -> int:
+    """The NATS port ``hoist up`` takes for ``data_dir`` when none is given: the one its stack
+    last used (so `hoist up --data-dir D`, as `hoist down` advises, comes back where it was),
+    else the default."""
+    try:
+        port = int((Path(data_dir) / PORT_FILE).read_text())
+    except (OSError, ValueError):
+        return DEFAULT_PORT
+    return port if 0 < port < 65536 else DEFAULT_PORT
+
+
 READY_TIMEOUT_S = 30.0
 LOCK_WAIT_S = 5.0  # how long a new `hoist up` waits for a dying stack's processes to end
 
@@ -351,6 +365,7 @@ class Stack:
                 f" --nats-port); its log: {self.data_dir / 'nats-server.log'}"
             ) from e
         self._write_info()
+        (self.data_dir / PORT_FILE).write_text(f"{self.nats_port}\n")
         # The streams exist before any agent registers (agents may not create streams).
         nc = await connect(self.role_url("manager"), "hoist-up")
         try:

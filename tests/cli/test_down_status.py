@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from services.cli.stack_cmds import _docker
-from services.stack.up import _running
+from services.stack.up import DEFAULT_PORT, _running, remembered_port
 from tests.cli.stack_harness import HOIST, Stack, start_stack, stop_stack
 
 
@@ -58,8 +58,11 @@ def test_down_stops_every_process_and_up_brings_the_data_back(tmp_path: Path) ->
         assert f"{data_dir}/logs/agent-2.log" in str(checks["agent-2"]["next"])
         assert checks["agent-1"]["ok"] and checks["nats"]["ok"] and checks["queries"]["ok"]
 
+        port = int(json.loads((data_dir / "stack.json").read_text())["url"].rsplit(":", 1)[1])
         down = _hoist(elsewhere, data_dir, "down")
         assert down.returncode == 0, down.stderr
+        # `hoist up --data-dir D`, as advised, comes back on the port it had (not 4222).
+        assert remembered_port(data_dir) == port
         assert f"stopped the Hoist stack in {data_dir}" in down.stdout
         assert f"`hoist up --data-dir {data_dir}`" in down.stdout
         assert stack.proc.wait(30) == 0  # `hoist up` stopped in order, as on Ctrl-C
@@ -165,3 +168,12 @@ def test_an_unreachable_docker_engine_is_a_problem_with_what_to_do() -> None:
     check = _docker("unix:///nonexistent/docker.sock")
     assert not check.ok and "no Docker Engine reachable at unix:///nonexistent" in check.detail
     assert "start dockerd" in check.next
+
+
+def test_a_data_dir_without_a_good_remembered_port_gets_the_default(tmp_path: Path) -> None:
+    assert remembered_port(tmp_path) == DEFAULT_PORT
+    for text in ("", "x", "70000", "-1"):
+        (tmp_path / "nats-port").write_text(text)
+        assert remembered_port(tmp_path) == DEFAULT_PORT, text
+    (tmp_path / "nats-port").write_text("4411\n")
+    assert remembered_port(tmp_path) == 4411

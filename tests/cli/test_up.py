@@ -49,6 +49,7 @@ def test_up_stop_and_restart(tmp_path: Path) -> None:
         )
         assert other.returncode == 1
         assert f"port {port} is in use: pick another with --nats-port" in other.stderr
+        assert "stopped" not in other.stdout  # nothing started, so nothing stopped
 
         run = stack.hoist("run", stack.next_image())
         assert run.returncode == 0, run.stdout + run.stderr
