@@ -302,6 +302,9 @@ def render(state: SessionState) -> RenderableType:
         f"  {session.status_info}",
     )
     cells: list[list[RenderableType]] = []
+    # Under the table, not in it: a reason as wide as its text would widen the kernel column
+    # of every row.
+    pull_failures: list[RenderableType] = []
     for kernel in session.kernels.values():
         cells.append(
             [
@@ -318,8 +321,13 @@ def render(state: SessionState) -> RenderableType:
         key = (kernel.agent_id, kernel.pull_task_id)
         pull = state.pulls.get(key)
         if pull is not None and pull.done and pull.error:  # whatever the kernel's status now
-            failed = Text(f"    pull failed: {pull.error}", style=f"bold {_FAILED}")
-            cells.append([failed, "", "", _bytes(pull.current, pull.total), "", ""])
+            where = f"kernel {kernel.kernel_id[:12]} on {kernel.agent_id}"
+            pull_failures.append(
+                Text(
+                    f"  pull failed ({where}, at {human_bytes(pull.current)}): {pull.error}",
+                    style=f"bold {_FAILED}",
+                )
+            )
             continue
         if kernel.status != S.PULLING:
             if pull is not None and pull.done:
@@ -343,7 +351,11 @@ def render(state: SessionState) -> RenderableType:
                     "",
                 ]
             )
-    rows: list[RenderableType] = [head, _grid(state, "kernels", _KERNEL_COLUMNS, cells)]
+    rows: list[RenderableType] = [
+        head,
+        _grid(state, "kernels", _KERNEL_COLUMNS, cells),
+        *pull_failures,
+    ]
     fraction = state.fraction()
     if fraction is not None:
         current, total, _ = state.totals()
