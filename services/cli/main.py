@@ -276,16 +276,29 @@ async def cmd_watch(args: argparse.Namespace) -> int:
 
 
 async def cmd_destroy(args: argparse.Namespace) -> int:
+    """Each session named, as `docker rm` does: one that fails is said and the rest go on;
+    the exit code is 1 if any failed."""
+    replies: list[Any] = []
+    failed = 0
     async with connected(args) as conn:
-        session_id = await ids.session_id(conn, args.session_id)
-        reply = await conn.request(
-            SESSION_DESTROY, {"session_id": session_id, "forced": args.forced}
-        )
+        for given in args.session_id:
+            try:
+                session_id = await ids.session_id(conn, given)
+                reply = await conn.request(
+                    SESSION_DESTROY, {"session_id": session_id, "forced": args.forced}
+                )
+            except CliError as e:
+                if len(args.session_id) == 1:
+                    raise
+                print(f"hoist: {given}: {e}", file=sys.stderr)
+                failed += 1
+                continue
+            replies.append(reply)
+            if not wants_json(args):
+                print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
     if wants_json(args):
-        print_json(reply)
-        return 0
-    print(f"session {reply['session_id']} {reply['status']} {reply['status_info']}")
-    return 0
+        print_json(replies[0] if len(args.session_id) == 1 else replies)
+    return 1 if failed else 0
 
 
 async def cmd_cancel_kernel(args: argparse.Namespace) -> int:
@@ -562,8 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch_p.add_argument("--max-wait", type=float, default=0.0)
     watch_p.set_defaults(func=cmd_watch)
 
-    destroy = sub.add_parser("destroy", help="end a session")
-    destroy.add_argument("session_id", metavar="SESSION", help=_SESSION_HELP)
+    destroy = sub.add_parser("destroy", help="end sessions")
+    destroy.add_argument("session_id", metavar="SESSION", nargs="+", help=_SESSION_HELP)
     destroy.add_argument("--forced", action="store_true", help="record it terminated at once")
     add_output_flags(destroy, "the session")
     destroy.set_defaults(func=cmd_destroy)

@@ -62,6 +62,15 @@ def test_a_unique_prefix_names_the_session(hoist_stack: Stack) -> None:
     one_line_error(hoist_stack.hoist("destroy", "zz"), unknown_session("zz"))
     one_line_error(hoist_stack.hoist("logs", "zz"), unknown_session("zz"))
 
+    # Several at once, as `docker rm`: one that fails is said, the others still go.
+    two = [created(hoist_stack, hoist_stack.next_image())["session_id"] for _ in range(2)]
+    for sid in two:
+        in_read_model(hoist_stack, sid)
+    several = hoist_stack.hoist("destroy", two[0][:12], "zz", two[1])
+    assert several.returncode == 1, several
+    assert [line.split()[1] for line in several.stdout.splitlines()] == two, several.stdout
+    assert several.stderr == f"hoist: zz: {unknown_session('zz')}\n", several.stderr
+
 
 @pytest.mark.parametrize(
     ("args", "line"),
