@@ -43,6 +43,7 @@ _BOUNDS = [
     (re.compile(r"^Expected `\w+` > (\S+)$"), "must be more than {}"),
     (re.compile(r"^Expected `\w+` <= (\S+)$"), "must be at most {}"),
     (re.compile(r"^Expected `\w+` < (\S+)$"), "must be less than {}"),
+    (re.compile(r"^Expected `\w+` of length >= 1$"), "must not be empty"),
     (re.compile(r"^Expected `\w+` of length >= (\S+)$"), "must be at least {} characters"),
     (re.compile(r"^Expected `\w+` of length <= (\S+)$"), "must be at most {} characters"),
     (re.compile(r"^Expected `\w+` of length >= (\S+) and <= (\S+)$"), "must be {}-{} long"),

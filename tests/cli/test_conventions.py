@@ -199,6 +199,8 @@ def test_nested_and_renamed_fields_name_their_flags() -> None:
     assert in_flag_terms(ReplyError("conflict", gone), command_parser(parser, parsed), parsed) == (
         f"{gone} (conflict)"
     )
+    empty = "hoist.api.session.create request: Expected `str` of length >= 1 - at `$.image`"
+    assert said(["run", "i"], empty) == "IMAGE must not be empty"
     quota = "hoist.admin.quota.set request: Expected `float` >= 0.0 - at `$.max_cpu`"
     assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0.0"
     # A field the command has no flag for, or no field: as it came, with its code.
