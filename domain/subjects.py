@@ -135,6 +135,7 @@ POLICY_PLAN = f"{ADMIN}.image.policy.plan"
 QUOTA_SET = f"{ADMIN}.quota.set"
 QUOTA_REMOVE = f"{ADMIN}.quota.remove"
 QUOTA_SHOW = f"{ADMIN}.quota.show"
+QUOTA_MINE = f"{API}.quota.mine"  # one's own quota: any user
 
 # Resource groups and who may use each (domain.contracts.groups)
 GROUP_SET = f"{ADMIN}.group.set"

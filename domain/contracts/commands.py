@@ -13,7 +13,7 @@ from domain.contracts.common import NoRequest
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
-from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
+from domain.contracts.quotas import MyQuota, RemoveQuota, SetQuota, ShowQuotas
 from domain.contracts.sessions import (
     CancelKernel,
     CreateSession,
@@ -39,6 +39,7 @@ from domain.subjects import (
     POLICY_REMOVE,
     POLICY_SET,
     PRELOAD,
+    QUOTA_MINE,
     QUOTA_REMOVE,
     QUOTA_SET,
     QUOTA_SHOW,
@@ -91,6 +92,7 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     QUOTA_SET: SetQuota,
     QUOTA_REMOVE: RemoveQuota,
     QUOTA_SHOW: ShowQuotas,
+    QUOTA_MINE: MyQuota,
     GROUP_SET: SetGroup,
     GROUP_REMOVE: RemoveGroup,
     GROUP_LIST: ListGroups,

@@ -55,6 +55,13 @@ class ShowQuotas(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     owner: Owner | None = None  # None: every owner holding something or waiting
 
 
+class MyQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``hoist.api.quota.mine``: one owner's effective policy, usage and pending sessions (a
+    Hoist user's own subject fills in ``owner``): what anyone may see of their own quota."""
+
+    owner: Owner
+
+
 def quota_view(quota: Quota | None) -> dict[str, Any] | None:
     return None if quota is None else msgspec.structs.asdict(quota)
 

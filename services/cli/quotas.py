@@ -9,9 +9,10 @@ import argparse
 import math
 from typing import Any
 
-from domain.subjects import QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW
+from domain.subjects import QUOTA_MINE, QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW
 from services.cli import connection as cli_nats
-from services.cli.connection import CliError
+from services.cli.connected import connected
+from services.cli.connection import CliError, login_name
 from services.cli.images import parse_size
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
@@ -32,13 +33,17 @@ def register(subparsers: Any) -> None:
     quota = subparsers.add_parser(
         "quota",
         aliases=["policy"],
-        help="resource policies: per-user quotas (admin credentials)",
+        help="resource policies: per-user quotas (admin credentials; mine: any user)",
     )
     sub = quota.add_subparsers(dest="quota_command", required=True)
     show = sub.add_parser("show", help="the policies, and each user's effective policy and usage")
     show.add_argument("owner", nargs="?", help="one user (default: every user holding or waiting)")
     add_output_flags(show, "the policies and usage")
     show.set_defaults(func=cmd_show)
+    mine = sub.add_parser("mine", help="your own quota and usage (any user)")
+    mine.add_argument("--owner", help="whose (the client role only; default: you)")
+    add_output_flags(mine, "the quota and usage")
+    mine.set_defaults(func=cmd_mine)
     qset = sub.add_parser(
         "set", help="create or replace a user's policy, or 'default' (unset limits: unlimited)"
     )
@@ -138,11 +143,24 @@ async def cmd_show(args: argparse.Namespace) -> None:
     if not reply["policies"]:
         print("  none (every user is unlimited)")
     for row in reply["owners"]:
-        policy = row["policy"] or "none"
-        print(
-            f"{row['owner']}: policy {policy} ({describe(row['quota'])});"
-            f" using {usage_line(row['usage'])}; {row['pending']} pending"
-        )
+        print(owner_line(row))
+
+
+async def cmd_mine(args: argparse.Namespace) -> None:
+    async with connected(args) as conn:  # a user's own subject: the manager fills in owner
+        reply = await conn.request(QUOTA_MINE, {"owner": args.owner or login_name()})
+    if wants_json(args):
+        print_json(reply)
+        return
+    print(owner_line(reply))
+
+
+def owner_line(row: dict[str, Any]) -> str:
+    policy = row["policy"] or "none"
+    return (
+        f"{row['owner']}: policy {policy} ({describe(row['quota'])});"
+        f" using {usage_line(row['usage'])}; {row['pending']} pending"
+    )
 
 
 async def cmd_set(args: argparse.Namespace) -> None:

@@ -26,7 +26,7 @@ from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
-from domain.contracts.quotas import RemoveQuota, SetQuota, ShowQuotas
+from domain.contracts.quotas import MyQuota, RemoveQuota, SetQuota, ShowQuotas
 from domain.contracts.sessions import (
     CancelKernel,
     CreateSession,
@@ -259,6 +259,7 @@ class Manager:
                 SetQuota: self.quotas.set,
                 RemoveQuota: self.quotas.remove,
                 ShowQuotas: self.quotas.show,
+                MyQuota: self.quotas.mine,
                 SetGroup: self.groups.set,
                 RemoveGroup: self.groups.remove,
                 ListGroups: self.groups.list,

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from domain.contracts.quotas import (
+    MyQuota,
     RemoveQuota,
     SetQuota,
     ShowQuotas,
@@ -120,21 +121,27 @@ class Quotas:
         for sid in self.fleet.pending:
             owner = self.fleet.sessions[sid].owner
             pending[owner] = pending.get(owner, 0) + 1
-        rows = []
-        for owner in owners:
-            policy = effective(owner, policies)
-            rows.append(
-                {
-                    "owner": owner,
-                    "policy": None if policy is None else policy.id,
-                    "quota": quota_view(None if policy is None else policy.quota),
-                    "usage": usage_view(self.fleet.owner_usage.get(owner) or Usage()),
-                    "pending": pending.get(owner, 0),
-                }
-            )
         return {
             "policies": [resource_policy_view(p) for _, p in sorted(policies.items())],
-            "owners": rows,
+            "owners": [self._row(owner, pending.get(owner, 0)) for owner in owners],
+        }
+
+    async def mine(self, req: MyQuota) -> dict[str, Any]:
+        """The owner's own row (their effective policy, usage, pending): what a user may see
+        of quotas, never another user's policy."""
+        pending = sum(
+            1 for sid in self.fleet.pending if self.fleet.sessions[sid].owner == req.owner
+        )
+        return self._row(req.owner, pending)
+
+    def _row(self, owner: str, pending: int) -> dict[str, Any]:
+        policy = effective(owner, self.fleet.resource_policies)
+        return {
+            "owner": owner,
+            "policy": None if policy is None else policy.id,
+            "quota": quota_view(None if policy is None else policy.quota),
+            "usage": usage_view(self.fleet.owner_usage.get(owner) or Usage()),
+            "pending": pending,
         }
 
     async def _save(self, policy: ResourcePolicy) -> None:

@@ -59,6 +59,11 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert sid in {r["session_id"] for r in json.loads(every.stdout)["rows"]}, every.stderr
     by_root = hoist_stack.hoist("--user", "root", "user", "add", "cy")
     assert "user added: cy: user, enabled (by root)" in by_root.stdout, by_root.stderr
+    # Anyone sees their own quota (and only theirs).
+    mine = hoist_stack.hoist("--user", "ann", "quota", "mine")
+    assert mine.returncode == 0 and mine.stdout.startswith("ann: policy "), mine.stderr
+    theirs = hoist_stack.hoist("--user", "ann", "quota", "mine", "--owner", "ben")
+    assert theirs.returncode == 1 and "--owner: 'ben' is not 'ann'" in theirs.stderr, theirs.stderr
     # --user holds for admin commands too: a plain user is no admin (a trial was, once).
     raised = hoist_stack.hoist("--user", "ben", "quota", "set", "ben", "--cpu", "100")
     assert raised.returncode == 1 and "permission" in raised.stderr, raised.stdout + raised.stderr

@@ -107,3 +107,19 @@ async def test_a_user_reads_the_history_of_their_own_sessions_only(
         assert ninth["events"] == [] and not any(w.done() for w in waiting)
         for w in waiting:  # answered, empty, when wait_s passes
             assert (await w)["events"] == []
+
+
+async def test_a_user_sees_their_own_quota_and_nobody_elses(nc: Client, store: EventStore) -> None:
+    async with manager(nc):
+        await add_users(nc, "alice", "bob")
+        await request(nc, QUOTA_SET, {"name": "alice", "max_cpu": 4})
+        await request(nc, QUOTA_SET, {"name": "bob", "max_cpu": 64})
+        mine = await request(nc, api("alice", "quota.mine"), {})
+        assert mine["owner"] == "alice" and mine["quota"]["max_cpu"] == 4, mine
+        assert "policies" not in mine  # not the list of every user's policy
+        theirs = await request(nc, api("alice", "quota.mine"), {"owner": "bob"})
+        assert theirs["error"]["code"] == "forbidden", theirs
+        # The admin subject stays the admin's.
+        assert (await request(nc, "hoist.admin.alice.quota.show", {}, user="alice"))["error"][
+            "code"
+        ] == "forbidden"
