@@ -171,8 +171,8 @@ def refusal(
 ) -> str:
     """Why ``owner`` may not use ``group``: the field, and the groups they may use."""
     allowed = usable(owner, groups, known)
-    may = ", ".join(repr(g) for g in allowed) if allowed else "none yet"
+    may = ", ".join(repr(g) for g in allowed) if allowed else "none with agents yet"
     return (
         f"resource_group: {owner!r} may not use resource group {group!r} (an admin defined who"
-        f" may); groups {owner!r} may use: {may} (a group no admin defined is open to everyone)"
+        f" may); groups {owner!r} may use: {may}, and any group no admin defined"
     )

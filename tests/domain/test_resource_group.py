@@ -108,4 +108,6 @@ def test_the_refusal_names_the_field_and_the_groups_the_user_may_use() -> None:
     assert why.startswith("resource_group: 'bob' may not use resource group 'gpu'")
     assert "groups 'bob' may use: 'default'" in why
     closed = {"gpu": ResourceGroup.set(None, name="gpu")}
-    assert "may use: none yet" in refusal("bob", "gpu", closed, known=["gpu"])
+    assert "may use: none with agents yet, and any group no admin defined" in refusal(
+        "bob", "gpu", closed, known=["gpu"]
+    )

@@ -45,7 +45,7 @@ async def test_only_a_groups_users_create_sessions_in_it(nc: Client, store: Even
         assert refused["error"]["code"] == "forbidden", refused
         assert refused["error"]["message"] == (
             "resource_group: 'bob' may not use resource group 'gpu' (an admin defined who may);"
-            " groups 'bob' may use: 'default' (a group no admin defined is open to everyone)"
+            " groups 'bob' may use: 'default', and any group no admin defined"
         )
         assert await store.last_seq(f"{subjects.EVENTS}.session.>") == before  # nothing appended
         assert set(m.fleet.sessions) == sessions
@@ -83,7 +83,7 @@ async def test_a_public_group_and_a_removed_one_are_open_to_everyone(
         await set_group(nc, name="gpu")  # neither users nor public: nobody
         closed = await request(nc, SESSION_CREATE, create_payload(resource_group="gpu"))
         assert closed["error"]["code"] == "forbidden"
-        assert "groups 'alice' may use: 'lab' (" in closed["error"]["message"]
+        assert "groups 'alice' may use: 'lab', and any" in closed["error"]["message"]
 
         removed = await request(nc, GROUP_REMOVE, {"name": "gpu"})
         assert removed == {"group": "gpu", "recorded": True}
