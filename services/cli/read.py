@@ -184,7 +184,7 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
 def _table(columns: list[str], rows: list[list[Any]], whole_ids: bool = False) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for c in columns:
-        table.add_column(c, overflow="fold", no_wrap=whole_ids and c in _ID_COLUMNS)
+        table.add_column(_header(c), overflow="fold", no_wrap=whole_ids and c in _ID_COLUMNS)
     for row in rows:
         # Text, not str: rich would read "[...]" in a value (an owner, a reason) as markup.
         table.add_row(*(Text(_cell(c, v, whole_ids)) for c, v in zip(columns, row, strict=True)))
@@ -204,6 +204,14 @@ def truncation_note(reply: dict[str, Any]) -> str:
 def _footer(console: Console, reply: dict[str, Any], count: int) -> None:
     more = truncation_note(reply)
     console.print(f"[dim]{count} row(s) as of event {reply.get('seq', '?')}{more}[/dim]")
+
+
+def _header(column: str) -> str:
+    """A column's header: its field's name without the unit its cells now say (``ran_s`` ->
+    ``ran``, ``size_bytes`` -> ``size``); ``-o json`` keeps the field names."""
+    if column in _SECONDS_COLUMNS:
+        return column.removesuffix("_s")
+    return column.removesuffix("_bytes") if column in _BYTE_COLUMNS else column
 
 
 def _cell(column: str, value: Any, whole_ids: bool = False) -> str:

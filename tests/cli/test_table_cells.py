@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from services.cli.read import _table
+from services.cli.read import _header, _table
 
 
 def test_brackets_in_a_cell_are_printed_as_they_are() -> None:
@@ -25,3 +25,13 @@ def test_durations_and_sizes_read_at_a_glance() -> None:
     ]  # fmt: skip
     assert _cell("duration_s", 5.1781) == "5.2s" and _cell("ran_s", 123.4) == "2m03s"
     assert _cell("bytes", 12.3 * 1024**2) == "12.3 MiB"
+
+
+def test_headers_drop_the_unit_their_cells_say() -> None:
+    assert [_header(c) for c in ("ran_s", "duration_s", "size_bytes", "free_mem", "owner")] == [
+        "ran",
+        "duration",
+        "size",
+        "free_mem",
+        "owner",
+    ]
