@@ -235,19 +235,9 @@ class DummyRuntime:
             out.data, out.start = bytearray(k.log), k.log_start
             ran_s = max(0.0, now - k.started_at)
             kernel = DummyKernel(
-                kernel_id=k.kernel_id,
-                session_id=k.session_id,
-                container_id=k.container_id,
-                image=k.image,
-                cpu=k.cpu,
-                mem_bytes=k.mem_bytes,
-                spec=k.spec,
-                ports=k.ports,
+                **{name: getattr(k, name) for name in dummy_state.KERNEL_FIELDS},
                 out=out,
                 started=asyncio.get_running_loop().time() - ran_s,
-                started_at=k.started_at,
-                exit=k.exit,
-                stopped=k.stopped,
             )
             self.kernels[k.kernel_id] = kernel
             if k.exit is not None:
@@ -270,17 +260,7 @@ class DummyRuntime:
             images=list(self.images.values()),
             kernels=[
                 dummy_state.SavedKernel(
-                    kernel_id=k.kernel_id,
-                    session_id=k.session_id,
-                    container_id=k.container_id,
-                    image=k.image,
-                    cpu=k.cpu,
-                    mem_bytes=k.mem_bytes,
-                    spec=k.spec,
-                    ports=k.ports,
-                    started_at=k.started_at,
-                    exit=k.exit,
-                    stopped=k.stopped,
+                    **{name: getattr(k, name) for name in dummy_state.KERNEL_FIELDS},
                     log=bytes(k.out.data),
                     log_start=k.out.start,
                     saved_at=now,

@@ -18,6 +18,22 @@ from agent.runtime.base import ContainerSpec, ExitInfo, Published, PulledImage
 VERSION = 1
 
 
+# What a saved kernel and a live one (dummy.DummyKernel) hold alike, copied field by field.
+KERNEL_FIELDS = (
+    "kernel_id",
+    "session_id",
+    "container_id",
+    "image",
+    "cpu",
+    "mem_bytes",
+    "spec",
+    "ports",
+    "started_at",
+    "exit",
+    "stopped",
+)
+
+
 class SavedKernel(msgspec.Struct, kw_only=True):
     kernel_id: str
     session_id: str

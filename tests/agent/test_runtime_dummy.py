@@ -389,3 +389,13 @@ async def test_a_state_file_saved_under_other_spellings_is_read_under_the_engine
     assert await rt.remove_image(HUB + "python:latest")
     assert await rt.has_image("python") is None
     await rt.close()
+
+
+def test_a_saved_kernel_and_a_live_one_share_the_copied_fields() -> None:
+    from dataclasses import fields
+
+    from agent.runtime.dummy import DummyKernel
+
+    live = {f.name for f in fields(DummyKernel)}
+    saved = set(dummy_state.SavedKernel.__struct_fields__)
+    assert set(dummy_state.KERNEL_FIELDS) <= live & saved
