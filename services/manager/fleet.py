@@ -60,6 +60,8 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 S = KernelStatus
+FOLLOW_RETRY_S = 0.5  # the first pause before following the log again after a failed read
+FOLLOW_RETRY_MAX_S = 10.0
 
 
 @dataclass
@@ -191,14 +193,31 @@ class Fleet:
         await self._tasks.stop()
 
     async def _follow_log(self, target: int) -> None:
-        async for rec in self.store.replay(from_seq=1, follow=True):
+        """Fold the log for ever.  A read the store does not answer (a timeout under load, a
+        lost connection) is not the end: follow again from the next record, after a pause that
+        grows while it keeps failing, so the view never stops moving with the log."""
+        delay = FOLLOW_RETRY_S
+        while True:
             try:
-                self.fold(rec)
-            except Exception:
-                log.exception("event %s on %s not folded", rec.seq, rec.subject)
-            self.last_seq = rec.seq
-            if rec.seq >= target and not self.caught_up.is_set():
-                self.caught_up.set()
+                async for rec in self.store.replay(from_seq=self.last_seq + 1, follow=True):
+                    try:
+                        self.fold(rec)
+                    except Exception:
+                        log.exception("event %s on %s not folded", rec.seq, rec.subject)
+                    self.last_seq = rec.seq
+                    delay = FOLLOW_RETRY_S
+                    if rec.seq >= target and not self.caught_up.is_set():
+                        self.caught_up.set()
+                return  # a follow=True replay only ends when cancelled
+            except (StoreError, TimeoutError) as e:
+                log.warning(
+                    "following the event log after %d failed (%s); again in %gs",
+                    self.last_seq,
+                    e,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, FOLLOW_RETRY_MAX_S)
 
     def fold(self, rec: Recorded) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,8 @@ from domain.errors import NotNow
 from domain.session import Session
 from domain.status import KernelStatus
 from services.eventstore.repository import Repository
-from services.eventstore.store import StoreError, event_store
+from services.eventstore.store import Recorded, StoreError, event_store
+from services.manager import fleet as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.uow import SessionUnknown, UnitOfWork
 from services.transport.client import Client
@@ -187,3 +189,40 @@ async def test_a_store_outage_leaves_no_change_in_the_view_that_the_log_lacks(
     async with fleet.locked("s6") as reloaded:
         assert reloaded is not None and reloaded.status is S.PENDING
     assert "s6" in fleet.pending
+
+
+async def test_the_view_follows_the_log_again_after_a_read_fails(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read the store does not answer (under load: 'did not answer a direct get in 5.0s')
+    once ended the follower for good: the manager folded nothing more until restarted."""
+    store = event_store(nc)
+    await store.ensure_stream()
+    monkeypatch.setattr(fleet_module, "FOLLOW_RETRY_S", 0.05)
+    replay = store.replay
+    calls: list[int] = []
+
+    async def flaky(from_seq: int = 1, **kw: Any) -> AsyncIterator[Recorded]:
+        calls.append(from_seq)
+        if len(calls) == 2:  # the second follow (after the first record) fails once
+            raise StoreError("stream HOIST did not answer a direct get in 5.0s")
+        async for rec in replay(from_seq=from_seq, **kw):
+            yield rec
+            if len(calls) == 1:
+                raise StoreError("stream HOIST did not answer a direct get in 5.0s")
+
+    monkeypatch.setattr(store, "replay", flaky)
+    repo = Repository(store, actor="client")
+    await repo.save(_pending("s1"))
+    fleet = Fleet(store, Repository(store, actor="manager"))
+    await fleet.start()
+    try:
+        await repo.save(_pending("s2"))
+        for _ in range(200):
+            if "s2" in fleet.sessions:
+                break
+            await asyncio.sleep(0.02)
+        assert {"s1", "s2"} <= fleet.sessions.keys()
+        assert calls[:3] == [1, 2, 2], calls  # resumed after the last record folded
+    finally:
+        await fleet.stop()
