@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import signal
 import statistics
@@ -316,6 +317,12 @@ def report_batch(
 BURST_TARGET = 500.0  # sessions/s: what the manager did on a small fleet before issue 16
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process used so far (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory (VmRSS) in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -369,7 +376,7 @@ async def run_scale(args: argparse.Namespace) -> None:
     procs = args.agent_procs or max(1, -(-args.agents // 250))
     with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
         tmpdir = Path(tmp)
-        log = tmpdir / "processes.log"
+        log = args.log or tmpdir / "processes.log"
         with NatsServer(tmpdir / "nats") as server:
             share = [args.agents // procs + (p < args.agents % procs) for p in range(procs)]
             firsts = [sum(share[:p]) for p in range(procs)]
@@ -393,6 +400,7 @@ async def run_scale(args: argparse.Namespace) -> None:
             )
             print(Row.HEADER)
             print("| " + " | ".join(["---"] * 11) + " |", flush=True)
+            began = time.perf_counter()
             try:
                 await burst(nc, 50, "warm")  # imports, first subscriptions
                 live = 50
@@ -407,11 +415,17 @@ async def run_scale(args: argparse.Namespace) -> None:
                         break
                     print(row.show(), flush=True)
             finally:
+                wall = time.perf_counter() - began
+                agents_cpu = sum(cpu_s(p.pid) for p in agent_procs if p.returncode is None)
                 await nc.close()
                 await stop(manager)
                 for proc in agent_procs:
                     await stop(proc)
             errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
+    print(
+        f"the agents' processes used {agents_cpu / wall:.0%} of a core over the {wall:.0f} s"
+        f" run (2 cores here, shared with the manager, nats-server and this client)"
+    )
     if errors:
         print(f"{len(errors)} ERROR lines in the process logs, first: {errors[0]}")
 
@@ -489,6 +503,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--agent-procs", type=int, help="processes the agents run in (default: one per 250)"
     )
+    p.add_argument("--log", type=Path, help="(--scale) keep the processes' log here")
     p.add_argument("--first", type=int, default=0, help="(agents role) the first agent's number")
     p.add_argument(
         "--heartbeat-interval", type=float, default=2.0, help="the agents' (their default: 2 s)"
