@@ -189,6 +189,21 @@ async def burst(nc: Client, n: int, tag: str = "burst") -> float:
     return n / (time.perf_counter() - start)
 
 
+async def windowed_burst(nc: Client, n: int, tag: str, window: int) -> float:
+    """Sessions/s for ``n`` creates with at most ``window`` waiting at a time (0: all at once)."""
+    if window <= 0 or window >= n:
+        return await burst(nc, n, tag)
+    room = asyncio.Semaphore(window)
+
+    async def one(i: int) -> float:
+        async with room:
+            return await create(nc, i, tag)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - start)
+
+
 async def steady(nc: Client, rate: float, seconds: float) -> list[float]:
     return await steady_tagged(nc, rate, seconds, "steady")
 
@@ -395,7 +410,8 @@ async def run_scale(args: argparse.Namespace) -> None:
             print(
                 f"{args.agents} dummy agents in {len(agent_procs)} processes, heartbeat every"
                 f" {args.heartbeat_interval:g} s; steady {args.rate:g} sessions/s for"
-                f" {args.seconds:g} s a row; burst target >= {BURST_TARGET:.0f} sessions/s",
+                f" {args.seconds:g} s a row; burst target >= {BURST_TARGET:.0f} sessions/s,"
+                f" {args.window or 'all'} creates waiting at a time",
                 flush=True,
             )
             print(Row.HEADER)
@@ -445,7 +461,7 @@ async def scale_row(
     """One row: burst up to ``size`` live, the steady rate, the figures, a restart; the live
     count after it and the (restarted) manager."""
     more = max(0, size - live)
-    rate = await burst(nc, more, f"burst-{size}") if more else float("nan")
+    rate = await windowed_burst(nc, more, f"burst-{size}", args.window) if more else 0.0
     live += more
     row.add(f"{rate:.0f}" if more else "-")
     latencies = await steady_tagged(nc, args.rate, args.seconds, f"steady-{size}")
@@ -502,6 +518,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--agent-procs", type=int, help="processes the agents run in (default: one per 250)"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1000,
+        help="(--scale) at most this many burst creates waiting at a time (0: all at once)",
     )
     p.add_argument("--log", type=Path, help="(--scale) keep the processes' log here")
     p.add_argument("--first", type=int, default=0, help="(agents role) the first agent's number")
