@@ -22,7 +22,7 @@ async def _stats(nc: Client) -> dict[str, Any]:
 async def test_stats_count_sessions_passes_heartbeats_and_the_fold(
     nc: Client, store: EventStore
 ) -> None:
-    async with agents(nc, store, ["a1", "a2"]), manager(nc):
+    async with agents(nc, store, ["a1", "a2"]), manager(nc, reconcile_interval_s=0.2):
         before = await _stats(nc)
         assert before["live_sessions"] == 0
         sessions = [(await create(nc))["session_id"] for _ in range(3)]
@@ -32,7 +32,7 @@ async def test_stats_count_sessions_passes_heartbeats_and_the_fold(
         async def beaten() -> bool:  # the agents beat every 0.2 s
             return (await _stats(nc))["heartbeats"]["count"] >= before["heartbeats"]["count"] + 4
 
-        await wait_for(beaten, 10, "heartbeats counted")
+        await wait_for(beaten, 10, "heartbeats counted")  # and >= 2 reconciliations by then
         after = await _stats(nc)
         assert after["live_sessions"] == 3
         assert after["agents"] == after["live_agents"] == 2
@@ -40,6 +40,7 @@ async def test_stats_count_sessions_passes_heartbeats_and_the_fold(
         passes = after["scheduling_passes"]
         assert 0 < passes["mean_ms"] <= passes["max_ms"]
         assert after["heartbeats"]["total_s"] > 0
+        assert after["reconciliation_passes"]["count"] >= 1
         assert after["log_seq"] > before["log_seq"]
         assert bad_request(await request(nc, MANAGER_STATS, {"reset": True}))
     async with agents(nc, store, ["a1", "a2"]), manager(nc):  # a restart folds the whole log
