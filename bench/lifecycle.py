@@ -522,7 +522,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window",
         type=int,
-        default=1000,
+        default=100,
         help="(--scale) at most this many burst creates waiting at a time (0: all at once)",
     )
     p.add_argument("--log", type=Path, help="(--scale) keep the processes' log here")
