@@ -17,11 +17,23 @@ create, five appends to the event log, two agent round trips).
    burst of the same size (create -> RUNNING), alternating ``--rounds`` times, and reported as
    the ratio of the two: the cost of running a command to its end (the agent's exit fact, the
    manager's wind-down) on top of getting it running. No steady phase in this mode.
+4. Scale (``--scale``): one row per size in ``--live``: a burst brings the live sessions up to
+   that size (sessions/s against the >= 500/s target), then the steady ``--rate`` for
+   ``--seconds`` (p50, p99 create -> RUNNING; those sessions stay live too), then the
+   manager's resident memory per live session (its RSS, /proc/<pid>/status, minus its RSS
+   before the first burst), its scheduling pass time (mean/max), heartbeat handling time and
+   reconciliation pass time per agent (``hoist.admin.manager.stats``, since the manager
+   started, i.e. over the row), the read models' lag in events (the log's head minus the
+   ``seq`` a query replies), and the start-up fold: the manager is restarted at the end of each
+   row and folds the whole log (its own timing, and the time until it printed 'manager ready').
+   The ``--agents`` dummy agents run in ``--agent-procs`` processes.
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--sync-always]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
+    python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
+                              [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import signal
 import statistics
@@ -36,6 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -44,8 +58,8 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
-from domain.subjects import EVENTS, SESSION_CREATE, query_subject
-from services.eventstore.store import event_store
+from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, query_subject
+from services.eventstore.store import EventStore, event_store
 from services.stack.natsserver import NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
@@ -55,8 +69,8 @@ IMAGE = "bench/base:1"
 SCRIPT = str(Path(__file__).resolve())
 
 
-async def run_agents(url: str, count: int) -> None:
-    """The agents' process: ``count`` dummy agents with zero delays, until SIGTERM."""
+async def run_agents(url: str, count: int, first: int = 0, heartbeat_s: float = 2.0) -> None:
+    """One agents' process: dummy agents ``bench-<first>`` ... with zero delays, until SIGTERM."""
     nc = await connect(url, name="bench-agents", pending_size=256 * 1024 * 1024)
     store = event_store(nc)
     await store.ensure_stream()
@@ -67,12 +81,12 @@ async def run_agents(url: str, count: int) -> None:
         capacity=Capacity(1000.0, 4096 * GB, 1000 * GB),
     )
     agents = []
-    for i in range(count):
+    for i in range(first, first + count):
         cfg = AgentConfig(
             agent_id=f"bench-{i}",
             resource_group="default",
             runtime="dummy",
-            heartbeat_interval_s=2.0,
+            heartbeat_interval_s=heartbeat_s,
             pulls=PullPolicy(),
         )
         agent = AgentServer(nc, cfg, DummyRuntime(cfg.agent_id, dummy), store)
@@ -175,7 +189,26 @@ async def burst(nc: Client, n: int, tag: str = "burst") -> float:
     return n / (time.perf_counter() - start)
 
 
+async def windowed_burst(nc: Client, n: int, tag: str, window: int) -> float:
+    """Sessions/s for ``n`` creates with at most ``window`` waiting at a time (0: all at once)."""
+    if window <= 0 or window >= n:
+        return await burst(nc, n, tag)
+    room = asyncio.Semaphore(window)
+
+    async def one(i: int) -> float:
+        async with room:
+            return await create(nc, i, tag)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - start)
+
+
 async def steady(nc: Client, rate: float, seconds: float) -> list[float]:
+    return await steady_tagged(nc, rate, seconds, "steady")
+
+
+async def steady_tagged(nc: Client, rate: float, seconds: float, tag: str) -> list[float]:
     tasks = []
     start = time.perf_counter()
     for i in range(int(rate * seconds)):
@@ -183,7 +216,7 @@ async def steady(nc: Client, rate: float, seconds: float) -> list[float]:
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(create(nc, i, "steady")))
+        tasks.append(asyncio.create_task(create(nc, i, tag)))
     return list(await asyncio.gather(*tasks))
 
 
@@ -294,6 +327,173 @@ def report_batch(
         print(f"{len(errors)} ERROR lines in the process logs, first: {errors[0]}")
 
 
+# -- scale mode ----------------------------------------------------------------------------------
+
+BURST_TARGET = 500.0  # sessions/s: what the manager did on a small fleet before issue 16
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process used so far (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (VmRSS) in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+    reply = json.loads((await nc.request(subject, json.dumps(payload).encode(), 60)).data)
+    if "error" in reply:
+        raise RuntimeError(f"{subject}: {reply['error']}")
+    return dict(reply)
+
+
+async def start_manager(url: str, log: Path) -> tuple[asyncio.subprocess.Process, float]:
+    """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
+    whole log, its subscriptions)."""
+    start = time.perf_counter()
+    proc = await spawn(
+        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        ready="manager ready", log=log,
+    )  # fmt: skip
+    return proc, time.perf_counter() - start
+
+
+class Row:
+    """One size's figures, printed as a table row (a failure ends the row with what failed)."""
+
+    HEADER = (
+        "| agents | live sessions | burst sessions/s | p50 ms | p99 ms | KiB/session (live,"
+        " after restart) | scheduling pass ms (mean/max) | heartbeat us/agent | reconciliation"
+        " us/agent | fold s (own, to ready) | read-model lag (events) |"
+    )
+
+    def __init__(self, agents: int, size: int) -> None:
+        self.cells: list[str] = [f"{agents:,}", f"{size:,}"]
+
+    def add(self, *cells: str) -> None:
+        self.cells.extend(cells)
+
+    def show(self, failed: str | None = None) -> str:
+        cells = [*self.cells]
+        if failed is not None:
+            cells.append(f"failed: {failed}")
+        return "| " + " | ".join(cells) + " |"
+
+
+async def run_scale(args: argparse.Namespace) -> None:
+    sizes = [int(n) for n in args.live.split(",")]
+    procs = args.agent_procs or max(1, -(-args.agents // 250))
+    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+        tmpdir = Path(tmp)
+        log = args.log or tmpdir / "processes.log"
+        with NatsServer(tmpdir / "nats") as server:
+            share = [args.agents // procs + (p < args.agents % procs) for p in range(procs)]
+            firsts = [sum(share[:p]) for p in range(procs)]
+            starting = []
+            for n, first in zip(share, firsts, strict=True):
+                flags = ["--agents", str(n), "--first", str(first)]
+                flags += ["--heartbeat-interval", str(args.heartbeat_interval)]
+                agents = spawn(SCRIPT, "--role", "agents", "--url", server.url, *flags,
+                               ready="agents ready", log=log)  # fmt: skip
+                starting.append(agents)
+            agent_procs = await asyncio.gather(*starting)
+            manager, _ = await start_manager(server.url, log)
+            base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
+            nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
+            store = event_store(nc)
+            print(
+                f"{args.agents} dummy agents in {len(agent_procs)} processes, heartbeat every"
+                f" {args.heartbeat_interval:g} s; steady {args.rate:g} sessions/s for"
+                f" {args.seconds:g} s a row; burst target >= {BURST_TARGET:.0f} sessions/s,"
+                f" {args.window or 'all'} creates waiting at a time",
+                flush=True,
+            )
+            print(Row.HEADER)
+            print("| " + " | ".join(["---"] * 11) + " |", flush=True)
+            began = time.perf_counter()
+            try:
+                await burst(nc, 50, "warm")  # imports, first subscriptions
+                live = 50
+                for size in sizes:
+                    row = Row(args.agents, size)
+                    try:
+                        live, manager = await scale_row(
+                            args, nc, store, server.url, log, manager, row, size, live, base_kib
+                        )
+                    except Exception as e:
+                        print(row.show(f"{type(e).__name__}: {e}"), flush=True)
+                        break
+                    print(row.show(), flush=True)
+            finally:
+                wall = time.perf_counter() - began
+                agents_cpu = sum(cpu_s(p.pid) for p in agent_procs if p.returncode is None)
+                await nc.close()
+                await stop(manager)
+                for proc in agent_procs:
+                    await stop(proc)
+            errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
+    print(
+        f"the agents' processes used {agents_cpu / wall:.0%} of a core over the {wall:.0f} s"
+        f" run (2 cores here, shared with the manager, nats-server and this client)"
+    )
+    if errors:
+        print(f"{len(errors)} ERROR lines in the process logs, first: {errors[0]}")
+
+
+async def scale_row(
+    args: argparse.Namespace,
+    nc: Client,
+    store: EventStore,
+    url: str,
+    log: Path,
+    manager: asyncio.subprocess.Process,
+    row: Row,
+    size: int,
+    live: int,
+    base_kib: int,
+) -> tuple[int, asyncio.subprocess.Process]:
+    """One row: burst up to ``size`` live, the steady rate, the figures, a restart; the live
+    count after it and the (restarted) manager."""
+    more = max(0, size - live)
+    rate = await windowed_burst(nc, more, f"burst-{size}", args.window) if more else 0.0
+    live += more
+    row.add(f"{rate:.0f}" if more else "-")
+    latencies = await steady_tagged(nc, args.rate, args.seconds, f"steady-{size}")
+    live += len(latencies)
+    row.add(f"{pct(latencies, 0.5) * 1000:.1f}", f"{pct(latencies, 0.99) * 1000:.1f}")
+    stats = await ask(nc, MANAGER_STATS, {})
+    head = await store.head()
+    models = await ask(nc, query_subject("sessions"), {"limit": 1})
+    live_kib = rss_kib(manager.pid)
+    await stop(manager)
+    manager, to_ready = await start_manager(url, log)
+    restarted = await ask(nc, MANAGER_STATS, {})
+    restart_kib = rss_kib(manager.pid)
+    counted = int(stats["live_sessions"])
+    if counted != live:
+        raise RuntimeError(f"the manager counts {counted} live sessions, the bench {live}")
+    passes, beats, recs = (
+        stats[k] for k in ("scheduling_passes", "heartbeats", "reconciliation_passes")
+    )
+    agents = int(stats["live_agents"])
+    row.cells[1] = f"{live:,}"
+    row.add(
+        f"{(live_kib - base_kib) / live:.1f}, {(restart_kib - base_kib) / live:.1f}",
+        f"{passes['mean_ms']:.2f} / {passes['max_ms']:.1f}",
+        f"{beats['mean_ms'] * 1000:.0f}",
+        f"{recs['mean_ms'] * 1000 / max(agents, 1):.1f}" if recs["count"] else "-",
+        f"{restarted['startup_fold']['seconds']:.2f}, {to_ready:.2f}",
+        f"{head - int(models['seq'])}",
+    )
+    return live, manager
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=("bench", "agents"), default="bench")
@@ -312,12 +512,33 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--command", default="exit 0", help="(--batch) what each kernel runs")
     p.add_argument("--rounds", type=int, default=2, help="(--batch) alternating bursts of each")
+    p.add_argument("--scale", action="store_true", help="one row per size in --live")
+    p.add_argument(
+        "--live", default="1000,5000,20000", help="(--scale) live session counts, one row each"
+    )
+    p.add_argument(
+        "--agent-procs", type=int, help="processes the agents run in (default: one per 250)"
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=100,
+        help="(--scale) at most this many burst creates waiting at a time (0: all at once)",
+    )
+    p.add_argument("--log", type=Path, help="(--scale) keep the processes' log here")
+    p.add_argument("--first", type=int, default=0, help="(agents role) the first agent's number")
+    p.add_argument(
+        "--heartbeat-interval", type=float, default=2.0, help="the agents' (their default: 2 s)"
+    )
     return p
 
 
 if __name__ == "__main__":
     arguments = parser().parse_args()
     if arguments.role == "agents":
-        asyncio.run(run_agents(arguments.url, arguments.agents))
+        a = arguments
+        asyncio.run(run_agents(a.url, a.agents, a.first, a.heartbeat_interval))
+    elif arguments.scale:
+        asyncio.run(run_scale(arguments))
     else:
         asyncio.run(main(arguments))

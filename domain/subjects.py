@@ -156,6 +156,9 @@ JOBS = f"{ADMIN}.image.jobs"
 # Agent resource sync (domain.contracts.agents)
 AGENT_SYNC = f"{ADMIN}.agent.sync"
 
+# The manager's own counters and timers (domain.contracts.commands.ShowStats)
+MANAGER_STATS = f"{ADMIN}.manager.stats"
+
 # Read-model queries (domain.contracts.queries): ``hoist.query.<name>`` for each name here,
 # plus the admin's SQL and verify.
 QUERY_NAMES = (

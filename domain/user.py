@@ -31,7 +31,7 @@ RESERVED = frozenset({"manager", "client", "admin"})
 UNSCOPED = frozenset(
     {
         *("session", "stream", "volume", HISTORY, *QUERY_NAMES),
-        *("image", "quota", "group", "user", "kernel", "agent", "query", "verify"),
+        *("image", "quota", "group", "user", "kernel", "agent", "query", "verify", "manager"),
     }
 )
 # ``default`` names the default resource policy and resource group: a user so named would

@@ -193,6 +193,7 @@ async def test_client_sends_commands_and_queries_but_not_admin(client: Conn, man
         assert await _delivered(client, manager, "hoist.query.kernels")
         assert await client.refused("hoist.admin.kernel.cancel")
         assert await client.refused("hoist.admin.query.sql")
+        assert await client.refused("hoist.admin.manager.stats")  # the manager's own timings
     finally:
         await served.unsubscribe()
 

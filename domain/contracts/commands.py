@@ -34,6 +34,7 @@ from domain.subjects import (
     JOB,
     JOBS,
     KERNEL_CANCEL,
+    MANAGER_STATS,
     POLICY_LIST,
     POLICY_PLAN,
     POLICY_REMOVE,
@@ -70,6 +71,14 @@ class ListJobs(NoRequest, frozen=True, kw_only=True):
     """``{}`` -> ``{"jobs": [...]}``."""
 
 
+class ShowStats(NoRequest, frozen=True, kw_only=True):
+    """``{}`` -> the manager's counters and timers since it started (services.manager.stats):
+    ``{"live_sessions", "sessions", "agents", "live_agents", "log_seq", "uptime_s",
+    "startup_fold": {"seconds", "events"}, "scheduling_passes", "heartbeats",
+    "reconciliation_passes"}``, each of the last three ``{"count", "total_s", "mean_ms",
+    "max_ms"}``."""
+
+
 COMMANDS: dict[str, type[msgspec.Struct]] = {
     SESSION_CREATE: CreateSession,
     SESSION_GET: GetSession,
@@ -99,4 +108,5 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     USER_ADD: AddUser,
     USER_DISABLE: DisableUser,
     USER_LIST: ListUsers,
+    MANAGER_STATS: ShowStats,
 }

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from domain import events as ev
 from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
-from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans
+from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans, ShowStats
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
@@ -60,6 +60,7 @@ from services.manager.read_models import IN_MEMORY, ReadModels
 from services.manager.scheduler_loop import Plan, SchedulerLoop
 from services.manager.server import CommandServer
 from services.manager.sessions import SessionCommands
+from services.manager.stats import Stats
 from services.manager.uow import UnitOfWork
 from services.manager.users import Users
 from services.transport import credentials, progress
@@ -161,6 +162,10 @@ class Manager:
         )
         self.groups = Groups(self.fleet, self.repository)
         self.users = Users(self.fleet, self.repository)
+        self.stats = Stats(self.fleet)
+        self.stats.time(self.scheduler, "run_pass", self.stats.scheduling_passes)
+        self.stats.time(self.liveness, "_on_heartbeat", self.stats.heartbeats)
+        self.stats.time(self.sync, "reconcile", self.stats.reconciliation_passes)
         self._wire(self.bus)
         self.server = CommandServer(
             nc,
@@ -266,13 +271,16 @@ class Manager:
                 AddUser: self.users.add,
                 DisableUser: self.users.disable,
                 ListUsers: self.users.list,
+                ShowStats: self.stats.show,
             },
         )
 
     async def start(self) -> None:
         await self.store.ensure_stream()
         await progress.ensure(self.nc.jetstream())
-        await self.fleet.start()  # the whole log folded before anything acts on it
+        # The whole log folded before anything acts on it.
+        await self.stats.startup_fold.timed(self.fleet.start)()
+        self.stats.folded_events = self.fleet.last_seq
         await self.liveness.start(a for a, s in self.fleet.agents.items() if s.live)
         await self.images.start()
         await self.server.start()

@@ -1,0 +1,36 @@
+"""A smoke run of ``bench/lifecycle.py --scale`` at tiny sizes: it must print one full row per
+size (no failure cell), with the live count the manager agrees with (the bench checks that)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(60)
+def test_scale_mode_prints_one_row_per_size() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["--scale", "--agents", "20", "--agent-procs", "2", "--live", "60,100"]
+    args += ["--rate", "20", "--seconds", "1"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "lifecycle.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=True,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| 20 |")]
+    assert len(rows) == 2, out
+    assert all("failed" not in row for row in rows), out
+    cells = [row.strip("|").split("|") for row in rows]
+    assert all(len(c) == 11 for c in cells), out
+    # live: the size, plus the steady sessions (20/s for 1 s) that stay live
+    assert [c[1].strip() for c in cells] == ["80", "120"], out
+    assert "in 2 processes" in out, out
