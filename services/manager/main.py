@@ -52,6 +52,7 @@ from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.open_streams import OpenStreams
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
 from services.manager.quotas import Quotas
@@ -154,11 +155,13 @@ class Manager:
             pull_timeout_s=config.pull_timeout_s,
             stall_timeout_s=config.stall_timeout_s,
         )
+        self.streams = OpenStreams()  # what logs and exec opened, for whose session
         self.quotas = Quotas(
             self.fleet,
             self.repository,
             self.uow,
             interval_s=config.lifetime_check_interval_s,
+            streams=self.streams,
         )
         self.groups = Groups(self.fleet, self.repository)
         self.users = Users(self.fleet, self.repository)
@@ -173,6 +176,7 @@ class Manager:
             owner_of=self._owner_of,
             user_enabled=self._user_enabled,
             user_admin=self._user_admin,
+            streams=self.streams,
         )
         self.history = History(nc, self.store, self._owner_of, self._user_enabled, self._user_admin)
         self.read_models = ReadModels(

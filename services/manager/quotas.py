@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,17 +48,22 @@ from domain.subjects import RESOURCE_POLICY
 from services.eventstore.repository import Repository
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
+from services.manager.open_streams import OpenStreams
 from services.manager.uow import UnitOfWork
 from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
-_MAX_STREAMS = 10_000  # streams remembered for the session they read (oldest forgotten first)
-
 
 class Quotas:
     def __init__(
-        self, fleet: Fleet, repository: Repository, uow: UnitOfWork, *, interval_s: float = 5.0
+        self,
+        fleet: Fleet,
+        repository: Repository,
+        uow: UnitOfWork,
+        *,
+        interval_s: float = 5.0,
+        streams: OpenStreams | None = None,
     ) -> None:
         self.fleet = fleet
         self.repository = repository
@@ -69,8 +73,7 @@ class Quotas:
         self.idle_ended = 0  # sessions ended idle-timeout (for tests)
         self.started_at = datetime.now(UTC)  # no use is known from before: the idle clock's start
         self.last_use: dict[str, datetime] = {}  # RUNNING interactive session id -> last use
-        # (agent, stream) -> the session a logs or exec opened it on
-        self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self.streams = streams or OpenStreams()  # what logs and exec opened: a read is a use
         self._tasks = Tasks()
 
     def start(self) -> None:
@@ -191,12 +194,14 @@ class Quotas:
         """A command served ``request`` with ``reply``: a get, logs or exec of a session, or a
         read of a stream one of those opened, is a use of that session."""
         if isinstance(reply, StreamOpened):
-            self._streams[(reply.agent_id, reply.stream_id)] = reply.session_id
-            self._streams.move_to_end((reply.agent_id, reply.stream_id))
-            while len(self._streams) > _MAX_STREAMS:
-                self._streams.popitem(last=False)
+            session = self.fleet.sessions.get(reply.session_id)
+            if session is not None:
+                self.streams.opened(
+                    reply.agent_id, reply.stream_id, session.owner, reply.session_id
+                )
         if isinstance(request, ReadStream):
-            sid = self._streams.get((request.agent_id, request.stream_id))
+            opened = self.streams.get(request.agent_id, request.stream_id)
+            sid = None if opened is None else opened.session_id
         else:
             sid = getattr(request, "session_id", None)
         if isinstance(sid, str) and sid in self.fleet.running_since:

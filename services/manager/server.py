@@ -24,7 +24,6 @@ and ``hoist.admin.<x>.<y>`` for the ``admin`` role.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain.contracts.commands import COMMANDS
-from domain.contracts.sessions import ReadStream, StreamOpened
+from domain.contracts.sessions import ReadStream
 from domain.errors import IllegalTransition, InvalidField, NotNow, unknown_session
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
@@ -41,6 +40,7 @@ from domain.subjects import ADMIN, API, is_inbox, is_inbox_of
 from domain.user import not_enabled
 from services.eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
+from services.manager.open_streams import OpenStreams
 from services.manager.requester import set_requester
 from services.manager.uow import SessionUnknown
 from services.transport.client import Client
@@ -52,7 +52,6 @@ log = logging.getLogger(__name__)
 
 _API = f"{API}."
 _ADMIN = f"{ADMIN}."
-_MAX_STREAMS = 10_000  # streams remembered for their user (oldest forgotten first)
 
 
 class CommandServer:
@@ -63,6 +62,7 @@ class CommandServer:
         owner_of: Callable[[str], str | None] | None = None,
         user_enabled: Callable[[str], bool] | None = None,
         user_admin: Callable[[str], bool] | None = None,
+        streams: OpenStreams | None = None,
     ) -> None:
         self.nc = nc
         self.bus = bus
@@ -71,8 +71,8 @@ class CommandServer:
         self.owner_of = owner_of  # session id -> its owner (None: no such session)
         self.user_enabled = user_enabled  # None: every user token is taken as is
         self.user_admin = user_admin  # None: no user is an admin
-        # (agent, stream) -> the user a per-user logs or exec opened it for
-        self._streams: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # what logs and exec opened, for whose session (the Quotas part records them)
+        self.streams = streams or OpenStreams()
         self._subs: list[Subscription] = []
         self._tasks = Tasks()
 
@@ -178,18 +178,14 @@ class CommandServer:
         if isinstance(session_id, str) and self.owner_of(session_id) != user:
             raise SessionUnknown(session_id)  # never a hint that another user's exists
         if isinstance(req, ReadStream):
-            if self._streams.get((req.agent_id, req.stream_id)) != user:
+            opened = self.streams.get(req.agent_id, req.stream_id)
+            if opened is None or opened.owner != user:
                 raise RequestError(
                     "not-found",
                     f"stream_id: no stream {req.stream_id!r} on agent {req.agent_id!r}; open"
                     " one with session logs or exec",
                 )
-        reply = await self.bus.handle(req)
-        if isinstance(reply, StreamOpened):
-            self._streams[(reply.agent_id, reply.stream_id)] = user
-            while len(self._streams) > _MAX_STREAMS:
-                self._streams.popitem(last=False)
-        return reply
+        return await self.bus.handle(req)
 
 
 def _owner_required(cls: type[msgspec.Struct]) -> bool:
