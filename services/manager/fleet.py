@@ -33,13 +33,14 @@ from typing import Any
 from domain import events as ev
 from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
+from domain.events import ClusterMode, Resources
 from domain.image_ref import canonical_or_same
 from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
-from domain.scheduling import AgentView, PendingSession
+from domain.scheduling import AgentView, IdleRoom, PendingSession
 from domain.session import Session
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
@@ -162,6 +163,8 @@ class Fleet:
         # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
         self.pull_retasked: dict[str, str] = {}
         self._footprints: dict[str, _Footprint] = {}
+        # group -> never_holds over its live agents' capacities; dropped when one changes
+        self._idle_room: dict[str, IdleRoom] = {}
         self._order = 0
         self._held: dict[str, asyncio.Event] = {}  # session locks
         self._seen: dict[str, int] = {}  # highest seq seen per session subject while locked
@@ -248,6 +251,7 @@ class Fleet:
         if state is None:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
+        self._idle_room.clear()
         if self.caught_up.is_set():
             self.publish(event)
 
@@ -274,12 +278,15 @@ class Fleet:
     def _fold_agent(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         seq = rec.seq
         state = self.agents.get(agent_id)
+        before = _room_of(state)
         agent = _applied(state.agent if state else None, event, rec)
         if state is None:
             state = self.agents[agent_id] = AgentState(agent, liveness=self.liveness.get(agent_id))
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        if _room_of(state) != before:
+            self._idle_room.clear()
         image = canonical_or_same(getattr(event, "image", ""))  # older events: short forms
         if isinstance(event, ev.ImagePulled) and event.size_bytes:
             self.image_sizes[image] = event.size_bytes
@@ -440,6 +447,21 @@ class Fleet:
             self._footprints.pop(session_id, None)
 
     # -- views for the scheduler ---------------------------------------------------------
+
+    def never_holds(
+        self,
+        resources: Resources,
+        cluster_size: int,
+        cluster_mode: ClusterMode,
+        resource_group: str,
+    ) -> tuple[str, str] | None:
+        """domain.scheduling.never_holds over the live agents, without visiting them per
+        create: each group's IdleRoom is kept until an agent's capacity, group or liveness
+        changes."""
+        room = self._idle_room.get(resource_group)
+        if room is None:
+            room = self._idle_room[resource_group] = IdleRoom(resource_group, self.agent_views())
+        return room.never_holds(resources, cluster_size, cluster_mode)
 
     def agent_views(self) -> list[AgentView]:
         return [
@@ -624,6 +646,13 @@ class Fleet:
                 waiters.remove(fut)
                 if not waiters:
                     self._waiters.pop(session_id, None)
+
+
+def _room_of(state: AgentState | None) -> tuple[Any, ...] | None:
+    """What never_holds reads of an agent."""
+    if state is None:
+        return None
+    return (state.agent.capacity, state.agent.resource_group, state.live)
 
 
 def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
