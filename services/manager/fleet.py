@@ -163,6 +163,9 @@ class Fleet:
         # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
         self.pull_retasked: dict[str, str] = {}
         self._footprints: dict[str, _Footprint] = {}
+        # agent id -> its scheduler view, and the agents whose view must be built again
+        self._views: dict[str, AgentView] = {}
+        self._stale_views: dict[str, None] = {}  # ordered: a new agent's view goes last
         # group -> never_holds over its live agents' capacities; dropped when one changes
         self._idle_room: dict[str, IdleRoom] = {}
         self._order = 0
@@ -251,6 +254,7 @@ class Fleet:
         if state is None:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
+        self._stale_views[agent_id] = None
         self._idle_room.clear()
         if self.caught_up.is_set():
             self.publish(event)
@@ -285,6 +289,7 @@ class Fleet:
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        self._stale_views[agent_id] = None
         if _room_of(state) != before:
             self._idle_room.clear()
         image = canonical_or_same(getattr(event, "image", ""))  # older events: short forms
@@ -384,6 +389,7 @@ class Fleet:
                 continue
             state = self.agents.get(agent_id)
             if state is not None:
+                self._stale_views[agent_id] = None
                 # Rounded: sums of 0.1 cores would otherwise leave 1e-14 reserved on an idle agent.
                 state.reserved_cpu = max(0.0, round(state.reserved_cpu + ncpu - ocpu, 9))
                 state.reserved_mem = max(0, state.reserved_mem + nmem - omem)
@@ -393,6 +399,7 @@ class Fleet:
             oslots, nslots = old.slots.get(agent_id, {}), new.slots.get(agent_id, {})
             if state is None or oslots == nslots:
                 continue
+            self._stale_views[agent_id] = None
             for name in oslots.keys() | nslots.keys():
                 delta = nslots.get(name, 0.0) - oslots.get(name, 0.0)
                 held_now = round(state.reserved_slots.get(name, 0.0) + delta, 9)
@@ -464,19 +471,27 @@ class Fleet:
         return room.never_holds(resources, cluster_size, cluster_mode)
 
     def agent_views(self) -> list[AgentView]:
-        return [
-            AgentView(
-                agent_id=agent_id,
-                resource_group=s.agent.resource_group,
-                capacity=s.agent.capacity,
-                reserved_cpu=s.reserved_cpu,
-                reserved_mem=s.reserved_mem,
-                reserved_slots=dict(s.reserved_slots),
-                images={image: held.size_bytes for image, held in s.agent.images.items()},
-                live=s.live,
-            )
-            for agent_id, s in self.agents.items()
-        ]
+        """Every agent as the scheduler sees it, in registration order. Each view is kept and
+        built again only when its agent changed (an event, its liveness, the room its kernels
+        hold): a scheduling pass does not rebuild 1,000 views for the one that changed."""
+        for agent_id in self._stale_views:
+            self._views[agent_id] = self.view_of(agent_id)
+        self._stale_views.clear()
+        return list(self._views.values())
+
+    def view_of(self, agent_id: str) -> AgentView:
+        """One agent's view, built from its state now."""
+        s = self.agents[agent_id]
+        return AgentView(
+            agent_id=agent_id,
+            resource_group=s.agent.resource_group,
+            capacity=s.agent.capacity,
+            reserved_cpu=s.reserved_cpu,
+            reserved_mem=s.reserved_mem,
+            reserved_slots=dict(s.reserved_slots),
+            images={image: held.size_bytes for image, held in s.agent.images.items()},
+            live=s.live,
+        )
 
     def pending_sessions(self) -> list[PendingSession]:
         """Pending sessions nobody is changing right now, in enqueue order."""

@@ -14,6 +14,7 @@ from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, encode
 from domain.liveness import AgentLiveness
 from domain.scheduling import never_holds
+from domain.session import Session
 from services.eventstore.store import Recorded
 from services.manager.fleet import Fleet
 
@@ -94,3 +95,40 @@ def test_never_holds_of_the_fleet_matches_a_recomputation(steps: list[tuple[Any,
             resources = ev.Resources(cpu=cpu, mem=mem * GiB, slots={"gpu": gpu} if gpu else {})
             expected = never_holds(resources, size, mode, group, log.fleet.agent_views())
             assert log.fleet.never_holds(resources, size, mode, group) == expected
+
+
+places = st.tuples(st.just("place"), st.sampled_from(AGENTS), st.integers(1, 4), st.integers(0, 2))
+ends = st.tuples(st.just("end"), st.integers(0, 100))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(registrations, losses, places, ends, st.just(("views",))), max_size=50))
+def test_the_kept_agent_views_match_views_built_afresh(steps: list[tuple[Any, ...]]) -> None:
+    log = Log()
+    fleet = log.fleet
+    placed: list[Session] = []
+    for step in steps:
+        if step[0] == "register":
+            log.register(*step[1:])
+        elif step[0] == "lose":
+            log.lose(step[1])
+        elif step[0] == "place" and step[1] in fleet.agents:
+            _, agent_id, cpu, gpu = step
+            session = Session.enqueue(
+                owner="ann",
+                image="img:1",
+                resources={"cpu": cpu, "mem": GiB, "slots": {"gpu": gpu} if gpu else {}},
+                resource_group="default",
+            )
+            fleet.reindex(session)
+            session.schedule({k: agent_id for k in session.kernels})
+            fleet.reindex(session)  # what a commit does once the change is stored
+            placed.append(session)
+        elif step[0] == "end" and placed:
+            session = placed.pop(step[1] % len(placed))
+            session.destroy()
+            fleet.reindex(session)
+        elif step[0] == "views":
+            fleet.agent_views()  # builds the kept views; later steps must keep them right
+        fresh = [fleet.view_of(agent_id) for agent_id in fleet.agents]
+        assert fleet.agent_views() == fresh
