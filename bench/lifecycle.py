@@ -19,7 +19,7 @@ create, five appends to the event log, two agent round trips).
    manager's wind-down) on top of getting it running. No steady phase in this mode.
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
-                              [--sync-always]
+                              [--settle 0] [--sync-always] [--profile-manager FILE]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
 """
@@ -227,8 +227,10 @@ async def main(args: argparse.Namespace) -> None:
                 SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
                 ready="agents ready", log=log,
             )  # fmt: skip
+            profile = ("-m", "cProfile", "-o", args.profile_manager) if args.profile_manager else ()
             manager = await spawn(
-                "-m", "services.manager", "--nats-url", server.url, "--log-level", "WARNING",
+                *profile, "-m", "services.manager",
+                "--nats-url", server.url, "--log-level", "WARNING",
                 ready="manager ready", log=log,
             )  # fmt: skip
             nc = await connect(server.url, name="bench-client")
@@ -243,6 +245,7 @@ async def main(args: argparse.Namespace) -> None:
                         rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
                 else:
                     rate = await burst(nc, args.burst)
+                    await asyncio.sleep(args.settle)
                     latencies = await steady(nc, args.rate, args.seconds)
             finally:
                 await nc.close()
@@ -312,6 +315,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--command", default="exit 0", help="(--batch) what each kernel runs")
     p.add_argument("--rounds", type=int, default=2, help="(--batch) alternating bursts of each")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0,
+        help="seconds between the burst and the steady phase (the read models catch up)",
+    )
+    p.add_argument(
+        "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
+    )
     return p
 
 
