@@ -29,7 +29,7 @@ create, five appends to the event log, two agent round trips).
    The ``--agents`` dummy agents run in ``--agent-procs`` processes.
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
-                              [--sync-always]
+                              [--settle 0] [--sync-always] [--profile-manager FILE]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
@@ -260,8 +260,10 @@ async def main(args: argparse.Namespace) -> None:
                 SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
                 ready="agents ready", log=log,
             )  # fmt: skip
+            profile = ("-m", "cProfile", "-o", args.profile_manager) if args.profile_manager else ()
             manager = await spawn(
-                "-m", "services.manager", "--nats-url", server.url, "--log-level", "WARNING",
+                *profile, "-m", "services.manager",
+                "--nats-url", server.url, "--log-level", "WARNING",
                 ready="manager ready", log=log,
             )  # fmt: skip
             nc = await connect(server.url, name="bench-client")
@@ -276,6 +278,7 @@ async def main(args: argparse.Namespace) -> None:
                         rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
                 else:
                     rate = await burst(nc, args.burst)
+                    await asyncio.sleep(args.settle)
                     latencies = await steady(nc, args.rate, args.seconds)
             finally:
                 await nc.close()
@@ -529,6 +532,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--first", type=int, default=0, help="(agents role) the first agent's number")
     p.add_argument(
         "--heartbeat-interval", type=float, default=2.0, help="the agents' (their default: 2 s)"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0,
+        help="seconds between the burst and the steady phase (the read models catch up)",
+    )
+    p.add_argument(
+        "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
     )
     return p
 

@@ -800,25 +800,49 @@ def never_holds(
     multi-node, each kernel must fit an agent and all of them the group; single-node, all of
     them one agent.  None when they could, and when the group has no live agent at all (agents
     still starting: the session waits for them)."""
-    session = PendingSession(
-        session_id="new",
-        owner="",
-        image="",
-        resources=resources,
-        cluster_size=cluster_size,
-        resource_group=resource_group,
-        kernel_ids=[str(i) for i in range(cluster_size)],
-        enqueued_at=datetime.min,
-        cluster_mode=cluster_mode,
-    )
-    group = _Group(resource_group, Policy())
-    group.note_request(session)
-    for agent in sorted(agents, key=lambda a: a.agent_id):
-        if agent.live and agent.resource_group == resource_group:
-            group.add_agent(agent)
-    if not group.ids or group.could_ever_fit(session):
-        return None
-    return group.refusal(session)
+    return IdleRoom(resource_group, agents).never_holds(resources, cluster_size, cluster_mode)
+
+
+class IdleRoom:
+    """``never_holds`` for one resource group, answered from its live agents' capacities as
+    they were when built: each slot set asked builds its view of the group once and each
+    shape's answer is kept, so a create costs the same however many agents there are (the
+    caller builds a new one when an agent's capacity, group or liveness changes)."""
+
+    def __init__(self, resource_group: str, agents: Sequence[AgentView]) -> None:
+        self.resource_group = resource_group
+        self._agents = sorted(
+            (a for a in agents if a.live and a.resource_group == resource_group),
+            key=lambda a: a.agent_id,
+        )
+        self._groups: dict[frozenset[str], _Group] = {}  # by the slot names asked
+
+    def never_holds(
+        self, resources: Resources, cluster_size: int, cluster_mode: ClusterMode
+    ) -> tuple[str, str] | None:
+        if not self._agents:
+            return None
+        session = PendingSession(
+            session_id="new",
+            owner="",
+            image="",
+            resources=resources,
+            cluster_size=cluster_size,
+            resource_group=self.resource_group,
+            kernel_ids=[str(i) for i in range(cluster_size)],
+            enqueued_at=datetime.min,
+            cluster_mode=cluster_mode,
+        )
+        slots = frozenset(k for k, v in resources.slots.items() if v > 0)
+        group = self._groups.get(slots)
+        if group is None:
+            group = self._groups[slots] = _Group(self.resource_group, Policy())
+            group.note_request(session)  # the slot names its capacity lists keep
+            for agent in self._agents:
+                group.add_agent(agent)
+        if group.could_ever_fit(session):  # memoized per shape (_Group.ever)
+            return None
+        return group.refusal(session)
 
 
 def _single(session: PendingSession) -> bool:

@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 META = "projection_meta"
 BUILD_SUFFIX = "__build"
+# Events folded before the runner lets other work run: a catch-up batch of 20,000 folded in one
+# go held the manager's loop for about half a second (a create's p99 at 10,000 live sessions).
+FOLD_SLICE = 250
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
 BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
 
@@ -250,7 +253,9 @@ class Runner:
                     batch = [r for r in batch if r.time <= until_time]
                     pending, done = [], True
                 if batch:
-                    self._fold(batch)
+                    for at in range(0, len(batch), FOLD_SLICE):
+                        self._fold(batch[at : at + FOLD_SLICE])
+                        await asyncio.sleep(0)  # the manager's loop: creates go on meanwhile
                     last = batch[-1].seq
                     try:
                         await self._commit_batch()

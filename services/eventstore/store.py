@@ -69,6 +69,7 @@ _DIRECT_HEADERS = (
 )
 _NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
 _SEQUENCE_LINE = b"\r\nNats-Sequence:"
+IN_FLIGHT = 64  # requests to the stream awaiting their answer (EventStore.__init__)
 PAGE = 1000  # messages per batched direct get request: the most a replay page holds
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
 # After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
@@ -135,6 +136,7 @@ class EventStore:
         *,
         duplicate_window: float = 120.0,
         timeout: float = 5.0,
+        in_flight: int = IN_FLIGHT,
     ) -> None:
         if duplicate_window <= 0:
             raise ValueError(f"duplicate_window must be > 0 seconds, got {duplicate_window}")
@@ -150,6 +152,13 @@ class EventStore:
         self.duplicate_window = duplicate_window
         self.timeout = timeout
         self._direct = f"$JS.API.DIRECT.GET.{stream}"
+        # Requests to the stream (appends, direct gets) awaiting their answer: at most this
+        # many, the rest wait here. A burst of thousands sent at once would each time out
+        # behind the others (the server and our reader work through them in order), so the
+        # timeout starts when a request is sent, and a burst queues instead of failing.
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+        self._slots = asyncio.Semaphore(in_flight)
 
     # -- stream ----------------------------------------------------------------------------------
 
@@ -236,11 +245,12 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
-        if len(out) == 1:
-            subject, data, headers = out[0]
-            reply = await self._request(subject, data, headers)
-        else:
-            reply = await self._publish_batch(out)
+        async with self._slots:
+            if len(out) == 1:
+                subject, data, headers = out[0]
+                reply = await self._request(subject, data, headers)
+            else:
+                reply = await self._publish_batch(out)
         error = reply.get("error")
         if error is None:
             last = reply["seq"]
@@ -355,17 +365,18 @@ class EventStore:
             if not reply.done():
                 reply.set_result((block, data))
 
-        sub = await self.nc.subscribe_raw(inbox, on_msg)
-        try:
-            await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)
-            async with asyncio.timeout(self.timeout):  # not wait_for: see replay
-                block, data = await reply
-        except TimeoutError:
-            raise StoreError(
-                f"stream {self.stream} did not answer a direct get in {self.timeout}s"
-            ) from None
-        finally:
-            await sub.unsubscribe()
+        async with self._slots:
+            sub = await self.nc.subscribe_raw(inbox, on_msg)
+            try:
+                await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)
+                async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                    block, data = await reply
+            except TimeoutError:
+                raise StoreError(
+                    f"stream {self.stream} did not answer a direct get in {self.timeout}s"
+                ) from None
+            finally:
+                await sub.unsubscribe()
         if block is not None and block.startswith(_NO_STATUS):
             return _stored(block, data).record
         code, description = _status_line(block or b"")
@@ -407,7 +418,10 @@ class EventStore:
         )
 
     async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
-        msg = await self.nc.request(self._direct, json.dumps(req).encode(), timeout=self.timeout)
+        async with self._slots:
+            msg = await self.nc.request(
+                self._direct, json.dumps(req).encode(), timeout=self.timeout
+            )
         headers = msg.headers or {}
         if "Nats-Sequence" in headers:
             return _from_direct(msg)
@@ -418,6 +432,10 @@ class EventStore:
     async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
         """The messages a batched direct get request selects, in order, at most ``limit``
         (server 2.11+)."""
+        async with self._slots:
+            return await self._direct_pages(req, limit)
+
+    async def _direct_pages(self, req: dict[str, Any], limit: int | None) -> list[Recorded]:
         out: list[Recorded] = []
         inbox = self.nc.new_inbox()
         done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()

@@ -33,13 +33,14 @@ from typing import Any
 from domain import events as ev
 from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
+from domain.events import ClusterMode, Resources
 from domain.image_ref import canonical_or_same
 from domain.liveness import AgentLiveness, is_lost
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
-from domain.scheduling import AgentView, PendingSession
+from domain.scheduling import AgentView, IdleRoom, PendingSession
 from domain.session import Session
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
@@ -164,6 +165,11 @@ class Fleet:
         # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
         self.pull_retasked: dict[str, str] = {}
         self._footprints: dict[str, _Footprint] = {}
+        # agent id -> its scheduler view, and the agents whose view must be built again
+        self._views: dict[str, AgentView] = {}
+        self._stale_views: dict[str, None] = {}  # ordered: a new agent's view goes last
+        # group -> never_holds over its live agents' capacities; dropped when one changes
+        self._idle_room: dict[str, IdleRoom] = {}
         self._order = 0
         self._held: dict[str, asyncio.Event] = {}  # session locks
         self._seen: dict[str, int] = {}  # highest seq seen per session subject while locked
@@ -267,6 +273,8 @@ class Fleet:
         if state is None:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
+        self._stale_views[agent_id] = None
+        self._idle_room.clear()
         if self.caught_up.is_set():
             self.publish(event)
 
@@ -293,12 +301,16 @@ class Fleet:
     def _fold_agent(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         seq = rec.seq
         state = self.agents.get(agent_id)
+        before = _room_of(state)
         agent = _applied(state.agent if state else None, event, rec)
         if state is None:
             state = self.agents[agent_id] = AgentState(agent, liveness=self.liveness.get(agent_id))
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        self._stale_views[agent_id] = None
+        if _room_of(state) != before:
+            self._idle_room.clear()
         image = canonical_or_same(getattr(event, "image", ""))  # older events: short forms
         if isinstance(event, ev.ImagePulled) and event.size_bytes:
             self.image_sizes[image] = event.size_bytes
@@ -396,6 +408,7 @@ class Fleet:
                 continue
             state = self.agents.get(agent_id)
             if state is not None:
+                self._stale_views[agent_id] = None
                 # Rounded: sums of 0.1 cores would otherwise leave 1e-14 reserved on an idle agent.
                 state.reserved_cpu = max(0.0, round(state.reserved_cpu + ncpu - ocpu, 9))
                 state.reserved_mem = max(0, state.reserved_mem + nmem - omem)
@@ -405,6 +418,7 @@ class Fleet:
             oslots, nslots = old.slots.get(agent_id, {}), new.slots.get(agent_id, {})
             if state is None or oslots == nslots:
                 continue
+            self._stale_views[agent_id] = None
             for name in oslots.keys() | nslots.keys():
                 delta = nslots.get(name, 0.0) - oslots.get(name, 0.0)
                 held_now = round(state.reserved_slots.get(name, 0.0) + delta, 9)
@@ -460,20 +474,43 @@ class Fleet:
 
     # -- views for the scheduler ---------------------------------------------------------
 
+    def never_holds(
+        self,
+        resources: Resources,
+        cluster_size: int,
+        cluster_mode: ClusterMode,
+        resource_group: str,
+    ) -> tuple[str, str] | None:
+        """domain.scheduling.never_holds over the live agents, without visiting them per
+        create: each group's IdleRoom is kept until an agent's capacity, group or liveness
+        changes."""
+        room = self._idle_room.get(resource_group)
+        if room is None:
+            room = self._idle_room[resource_group] = IdleRoom(resource_group, self.agent_views())
+        return room.never_holds(resources, cluster_size, cluster_mode)
+
     def agent_views(self) -> list[AgentView]:
-        return [
-            AgentView(
-                agent_id=agent_id,
-                resource_group=s.agent.resource_group,
-                capacity=s.agent.capacity,
-                reserved_cpu=s.reserved_cpu,
-                reserved_mem=s.reserved_mem,
-                reserved_slots=dict(s.reserved_slots),
-                images={image: held.size_bytes for image, held in s.agent.images.items()},
-                live=s.live,
-            )
-            for agent_id, s in self.agents.items()
-        ]
+        """Every agent as the scheduler sees it, in registration order. Each view is kept and
+        built again only when its agent changed (an event, its liveness, the room its kernels
+        hold): a scheduling pass does not rebuild 1,000 views for the one that changed."""
+        for agent_id in self._stale_views:
+            self._views[agent_id] = self.view_of(agent_id)
+        self._stale_views.clear()
+        return list(self._views.values())
+
+    def view_of(self, agent_id: str) -> AgentView:
+        """One agent's view, built from its state now."""
+        s = self.agents[agent_id]
+        return AgentView(
+            agent_id=agent_id,
+            resource_group=s.agent.resource_group,
+            capacity=s.agent.capacity,
+            reserved_cpu=s.reserved_cpu,
+            reserved_mem=s.reserved_mem,
+            reserved_slots=dict(s.reserved_slots),
+            images={image: held.size_bytes for image, held in s.agent.images.items()},
+            live=s.live,
+        )
 
     def pending_sessions(self) -> list[PendingSession]:
         """Pending sessions nobody is changing right now, in enqueue order."""
@@ -643,6 +680,13 @@ class Fleet:
                 waiters.remove(fut)
                 if not waiters:
                     self._waiters.pop(session_id, None)
+
+
+def _room_of(state: AgentState | None) -> tuple[Any, ...] | None:
+    """What never_holds reads of an agent."""
+    if state is None:
+        return None
+    return (state.agent.capacity, state.agent.resource_group, state.live)
 
 
 def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:

@@ -47,6 +47,7 @@ from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
+from services.manager.gc_pauses import keep_pauses_short
 from services.manager.groups import Groups
 from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
@@ -91,6 +92,9 @@ class ManagerConfig:
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
+    # Freeze long-lived objects for the garbage collector (services.manager.gc_pauses): the
+    # process does, in-process managers of tests leave their process's collector alone.
+    short_gc_pauses: bool = False
 
 
 class Manager:
@@ -285,6 +289,8 @@ class Manager:
         # The whole log folded before anything acts on it.
         await self.stats.startup_fold.timed(self.fleet.start)()
         self.stats.folded_events = self.fleet.last_seq
+        if self.config.short_gc_pauses:
+            keep_pauses_short()  # what the fold built lives as long as the process
         await self.liveness.start(a for a, s in self.fleet.agents.items() if s.live)
         await self.images.start()
         await self.server.start()
@@ -419,6 +425,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         bulk_read_url=None if args.no_bulk_read else _url(args),
+        short_gc_pauses=True,
     )
 
 

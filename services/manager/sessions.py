@@ -27,7 +27,6 @@ from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
 from domain.rpc import RequestError
-from domain.scheduling import never_holds
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -78,9 +77,8 @@ class SessionCommands:
             )
         # The live agents of its group could never hold it, even idle: refused now rather than
         # PENDING for ever.  A group with no live agent yet (a stack starting) waits for them.
-        views = self.fleet.agent_views()
-        never = never_holds(
-            new.resources, req.cluster_size, new.cluster_mode, new.resource_group, views
+        never = self.fleet.never_holds(
+            new.resources, req.cluster_size, new.cluster_mode, new.resource_group
         )
         if never is not None:
             field, why = never

@@ -1,0 +1,134 @@
+"""The fleet's incremental indexes agree with a full recomputation after any sequence of
+changes (hypothesis drives the sequences; no nats-server: records are folded directly)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from domain import events as ev
+from domain.agent import Agent
+from domain.codec import ACTOR_HEADER, encode
+from domain.liveness import AgentLiveness
+from domain.scheduling import never_holds
+from domain.session import Session
+from services.eventstore.store import Recorded
+from services.manager.fleet import Fleet
+
+GiB = 1024**3
+AGENTS = ("a1", "a2", "a3", "a4")
+GROUPS = ("default", "gpu")
+
+
+class Log:
+    """Records folded into a fresh fleet, in stream order."""
+
+    def __init__(self) -> None:
+        self.fleet = Fleet(None, None)  # type: ignore[arg-type]  # folding needs neither
+        self.fleet.caught_up.set()
+        self.seq = 0
+        self.agents: dict[str, Agent] = {}
+        self.liveness: dict[str, AgentLiveness] = {}
+
+    def append(self, subject: str, aggregate: Any, actor: str) -> None:
+        for event in aggregate.collect_events():
+            self.seq += 1
+            data, headers = encode(event)
+            headers[ACTOR_HEADER] = actor
+            self.fleet.fold(Recorded(self.seq, subject, headers, data, datetime.now(UTC)))
+
+    def register(self, agent_id: str, group: str, cpu: int, mem_gib: int, gpu: int) -> None:
+        capacity = {"cpu": cpu, "mem": mem_gib * GiB, "disk": 100 * GiB}
+        if gpu:
+            capacity["slots"] = {"gpu": gpu}
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            agent = self.agents[agent_id] = Agent.register(
+                agent_id=agent_id, resource_group=group, capacity=capacity, runtime="dummy"
+            )
+        else:
+            agent.reregister(resource_group=group, capacity=capacity, runtime="dummy")
+        self.append(f"hoist.events.agent.{agent_id}", agent, f"agent:{agent_id}")
+
+    def lose(self, agent_id: str) -> None:
+        if agent_id not in self.agents:
+            return
+        liveness = AgentLiveness.mark_lost(self.liveness.get(agent_id), agent_id, "gone")
+        self.liveness[agent_id] = liveness
+        self.append(f"hoist.events.liveness.{agent_id}", liveness, "manager")
+
+
+registrations = st.tuples(
+    st.just("register"),
+    st.sampled_from(AGENTS),
+    st.sampled_from(GROUPS),
+    st.integers(1, 8),
+    st.integers(1, 8),
+    st.integers(0, 2),
+)
+losses = st.tuples(st.just("lose"), st.sampled_from(AGENTS))
+asks = st.tuples(
+    st.just("ask"),
+    st.sampled_from(GROUPS),
+    st.integers(1, 10),  # cpu
+    st.integers(1, 10),  # mem GiB
+    st.integers(0, 3),  # gpu
+    st.integers(1, 4),  # cluster size
+    st.sampled_from(("single-node", "multi-node")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(registrations, losses, asks), max_size=40))
+def test_never_holds_of_the_fleet_matches_a_recomputation(steps: list[tuple[Any, ...]]) -> None:
+    log = Log()
+    for step in steps:
+        if step[0] == "register":
+            log.register(*step[1:])
+        elif step[0] == "lose":
+            log.lose(step[1])
+        else:
+            _, group, cpu, mem, gpu, size, mode = step
+            resources = ev.Resources(cpu=cpu, mem=mem * GiB, slots={"gpu": gpu} if gpu else {})
+            expected = never_holds(resources, size, mode, group, log.fleet.agent_views())
+            assert log.fleet.never_holds(resources, size, mode, group) == expected
+
+
+places = st.tuples(st.just("place"), st.sampled_from(AGENTS), st.integers(1, 4), st.integers(0, 2))
+ends = st.tuples(st.just("end"), st.integers(0, 100))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(registrations, losses, places, ends, st.just(("views",))), max_size=50))
+def test_the_kept_agent_views_match_views_built_afresh(steps: list[tuple[Any, ...]]) -> None:
+    log = Log()
+    fleet = log.fleet
+    placed: list[Session] = []
+    for step in steps:
+        if step[0] == "register":
+            log.register(*step[1:])
+        elif step[0] == "lose":
+            log.lose(step[1])
+        elif step[0] == "place" and step[1] in fleet.agents:
+            _, agent_id, cpu, gpu = step
+            session = Session.enqueue(
+                owner="ann",
+                image="img:1",
+                resources={"cpu": cpu, "mem": GiB, "slots": {"gpu": gpu} if gpu else {}},
+                resource_group="default",
+            )
+            fleet.reindex(session)
+            session.schedule({k: agent_id for k in session.kernels})
+            fleet.reindex(session)  # what a commit does once the change is stored
+            placed.append(session)
+        elif step[0] == "end" and placed:
+            session = placed.pop(step[1] % len(placed))
+            session.destroy()
+            fleet.reindex(session)
+        elif step[0] == "views":
+            fleet.agent_views()  # builds the kept views; later steps must keep them right
+        fresh = [fleet.view_of(agent_id) for agent_id in fleet.agents]
+        assert fleet.agent_views() == fresh
