@@ -64,9 +64,9 @@ import bisect
 import heapq
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -246,7 +246,48 @@ def plan(
             group.add_agent(agent)
     for group in groups.values():
         group.start(image_sizes)
+    fleet_total = live_totals(agents) if policy.order == "drf" else {}
+    out = decide_all(
+        queue, groups.__getitem__, fleet_total, owner_sessions, limits, policy, quotas, usage
+    )
+    if stats is not None:
+        stats.agents_examined += sum(g.examined for g in groups.values())
+    return out
 
+
+class Placer(Protocol):
+    """One resource group's agents during a plan (``_Group``, or an index's group)."""
+
+    def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]: ...
+
+    def could_ever_fit(self, session: PendingSession) -> bool: ...
+
+
+def live_totals(agents: Iterable[AgentView]) -> dict[str, int]:
+    """What the live agents offer together (milli-cpu, bytes, milli-slots): drf's denominator.
+    Integers, so the shares do not depend on the order agents are given in."""
+    total: dict[str, int] = {"cpu": 0, "mem": 0}
+    for a in agents:
+        if a.live:
+            total["cpu"] += _mc_down(a.capacity.cpu)
+            total["mem"] += a.capacity.mem
+            for k, v in a.capacity.slots.items():
+                total[k] = total.get(k, 0) + _mc_down(v)
+    return total
+
+
+def decide_all(
+    queue: Sequence[PendingSession],
+    group_of: Callable[[str], Placer],
+    fleet_total: Mapping[str, int],
+    owner_sessions: Mapping[str, int],
+    limits: Limits,
+    policy: Policy,
+    quotas: Mapping[str, Quota],
+    usage: Mapping[str, Usage],
+) -> list[Scheduled | Unschedulable]:
+    """Decide every session of ``queue`` (sorted FIFO) in the policy's order, placing each
+    through the ``Placer`` of its resource group (``fleet_total``: ``live_totals``, for drf)."""
     owners = dict(owner_sessions)
     blocked_by: dict[str, str] = {}  # resource group -> the session holding it (fifo_strict)
     out: list[Scheduled | Unschedulable] = []
@@ -263,7 +304,7 @@ def plan(
             info = f"{PREDICATE_FAILED}: " + "; ".join(failures)
             out.append(Unschedulable(session_id=session.session_id, status_info=info))
             return False
-        group = groups[session.resource_group]
+        group = group_of(session.resource_group)
         head = blocked_by.get(session.resource_group)
         if head is not None:
             info = (
@@ -288,14 +329,12 @@ def plan(
         return True
 
     if policy.order == "drf":
-        shares = _DominantShares(queue, agents, usage)
+        shares = _DominantShares(queue, fleet_total, usage)
         while (session := shares.next()) is not None:
             shares.decided(session, decide(session))
     else:
         for session in queue:
             decide(session)
-    if stats is not None:
-        stats.agents_examined += sum(g.examined for g in groups.values())
     return out
 
 
@@ -307,18 +346,9 @@ class _DominantShares:
     def __init__(
         self,
         queue: Sequence[PendingSession],
-        agents: Sequence[AgentView],
+        total: Mapping[str, int],
         usage: Mapping[str, Usage],
     ) -> None:
-        # Integer totals (milli-cpu, bytes, milli-slots) so the shares do not depend on the
-        # order agents are given in.
-        total: dict[str, int] = {"cpu": 0, "mem": 0}
-        for a in agents:
-            if a.live:
-                total["cpu"] += _mc_down(a.capacity.cpu)
-                total["mem"] += a.capacity.mem
-                for k, v in a.capacity.slots.items():
-                    total[k] = total.get(k, 0) + _mc_down(v)
         self.total = {r: t for r, t in total.items() if t > 0}  # what no live agent offers: out
         self.queue = queue
         self.left: dict[str, deque[int]] = {}  # owner -> places in the queue, FIFO

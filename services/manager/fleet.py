@@ -36,11 +36,12 @@ from domain.agent import Agent
 from domain.events import ClusterMode, Resources
 from domain.image_ref import canonical_or_same
 from domain.liveness import AgentLiveness, is_lost
+from domain.placement_index import AgentIndex
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
-from domain.scheduling import AgentView, IdleRoom, PendingSession
+from domain.scheduling import AgentView, IdleRoom, PendingSession, Policy
 from domain.session import Session
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
@@ -168,6 +169,7 @@ class Fleet:
         # agent id -> its scheduler view, and the agents whose view must be built again
         self._views: dict[str, AgentView] = {}
         self._stale_views: dict[str, None] = {}  # ordered: a new agent's view goes last
+        self._index: AgentIndex | None = None  # the scheduler's, once it asked (agent_index)
         # group -> never_holds over its live agents' capacities; dropped when one changes
         self._idle_room: dict[str, IdleRoom] = {}
         self._order = 0
@@ -493,10 +495,24 @@ class Fleet:
         """Every agent as the scheduler sees it, in registration order. Each view is kept and
         built again only when its agent changed (an event, its liveness, the room its kernels
         hold): a scheduling pass does not rebuild 1,000 views for the one that changed."""
-        for agent_id in self._stale_views:
-            self._views[agent_id] = self.view_of(agent_id)
-        self._stale_views.clear()
+        self._refresh_views()
         return list(self._views.values())
+
+    def agent_index(self, policy: Policy) -> AgentIndex:
+        """The live agents sorted for ``policy`` (domain.placement_index), kept between
+        scheduling passes: only the agents whose view changed since the last call move."""
+        self._refresh_views()
+        if self._index is None or self._index.policy != policy:
+            self._index = AgentIndex(policy, list(self._views.values()))
+        return self._index
+
+    def _refresh_views(self) -> None:
+        for agent_id in self._stale_views:
+            view = self.view_of(agent_id)
+            if self._index is not None and view != self._views.get(agent_id):
+                self._index.put(view)
+            self._views[agent_id] = view
+        self._stale_views.clear()
 
     def view_of(self, agent_id: str) -> AgentView:
         """One agent's view, built from its state now."""

@@ -1,4 +1,6 @@
-"""The scheduler reactor: places pending sessions with ``domain.scheduling.plan``.
+"""The scheduler reactor: places pending sessions with ``domain.scheduling``'s policy, on the
+fleet's kept index of live agents (``domain.placement_index.plan_indexed``: a pass visits the
+agents the pending sessions' picks walk past, not every agent).
 
 Woken on SessionEnqueued and whenever room may have appeared (a kernel stopped occupying an
 agent, an agent (re)registered, an owner's session ended).  Wake-ups coalesce and one pass
@@ -14,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from domain.errors import DomainError
+from domain.placement_index import plan_indexed
 from domain.quota import Quota, effective
 from domain.reasons import Reason
 from domain.scheduling import (
@@ -22,7 +25,6 @@ from domain.scheduling import (
     Policy,
     Scheduled,
     Unschedulable,
-    plan,
 )
 from domain.session import Session
 from services.manager.fleet import Fleet
@@ -42,13 +44,13 @@ class SchedulerLoop:
         uow: UnitOfWork,
         limits: Limits,
         policy: Policy,
-        planner: Plan = plan,
+        planner: Plan | None = None,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
         self.limits = limits
         self.policy = policy
-        self.planner = planner
+        self.planner = planner  # None: plan_indexed on the fleet's kept index
         self.passes = 0
         self._wake = asyncio.Event()
         self._tasks = Tasks()
@@ -70,16 +72,27 @@ class SchedulerLoop:
         if not pending:
             return 0
         self.passes += 1
-        decisions = self.planner(
-            pending,
-            self.fleet.agent_views(),
-            self.fleet.owner_sessions,
-            self.limits,
-            self.policy,
-            self.fleet.image_sizes,
-            quotas=self.quotas(pending),
-            usage=self.fleet.owner_usage,
-        )
+        if self.planner is None:
+            decisions = plan_indexed(
+                pending,
+                self.fleet.agent_index(self.policy),
+                self.fleet.owner_sessions,
+                self.limits,
+                self.fleet.image_sizes,
+                quotas=self.quotas(pending),
+                usage=self.fleet.owner_usage,
+            )
+        else:
+            decisions = self.planner(
+                pending,
+                self.fleet.agent_views(),
+                self.fleet.owner_sessions,
+                self.limits,
+                self.policy,
+                self.fleet.image_sizes,
+                quotas=self.quotas(pending),
+                usage=self.fleet.owner_usage,
+            )
         placed = 0
         for decision in decisions:
             try:

@@ -13,10 +13,12 @@ from domain import events as ev
 from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, encode
 from domain.liveness import AgentLiveness
-from domain.scheduling import never_holds
+from domain.placement_index import AgentIndex
+from domain.scheduling import Policy, never_holds
 from domain.session import Session
 from services.eventstore.store import Recorded
 from services.manager.fleet import Fleet
+from tests.domain.test_placement_index import index_state
 
 GiB = 1024**3
 AGENTS = ("a1", "a2", "a3", "a4")
@@ -102,11 +104,19 @@ ends = st.tuples(st.just("end"), st.integers(0, 100))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(registrations, losses, places, ends, st.just(("views",))), max_size=50))
+@given(
+    st.lists(
+        st.one_of(registrations, losses, places, ends, st.just(("views",)), st.just(("index",))),
+        max_size=50,
+    )
+)
 def test_the_kept_agent_views_match_views_built_afresh(steps: list[tuple[Any, ...]]) -> None:
+    """And so does the scheduler's kept index of them, once it was asked for."""
     log = Log()
     fleet = log.fleet
     placed: list[Session] = []
+    policy = Policy(strategy="concentrated")
+    indexed = False
     for step in steps:
         if step[0] == "register":
             log.register(*step[1:])
@@ -130,5 +140,9 @@ def test_the_kept_agent_views_match_views_built_afresh(steps: list[tuple[Any, ..
             fleet.reindex(session)
         elif step[0] == "views":
             fleet.agent_views()  # builds the kept views; later steps must keep them right
+        elif step[0] == "index":
+            indexed = True
         fresh = [fleet.view_of(agent_id) for agent_id in fleet.agents]
+        if indexed:  # before agent_views, which refreshes it too
+            assert index_state(fleet.agent_index(policy)) == index_state(AgentIndex(policy, fresh))
         assert fleet.agent_views() == fresh
