@@ -22,6 +22,7 @@ AgentLost (on its liveness subject, the manager's) is later in the stream than i
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -33,6 +34,7 @@ from typing import Any
 from domain import events as ev
 from domain.admission import Inadmissible, admit, binding, fold
 from domain.agent import Agent
+from domain.errors import DomainError
 from domain.events import ClusterMode, Resources
 from domain.image_ref import canonical_or_same
 from domain.liveness import AgentLiveness, is_lost
@@ -249,6 +251,20 @@ class Fleet:
         table[name] = _applied(aggregate, event, rec)
         if self.caught_up.is_set():
             self.publish(event)
+
+    async def change_admin(
+        self, aggregate: Any, kind: str, what: str, change: Callable[[Any], None]
+    ) -> Any:
+        """``change`` a copy of a folded admin-set ``aggregate`` (the folded one stays as the
+        log has it until the save lands) and save it; a change its aggregate refuses is a
+        ``conflict`` naming ``name``.  The saved copy."""
+        changed = copy.deepcopy(aggregate)
+        try:
+            change(changed)
+        except DomainError as e:
+            raise RequestError("conflict", f"name: {e}") from None
+        await self.save_admin(changed, kind, what)
+        return changed
 
     async def save_admin(self, aggregate: Any, kind: str, what: str) -> None:
         """Save an aggregate an admin set (over hoist.admin) and publish its events; another

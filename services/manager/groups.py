@@ -13,7 +13,6 @@ import copy
 from typing import Any
 
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup, group_view
-from domain.errors import DomainError
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
 from domain.subjects import RESOURCE_GROUP
@@ -51,12 +50,7 @@ class Groups:
                 f"name: no resource group {req.name!r} is defined (an undefined group is open to"
                 " everyone already); see them with group list",
             )
-        group = copy.deepcopy(existing)
-        try:
-            group.remove()
-        except DomainError as e:
-            raise RequestError("conflict", str(e)) from None
-        await self._save(group)
+        await self.fleet.change_admin(existing, RESOURCE_GROUP, "group", ResourceGroup.remove)
         return {"group": req.name, "recorded": True}
 
     async def list(self, req: ListGroups) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from domain.contracts.policies import (
     plan_view,
     policy_view,
 )
-from domain.errors import DomainError
 from domain.prepull import (
     DEFAULT_FILL,
     AgentDisk,
@@ -197,12 +196,9 @@ class PrepullLoop:
             )
         plans = self.plan([p for p in self.live_policies() if p.name != req.name])
         if not req.dry_run:
-            policy = _copy(existing)
-            try:
-                policy.remove()
-            except DomainError as e:
-                raise RequestError("conflict", str(e)) from None
-            await self._save(policy)
+            await self.fleet.change_admin(
+                existing, "prepull-policy", "policy", PrepullPolicy.remove
+            )
         return {
             "policy": req.name,
             "recorded": not req.dry_run,

@@ -41,7 +41,6 @@ from domain.contracts.quotas import (
     usage_view,
 )
 from domain.contracts.sessions import ReadStream, StreamOpened
-from domain.errors import DomainError
 from domain.quota import ResourcePolicy, Usage, effective
 from domain.rpc import RequestError
 from domain.subjects import RESOURCE_POLICY
@@ -105,12 +104,7 @@ class Quotas:
             raise RequestError(
                 "not-found", f"name: no resource policy {req.name!r}; see them with quota show"
             )
-        policy = copy.deepcopy(existing)
-        try:
-            policy.remove()
-        except DomainError as e:
-            raise RequestError("conflict", str(e)) from None
-        await self._save(policy)
+        await self.fleet.change_admin(existing, RESOURCE_POLICY, "policy", ResourcePolicy.remove)
         return {"policy": req.name, "recorded": True}
 
     async def show(self, req: ShowQuotas) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from domain.contracts.users import AddUser, DisableUser, ListUsers, user_view
-from domain.errors import DomainError, InvalidField
+from domain.errors import InvalidField
 from domain.rpc import RequestError
 from domain.subjects import USER
 from domain.user import User
@@ -44,12 +44,9 @@ class Users:
         existing = self.fleet.users.get(req.name)
         if existing is None:
             raise RequestError("not-found", f"name: no user {req.name!r}; see them with user list")
-        user = copy.deepcopy(existing)
-        try:
-            user.disable(by=requester("admin"))
-        except DomainError as e:
-            raise RequestError("conflict", f"name: {e}") from None
-        await self._save(user)
+        user = await self.fleet.change_admin(
+            existing, USER, "user", lambda u: u.disable(by=requester("admin"))
+        )
         return {"user": user_view(user), "recorded": True}
 
     async def list(self, req: ListUsers) -> dict[str, Any]:
