@@ -143,8 +143,8 @@ def quota_of(values: Mapping[str, Any]) -> Quota:
     return Quota(**{f: values[f] for f in _FIELDS if f in values})
 
 
-class _Checked(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A quota with ResourcePolicySet's bounds."""
+class QuotaLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A quota's fields with ResourcePolicySet's bounds: what the wire checks (SetQuota)."""
 
     max_cpu: ev.QuotaCpu | None = None
     max_mem: ev.Bytes | None = None
@@ -160,7 +160,7 @@ def checked(quota: Quota) -> dict[str, Any]:
     values = msgspec.structs.asdict(quota)
     for name, value in values.items():
         try:
-            msgspec.convert({name: value}, _Checked)
+            msgspec.convert({name: value}, QuotaLimits)
         except msgspec.ValidationError as e:
             raise InvalidField(name, str(e)) from None
     values["max_slots"] = {k: float(v) for k, v in sorted(values["max_slots"].items())}

@@ -20,31 +20,16 @@ from typing import Any
 
 import msgspec
 
-from domain import events as ev
 from domain.limits import Id, Owner
-from domain.quota import Quota, ResourcePolicy, Usage
+from domain.quota import Quota, QuotaLimits, ResourcePolicy, Usage
 
 
-class SetQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SetQuota(QuotaLimits, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: Id  # an owner or "default": hoist.events.resource-policy.<name>
-    max_cpu: ev.QuotaCpu | None = None
-    max_mem: ev.Bytes | None = None
-    max_slots: ev.QuotaSlots = {}
-    max_sessions: ev.Count | None = None
-    max_kernels_per_session: ev.Count | None = None
-    max_lifetime_s: ev.LimitSeconds | None = None
-    idle_timeout_s: ev.LimitSeconds | None = None
 
     def quota(self) -> Quota:
-        return Quota(
-            max_cpu=self.max_cpu,
-            max_mem=self.max_mem,
-            max_slots=dict(self.max_slots),
-            max_sessions=self.max_sessions,
-            max_kernels_per_session=self.max_kernels_per_session,
-            max_lifetime_s=self.max_lifetime_s,
-            idle_timeout_s=self.idle_timeout_s,
-        )
+        limits = {f: getattr(self, f) for f in QuotaLimits.__struct_fields__}
+        return Quota(**limits | {"max_slots": dict(self.max_slots)})
 
 
 class RemoveQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

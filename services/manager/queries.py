@@ -176,25 +176,19 @@ async def serve_queries(
 
     subs = []
     for name, query in QUERIES.items():
+
+        def answer(r: dict[str, Any], n: str = name, q: Query = query) -> Any:
+            return _answer_query(runner, n, q, r, last_heartbeat)
+
+        subject = f"{subjects.QUERY}.{name}"
+        subs.append(await nc.subscribe(subject, queue=queue, cb=serving(answer)))
+        # a user's own: hoist.query.<user>.<name>, the fleet-wide ones an admin user's only
+        fleet_wide = "owner" not in FILTERS.get(name, {})
         subs.append(
             await nc.subscribe(
                 f"{subjects.QUERY}.*.{name}",
                 queue=queue,
-                cb=serving(
-                    lambda r, n=name, q=query: _answer_query(runner, n, q, r, last_heartbeat),
-                    scoped=True,
-                    admin_only="owner" not in FILTERS.get(name, {}),  # fleet-wide
-                ),
-            )
-        )
-    for name, query in QUERIES.items():
-        subs.append(
-            await nc.subscribe(
-                f"{subjects.QUERY}.{name}",
-                queue=queue,
-                cb=serving(
-                    lambda r, n=name, q=query: _answer_query(runner, n, q, r, last_heartbeat)
-                ),
+                cb=serving(answer, scoped=True, admin_only=fleet_wide),
             )
         )
     admin_queries = {
