@@ -23,10 +23,19 @@ from eventsourcing.domain import CanInitAggregate
 
 from domain import events as ev
 from domain import liveness as _liveness  # noqa: F401  registers what AgentLost starts
+from domain import reservation as _reservation  # noqa: F401  registers CapacityReserved's
 from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
-from domain.subjects import EVENTS, LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY, USER
+from domain.subjects import (
+    EVENTS,
+    LEASE,
+    LIVENESS,
+    RESERVATION,
+    RESOURCE_GROUP,
+    RESOURCE_POLICY,
+    USER,
+)
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
@@ -53,6 +62,10 @@ RESOURCE_GROUP_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.ResourceGroupSet, ev.ResourceGroupRemoved}
 )
 USER_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.UserAdded, ev.UserDisabled})
+RESERVATION_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {ev.CapacityReserved, ev.CapacityReleased}
+)
+LEASE_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.ManagerLeaseTaken, ev.ManagerFence})
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
 BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
@@ -63,6 +76,8 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
     RESOURCE_GROUP: RESOURCE_GROUP_EVENTS,
     USER: USER_EVENTS,
+    RESERVATION: RESERVATION_EVENTS,
+    LEASE: LEASE_EVENTS,
 }
 # The event that starts each aggregate (its first event must be one of these).
 _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
@@ -73,10 +88,14 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     RESOURCE_POLICY: (ev.ResourcePolicySet,),
     RESOURCE_GROUP: (ev.ResourceGroupSet,),
     USER: (ev.UserAdded,),
+    RESERVATION: (ev.CapacityReserved,),
 }
 # Kinds whose start event may come again (a policy or group is set again, also after a
 # removal; a disabled user is added again).
 _SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER})
+# Kinds whose messages are no aggregate's history: each stands alone (and expires), so no
+# order is checked and folding one changes nothing.
+STANDALONE = frozenset({LEASE})
 _PREFIX = f"{EVENTS}."
 
 
@@ -146,8 +165,10 @@ def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> 
     first event starts the aggregate (at its own version, as eventsourcing does), a start does
     not come twice (a prepull or resource policy, or a resource group, may be set again), every
     later event is the next version."""
+    kind, _ = binding(subject)
+    if kind in STANDALONE:
+        return None
     if last_version is None:
-        kind, _ = binding(subject)
         first = _FIRST.get(kind, ())
         if isinstance(event, first):
             return None
@@ -156,7 +177,7 @@ def out_of_sequence(subject: str, last_version: int | None, event: ev.Event) -> 
             f" {', '.join(ev.type_name(t) for t in first)}"
         )
     if isinstance(event, CanInitAggregate):
-        kind, aggregate_id = binding(subject)
+        _, aggregate_id = binding(subject)
         if kind not in _SET_AGAIN:
             return f"{ev.type_name(type(event))} again: {kind} {aggregate_id!r} already exists"
     if event.originator_version != last_version + 1:
@@ -176,6 +197,8 @@ def fold(aggregate: Any, event: ev.Event, subject: str) -> Any:
     why = out_of_sequence(subject, last, event)
     if why is not None:
         raise Inadmissible(why, name)
+    if binding(subject)[0] in STANDALONE:
+        return aggregate
     try:
         return event.mutate(aggregate)
     except Exception as e:  # whatever a stored event makes apply raise, it is that event's

@@ -461,13 +461,62 @@ class AgentLost(Event, frozen=True, kw_only=True, tag="AgentLost"):
         # The first loss creates the liveness aggregate, without an originator_topic field
         # (adding one would change the event's schema for no reader's benefit): the class is
         # the one registered with ``started_by(AgentLost)``.
-        if aggregate is None:
-            aggregate_class = started(AgentLost)
-            aggregate = aggregate_class.__new__(aggregate_class)
-            aggregate.__base_init__(self.originator_id, self.originator_version, self.timestamp)
-            self.apply(aggregate)
-            return aggregate
-        return CanMutateAggregate.mutate(self, aggregate)
+        return _mutate_or_start(self, aggregate)
+
+
+def _mutate_or_start(event: Event, aggregate: Any) -> Any:
+    """``event`` applied to ``aggregate``; with None, it starts the aggregate class registered
+    with ``started_by(type(event))`` (events that name no originator_topic)."""
+    if aggregate is None:
+        aggregate_class = started(type(event))
+        aggregate = aggregate_class.__new__(aggregate_class)
+        aggregate.__base_init__(event.originator_id, event.originator_version, event.timestamp)
+        event.apply(aggregate)
+        return aggregate
+    return CanMutateAggregate.mutate(event, aggregate)
+
+
+# --- reservations (subject hoist.events.reservation.<agent id>, managers' only) ------------
+
+
+class CapacityReserved(Event, frozen=True, kw_only=True, tag="CapacityReserved"):
+    """A manager reserved room on the agent for kernels of one session: appended in the same
+    atomic batch as the session's SessionScheduled, expecting the subject's last sequence, so
+    two managers deciding on the same room get one success and one conflict."""
+
+    session_id: Id
+    kernel_ids: KernelIds
+    resources: Resources  # per kernel
+
+    def mutate(self, aggregate: Any) -> Any:
+        return _mutate_or_start(self, aggregate)  # the first reservation starts the aggregate
+
+
+class CapacityReleased(Event, frozen=True, kw_only=True, tag="CapacityReleased"):
+    """The kernels' room on the agent is free again (they ended, or were never started)."""
+
+    session_id: Id
+    kernel_ids: KernelIds
+    status_info: Reason  # e.g. "kernel-ended: main1 TERMINATED"
+
+
+# --- managers' lease (subject hoist.events.lease.<id>): messages with a TTL, no history ----
+
+
+class ManagerLeaseTaken(Event, frozen=True, kw_only=True, tag="ManagerLeaseTaken"):
+    """A manager took or renewed the leadership lease; the message expires after ``ttl_s``
+    (Nats-TTL), and then the lease is free.  Readers admit it and fold it into nothing."""
+
+    holder: Id
+    ttl_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
+
+
+class ManagerFence(Event, frozen=True, kw_only=True, tag="ManagerFence"):
+    """Rides in a leader's atomic batch, expecting the lease subject at ``lease_seq``: the
+    batch is refused whole once another manager holds the lease.  Expires like the lease."""
+
+    holder: Id
+    lease_seq: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
 
 
 # --- prepull policies (subject hoist.events.prepull-policy.<name>) -------------------------
@@ -632,6 +681,10 @@ AnyEvent = (
     | ResourceGroupRemoved
     | UserAdded
     | UserDisabled
+    | CapacityReserved
+    | CapacityReleased
+    | ManagerLeaseTaken
+    | ManagerFence
 )
 
 # Every kernel status change, in the order of the status machine.

@@ -2,9 +2,9 @@
 
 Events live in one JetStream stream, one subject per aggregate:
 ``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness``,
-``prepull-policy``, ``resource-policy``, ``resource-group`` or ``user``; domain.admission says which
-events each may hold).  An agent publishes only under its own id (``hoist.events.agent.<id>``,
-``hoist.progress.<id>.>``); nats.conf enforces it.
+``prepull-policy``, ``resource-policy``, ``resource-group``, ``user``, ``reservation`` or
+``lease``; domain.admission says which events each may hold).  An agent publishes only under
+its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``); nats.conf enforces it.
 """
 
 from __future__ import annotations
@@ -84,16 +84,47 @@ RESOURCE_POLICY = "resource-policy"
 RESOURCE_GROUP = "resource-group"
 # Hoist users (domain.user): hoist.events.user.<name>; each has a NATS user of that name.
 USER = "user"
+# What the managers reserved on an agent (domain.reservation): hoist.events.reservation.<agent
+# id>.  Only managers write it, each SessionScheduled in one atomic batch with its agents'
+# reservations expecting their last sequences, so two managers never book the same room.
+RESERVATION = "reservation"
+# The managers' leadership (services.manager.leadership): hoist.events.lease.manager holds the
+# lease (a message with a per-message TTL), hoist.events.lease.manager-fence the fence messages
+# that ride in a leader's batches; both expire, neither is an aggregate's history.
+LEASE = "lease"
+MANAGER_LEASE_ID = "manager"
+MANAGER_FENCE_ID = "manager-fence"
 
 
 def liveness_events(agent_id: str) -> str:
     return aggregate_subject(LIVENESS, agent_id)
 
 
+def reservation_events(agent_id: str) -> str:
+    return aggregate_subject(RESERVATION, agent_id)
+
+
+def manager_lease() -> str:
+    return aggregate_subject(LEASE, MANAGER_LEASE_ID)
+
+
+def manager_fence() -> str:
+    return aggregate_subject(LEASE, MANAGER_FENCE_ID)
+
+
 # The kinds of aggregate subject only the manager writes; an agent writes only its own
 # ``hoist.events.agent.<id>``.  services.natsauth grants exactly this at the server, so the
 # manager cannot write an agent's facts and an agent cannot write anything else.
-MANAGER_KINDS = ("session", LIVENESS, "prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER)
+MANAGER_KINDS = (
+    "session",
+    LIVENESS,
+    "prepull-policy",
+    RESOURCE_POLICY,
+    RESOURCE_GROUP,
+    USER,
+    RESERVATION,
+    LEASE,
+)
 
 
 def session_events(session_id: str) -> str:

@@ -154,6 +154,8 @@ async def test_manager_writes_its_own_subjects_never_an_agents_facts(manager: Co
         "hoist.events.prepull-policy.p",
         "hoist.events.resource-policy.alice",
         "hoist.events.resource-group.gpu",
+        "hoist.events.reservation.A",
+        "hoist.events.lease.manager",
     ):
         assert (await js.publish(subject, b"fact")).stream == EVENT_STREAM
     assert await manager.refused("hoist.events.agent.A")
@@ -333,6 +335,9 @@ async def test_agent_publishes_only_its_own_facts(agent_a: Conn, manager: Conn) 
     assert await _delivered(agent_a, manager, "hoist.heartbeat.A")
     assert await agent_a.refused("hoist.events.agent.B")
     assert await agent_a.refused("hoist.events.session.x")
+    # its reservations are the managers' (issue 17): an agent cannot free or book room
+    assert await agent_a.refused("hoist.events.reservation.A")
+    assert await agent_a.refused("hoist.events.lease.manager")
     assert await agent_a.refused("hoist.heartbeat.B")
     assert await agent_a.refused("hoist.progress.B.pull1")
     assert await agent_a.refused("hoist.api.session.create")

@@ -11,6 +11,7 @@ aggregate is rebuilt from the rest: one poison event never makes an aggregate un
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
 from eventsourcing.domain import BaseAggregate
@@ -106,12 +107,14 @@ class Repository:
         *aggregates: BaseAggregate[str],
         request_id: str | None = None,
         actor: str | None = None,
+        also: Sequence[Write] = (),
     ) -> list[int]:
         """Append the pending events of all ``aggregates`` atomically; return their sequences.
 
         Each aggregate's subject must still be where it was loaded (0 = new aggregate), else
         ConcurrencyError and nothing is written.  ``request_id`` makes a retried command append
-        nothing twice."""
+        nothing twice.  ``also``: more writes in the same append, after the aggregates' (a
+        leader's fence)."""
         writes: list[Write] = []
         saved: list[BaseAggregate[str]] = []
         subjects: set[str] = set()
@@ -128,7 +131,7 @@ class Repository:
             messages = [_message(event, actor or self.actor) for event in events]
             writes.append(Write(subject, messages, expected_last_seq=loaded_seq(aggregate)))
             saved.append(aggregate)
-        seqs = await self.store.append(writes, idempotency_key=request_id)
+        seqs = await self.store.append([*writes, *also], idempotency_key=request_id)
         end = 0
         for write, aggregate in zip(writes, saved, strict=True):
             end += len(write.messages)

@@ -50,6 +50,8 @@ MAX_BATCH = 1000  # the server's limit for one atomic batch
 # Protocol headers
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+MSG_TTL = "Nats-TTL"  # a message's own time to live (streams with allow_msg_ttl)
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQ = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
@@ -88,11 +90,15 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Write:
     """Messages for one subject, appended only if that subject's last stream sequence is still
-    ``expected_last_seq`` (0 = the subject is empty; None = no check)."""
+    ``expected_last_seq`` (0 = the subject is empty; None = no check).
+
+    ``expected_subject``: the check is on that other subject of the stream instead (a fence:
+    the write is refused once a lease subject moved on)."""
 
     subject: str
     messages: Sequence[Message]
     expected_last_seq: int | None = None
+    expected_subject: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +165,7 @@ class EventStore:
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self._slots = asyncio.Semaphore(in_flight)
+        self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
 
     # -- stream ----------------------------------------------------------------------------------
 
@@ -178,6 +185,9 @@ class EventStore:
             deny_purge=True,
             allow_atomic=True,
             allow_direct=True,
+            # Per-message TTLs, for the managers' lease only (services.manager.leadership): a
+            # message without a Nats-TTL header never expires.
+            allow_msg_ttl=True,
             duplicate_window=self.duplicate_window,
         )
 
@@ -193,7 +203,10 @@ class EventStore:
             info = await self.js.stream_info(self.stream)
         except NotFoundError:
             await self.js.add_stream(want)
+            self.msg_ttl = True
             return
+        # A stream made before leases existed takes no TTL: one manager leads it unleased.
+        self.msg_ttl = bool(info.config.allow_msg_ttl)
         differs = _stream_differences(info.config, want)
         if differs:
             raise StoreError(
@@ -231,6 +244,8 @@ class EventStore:
                 # The server checks the subject sequence on a subject's first message only.
                 if j == 0 and expected is not None:
                     headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
+                    if write.expected_subject is not None:
+                        headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = write.expected_subject
                 out.append((write.subject, message.data, headers))
         if not out:
             return []
@@ -340,12 +355,17 @@ class EventStore:
     async def _conflict(self, writes: Sequence[Write], detail: str) -> ConcurrencyError:
         # The server does not say which subject moved: ask, so the caller knows what to reload.
         checked = [w for w in writes if w.expected_last_seq is not None]
-        lasts = await asyncio.gather(*(self.last_seq(w.subject) for w in checked))
+        lasts = await asyncio.gather(
+            *(self.last_seq(w.expected_subject or w.subject) for w in checked)
+        )
         for write, last in zip(checked, lasts, strict=True):
             if last != write.expected_last_seq:
-                return ConcurrencyError(write.subject, write.expected_last_seq, detail)
-        subject = checked[0] if checked else writes[0]
-        return ConcurrencyError(subject.subject, subject.expected_last_seq, detail)
+                subject = write.expected_subject or write.subject
+                return ConcurrencyError(subject, write.expected_last_seq, detail)
+        first = checked[0] if checked else writes[0]
+        return ConcurrencyError(
+            first.expected_subject or first.subject, first.expected_last_seq, detail
+        )
 
     # -- read ------------------------------------------------------------------------------------
 
@@ -674,7 +694,6 @@ _VERIFIED: tuple[tuple[str, Any], ...] = (
     ("deny_delete", False),
     ("deny_purge", False),
     ("allow_rollup_hdrs", False),  # a rollup header purges a subject or the whole stream
-    ("allow_msg_ttl", False),  # a per-message TTL expires an event
     ("sealed", False),
     ("mirror", None),  # a mirror takes no appends
     ("allow_atomic", False),

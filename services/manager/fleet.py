@@ -22,10 +22,11 @@ AgentLost (on its liveness subject, the manager's) is later in the stream than i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +42,7 @@ from domain.liveness import AgentLiveness, is_lost
 from domain.placement_index import AgentIndex
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
+from domain.reservation import AgentReservations
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
 from domain.scheduling import AgentView, IdleRoom, PendingSession, Policy
@@ -52,13 +54,14 @@ from domain.status import (
     Kernel,
     KernelStatus,
 )
-from domain.subjects import LIVENESS, RESOURCE_GROUP, RESOURCE_POLICY, USER
+from domain.subjects import LEASE, LIVENESS, RESERVATION, RESOURCE_GROUP, RESOURCE_POLICY, USER
 from domain.user import User
 from services.eventstore.quarantine import quarantined
 from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
-from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError
+from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError, Write
 from services.manager.bus import LookAgain, RoomFreed
 from services.manager.requester import requester
+from services.manager.reservations import Reservations
 from services.transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -182,6 +185,8 @@ class Fleet:
         self._stale: set[str] = set()
         self._waiters: defaultdict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self._tasks = Tasks()  # the log follower and reloads
+        # every agent's reservations (domain.reservation): the other account of its room
+        self.reservations = Reservations(repository, self.sessions.get, self._room_changed)
 
     # -- following the log ---------------------------------------------------------------
 
@@ -239,6 +244,10 @@ class Fleet:
                 self._fold_agent(aggregate_id, rec, event)
             elif kind == LIVENESS:
                 self._fold_liveness(aggregate_id, rec, event)
+            elif kind == RESERVATION:
+                self.reservations.fold(aggregate_id, rec, event, _applied)
+            elif kind == LEASE:
+                pass  # the managers' lease: services.manager.leadership reads it
             else:
                 self._fold_admin(self._admin[kind], aggregate_id, rec, event)
         except Inadmissible as e:
@@ -283,6 +292,13 @@ class Fleet:
     def agent_groups(self) -> set[str]:
         """The resource groups some registered agent (live or not) joined."""
         return {s.agent.resource_group for s in self.agents.values()}
+
+    def _room_changed(self, agent_id: str, freed: bool) -> None:
+        """An agent's reservations changed what it holds: its view is stale."""
+        if agent_id in self.agents:
+            self._stale_views[agent_id] = None
+        if freed and self.caught_up.is_set():
+            self.publish(RoomFreed())
 
     def _fold_liveness(self, agent_id: str, rec: Recorded, event: ev.Event) -> None:
         liveness = _applied(self.liveness.get(agent_id), event, rec)
@@ -418,6 +434,10 @@ class Fleet:
     def _set_footprint(self, sid: str, owner: str, new: _Footprint) -> None:
         old = self._footprints.get(sid, _EMPTY)
         self._footprints[sid] = new
+        held = self.reservations.by_agent
+        for agent_id in old.agents.keys() | new.agents.keys() | old.live_on | new.live_on:
+            if agent_id in held:
+                self.reservations.recount(agent_id, (sid,))
         freed = False
         for agent_id in old.agents.keys() | new.agents.keys():
             ocpu, omem = old.agents.get(agent_id, (0.0, 0))
@@ -533,13 +553,18 @@ class Fleet:
     def view_of(self, agent_id: str) -> AgentView:
         """One agent's view, built from its state now."""
         s = self.agents[agent_id]
+        # What the sessions hold there, and what its reservations hold beyond that.
+        cpu, mem, slots = self.reservations.extra(agent_id)
+        reserved_slots = dict(s.reserved_slots)
+        for name, amount in slots.items():
+            reserved_slots[name] = round(reserved_slots.get(name, 0.0) + amount, 9)
         return AgentView(
             agent_id=agent_id,
             resource_group=s.agent.resource_group,
             capacity=s.agent.capacity,
-            reserved_cpu=s.reserved_cpu,
-            reserved_mem=s.reserved_mem,
-            reserved_slots=dict(s.reserved_slots),
+            reserved_cpu=round(s.reserved_cpu + cpu, 9),
+            reserved_mem=s.reserved_mem + mem,
+            reserved_slots=reserved_slots,
             images={image: held.size_bytes for image, held in s.agent.images.items()},
             live=s.live,
         )
@@ -655,6 +680,35 @@ class Fleet:
             return False
         self.reindex(session)
         return True
+
+    async def commit_together(
+        self,
+        sessions: list[Session],
+        reservations: list[AgentReservations],
+        also: Sequence[Write] = (),
+    ) -> bool:
+        """Save sessions (their locks held) and agents' reservations in one atomic append,
+        each expecting the subject where it was loaded; True if stored.  Refused (another
+        writer moved one of them, or a fence), every one of them is reloaded from the log."""
+        agents = [r.id for r in reservations]  # begun by the caller, before it awaited
+        stored = False
+        try:
+            await self.repository.save(*sessions, *reservations, also=also)
+            stored = True
+        except (ConcurrencyError, StoreError) as e:
+            log.warning("%d sessions not scheduled (%s): reloading them", len(sessions), e)
+            for session in sessions:
+                with contextlib.suppress(StoreError):  # marked stale: the next lock reloads
+                    await self.reload_or_mark_stale(session.id)
+        finally:
+            try:
+                await self.reservations.end(agents, stored)
+            except StoreError as e:  # kept stale: the next pass reloads them first
+                log.warning("reservations not reloaded (%s); the next pass tries again", e)
+        if stored:
+            for session in sessions:
+                self.reindex(session)
+        return stored
 
     async def reload_or_mark_stale(self, session_id: str) -> None:
         """Drop what the cached session holds beyond the log: reload it; if the store does not

@@ -5,8 +5,17 @@ agents the pending sessions' picks walk past, not every agent).
 Woken on SessionEnqueued and whenever room may have appeared (a kernel stopped occupying an
 agent, an agent (re)registered, an owner's session ended).  Wake-ups coalesce and one pass
 runs at a time: a pass plans on the fleet view and applies every placement to the cached
-sessions before it awaits anything, so the next pass already sees that room as reserved and
-two sessions never get the same capacity, however many were enqueued at once.
+sessions and agents' reservations before it awaits anything, so the next pass already sees
+that room as reserved and two sessions never get the same capacity, however many were
+enqueued at once.
+
+Against other managers (and a paused ex-leader), the log decides: a pass's placements go in
+one atomic batch, each SessionScheduled with a CapacityReserved on each chosen agent's
+reservation subject (domain.reservation), every subject expecting the sequence the view has
+(and the leader's fence, services.manager.leadership).  Two managers deciding on the same room
+get one stored batch and one refused; the refused one reloads and decides again.  Ended
+kernels' room is released on the same subjects in the next batch.  A batch costs nats-server
+several times a single append, so a pass puts all its decisions in one.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from domain.errors import DomainError
 from domain.placement_index import plan_indexed
 from domain.quota import Quota, effective
 from domain.reasons import Reason
+from domain.reservation import AgentReservations, lacks
 from domain.scheduling import (
     Limits,
     PendingSession,
@@ -27,6 +37,7 @@ from domain.scheduling import (
     Unschedulable,
 )
 from domain.session import Session
+from services.eventstore.store import MAX_BATCH, Write
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
 from services.transport.tasks import Tasks, every
@@ -45,12 +56,15 @@ class SchedulerLoop:
         limits: Limits,
         policy: Policy,
         planner: Plan | None = None,
+        fence: Callable[[], Sequence[Write]] = tuple,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
         self.limits = limits
         self.policy = policy
         self.planner = planner  # None: plan_indexed on the fleet's kept index
+        # The leader's fence for each batch (services.manager.leadership); none unleased.
+        self.fence = fence
         self.passes = 0
         self._wake = asyncio.Event()
         self._tasks = Tasks()
@@ -65,15 +79,76 @@ class SchedulerLoop:
     async def stop(self) -> None:
         await self._tasks.stop()
 
-    def run_pass(self) -> int:
-        """Plan and apply one pass (no await inside: every placement is reserved in the view
-        before the next pass); return the number of sessions placed."""
+    async def run_pass(self) -> int:
+        """Plan one pass on the fleet view and store it in one atomic batch: each placed
+        session's SessionScheduled with its agents' reservations, and the releases of ended
+        kernels, each expecting its subject's last sequence (plus the leader's fence).
+
+        The batch is not awaited: the next pass may go on with other agents meanwhile, while
+        a decision on an agent whose subject is still being appended to waits for the next
+        pass after that append (its expected sequence is not known before).  A refused batch
+        reloads what it held and wakes the next pass.  Returns the sessions placed."""
+        booked = self.fleet.reservations
+        await booked.refresh()
+        due = {a: ended for a, ended in booked.due().items() if not booked.busy(a)}
         pending = self.fleet.pending_sessions()
-        if not pending:
+        if not pending and not due:
             return 0
-        self.passes += 1
+        touched: dict[str, AgentReservations] = {}
+        for agent_id, ended in due.items():
+            reservations = booked.by_agent[agent_id]
+            for session_id, kernel_ids in ended.items():
+                reservations.release(session_id, kernel_ids, f"kernels ended: {kernel_ids}")
+            touched[agent_id] = reservations
+            booked.recount(agent_id)
+        sessions: list[Session] = []
+        placed = 0
+        if pending:
+            self.passes += 1
+            room = MAX_BATCH - 1 - sum(len(r.pending_events) for r in touched.values())
+            for decision in self._plan(pending):
+                if isinstance(decision, Unschedulable):
+                    self._save_alone(decision)
+                    continue
+                on_agents = _by_agent(decision)
+                if any(booked.busy(a) for a in on_agents):
+                    continue  # the end of that append wakes the next pass
+                if 1 + len(on_agents) > room:
+                    self.wake()  # the rest in the next pass's batch
+                    break
+                if not self._room_held(decision, on_agents):
+                    continue
+                try:
+                    session = self.uow.claim(decision.session_id, _decided(decision))
+                except DomainError as e:
+                    log.warning("session %s: %s", decision.session_id, e)
+                    continue
+                if session is None:
+                    continue
+                for agent_id, kernel_ids in on_agents.items():
+                    touched[agent_id] = AgentReservations.reserve(
+                        booked.by_agent.get(agent_id),
+                        agent_id,
+                        self.fleet.agents[agent_id].agent.capacity,
+                        session.id,
+                        kernel_ids,
+                        session.resources,
+                    )
+                    booked.by_agent[agent_id] = touched[agent_id]
+                sessions.append(session)
+                room -= 1 + len(on_agents)
+                placed += 1
+        for agent_id in touched:
+            booked.recount(agent_id)
+        if sessions or touched:
+            booked.begin(touched)
+            batch = self.uow.save_claimed(sessions, list(touched.values()), self.fence())
+            self._tasks.spawn(self._saved(batch), f"schedule {len(sessions)} sessions")
+        return placed
+
+    def _plan(self, pending: list[PendingSession]) -> list[Scheduled | Unschedulable]:
         if self.planner is None:
-            decisions = plan_indexed(
+            return plan_indexed(
                 pending,
                 self.fleet.agent_index(self.policy),
                 self.fleet.owner_sessions,
@@ -82,28 +157,48 @@ class SchedulerLoop:
                 quotas=self.quotas(pending),
                 usage=self.fleet.owner_usage,
             )
-        else:
-            decisions = self.planner(
-                pending,
-                self.fleet.agent_views(),
-                self.fleet.owner_sessions,
-                self.limits,
-                self.policy,
-                self.fleet.image_sizes,
-                quotas=self.quotas(pending),
-                usage=self.fleet.owner_usage,
+        return self.planner(
+            pending,
+            self.fleet.agent_views(),
+            self.fleet.owner_sessions,
+            self.limits,
+            self.policy,
+            self.fleet.image_sizes,
+            quotas=self.quotas(pending),
+            usage=self.fleet.owner_usage,
+        )
+
+    def _room_held(self, decision: Scheduled, on_agents: dict[str, list[str]]) -> bool:
+        """Whether each chosen agent's reservations still have the room (the view counts
+        more than they do, so this holds unless the view is wrong: then skip it, loudly)."""
+        session = self.fleet.sessions.get(decision.session_id)
+        if session is None:
+            return False
+        for agent_id, kernel_ids in on_agents.items():
+            state = self.fleet.agents.get(agent_id)
+            held = self.fleet.reservations.by_agent.get(agent_id)
+            if state is None:
+                return False
+            short = lacks(
+                state.agent.capacity,
+                [] if held is None else held.held.values(),
+                session.resources,
+                len(kernel_ids),
             )
-        placed = 0
-        for decision in decisions:
-            try:
-                save = self.uow.change_now(decision.session_id, _decided(decision))
-            except DomainError as e:
-                log.warning("session %s: %s", decision.session_id, e)
-                continue
-            if save is not None:
-                placed += isinstance(decision, Scheduled)
-                self._tasks.spawn(self._saved(save), f"save {decision.session_id}")
-        return placed
+            if short:
+                log.warning("session %s not placed on %s: %s", session.id, agent_id, short)
+                return False
+        return True
+
+    def _save_alone(self, decision: Unschedulable) -> None:
+        """Record why a session waits (its own append: it reserves nothing)."""
+        try:
+            save = self.uow.change_now(decision.session_id, _decided(decision))
+        except DomainError as e:
+            log.warning("session %s: %s", decision.session_id, e)
+            return
+        if save is not None:
+            self._tasks.spawn(self._saved(save), f"save {decision.session_id}")
 
     def quotas(self, pending: Sequence[PendingSession]) -> dict[str, Quota]:
         """The effective resource policy of each pending session's owner that has one."""
@@ -118,8 +213,18 @@ class SchedulerLoop:
         return out
 
     async def _saved(self, save: Awaitable[bool]) -> None:
-        if not await save:
-            self.wake()  # the reload may have put it back in the queue
+        await save
+        # A refused one was reloaded and may be pending again; a stored batch frees its
+        # agents' subjects for the decisions that waited on them.
+        self.wake()
+
+
+def _by_agent(decision: Scheduled) -> dict[str, list[str]]:
+    """agent id -> the kernels the decision places there."""
+    out: dict[str, list[str]] = {}
+    for kernel_id, agent_id in decision.placements.items():
+        out.setdefault(agent_id, []).append(kernel_id)
+    return out
 
 
 def _decided(decision: Scheduled | Unschedulable) -> Callable[[Session], None]:

@@ -50,6 +50,7 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 
+QUEUE = "hoist-manager"
 _API = f"{API}."
 _ADMIN = f"{ADMIN}."
 
@@ -90,7 +91,8 @@ class CommandServer:
 
     async def start(self) -> None:
         for subject in [*self.commands, *self.scoped_subjects()]:
-            self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg))
+            # One queue group: with several managers, each request is served by one of them.
+            self._subs.append(await self.nc.subscribe(subject, queue=QUEUE, cb=self._on_msg))
         await subscriptions_ready(self.nc)
 
     async def stop(self) -> None:

@@ -20,13 +20,14 @@ it again (services.manager.fleet).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from domain.errors import DomainError
+from domain.reservation import AgentReservations
 from domain.session import Session
-from services.eventstore.store import StoreError
+from services.eventstore.store import StoreError, Write
 from services.manager.fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,13 @@ class UnitOfWork:
         """For the scheduler, which must reserve room before it awaits anything: apply
         ``change`` now if nobody holds the session (None if somebody does, or it recorded
         nothing), bring the view's indexes in line, and return the save to await."""
+        session = self.claim(session_id, change)
+        return None if session is None else self._save_claimed(session)
+
+    def claim(self, session_id: str, change: Callable[[Session], None]) -> Session | None:
+        """``change`` the session now if nobody holds it, and keep holding it (None if somebody
+        does, or it recorded nothing); the view's indexes follow at once.  The caller saves it
+        with ``save_claimed``."""
         session = self.fleet.sessions.get(session_id)
         if session is None or not self.fleet.try_lock(session_id):
             return None
@@ -137,13 +145,32 @@ class UnitOfWork:
             self.fleet.release_now(session_id)
             return None
         self.fleet.reindex(session)
-        return self._save_claimed(session)
+        return session
 
     async def _save_claimed(self, session: Session) -> bool:
         try:
             return await self._save(session, None)
         finally:
             await self.fleet.unlock(session.id)
+
+    async def save_claimed(
+        self,
+        sessions: list[Session],
+        reservations: list[AgentReservations],
+        also: Sequence[Write] = (),
+    ) -> bool:
+        """Save claimed sessions with the agents' reservations in one atomic append, then
+        release them; False if it was refused (all of it reloaded: decide again)."""
+        events = [e for s in sessions for e in s.pending_events]
+        try:
+            stored = await self.fleet.commit_together(sessions, reservations, also)
+        finally:
+            for session in sessions:
+                await self.fleet.unlock(session.id)
+        if stored:
+            for event in events:
+                self.publish(event)
+        return stored
 
     async def _save(self, session: Session, actor: str | None) -> bool:
         """True if stored; False after a conflict (the view reloaded the session).  A store

@@ -10,6 +10,7 @@ from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.quota import Quota, ResourcePolicy
+from domain.reservation import AgentReservations
 from domain.resource_group import ResourceGroup
 from domain.session import Session
 from domain.status import KernelStatus
@@ -169,3 +170,28 @@ V1_PULLED = (
     b'"task_id":"pull-1","digest":"sha256:bb","size_bytes":2000000,"duration_ms":3250}',
     {TYPE_HEADER: "ImagePulled", SCHEMA_HEADER: "1", VERSION_HEADER: "3"},
 )
+
+
+def full_reservation_history() -> list[ev.Event]:
+    capacity = ev.Capacity(cpu=8.0, mem=16 * 2**30, disk=10 * 2**30)
+    res = ev.Resources(cpu=1.0, mem=2**30)
+    reservations = AgentReservations.reserve(None, "agent-1", capacity, "s1", ["k1", "k2"], res)
+    reservations.release("s1", ["k1"], "kernel-ended: k1 TERMINATED")
+    return list(reservations.collect_events())
+
+
+def lease_messages() -> list[ev.Event]:
+    """The managers' lease and fence messages (standalone: no aggregate folds them)."""
+    at = ev.ManagerLeaseTaken.create_timestamp()
+    return [
+        ev.ManagerLeaseTaken(
+            originator_id="manager", originator_version=1, timestamp=at, holder="m1", ttl_s=3.0
+        ),
+        ev.ManagerFence(
+            originator_id="manager-fence",
+            originator_version=1,
+            timestamp=at,
+            holder="m1",
+            lease_seq=7,
+        ),
+    ]

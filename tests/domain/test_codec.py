@@ -18,10 +18,12 @@ from tests.domain.histories import (
     full_agent_history,
     full_liveness_history,
     full_policy_history,
+    full_reservation_history,
     full_resource_group_history,
     full_resource_policy_history,
     full_session_history,
     full_user_history,
+    lease_messages,
 )
 
 SAMPLES = (
@@ -32,6 +34,8 @@ SAMPLES = (
     + full_resource_policy_history()
     + full_resource_group_history()
     + full_user_history()
+    + full_reservation_history()
+    + lease_messages()
 )
 ONE_OF_EACH = {ev.type_name(type(e)): e for e in SAMPLES}
 

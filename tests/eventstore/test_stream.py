@@ -56,7 +56,6 @@ async def test_verifies_an_existing_stream_and_never_updates_it(nc: Client) -> N
         ("duplicate_window", 60.0, "duplicate_window is 60, needs 120"),
         ("allow_direct", False, "allow_direct is False, needs True"),
         ("deny_delete", False, "deny_delete is False, needs True"),
-        ("allow_msg_ttl", True, "allow_msg_ttl is True, needs False"),
         ("discard", DiscardPolicy.NEW, "discard is new, needs old"),
         ("retention", RetentionPolicy.INTEREST, "retention is interest, needs limits"),
     ],
@@ -72,6 +71,21 @@ async def test_each_setting_that_keeps_the_log_is_verified(
         await store.ensure_stream()
     assert str(refused.value).count(", needs ") == 1, "only the one setting differs"
     assert getattr((await store.js.stream_info("EV")).config, setting) == value
+
+
+async def test_a_stream_made_before_leases_is_taken_without_ttls(nc: Client) -> None:
+    """allow_msg_ttl is for the managers' lease only: a log made before it still serves (one
+    manager leads it unleased); a new stream has it."""
+    old = EventStore(nc, "OLD", ["old.>"])
+    config = old.stream_config()
+    config.allow_msg_ttl = False
+    await old.js.add_stream(config)
+    await old.ensure_stream()
+    assert old.msg_ttl is False
+    new = EventStore(nc, "EV", ["ev.>"])
+    await new.ensure_stream()
+    assert new.msg_ttl is True
+    assert (await new.js.stream_info("EV")).config.allow_msg_ttl is True
 
 
 async def test_refuses_a_memory_stream_by_name(nc: Client) -> None:
