@@ -65,7 +65,9 @@ USER_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.UserAdded, ev.UserDisable
 RESERVATION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.CapacityReserved, ev.CapacityReleased}
 )
-LEASE_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.ManagerLeaseTaken, ev.ManagerFence})
+LEASE_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {ev.ManagerLeaseTaken, ev.ManagerLeaseReleased, ev.ManagerFence}
+)
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
 BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
@@ -203,3 +205,16 @@ def fold(aggregate: Any, event: ev.Event, subject: str) -> Any:
         return event.mutate(aggregate)
     except Exception as e:  # whatever a stored event makes apply raise, it is that event's
         raise Inadmissible(f"{name} cannot apply: {type(e).__name__}: {e}", name) from None
+
+
+UNKNOWN_HOLDER = "?"  # no manager's name (not a subject token)
+
+
+def lease_holder(subject: str, headers: Mapping[str, str], data: bytes) -> str | None:
+    """Who holds the managers' lease, as its last record says (None: released;
+    ``UNKNOWN_HOLDER``: a record no manager wrote, which a manager may take over)."""
+    try:
+        event = admit(subject, headers, data)
+    except Inadmissible:
+        return UNKNOWN_HOLDER
+    return event.holder if isinstance(event, ev.ManagerLeaseTaken) else None

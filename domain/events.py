@@ -511,6 +511,13 @@ class ManagerLeaseTaken(Event, frozen=True, kw_only=True, tag="ManagerLeaseTaken
     ttl_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
 
 
+class ManagerLeaseReleased(Event, frozen=True, kw_only=True, tag="ManagerLeaseReleased"):
+    """The holder gave the lease up (it stops, or steps down): another manager may take it at
+    once, by compare-and-set on this message, instead of waiting for the TTL."""
+
+    holder: Id
+
+
 class ManagerFence(Event, frozen=True, kw_only=True, tag="ManagerFence"):
     """Rides in a leader's atomic batch, expecting the lease subject at ``lease_seq``: the
     batch is refused whole once another manager holds the lease.  Expires like the lease."""
@@ -684,6 +691,7 @@ AnyEvent = (
     | CapacityReserved
     | CapacityReleased
     | ManagerLeaseTaken
+    | ManagerLeaseReleased
     | ManagerFence
 )
 

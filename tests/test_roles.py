@@ -155,7 +155,7 @@ async def test_manager_writes_its_own_subjects_never_an_agents_facts(manager: Co
         "hoist.events.resource-policy.alice",
         "hoist.events.resource-group.gpu",
         "hoist.events.reservation.A",
-        "hoist.events.lease.manager",
+        "hoist.events.lease.x",
     ):
         assert (await js.publish(subject, b"fact")).stream == EVENT_STREAM
     assert await manager.refused("hoist.events.agent.A")

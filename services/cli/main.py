@@ -382,6 +382,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         docker_host=args.docker_host,
         dummy_config=_read_json(args.dummy_config) if args.dummy_config else None,
         slots=args.slot,
+        managers=args.managers,
     )
     try:
         await local.start()
@@ -508,6 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the local stack: nats-server, manager, agents, a demo")
     up.add_argument("--runtime", choices=("docker", "dummy"), help="default: docker if reachable")
     up.add_argument("--agents", type=int, default=2, help="how many agents (default 2)")
+    up.add_argument(
+        "--managers",
+        type=int,
+        default=1,
+        help="how many managers (default 1): one leads, the others take over when it dies",
+    )
     up.add_argument(
         "--nats-port",
         type=int,

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from domain import subjects
+from domain.admission import lease_holder
 from services.cli.connection import CliError, Connection
-from services.eventstore.store import StoreError, event_store
+from services.eventstore.store import EventStore, StoreError, event_store
 from services.stack import up as stack
 from services.stack.home import start_command
 from services.stack.lock import DataDirLock
@@ -168,6 +169,7 @@ async def _over_nats(
             checks.append(Check("queries", False, str(e), f"see {manager_log}; `{restart}`"))
             return checks, runtimes
         checks.append(Check("queries", True, "the manager answers"))
+        checks.append(await _leader(event_store(conn.nc), manager_log))
         checks.append(await _lag(conn, head, reply, manager_log))
         rows = reply.get("rows", [])
         checks.append(_agents(data_dir, info, rows))
@@ -177,6 +179,22 @@ async def _over_nats(
     finally:
         await conn.close()
     return checks, runtimes
+
+
+async def _leader(store: EventStore, log: Path) -> Check:
+    """Which manager leads: the holder of the managers' lease (services.manager.leadership)."""
+    last = await store.last(subjects.manager_lease())
+    if last is not None and (holder := lease_holder(last.subject, last.headers, last.data)):
+        return Check("leader", True, f"{holder} leads (lease at event {last.seq})")
+    info = await store.js.stream_info(store.stream)
+    if not info.config.allow_msg_ttl:
+        return Check("leader", True, "one manager, unleased (a stream made before leases)")
+    return Check(
+        "leader",
+        False,
+        "no manager holds the lease",
+        f"a standby takes over within the lease TTL; if none does, see {log}",
+    )
 
 
 async def _lag(conn: Connection, head: int, reply: dict[str, Any], log: Path) -> Check:

@@ -221,9 +221,16 @@ class EventStore:
     # -- append ----------------------------------------------------------------------------------
 
     async def append(
-        self, writes: Sequence[Write], *, idempotency_key: str | None = None
+        self,
+        writes: Sequence[Write],
+        *,
+        idempotency_key: str | None = None,
+        urgent: bool = False,
     ) -> list[int]:
         """Append all messages of all writes, all or nothing; return their stream sequences.
+
+        ``urgent``: sent at once, not queued behind the requests in flight (a lease renewal
+        must not wait out a burst of appends).
 
         One message: a plain publish with ``Nats-Expected-Last-Subject-Sequence``.  More: one
         atomic batch (also across subjects).  ``idempotency_key`` (a command's request id)
@@ -260,7 +267,7 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
-        async with self._slots:
+        async with contextlib.nullcontext() if urgent else self._slots:
             if len(out) == 1:
                 subject, data, headers = out[0]
                 reply = await self._request(subject, data, headers)
@@ -373,8 +380,9 @@ class EventStore:
         """The stream's last sequence (0 while empty)."""
         return int((await self.js.stream_info(self.stream)).state.last_seq)
 
-    async def last(self, subject: str) -> Recorded | None:
-        """The subject's last message (``subject`` may hold wildcards), None if it has none."""
+    async def last(self, subject: str, *, urgent: bool = False) -> Recorded | None:
+        """The subject's last message (``subject`` may hold wildcards), None if it has none
+        (``urgent``: not queued behind the requests in flight)."""
         # Raw, like the batches: the header block is read whole (see _stored).
         inbox = self.nc.new_inbox()
         reply: asyncio.Future[tuple[bytes | None, bytes]] = (
@@ -385,7 +393,7 @@ class EventStore:
             if not reply.done():
                 reply.set_result((block, data))
 
-        async with self._slots:
+        async with contextlib.nullcontext() if urgent else self._slots:
             sub = await self.nc.subscribe_raw(inbox, on_msg)
             try:
                 await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)

@@ -48,6 +48,7 @@ class LivenessWatcher:
         deadline_s: float = DEFAULT_DEADLINE_S,
         check_interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        acts: Callable[[], bool] = lambda: True,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
@@ -56,6 +57,7 @@ class LivenessWatcher:
         self.deadline_s = deadline_s
         self.check_interval_s = check_interval_s or min(1.0, deadline_s / 4)
         self.clock = clock
+        self.acts = acts  # whether this manager marks agents lost now (it leads)
         self.last_seen: dict[str, float] = {}  # agent id -> when its last heartbeat arrived
         self.last_beat: dict[str, Heartbeat] = {}
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
@@ -112,6 +114,8 @@ class LivenessWatcher:
 
     async def check(self) -> list[str]:
         """Mark every agent silent for the deadline lost; return the ones marked now."""
+        if not self.acts():
+            return []
         now = self.clock()
         silent = [
             agent_id

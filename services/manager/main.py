@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from services.manager.groups import Groups
 from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
+from services.manager.leadership import DEFAULT_TTL_S, Leadership
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
 from services.manager.open_streams import OpenStreams
 from services.manager.prepull import PrepullLoop
@@ -70,6 +72,22 @@ from services.transport.client import Client
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
 
 log = logging.getLogger("manager")
+
+# Commands whose state is the leading manager's memory: the streams logs and exec opened,
+# preload and unload jobs, agent sync.  Every other command any manager serves, appending with
+# optimistic concurrency like the leader (services.manager.leadership).
+LEADER_ONLY: frozenset[type] = frozenset(
+    {
+        SessionLogs,
+        SessionExec,
+        ReadStream,
+        PreloadRequest,
+        UnloadRequest,
+        JobRequest,
+        ListJobs,
+        SyncAgents,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -95,6 +113,13 @@ class ManagerConfig:
     # Freeze long-lived objects for the garbage collector (services.manager.gc_pauses): the
     # process does, in-process managers of tests leave their process's collector alone.
     short_gc_pauses: bool = False
+    # Several managers (services.manager.leadership): this one's name in the lease (distinct
+    # per manager; the same after a restart, so it takes its own lease back at once), and the
+    # lease's TTL; None: no lease, this manager always leads (one manager; tests of the OCC).
+    manager_id: str = field(default_factory=socket.gethostname)
+    lease_ttl_s: float | None = DEFAULT_TTL_S
+    fencing: bool = True  # False: a test's knob, to prove the reservations' OCC alone
+    step_down_after_s: float | None = None  # a test's knob: lead this long, then step down
 
 
 class Manager:
@@ -114,7 +139,9 @@ class Manager:
         self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish)
         self.uow = UnitOfWork(self.fleet, publish=self.bus.publish)
         self.rpc = AgentRpc(nc)
-        self.liveness = LivenessWatcher(nc, self.repository, deadline_s=config.liveness_deadline_s)
+        self.liveness = LivenessWatcher(
+            nc, self.repository, deadline_s=config.liveness_deadline_s, acts=self.leads
+        )
         self.sync = AgentSync(
             self.fleet,
             self.uow,
@@ -134,12 +161,26 @@ class Manager:
             sync_after_refusal=self.sync.trigger("on-creation-failure"),
             address_of=self.liveness.address_of,
         )
+        self.leadership = (
+            None
+            if config.lease_ttl_s is None
+            else Leadership(
+                self.store,
+                config.manager_id,
+                ttl_s=config.lease_ttl_s,
+                on_lead=self._lead,
+                on_follow=self._follow,
+                fencing=config.fencing,
+                step_down_after_s=config.step_down_after_s,
+            )
+        )
         self.scheduler = SchedulerLoop(
             self.fleet,
             self.uow,
             config.limits,
             config.policy,
             **({"planner": planner} if planner else {}),
+            fence=self.leadership.fence if self.leadership else tuple,
         )
         self.sessions = SessionCommands(self.fleet, self.uow)
         self.kernel_io = KernelIO(self.fleet, self.rpc)
@@ -181,6 +222,7 @@ class Manager:
             user_enabled=self._user_enabled,
             user_admin=self._user_admin,
             streams=self.streams,
+            leader_only=LEADER_ONLY,
         )
         self.history = History(nc, self.store, self._owner_of, self._user_enabled, self._user_admin)
         self.read_models = ReadModels(
@@ -192,6 +234,41 @@ class Manager:
             user_enabled=self._user_enabled,
             user_admin=self._user_admin,
         )
+
+    def leads(self) -> bool:
+        """Whether this manager leads the scheduler, the reactors and the loops now."""
+        return self.leadership is None or self.leadership.leading
+
+    def _if_leading(self, handler: Callable[[Any], object]) -> Callable[[Any], object]:
+        """``handler``, called only while this manager leads (a follower folds and serves
+        commands and queries; the leader acts on what happens)."""
+
+        def handle(message: Any) -> object:
+            return handler(message) if self.leads() else None
+
+        return handle
+
+    async def _lead(self) -> None:
+        """Take over: serve the leader's commands, run the scheduler and the loops, and pick up
+        every unsettled session."""
+        await self.server.lead()
+        self.scheduler.start()
+        for sid in self.fleet.unsettled_sessions():
+            self.reactors.kick(sid)
+        self.pulling.start()
+        self.sync.start()
+        self.prepull.start()
+        self.quotas.start()
+
+    async def _follow(self) -> None:
+        """Stop acting: another manager leads (or may)."""
+        await self.server.follow()
+        await self.scheduler.stop()
+        await self.reactors.stop()
+        await self.quotas.stop()
+        await self.prepull.stop()
+        await self.sync.stop()
+        await self.pulling.stop()
 
     def _owner_of(self, session_id: str) -> str | None:
         """The owner of a session (None: no such session): per-user subjects' scope."""
@@ -220,6 +297,7 @@ class Manager:
 
     def _wire(self, bus: MessageBus) -> None:
         """What follows each event and which handler serves each command."""
+        lead = self._if_leading
         r, s, sync, prepull, images = (
             self.reactors,
             self.scheduler,
@@ -229,26 +307,30 @@ class Manager:
         )
         bus.wire(
             events={
-                ev.SessionEnqueued: [s.wake],
-                ev.SessionScheduled: [r.session_changed, sync.scheduled],
-                ev.KernelEvent: [r.session_changed],
-                LookAgain: [r.look_again, s.wake],  # a reloaded session may be pending
-                RoomFreed: [s.wake],
-                ev.AgentRegistered: [s.wake, sync.agent_registered, prepull.agent_registered],
-                ev.AgentReregistered: [
-                    s.wake,
-                    r.agent_changed,
-                    sync.agent_registered,
-                    prepull.agent_registered,
+                ev.SessionEnqueued: [lead(s.wake)],
+                ev.SessionScheduled: [lead(r.session_changed), lead(sync.scheduled)],
+                ev.KernelEvent: [lead(r.session_changed)],
+                LookAgain: [lead(r.look_again), lead(s.wake)],  # a reloaded session may be pending
+                RoomFreed: [lead(s.wake)],
+                ev.AgentRegistered: [
+                    lead(s.wake),
+                    lead(sync.agent_registered),
+                    lead(prepull.agent_registered),
                 ],
-                ev.AgentLost: [r.agent_changed, prepull.wake],
-                ev.ImagePulled: [s.wake, r.pull_ended, images.pull_ended],
-                ev.ImagePullFailed: [r.pull_ended, images.pull_ended],
-                ev.KernelExited: [r.kernel_exited],
-                ev.PrepullPolicySet: [prepull.wake],
-                ev.PrepullPolicyRemoved: [prepull.wake],
-                ev.ResourcePolicySet: [s.wake],  # a raised quota may let sessions start
-                ev.ResourcePolicyRemoved: [s.wake],
+                ev.AgentReregistered: [
+                    lead(s.wake),
+                    lead(r.agent_changed),
+                    lead(sync.agent_registered),
+                    lead(prepull.agent_registered),
+                ],
+                ev.AgentLost: [lead(r.agent_changed), lead(prepull.wake)],
+                ev.ImagePulled: [lead(s.wake), lead(r.pull_ended), images.pull_ended],
+                ev.ImagePullFailed: [lead(r.pull_ended), images.pull_ended],
+                ev.KernelExited: [lead(r.kernel_exited)],
+                ev.PrepullPolicySet: [lead(prepull.wake)],
+                ev.PrepullPolicyRemoved: [lead(prepull.wake)],
+                ev.ResourcePolicySet: [lead(s.wake)],  # a raised quota may let sessions start
+                ev.ResourcePolicyRemoved: [lead(s.wake)],
             },
             commands={
                 CreateSession: self.sessions.create,
@@ -296,13 +378,10 @@ class Manager:
         await self.server.start()
         await self.history.start()
         await self.read_models.start()
-        self.scheduler.start()
-        for sid in self.fleet.unsettled_sessions():
-            self.reactors.kick(sid)
-        self.pulling.start()
-        self.sync.start()
-        self.prepull.start()
-        self.quotas.start()
+        if self.leadership is None:
+            await self._lead()
+        else:
+            await self.leadership.start()  # leads now if the lease is free (or its own)
         log.info(
             "manager ready: %d sessions, %d agents, log at %d",
             len(self.fleet.sessions),
@@ -311,6 +390,8 @@ class Manager:
         )
 
     async def stop(self) -> None:
+        if self.leadership is not None:
+            await self.leadership.stop()  # a lease held is released: a standby takes over
         await self.server.stop()
         await self.history.stop()
         await self.quotas.stop()
@@ -396,6 +477,22 @@ def parser() -> argparse.ArgumentParser:
         help="catch up the read models in this process only, without a reader child process"
         " (it helps only with a second core)",
     )
+    lead = p.add_argument_group("several managers (services.manager.leadership)")
+    lead.add_argument(
+        "--manager-id",
+        default=socket.gethostname(),
+        help="this manager's name in the lease: distinct per manager, the same after a restart"
+        " (default: the host name)",
+    )
+    lead.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="seconds a leader's lease lives unrenewed (at least 1): a standby takes over this"
+        " long after the leader died; 0: no lease, this manager always leads (one manager only)",
+    )
+    lead.add_argument("--no-fence", action="store_true", help=argparse.SUPPRESS)  # tests only
+    lead.add_argument("--step-down-after", type=float, help=argparse.SUPPRESS)  # tests only
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -426,6 +523,10 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         bulk_read_url=None if args.no_bulk_read else _url(args),
         short_gc_pauses=True,
+        manager_id=args.manager_id,
+        lease_ttl_s=args.lease_ttl or None,
+        fencing=not args.no_fence,
+        step_down_after_s=args.step_down_after,
     )
 
 

@@ -64,6 +64,7 @@ class CommandServer:
         user_enabled: Callable[[str], bool] | None = None,
         user_admin: Callable[[str], bool] | None = None,
         streams: OpenStreams | None = None,
+        leader_only: frozenset[type] = frozenset(),
     ) -> None:
         self.nc = nc
         self.bus = bus
@@ -75,6 +76,10 @@ class CommandServer:
         # what logs and exec opened, for whose session (the Quotas part records them)
         self.streams = streams or OpenStreams()
         self._subs: list[Subscription] = []
+        # Commands whose state lives in the leading manager's memory (the streams logs and
+        # exec opened, preload jobs, agent sync): served only while this manager leads.
+        self.leader_only = leader_only
+        self._leader_subs: list[Subscription] = []
         self._tasks = Tasks()
 
     def scoped_subjects(self) -> list[str]:
@@ -90,14 +95,29 @@ class CommandServer:
         ]
 
     async def start(self) -> None:
+        """Serve every command but the leader's (``lead`` adds those)."""
+        await self._subscribe(self._subs, leader=False)
+
+    async def lead(self) -> None:
+        if not self._leader_subs:
+            await self._subscribe(self._leader_subs, leader=True)
+
+    async def follow(self) -> None:
+        await unsubscribe_all(self._leader_subs)
+        self._leader_subs.clear()
+
+    async def _subscribe(self, subs: list[Subscription], *, leader: bool) -> None:
         for subject in [*self.commands, *self.scoped_subjects()]:
+            if (self.commands[self._unscoped(subject)[1]] in self.leader_only) != leader:
+                continue
             # One queue group: with several managers, each request is served by one of them.
-            self._subs.append(await self.nc.subscribe(subject, queue=QUEUE, cb=self._on_msg))
+            subs.append(await self.nc.subscribe(subject, queue=QUEUE, cb=self._on_msg))
         await subscriptions_ready(self.nc)
 
     async def stop(self) -> None:
-        await unsubscribe_all(self._subs)
+        await unsubscribe_all(self._subs + self._leader_subs)
         self._subs.clear()
+        self._leader_subs.clear()
         await self._tasks.stop()
 
     async def _on_msg(self, msg: Msg) -> None:

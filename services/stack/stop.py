@@ -116,9 +116,10 @@ def _names(info: StackInfo | None, pids: set[int]) -> dict[int, str]:
 def _groups(names: dict[int, str]) -> list[list[int]]:
     """Agents (and anything unnamed) first, then the manager, then nats-server: each finishes
     what it publishes while the server still runs."""
-    last = ("manager", "nats-server")
-    first = [p for p, n in names.items() if n not in last]
-    return [first, *([p for p, n in names.items() if n == name] for name in last)]
+    managers = [p for p, n in names.items() if n == "manager" or n.startswith("manager-")]
+    servers = [p for p, n in names.items() if n == "nats-server"]
+    first = [p for p in names if p not in managers and p not in servers]
+    return [first, managers, servers]
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:

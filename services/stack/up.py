@@ -306,6 +306,11 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def is_manager(name: str) -> bool:
+    """A stack child's name is a manager's (``manager``, ``manager-2``, ...)."""
+    return name == "manager" or name.startswith("manager-")
+
+
 class Stack:
     """nats-server, the manager and the agents of one data dir."""
 
@@ -319,9 +324,13 @@ class Stack:
         docker_host: str | None = None,
         dummy_config: dict[str, object] | None = None,
         slots: Sequence[str] = (),
+        managers: int = 1,
     ) -> None:
         if agents < 0:
             raise StackError(f"--agents must be >= 0, got {agents}")
+        if managers < 1:
+            raise StackError(f"--managers must be >= 1, got {managers}")
+        self.managers = managers
         self.data_dir = data_dir.resolve()
         self.nats_port = nats_port
         self.agent_ids = [f"agent-{i}" for i in range(1, agents + 1)]
@@ -375,12 +384,16 @@ class Stack:
             raise StackError(str(e)) from None
         finally:
             await nc.close()
-        # The manager reads its password from the data dir: none in `ps` output.
-        self._spawn(
-            "manager",
-            ["services.manager", "--nats-url", self.url, "--data-dir", str(self.data_dir)],
-            "manager ready",
-        )
+        # The manager reads its password from the data dir: none in `ps` output.  Several
+        # managers: one leads through a lease, the others stand by (services.manager.leadership);
+        # each has its own name in the lease and its own read models' file.
+        for n in range(1, self.managers + 1):
+            name = "manager" if n == 1 else f"manager-{n}"
+            args = ["services.manager", "--nats-url", self.url, "--data-dir", str(self.data_dir)]
+            args += ["--manager-id", f"manager-{n}"]
+            if n > 1:
+                args += ["--read-models", str(self.data_dir / f"readmodels-{n}.duckdb")]
+            self._spawn(name, args, "manager ready")
         dummy_config = self.data_dir / "dummy-agent.json"
         if self.runtime == "dummy":
             dummy_config.write_text(json.dumps(self.dummy_config, indent=2) + "\n")
@@ -508,8 +521,8 @@ class Stack:
             info.stopping = True
             info.write(self.data_dir)
         for group in (
-            [c for c in self.children if c.name != "manager"],
-            [c for c in self.children if c.name == "manager"],
+            [c for c in self.children if not is_manager(c.name)],
+            [c for c in self.children if is_manager(c.name)],
         ):
             for child in group:
                 if child.proc.poll() is None:

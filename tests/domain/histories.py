@@ -187,6 +187,9 @@ def lease_messages() -> list[ev.Event]:
         ev.ManagerLeaseTaken(
             originator_id="manager", originator_version=1, timestamp=at, holder="m1", ttl_s=3.0
         ),
+        ev.ManagerLeaseReleased(
+            originator_id="manager", originator_version=1, timestamp=at, holder="m1"
+        ),
         ev.ManagerFence(
             originator_id="manager-fence",
             originator_version=1,

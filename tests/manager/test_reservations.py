@@ -52,8 +52,8 @@ async def test_two_managers_scheduling_at_once_never_double_book(
     ids = [f"a{i}" for i in range(5)]
     async with (
         agents(nc, store, ids, cpu=2, mem=64 * GB),
-        manager(nc) as m1,
-        manager(nc) as m2,
+        manager(nc, lease_ttl_s=None) as m1,  # no lease: both lead
+        manager(nc, lease_ttl_s=None) as m2,
     ):
         payloads = [
             create_payload(owner=f"u{i % 5}", resources={"cpu": 1, "mem": GB}, max_wait=5)

@@ -1,0 +1,238 @@
+"""Which manager leads: a lease in the event stream (NOTES "Fencing on JetStream").
+
+The lease is the last message on ``hoist.events.lease.manager``: a ManagerLeaseTaken with a
+per-message TTL (``Nats-TTL``), so it disappears when its holder stops renewing it.  A manager
+takes a free lease by appending with expected last subject sequence 0 (empty: lapsed or never
+taken), or its own (same ``holder``: itself before a restart) by compare-and-set on the
+sequence it read; the leader renews it every quarter TTL by compare-and-set on the sequence
+it holds.  Any refusal means someone else holds it: the manager follows.
+
+The leader fences its scheduling batches with the lease's sequence (``fence()``): a
+ManagerFence in the same atomic batch, expecting the lease subject at that sequence
+(``Nats-Expected-Last-Subject-Sequence-Subject``), so a paused ex-leader's batch is refused
+whole once the lease lapsed or moved to another manager.  The leader also stops leading on its
+own when it could not renew for a lease TTL (its lease may have lapsed meanwhile).  A stream
+made before leases existed takes no TTL: there the manager leads unleased, as one manager did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from domain import events as ev
+from domain.admission import UNKNOWN_HOLDER, lease_holder
+from domain.codec import encode
+from domain.subjects import MANAGER_FENCE_ID, MANAGER_LEASE_ID, manager_fence, manager_lease
+from services.eventstore.store import (
+    MSG_TTL,
+    ConcurrencyError,
+    EventStore,
+    Message,
+    StoreError,
+    Write,
+)
+from services.transport.tasks import Tasks
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 5.0
+
+
+class Leadership:
+    def __init__(
+        self,
+        store: EventStore,
+        holder: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        on_lead: Callable[[], Awaitable[None]],
+        on_follow: Callable[[], Awaitable[None]],
+        fencing: bool = True,
+        step_down_after_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not ttl_s >= 1:  # nats-server's least per-message TTL
+            raise ValueError(f"ttl_s must be >= 1 second, got {ttl_s!r}")
+        self.store = store
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.on_lead = on_lead
+        self.on_follow = on_follow
+        self.fencing = fencing  # off: a test's knob, to prove the reservations' OCC alone
+        # A test's knob: lead at most this long, then let the lease lapse (forced flips).
+        self.step_down_after_s = step_down_after_s
+        self.clock = clock
+        self.leading = False
+        self.lease_seq = 0  # the sequence of the lease we hold
+        self.unleased = False  # the stream takes no TTL: lead without a lease
+        self.changes = 0  # how many times this manager took or lost the lead
+        self._renewed_at = 0.0
+        self._led_since = 0.0
+        self._resting_until = 0.0
+        self._tasks = Tasks()
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Try once now (a single manager leads before it serves), then keep at it."""
+        if not self.store.msg_ttl:
+            log.warning(
+                "stream %s takes no per-message TTL (made before leases): leading without a"
+                " lease; run only one manager on it",
+                self.store.stream,
+            )
+            self.unleased = True
+            await self._become(True)
+            return
+        await self.tick()
+        self._tasks.spawn(self._run(), "manager lease")
+
+    async def stop(self) -> None:
+        """Stop; a lease we hold is released, so a standby takes over without waiting."""
+        await self._tasks.stop()
+        async with self._lock:
+            if self.leading and not self.unleased:
+                await self._become(False)
+                await self._release()
+
+    async def _release(self) -> None:
+        event = ev.ManagerLeaseReleased(
+            originator_id=MANAGER_LEASE_ID,
+            originator_version=1,
+            timestamp=ev.ManagerLeaseReleased.create_timestamp(),
+            holder=self.holder,
+        )
+        data, headers = encode(event)
+        headers[MSG_TTL] = _ttl(self.ttl_s)
+        expected = self.lease_seq
+        for _ in range(2):
+            try:
+                await self.store.append(
+                    [Write(manager_lease(), [Message(data, headers)], expected_last_seq=expected)]
+                )
+                return
+            except ConcurrencyError:
+                # A renewal cancelled after it was sent may have moved it: still ours?
+                last = await self.store.last(manager_lease(), urgent=True)
+                if last is None or lease_holder(last.subject, last.headers, last.data) != (
+                    self.holder
+                ):
+                    return
+                expected = last.seq
+            except StoreError as e:
+                log.warning("manager lease not released (%s): it lapses on its own", e)
+                return
+
+    def fence(self) -> tuple[Write, ...]:
+        """The writes that fence a leader's batch: refused once the lease moved on."""
+        if not self.fencing or self.unleased or not self.leading:
+            return ()
+        event = ev.ManagerFence(
+            originator_id=MANAGER_FENCE_ID,
+            originator_version=1,
+            timestamp=ev.ManagerFence.create_timestamp(),
+            holder=self.holder,
+            lease_seq=self.lease_seq,
+        )
+        data, headers = encode(event)
+        headers[MSG_TTL] = _ttl(self.ttl_s)
+        return (
+            Write(
+                manager_fence(),
+                [Message(data, headers)],
+                expected_last_seq=self.lease_seq,
+                expected_subject=manager_lease(),
+            ),
+        )
+
+    async def _run(self) -> None:
+        while True:
+            # The leader renews every quarter TTL; a standby looks more often, so it takes a
+            # lapsed lease soon after it is gone (a direct get each time).
+            await asyncio.sleep(self.ttl_s / 4 if self.leading else min(self.ttl_s / 4, 0.1))
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("manager lease")
+
+    async def tick(self) -> None:
+        """Renew the lease we hold, or take it if it is free (or ours from before)."""
+        async with self._lock:
+            now = self.clock()
+            if self.leading:
+                if (
+                    self.step_down_after_s is not None
+                    and now - self._led_since >= self.step_down_after_s
+                ):
+                    log.warning("manager %s steps down (test knob)", self.holder)
+                    self._resting_until = now + self.ttl_s / 2
+                    await self._become(False)
+                    await self._release()
+                    return
+                if await self._append(self.lease_seq):
+                    return
+                if now - self._renewed_at >= self.ttl_s * 0.75 or not self._holds_still:
+                    await self._become(False)
+                return
+            if now < self._resting_until:
+                return
+            last = await self.store.last(manager_lease(), urgent=True)
+            expected = 0
+            if last is not None:
+                holder = lease_holder(last.subject, last.headers, last.data)
+                if holder not in (None, UNKNOWN_HOLDER, self.holder):
+                    return  # someone else leads
+                # released, ours from before a restart, or no lease any manager wrote
+                expected = last.seq  # released, or ours from before a restart: take it now
+            if await self._append(expected):
+                self._led_since = self.clock()
+                await self._become(True)
+
+    _holds_still = True
+
+    async def _append(self, expected: int) -> bool:
+        """Take or renew the lease expecting the subject at ``expected``; True if ours."""
+        event = ev.ManagerLeaseTaken(
+            originator_id=MANAGER_LEASE_ID,
+            originator_version=1,
+            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
+            holder=self.holder,
+            ttl_s=self.ttl_s,
+        )
+        data, headers = encode(event)
+        headers[MSG_TTL] = _ttl(self.ttl_s)
+        try:
+            [seq] = await self.store.append(
+                [Write(manager_lease(), [Message(data, headers)], expected_last_seq=expected)],
+                urgent=True,
+            )
+        except ConcurrencyError:
+            self._holds_still = False
+            return False
+        except StoreError as e:
+            log.warning("manager lease not written (%s)", e)
+            self._holds_still = True  # unknown: keep leading until the lease would lapse
+            return False
+        self.lease_seq = seq
+        self._renewed_at = self.clock()
+        self._holds_still = True
+        return True
+
+    async def _become(self, leading: bool) -> None:
+        if leading == self.leading:
+            return
+        self.leading = leading
+        self.changes += 1
+        if leading:
+            log.warning("manager %s leads (lease at %d)", self.holder, self.lease_seq)
+            await self.on_lead()
+        else:
+            log.warning("manager %s follows", self.holder)
+            await self.on_follow()
+
+
+def _ttl(seconds: float) -> str:
+    """A Nats-TTL value: whole seconds, or milliseconds below ten seconds (``1500ms``)."""
+    return f"{max(1, round(seconds * 1000))}ms" if seconds < 10 else f"{round(seconds)}s"

@@ -1,0 +1,98 @@
+"""Several managers: one leads through a lease in the stream (services.manager.leadership),
+the others serve commands and queries and take over when it is released or lapses; a leader's
+batches carry a fence the log refuses once the lease moved on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from domain import events as ev
+from domain.codec import encode
+from domain.subjects import manager_lease, reservation_events
+from services.eventstore.store import ConcurrencyError, EventStore, Message, Write
+from services.manager.leadership import Leadership
+from services.transport.client import Client
+from tests.agent.agent_harness import wait_for
+from tests.manager.harness import GB, agents, create, manager
+
+
+async def test_one_leads_the_other_serves_and_takes_over(nc: Client, store: EventStore) -> None:
+    async with agents(nc, store, ["a1"], cpu=4):
+        async with manager(nc, manager_id="m2", lease_ttl_s=1.0) as m2:
+            async with manager(nc, manager_id="m1", lease_ttl_s=1.0) as m1:
+                assert m2.leadership is not None and m1.leadership is not None
+                assert m2.leadership.leading and not m1.leadership.leading
+                # creates go to either (one queue group); the leader schedules every one
+                views = [
+                    await create(nc, resources={"cpu": 1, "mem": GB}, max_wait=5) for _ in range(4)
+                ]
+                assert [v["status"] for v in views] == ["RUNNING"] * 4
+                await wait_for(
+                    lambda: m1.fleet.sessions.keys() == m2.fleet.sessions.keys(), 5, "same view"
+                )
+            # m1 stopped: m2 still leads
+            assert m2.leadership.leading
+        async with manager(nc, manager_id="m1", lease_ttl_s=1.0) as m1:
+            # m2 released the lease on stop: m1 took it at once
+            assert m1.leadership is not None and m1.leadership.leading
+            view = await create(nc, resources={"cpu": 1, "mem": GB // 2}, max_wait=5)
+            assert view["status"] == "PENDING"  # the first four hold the agent's 4 cpu
+
+
+async def test_a_standby_takes_over_when_the_lease_lapses(nc: Client, store: EventStore) -> None:
+    async with (
+        agents(nc, store, ["a1"], cpu=4),
+        manager(nc, manager_id="m2", lease_ttl_s=1.0) as m2,
+    ):
+        async with manager(nc, manager_id="m1", lease_ttl_s=1.0) as m1:
+            assert m2.leadership is not None and m1.leadership is not None
+            assert m2.leadership.leading
+            await m2.leadership._tasks.stop()  # m2 hangs: it renews no more
+            start = time.monotonic()
+            await wait_for(lambda: m1.leadership.leading, 5, "m1 to lead")
+            assert time.monotonic() - start < 1.0 + 1.0  # within the TTL plus a second
+            view = await create(nc, resources={"cpu": 1, "mem": GB}, max_wait=5)
+            assert view["status"] == "RUNNING"
+
+
+async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: EventStore) -> None:
+    await store.ensure_stream()
+
+    async def nothing() -> None:
+        pass
+
+    old = Leadership(store, "old", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
+    await old.tick()
+    assert old.leading
+    fence = old.fence()
+    data, headers = encode(
+        ev.ManagerLeaseTaken(
+            originator_id="manager",
+            originator_version=1,
+            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
+            holder="new",
+            ttl_s=1.0,
+        )
+    )
+    # Another manager took the lease (the old one's lapsed while it was paused).
+    await store.append(
+        [Write(manager_lease(), [Message(data, headers)], expected_last_seq=old.lease_seq)]
+    )
+    reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
+    with pytest.raises(ConcurrencyError) as refused:
+        await store.append([reservation, *fence])
+    assert refused.value.subject == manager_lease()
+    assert await store.last_seq(reservation_events("a1")) == 0  # nothing of the batch stored
+    # Without the fence the same write would have gone in: the fence refused it.
+    assert len(await store.append([reservation])) == 1
+
+
+async def test_a_record_no_manager_wrote_does_not_block_the_lease(
+    nc: Client, store: EventStore
+) -> None:
+    await store.ensure_stream()
+    await store.append([Write(manager_lease(), [Message(b"junk")])])  # no TTL: it stays
+    async with manager(nc, manager_id="m1", lease_ttl_s=1.0) as m1:
+        assert m1.leadership is not None and m1.leadership.leading
