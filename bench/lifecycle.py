@@ -30,6 +30,7 @@ create, five appends to the event log, two agent round trips).
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
+                              [--managers 2]  (the same with 2 managers beside 1: ratios)
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
@@ -247,44 +248,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
-        tmpdir = Path(tmp)
-        log = tmpdir / "processes.log"
-        config = None
-        if args.sync_always:  # the project's nats.conf setting: fsync before every ack
-            config = tmpdir / "nats.conf"
-            store = json.dumps(str(tmpdir / "nats"))
-            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-        with NatsServer(tmpdir / "nats", config=config) as server:
-            agents = await spawn(
-                SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
-                ready="agents ready", log=log,
-            )  # fmt: skip
-            profile = ("-m", "cProfile", "-o", args.profile_manager) if args.profile_manager else ()
-            manager = await spawn(
-                *profile, "-m", "services.manager",
-                "--nats-url", server.url, "--log-level", "WARNING",
-                ready="manager ready", log=log,
-            )  # fmt: skip
-            nc = await connect(server.url, name="bench-client")
-            try:
-                await burst(nc, 50)  # warm up: imports, first subscriptions, JIT-free caches
-                if args.batch:
-                    command = shlex.split(args.command)
-                    await batch_burst(nc, 50, "warm-batch", command)
-                    rates: dict[str, list[float]] = {"interactive": [], "batch": []}
-                    for r in range(args.rounds):  # alternating: a drift hits both
-                        rates["interactive"].append(await burst(nc, args.burst, f"i{r}"))
-                        rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
-                else:
-                    rate = await burst(nc, args.burst)
-                    await asyncio.sleep(args.settle)
-                    latencies = await steady(nc, args.rate, args.seconds)
-            finally:
-                await nc.close()
-                await stop(manager)
-                await stop(agents)
-            errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
+    if args.managers > 1 and not args.batch:
+        await compare_managers(args)
+        return
+    rates, rate, latencies, errors = await run_once(args, managers=1)
     sync = "sync_interval always" if args.sync_always else "default sync (every 2 min)"
     print(f"agents: {args.agents} dummy, zero delays; nats-server with {sync}")
     if args.batch:
@@ -308,6 +275,74 @@ async def main(args: argparse.Namespace) -> None:
     )
     if errors:
         print(f"{len(errors)} ERROR lines in the process logs, first: {errors[0]}")
+
+
+async def compare_managers(args: argparse.Namespace) -> None:
+    """The same burst and steady phase with one manager, then with ``--managers`` (one leads,
+    the others serve commands and stand by), each on a fresh log: the ratios of the two."""
+    rows = {}
+    for n in (1, args.managers):
+        _, rate, latencies, errors = await run_once(args, managers=n)
+        rows[n] = (rate, pct(latencies, 0.5) * 1000, pct(latencies, 0.99) * 1000)
+        if errors:
+            print(f"{n} managers: {len(errors)} ERROR lines, first: {errors[0]}")
+    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
+    for n, (rate, p50, p99) in rows.items():
+        print(f"{n} manager(s): {rate:.0f} sessions/s, steady p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    (r1, _, p1), (rn, _, pn) = rows[1], rows[args.managers]
+    print(
+        f"{args.managers} managers / 1: sessions/s ratio {rn / r1:.2f}, steady p99 ratio"
+        f" {pn / p1:.2f}"
+    )
+
+
+async def run_once(
+    args: argparse.Namespace, managers: int
+) -> tuple[dict[str, list[float]], float, list[float], list[str]]:
+    """One stack (nats-server, agents, ``managers`` managers): the burst and steady phases
+    (or the batch rounds); (batch rates, burst rate, steady latencies, ERROR log lines)."""
+    rates: dict[str, list[float]] = {"interactive": [], "batch": []}
+    rate, latencies = 0.0, []
+    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+        tmpdir = Path(tmp)
+        log = tmpdir / "processes.log"
+        config = None
+        if args.sync_always:  # the project's nats.conf setting: fsync before every ack
+            config = tmpdir / "nats.conf"
+            store = json.dumps(str(tmpdir / "nats"))
+            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
+        with NatsServer(tmpdir / "nats", config=config) as server:
+            agents = await spawn(
+                SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
+                ready="agents ready", log=log,
+            )  # fmt: skip
+            profile = ("-m", "cProfile", "-o", args.profile_manager) if args.profile_manager else ()
+            procs = []
+            for m in range(1, managers + 1):
+                args_m = ["-m", "services.manager", "--nats-url", server.url]
+                args_m += ["--log-level", "WARNING", "--manager-id", f"bench-manager-{m}"]
+                first = profile if m == 1 else ()
+                procs.append(await spawn(*first, *args_m, ready="manager ready", log=log))
+            nc = await connect(server.url, name="bench-client")
+            try:
+                await burst(nc, 50)  # warm up: imports, first subscriptions, JIT-free caches
+                if args.batch:
+                    command = shlex.split(args.command)
+                    await batch_burst(nc, 50, "warm-batch", command)
+                    for r in range(args.rounds):  # alternating: a drift hits both
+                        rates["interactive"].append(await burst(nc, args.burst, f"i{r}"))
+                        rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
+                else:
+                    rate = await burst(nc, args.burst)
+                    await asyncio.sleep(args.settle)
+                    latencies = await steady(nc, args.rate, args.seconds)
+            finally:
+                await nc.close()
+                for proc in procs:
+                    await stop(proc)
+                await stop(agents)
+            errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
+    return rates, rate, latencies, errors
 
 
 def report_batch(
@@ -502,6 +537,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=("bench", "agents"), default="bench")
     p.add_argument("--url", help="(agents role) nats-server URL")
     p.add_argument("--agents", type=int, default=50)
+    p.add_argument(
+        "--managers",
+        type=int,
+        default=1,
+        help="also run with this many managers (one leads) and print the ratios to one",
+    )
     p.add_argument("--burst", type=int, default=2000)
     p.add_argument("--rate", type=float, default=50)
     p.add_argument("--seconds", type=float, default=20)
