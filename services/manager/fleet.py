@@ -326,8 +326,20 @@ class Fleet:
                 raise
             self.reindex(session)
             return
-        # Someone else wrote this session (or our write's ack is not back yet): if the lock
-        # holder is ours, it checks on release; otherwise reload now.
+        # Someone else wrote this session (another manager, or a write of ours that landed
+        # after its timeout).  Nobody here holds it: the view has every earlier record of its
+        # subject (the log comes in order), so the record applies as the next one; one that
+        # does not apply makes it reload.  Held: our write's ack may not be back yet, so the
+        # lock holder checks on release.
+        if session_id not in self._held and session_id not in self._stale:
+            try:
+                session = _applied(session, event, rec)
+            except Inadmissible:
+                pass
+            else:
+                self.reindex(session)
+                self.publish(LookAgain(session_id))
+                return
         self._seen[session_id] = max(seq, self._seen.get(session_id, 0))
         if session_id not in self._held:
             self._tasks.spawn(self._reload_locked(session_id), f"reload {session_id}")

@@ -179,6 +179,9 @@ class SchedulerLoop:
             held = self.fleet.reservations.by_agent.get(agent_id)
             if state is None:
                 return False
+            if held is not None and any(k in held.held for k in kernel_ids):
+                log.warning("session %s already holds room on %s", session.id, agent_id)
+                return False
             short = lacks(
                 state.agent.capacity,
                 [] if held is None else held.held.values(),
