@@ -41,19 +41,11 @@ from services.stack.natsserver import NatsServer
 from services.transport.client import Client, connect
 from tests.manager.booking_check import overbooked
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lifecycle import spawn  # the same child processes as the lifecycle bench
+
 LIFECYCLE = str(Path(__file__).resolve().parent / "lifecycle.py")
 IMAGE = "bench/base:1"  # what lifecycle.py's dummy agents hold
-
-
-async def spawn(*args: str, ready: str, log: Path) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 120)
-    if line.decode().strip() != ready:
-        raise RuntimeError(f"{args[:3]} did not start: {line!r}; see {log}")
-    return proc
 
 
 async def manager(

@@ -70,6 +70,7 @@ class Leadership:
         self.unleased = False  # the stream takes no TTL: lead without a lease
         self.changes = 0  # how many times this manager took or lost the lead
         self._renewed_at = 0.0
+        self._holds_still = True  # False once a renewal was refused: another holds it
         self._led_since = 0.0
         self._resting_until = 0.0
         self._tasks = Tasks()
@@ -98,19 +99,13 @@ class Leadership:
                 await self._release()
 
     async def _release(self) -> None:
-        event = ev.ManagerLeaseReleased(
-            originator_id=MANAGER_LEASE_ID,
-            originator_version=1,
-            timestamp=ev.ManagerLeaseReleased.create_timestamp(),
-            holder=self.holder,
-        )
-        data, headers = encode(event)
-        headers[MSG_TTL] = _ttl(self.ttl_s)
+        released = self._message(ev.ManagerLeaseReleased, MANAGER_LEASE_ID)
         expected = self.lease_seq
         for _ in range(2):
             try:
                 await self.store.append(
-                    [Write(manager_lease(), [Message(data, headers)], expected_last_seq=expected)]
+                    [Write(manager_lease(), [released], expected_last_seq=expected)],
+                    urgent=True,
                 )
                 return
             except ConcurrencyError:
@@ -129,23 +124,28 @@ class Leadership:
         """The writes that fence a leader's batch: refused once the lease moved on."""
         if not self.fencing or self.unleased or not self.leading:
             return ()
-        event = ev.ManagerFence(
-            originator_id=MANAGER_FENCE_ID,
-            originator_version=1,
-            timestamp=ev.ManagerFence.create_timestamp(),
-            holder=self.holder,
-            lease_seq=self.lease_seq,
-        )
-        data, headers = encode(event)
-        headers[MSG_TTL] = _ttl(self.ttl_s)
+        fence = self._message(ev.ManagerFence, MANAGER_FENCE_ID, lease_seq=self.lease_seq)
         return (
             Write(
                 manager_fence(),
-                [Message(data, headers)],
+                [fence],
                 expected_last_seq=self.lease_seq,
                 expected_subject=manager_lease(),
             ),
         )
+
+    def _message(self, cls: type[ev.Event], aggregate_id: str, **fields: object) -> Message:
+        """One lease-subject message of this holder, expiring after the TTL."""
+        event = cls(
+            originator_id=aggregate_id,
+            originator_version=1,
+            timestamp=cls.create_timestamp(),
+            holder=self.holder,
+            **fields,
+        )
+        data, headers = encode(event)
+        headers[MSG_TTL] = _ttl(self.ttl_s)
+        return Message(data, headers)
 
     async def _run(self) -> None:
         while True:
@@ -184,28 +184,18 @@ class Leadership:
                 holder = lease_holder(last.subject, last.headers, last.data)
                 if holder not in (None, UNKNOWN_HOLDER, self.holder):
                     return  # someone else leads
-                # released, ours from before a restart, or no lease any manager wrote
-                expected = last.seq  # released, or ours from before a restart: take it now
+                # released, ours from before a restart, or no lease any manager wrote: take it
+                expected = last.seq
             if await self._append(expected):
                 self._led_since = self.clock()
                 await self._become(True)
 
-    _holds_still = True
-
     async def _append(self, expected: int) -> bool:
         """Take or renew the lease expecting the subject at ``expected``; True if ours."""
-        event = ev.ManagerLeaseTaken(
-            originator_id=MANAGER_LEASE_ID,
-            originator_version=1,
-            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
-            holder=self.holder,
-            ttl_s=self.ttl_s,
-        )
-        data, headers = encode(event)
-        headers[MSG_TTL] = _ttl(self.ttl_s)
+        lease = self._message(ev.ManagerLeaseTaken, MANAGER_LEASE_ID, ttl_s=self.ttl_s)
         try:
             [seq] = await self.store.append(
-                [Write(manager_lease(), [Message(data, headers)], expected_last_seq=expected)],
+                [Write(manager_lease(), [lease], expected_last_seq=expected)],
                 urgent=True,
             )
         except ConcurrencyError:

@@ -10,6 +10,8 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,12 @@ from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.booking_check import overbooked
 from tests.manager.harness import GB, MB, create_payload, request
-from tests.manager.test_restart import CountingRuntime, create_until_answered, tail
+from tests.manager.test_restart import (
+    CountingRuntime,
+    create_all,
+    create_until_answered,
+    tail,
+)
 
 TTL = 1.0  # the least per-message TTL nats-server takes
 
@@ -54,6 +61,18 @@ async def settled_counts(nc: Client, sids: list[str]) -> Counter[str]:
     return out
 
 
+@asynccontextmanager
+async def serving(
+    nc: Client, store: EventStore, runtimes: dict[str, CountingRuntime], cpu: float
+) -> AsyncIterator[None]:
+    """The runtimes' agents, each of ``cpu`` cores, serving in this process."""
+    async with AsyncExitStack() as stack:
+        for agent_id, runtime in runtimes.items():
+            cfg = config(agent_id, cpu=cpu, mem=256 * GB, resource_group="default")
+            await stack.enter_async_context(running(nc, store, runtime, cfg))
+        yield
+
+
 def tail_all(path: Path) -> str:
     return path.read_text(errors="replace")
 
@@ -73,34 +92,14 @@ async def test_sigkill_the_leader_repeatedly_under_load(
     cfg = DummyConfig(default_size=8 * MB, bandwidth_bps=None, tick_s=0.02, preloaded={"base:1"})
     runtimes = {f"a{i}": CountingRuntime(f"a{i}", cfg) for i in range(4)}
     log = tmp_path / "managers.log"
-    async with (
-        running(
-            nc, store, runtimes["a0"], config("a0", cpu=10, mem=256 * GB, resource_group="default")
-        ),
-        running(
-            nc, store, runtimes["a1"], config("a1", cpu=10, mem=256 * GB, resource_group="default")
-        ),
-        running(
-            nc, store, runtimes["a2"], config("a2", cpu=10, mem=256 * GB, resource_group="default")
-        ),
-        running(
-            nc, store, runtimes["a3"], config("a3", cpu=10, mem=256 * GB, resource_group="default")
-        ),
-    ):
+    async with serving(nc, store, runtimes, cpu=10):
         procs = {m: await start_manager(nats_server.url, m, log) for m in ("m1", "m2")}
         payloads = [
             create_payload(request_id=f"r{i}", resources={"cpu": 0.25, "mem": 64 * MB})
             for i in range(200)
         ]
 
-        async def client() -> list[dict[str, Any]]:
-            out = []
-            for p in payloads:
-                out.append(await create_until_answered(nc, p))
-                await asyncio.sleep(rng.uniform(0, 0.01))
-            return out
-
-        creating = asyncio.create_task(client())
+        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.01))
         takeovers = []
         try:
             for _ in range(5):
@@ -157,17 +156,7 @@ async def test_leadership_flipping_fast_never_double_books(
     runtimes = {f"a{i}": CountingRuntime(f"a{i}", cfg) for i in range(3)}
     log = tmp_path / "managers.log"
     extra = ["--step-down-after", "0.3", *([] if fencing else ["--no-fence"])]
-    async with (
-        running(
-            nc, store, runtimes["a0"], config("a0", cpu=4, mem=256 * GB, resource_group="default")
-        ),
-        running(
-            nc, store, runtimes["a1"], config("a1", cpu=4, mem=256 * GB, resource_group="default")
-        ),
-        running(
-            nc, store, runtimes["a2"], config("a2", cpu=4, mem=256 * GB, resource_group="default")
-        ),
-    ):
+    async with serving(nc, store, runtimes, cpu=4):
         procs = [await start_manager(nats_server.url, m, log, *extra) for m in ("m1", "m2")]
         try:
             sids = []

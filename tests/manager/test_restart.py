@@ -77,6 +77,18 @@ async def create_until_answered(nc: Client, payload: dict[str, Any]) -> dict[str
         return reply  # type: ignore[no-any-return]
 
 
+async def create_all(
+    nc: Client, payloads: list[dict[str, Any]], rng: random.Random, pause_s: float
+) -> list[dict[str, Any]]:
+    """A client creating sessions one after the other, a random pause up to ``pause_s``
+    between them, each retried until answered."""
+    out = []
+    for p in payloads:
+        out.append(await create_until_answered(nc, p))
+        await asyncio.sleep(rng.uniform(0, pause_s))
+    return out
+
+
 async def test_sigkill_at_random_moments_converges(
     nats_server: NatsServer, nc: Client, store: EventStore, tmp_path: Path
 ) -> None:
@@ -106,14 +118,7 @@ async def test_sigkill_at_random_moments_converges(
             for i in range(SESSIONS)
         ]
 
-        async def client() -> list[dict[str, Any]]:
-            out = []
-            for p in payloads:
-                out.append(await create_until_answered(nc, p))
-                await asyncio.sleep(rng.uniform(0, 0.03))
-            return out
-
-        creating = asyncio.create_task(client())
+        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.03))
         try:
             for _ in range(KILLS):
                 await asyncio.sleep(rng.uniform(0.05, 0.5))
