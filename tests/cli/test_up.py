@@ -119,3 +119,30 @@ def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
         wait_for(lambda: len(_rows(stack, "sessions", "--owner", "demo")) == 2, 15)
     finally:
         assert stop_stack(stack) == 0
+
+
+def test_up_with_two_managers_names_the_leader_and_survives_its_kill(tmp_path: Path) -> None:
+    """`hoist up --managers 2`: `hoist status` names the leader; SIGKILLed, the other leads
+    within the lease TTL and sessions still run; `hoist down` stops both."""
+    data_dir = tmp_path / "data"
+    stack = start_stack(data_dir, "--agents", "1", "--no-demo", "--managers", "2")
+    try:
+        status = stack.hoist("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        leader = next(line for line in status.stdout.splitlines() if line.split()[1] == "leader")
+        name = leader.split()[2]  # "ok leader manager-1 leads (lease at event N)"
+        assert name in ("manager-1", "manager-2"), leader
+        pids = json.loads((data_dir / "stack.json").read_text())["pids"]
+        subprocess.run(["kill", "-9", str(pids["manager" if name == "manager-1" else name])])
+        other = "manager-2" if name == "manager-1" else "manager-1"
+
+        def other_leads() -> bool:
+            out = stack.hoist("status").stdout
+            return f"{other} leads" in out
+
+        wait_for(other_leads, 15)
+        run = stack.hoist("run", stack.next_image())
+        assert run.returncode == 0, run.stdout + run.stderr
+    finally:
+        stop_stack(stack)
+    assert _processes_of(data_dir) == []
