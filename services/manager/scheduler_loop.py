@@ -44,6 +44,8 @@ from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
+SAVE_WAIT_S = 10.0  # how long a stop waits for the appends in flight
+
 # plan(pending, agents, owner_sessions, limits, policy, image_sizes, quotas=..., usage=...)
 Plan = Callable[..., list[Scheduled | Unschedulable]]
 
@@ -67,7 +69,10 @@ class SchedulerLoop:
         self.fence = fence
         self.passes = 0
         self._wake = asyncio.Event()
-        self._tasks = Tasks()
+        self._tasks = Tasks()  # the loop
+        # Appends in flight: a stop lets them finish (each is a unit: the view reloads what a
+        # refused one held, and the reservations know which agents' subjects are in flight).
+        self._saves = Tasks()
 
     def wake(self, _message: object = None) -> None:
         """Run a pass soon (a bus handler: a session enqueued, room freed, an agent joined)."""
@@ -78,6 +83,9 @@ class SchedulerLoop:
 
     async def stop(self) -> None:
         await self._tasks.stop()
+        if len(self._saves):
+            await asyncio.wait(list(self._saves), timeout=SAVE_WAIT_S)
+        await self._saves.stop()
 
     async def run_pass(self) -> int:
         """Plan one pass on the fleet view and store it in one atomic batch: each placed
@@ -143,7 +151,7 @@ class SchedulerLoop:
         if sessions or touched:
             booked.begin(touched)
             batch = self.uow.save_claimed(sessions, list(touched.values()), self.fence())
-            self._tasks.spawn(self._saved(batch), f"schedule {len(sessions)} sessions")
+            self._saves.spawn(self._saved(batch), f"schedule {len(sessions)} sessions")
         return placed
 
     def _plan(self, pending: list[PendingSession]) -> list[Scheduled | Unschedulable]:
@@ -201,7 +209,7 @@ class SchedulerLoop:
             log.warning("session %s: %s", decision.session_id, e)
             return
         if save is not None:
-            self._tasks.spawn(self._saved(save), f"save {decision.session_id}")
+            self._saves.spawn(self._saved(save), f"save {decision.session_id}")
 
     def quotas(self, pending: Sequence[PendingSession]) -> dict[str, Quota]:
         """The effective resource policy of each pending session's owner that has one."""
