@@ -30,7 +30,7 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="hoist-fuzz-") as tmp:
         with FuzzStack(Path(tmp) / "hoist") as fuzz:
-            before = fuzz.last_seq()
+            before = fuzz.events()
             # The stream is checked once around the whole run: per request it would halve the
             # rate measured; tests/hardening/test_fuzz.py checks it around every request.
             run = settings(
@@ -44,7 +44,7 @@ def main() -> int:
                 run()
             except Exception as e:  # report the figures, then the failure
                 failure = e
-            appended = fuzz.last_seq() - before
+            appended = fuzz.events() - before
     s = fuzz.stats
     print(f"requests: {s.replies} replies to {args.examples} generated bad requests")
     print(f"replies/s: {s.replies / s.elapsed_s:.0f} (one at a time, time in requests only)")

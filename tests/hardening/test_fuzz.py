@@ -28,14 +28,14 @@ def fuzz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzStack]:
 def test_every_template_is_a_valid_request_that_appends_nothing(fuzz: FuzzStack) -> None:
     # The fuzz changes one field of these: each must be valid as it stands, so the bad value
     # is what gets refused.  (The create template is valid and appends: the last test sends it.)
-    before = fuzz.last_seq()
+    before = fuzz.events()
     for subject, template in TEMPLATES.items():
         if subject == CREATE:
             continue
         role = "admin" if subject.startswith(subjects.ADMIN) else "client"
         reply = fuzz.ask(role, subject, json.dumps(template).encode())
         assert reply.get("error", {}).get("code") in (None, "not-found"), (subject, reply)
-    assert fuzz.last_seq() == before
+    assert fuzz.events() == before
 
 
 def test_nats_refuses_what_a_role_may_not_send(fuzz: FuzzStack) -> None:
@@ -57,7 +57,7 @@ def test_nats_refuses_what_a_role_may_not_send(fuzz: FuzzStack) -> None:
 def test_replies_go_to_inboxes_only(fuzz: FuzzStack) -> None:
     # A reply subject is the requester's to choose; the manager may write session, liveness
     # and agent-RPC subjects, so an answer aimed there would land in the log or at an agent.
-    before = fuzz.last_seq()
+    before = fuzz.events()
     client = fuzz.conns["client"]
     targets = [
         "hoist.events.session.forged",
@@ -77,7 +77,7 @@ def test_replies_go_to_inboxes_only(fuzz: FuzzStack) -> None:
         await asyncio.sleep(1.0)  # time for a (wrong) answer to land
 
     fuzz.run(aim())
-    assert fuzz.last_seq() == before  # no reply in the log, and the create was not run
+    assert fuzz.events() == before  # no reply in the log, and the create was not run
     sessions = fuzz.ask("client", f"{subjects.QUERY}.sessions", b"{}")
     assert all(r.get("request_id") != "aimed" for r in sessions["rows"]), sessions
 
@@ -86,7 +86,7 @@ def test_a_message_without_an_inbox_is_no_command(fuzz: FuzzStack) -> None:
     # The server answers a JetStream request on whatever reply subject it names, unchecked:
     # an agent stores a create command as "progress", a client asks for it by direct get with
     # the reply aimed at the create subject; it arrives there with no reply of its own.
-    before = fuzz.last_seq()
+    before = fuzz.events()
     create = json.dumps({**TEMPLATES[CREATE], "request_id": "reflected"}).encode()
     stored = f"{subjects.PROGRESS}.agent-1.reflected"
 
@@ -101,7 +101,7 @@ def test_a_message_without_an_inbox_is_no_command(fuzz: FuzzStack) -> None:
         await asyncio.sleep(1.0)
 
     fuzz.run(reflect())
-    assert fuzz.last_seq() == before
+    assert fuzz.events() == before
     sessions = fuzz.ask("client", f"{subjects.QUERY}.sessions", b"{}")
     assert all(r.get("request_id") != "reflected" for r in sessions["rows"]), sessions
 
