@@ -73,6 +73,9 @@ def manager_config(**overrides: Any) -> ManagerConfig:
         "policy": Policy(),
         "pull_check_interval_s": 0.2,
         "retry_s": 0.2,
+        # One in-process manager leads unleased: no lease renewals in the log a test reads
+        # (tests of several managers give each a lease_ttl_s and a manager_id).
+        "lease_ttl_s": None,
     }
     return ManagerConfig(**{**values, **overrides})
 
