@@ -105,7 +105,10 @@ async def _print_events(args: argparse.Namespace, session: str | None, *, follow
                 found = session_log.records(conn, session, follow=follow)
             else:
                 found = event_store(conn.nc).replay(follow=follow)
+            lease = f"{subjects.EVENTS}.{subjects.LEASE}."
             async for rec in found:
+                if rec.subject.startswith(lease):
+                    continue  # the managers' lease renewals: a heartbeat, not a fact
                 if as_json:
                     print_json_line(describe(rec, quarantined))
                 else:
