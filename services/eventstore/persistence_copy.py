@@ -1,0 +1,368 @@
+"""A copy of one eventsourcing stream in the process's memory, so the recorders of the
+persistence module answer reads in the caller's thread: no round trip to the server, no hop
+into the module's event loop.
+
+A follower task in the module's loop reads the stream in order (batched direct gets of up to
+1,000 messages) whenever the server signals a new message, and applies each page under a lock:
+every aggregate's valid history, every subject's last sequence, the notifications.
+
+What a read sees:
+
+- everything this process appended (any thread, any recorder of the factory) and had
+  acknowledged before the read started: the read waits until the copy holds it.  An own
+  append is put into its aggregate's history on the ack, so reading one's own write back costs
+  no wait at all;
+- everything else this process learned the stream holds (the re-read after a conflict, a
+  confirmed head): reads never go back in time;
+- other processes' appends once the follower has them (it reads on the server's signal, well
+  under a millisecond later on one machine).  Where an answer must not miss them, the recorder
+  confirms the stream's head first (one round trip): an aggregate that is not found,
+  ``max_notification_id``, ``max_tracking_id``;
+- notifications as a prefix of the stream: ids in order, none skipped.
+
+Appends never trust the copy alone: each stays conditional on the subject's last sequence, so
+a stale copy costs one re-read from the server (then ``IntegrityError`` if the conflict is
+real), never a wrong write.  A version the copy already holds is a real conflict (versions only
+grow), so that ``IntegrityError`` needs no round trip.
+
+Bounded: the copy holds a stream of up to ``limit`` bytes of payload.  A larger stream (at open
+or grown past it) is not copied, and the recorders read over the network as before; so do they
+until the follower has caught up with the stream as it was when the factory opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from eventsourcing.persistence import Notification, StoredEvent
+
+from services.eventstore.persistence_records import stored_event, tracking_id
+from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
+
+log = logging.getLogger(__name__)
+
+RECORD_OVERHEAD = 400  # bytes counted per record on top of its payload (objects, indexes)
+WAIT = 10.0  # seconds a read waits for the follower before it reads over the network instead
+_POLL = 1.0  # seconds the follower waits for a signal before it reads anyway
+_SETTLE = (0.0005, 0.002, 0.02, 0.1)  # re-reads after a signal: it can precede the store
+_CHASE = (0.0002, 0.001, 0.005, 0.02)  # re-reads while a known message is not read yet
+
+
+@dataclass(slots=True)
+class _Subject:
+    """One subject as the copy holds it."""
+
+    last_seq: int = 0  # its last message (poison or not): what an append is conditional on
+    events: list[StoredEvent] = field(default_factory=list)  # valid ones, versions ascending
+    tracked: int | None = None  # a tracking subject's last valid tracking id
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What an acknowledged append put on one subject: for the copy to hold it at once."""
+
+    subject: str
+    expected_last_seq: int
+    seqs: Sequence[int]
+    events: Sequence[StoredEvent] = ()
+    tracking_id: int | None = None
+
+
+class LocalCopy:
+    """The followed copy of one stream (``es.<stream>.>``); thread-safe."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        prefix: str,
+        quarantine: Callable[[Recorded, str], None],
+        limit: int,
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.limit = limit
+        self._quarantine = quarantine
+        self._cond = threading.Condition(threading.Lock())
+        self.enabled = False
+        self.head = 0  # every message up to this stream sequence is applied
+        self._ready_at = 0  # the stream's head at open: the copy answers once it holds that
+        self._subjects: dict[str, _Subject] = {}
+        self._note_ids: list[int] = []
+        self._notes: list[Notification] = []
+        self._bytes = 0
+        self._known: dict[str, int] = {}  # subject -> a sequence this process knows it holds
+        self._known_head = 0  # the highest sequence this process knows the stream holds
+        self._confirmed = 0  # the stream's head as the server last told (confirm_head)
+        self._wake: asyncio.Event | None = None  # the follower's signal (loop side)
+
+    # -- the loop's side ---------------------------------------------------------------------
+
+    async def start(self) -> bool:
+        """Decide whether to copy (the stream fits the limit); True if the follower should run."""
+        if self.limit <= 0:
+            return False
+        info = await self.store.js.stream_info(self.store.stream)
+        if info.state.bytes > self.limit:
+            log.info(
+                "stream %s holds %d bytes, over the local copy's %d: reads go to the server",
+                self.store.stream,
+                info.state.bytes,
+                self.limit,
+            )
+            return False
+        self._ready_at = info.state.last_seq
+        self._wake = asyncio.Event()
+        self.enabled = True
+        return True
+
+    async def follow(self) -> None:
+        """Read the stream into the copy, for as long as the copy is enabled."""
+        wake = self._wake
+        assert wake is not None, "start() first"
+        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _b, _d: wake.set())
+        settle = chase = 0
+        try:
+            while self.enabled:
+                wake.clear()
+                try:
+                    page = await self.store.read(self.head + 1, PAGE)
+                except StoreError as e:
+                    log.warning("local copy of %s: %s; reading again", self.store.stream, e)
+                    await asyncio.sleep(0.5)
+                    continue
+                if page:
+                    self._apply(page)
+                if len(page) == PAGE:
+                    continue
+                if self._known_head > self.head:  # a message we know of is not readable yet
+                    await asyncio.sleep(_CHASE[min(chase, len(_CHASE) - 1)])
+                    chase += 1
+                    continue
+                chase = 0
+                if wake.is_set():
+                    settle = len(_SETTLE)
+                    continue
+                if settle:
+                    await asyncio.sleep(_SETTLE[-settle])
+                    settle -= 1
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_POLL):
+                        await wake.wait()
+                settle = len(_SETTLE) if wake.is_set() else 0
+        finally:
+            self._disable("the factory is closing")
+            with contextlib.suppress(Exception):  # the connection may be closing
+                await sub.unsubscribe()
+
+    async def confirm_head(self) -> None:
+        """Learn the stream's head from the server: reads after this wait until they hold it."""
+        if self.enabled:
+            head = await self.store.head()
+            with self._cond:
+                self._confirmed = max(self._confirmed, head)
+            self._learn_head(head)
+
+    def learn(self, subject: str, seq: int) -> None:
+        """This process saw ``seq`` on ``subject`` (a re-read): reads of it wait for that much."""
+        with self._cond:
+            if seq > self._known.get(subject, 0):
+                self._known[subject] = seq
+        self._learn_head(seq)
+
+    def acknowledge(self, appended: Sequence[Appended]) -> None:
+        """The server acknowledged an append of this process: its subjects hold it at once
+        where the copy holds the subject up to where the append continued it."""
+        top = 0
+        with self._cond:
+            for write in appended:
+                last = write.seqs[-1]
+                top = max(top, last)
+                if last > self._known.get(write.subject, 0):
+                    self._known[write.subject] = last
+                if not self.enabled:
+                    continue
+                held = self._subjects.get(write.subject)
+                # The server took the append after expected_last_seq: if that is the copy's
+                # last message of the subject, the copy lacks nothing of it before the append.
+                if (held.last_seq if held else 0) != write.expected_last_seq:
+                    continue
+                if held is None:
+                    held = self._subjects[write.subject] = _Subject()
+                held.last_seq = last
+                if write.tracking_id is not None:
+                    held.tracked = write.tracking_id
+                held.events.extend(write.events)
+            self._cond.notify_all()
+        self._learn_head(top)
+
+    def _learn_head(self, seq: int) -> None:
+        with self._cond:
+            if seq <= self._known_head:
+                return
+            self._known_head = seq
+        if self._wake is not None and seq > self.head:
+            self._wake.set()
+
+    def _apply(self, page: list[Recorded]) -> None:
+        with self._cond:
+            if not self.enabled:
+                return
+            for record in page:
+                self._apply_one(record)
+            self.head = page[-1].seq
+            self._cond.notify_all()
+            over = self._bytes > self.limit
+        if over:
+            self._disable(
+                f"it outgrew {self.limit} bytes (NATS_LOCAL_COPY_MB); reads go to the server"
+            )
+
+    def _apply_one(self, record: Recorded) -> None:
+        self._bytes += len(record.data) + RECORD_OVERHEAD
+        parts = record.subject.split(".")
+        kind = parts[2] if len(parts) == 4 else None
+        held: _Subject | None = None
+        if kind is not None:
+            held = self._subjects.get(record.subject)
+            if held is None:
+                held = self._subjects[record.subject] = _Subject(last_seq=record.seq)
+            elif record.seq <= held.last_seq:
+                held = None  # an own append the ack put there already
+            else:
+                held.last_seq = record.seq
+        if kind == "tracking":
+            try:
+                value = tracking_id(record)
+            except ValueError as e:
+                self._quarantine(record, str(e))
+                return
+            if held is not None:
+                held.tracked = value
+            return
+        try:
+            event = stored_event(record)
+        except ValueError as e:
+            self._quarantine(record, str(e))
+            return
+        if kind == "events":
+            self._note_ids.append(record.seq)
+            self._notes.append(
+                Notification(
+                    id=record.seq,
+                    originator_id=event.originator_id,
+                    originator_version=event.originator_version,
+                    topic=event.topic,
+                    state=event.state,
+                )
+            )
+        if held is None:
+            return
+        if held.events and event.originator_version <= held.events[-1].originator_version:
+            # Appends only ever add later versions: this one was published around them.
+            previous = held.events[-1].originator_version
+            self._quarantine(record, f"version {event.originator_version} is not after {previous}")
+            return
+        held.events.append(event)
+
+    def _disable(self, why: str) -> None:
+        with self._cond:
+            if not self.enabled:
+                return
+            self.enabled = False
+            self._subjects.clear()
+            self._note_ids.clear()
+            self._notes.clear()
+            self._cond.notify_all()
+        log.info("local copy of stream %s dropped: %s", self.store.stream, why)
+
+    # -- the callers' side (with the lock held) ------------------------------------------------
+
+    def _holds(self, subject: str | None) -> bool:
+        """Wait until the copy holds what this process knows of ``subject`` (None: of the
+        stream); False if it cannot answer (reads go to the server then)."""
+        if not self.enabled or self.head < self._ready_at:
+            return False
+        if subject is None:
+            need = self._known_head
+        else:
+            need = max(self._known.get(subject, 0), self._confirmed)
+        deadline = time.monotonic() + WAIT
+        while self.enabled and self.head < need:
+            held = None if subject is None else self._subjects.get(subject)
+            if held is not None and held.last_seq >= need:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning(
+                    "local copy of %s is not at %d after %.0fs: reading from the server",
+                    self.store.stream,
+                    need,
+                    WAIT,
+                )
+                return False
+            self._cond.wait(left)
+        return self.enabled
+
+    # -- the callers' side ---------------------------------------------------------------------
+
+    def history(self, subject: str) -> list[StoredEvent] | None:
+        """The subject's valid events in version order; None: ask the server."""
+        with self._cond:
+            if not self._holds(subject):
+                return None
+            held = self._subjects.get(subject)
+            return list(held.events) if held else []
+
+    def last(self, subject: str) -> tuple[int, StoredEvent | None, int | None] | None:
+        """(last sequence, last valid event, last valid tracking id) of the subject, for a
+        conditional append; None: ask the server."""
+        with self._cond:
+            if not self._holds(subject):
+                return None
+            held = self._subjects.get(subject)
+            if held is None:
+                return 0, None, None
+            return held.last_seq, held.events[-1] if held.events else None, held.tracked
+
+    def tracked(self, subject: str) -> tuple[int | None] | None:
+        """(the last valid tracking id,) of a tracking subject; None: ask the server."""
+        with self._cond:
+            if not self._holds(None):  # what it knows of the stream covers the subject
+                return None
+            held = self._subjects.get(subject)
+            return (held.tracked if held else None,)
+
+    def notifications(
+        self, first: int, limit: int, stop: int | None, topics: Sequence[str]
+    ) -> list[Notification] | None:
+        """Up to ``limit`` notifications with first <= id (<= stop); None: ask the server."""
+        with self._cond:
+            if not self._holds(None):
+                return None
+            start = bisect.bisect_left(self._note_ids, first)
+            end = len(self._note_ids) if stop is None else bisect.bisect_right(self._note_ids, stop)
+            if not topics:
+                return self._notes[start : min(end, start + limit)]
+            wanted = set(topics)
+            found: list[Notification] = []
+            for note in self._notes[start:end]:
+                if note.topic in wanted:
+                    found.append(note)
+                    if len(found) >= limit:
+                        break
+            return found
+
+    def max_notification_id(self) -> tuple[int | None] | None:
+        """(the last valid notification's id,); None: ask the server."""
+        with self._cond:
+            if not self._holds(None):
+                return None
+            return (self._note_ids[-1] if self._note_ids else None,)
