@@ -377,7 +377,9 @@ class JetStreamRecorder:
         as IntegrityError)."""
         subjects = insert.subjects
         store, copy = self.datastore.store, self.datastore.copy
-        for _ in range(MAX_CONFLICT_RETRIES):
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            if attempt:  # a busy subject, or a replica answering behind its leader: wait a bit
+                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
             lasts = await asyncio.gather(*(store.last(s) for s in subjects))
             for subject, last in zip(subjects, lasts, strict=True):
                 if last is not None:
@@ -725,8 +727,8 @@ class JetStreamProcessRecorder(
 
 class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
     """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL, NATS_STREAM,
-    NATS_CONNECT_TIMEOUT (seconds, default 10) and NATS_LOCAL_COPY_MB (the most payload the
-    stream's local copy holds, default 256; 0: no copy, every read goes to the server), each
+    NATS_CONNECT_TIMEOUT (seconds, default 10) and NATS_LOCAL_COPY_MB (the most memory the
+    stream's local copy takes, default 256; 0: no copy, every read goes to the server), each
     maybe prefixed with the upper-cased application name as the library does
     (``DOGSCHOOL_NATS_STREAM``)."""
 

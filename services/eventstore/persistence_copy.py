@@ -25,7 +25,8 @@ a stale copy costs one re-read from the server (then ``IntegrityError`` if the c
 real), never a wrong write.  A version the copy already holds is a real conflict (versions only
 grow), so that ``IntegrityError`` needs no round trip.
 
-Bounded: the copy holds a stream of up to ``limit`` bytes of payload.  A larger stream (at open
+Bounded: the copy takes up to ``limit`` bytes of memory (counted as each message's payload plus
+``RECORD_OVERHEAD``, measured for the library's events).  A larger stream (its size at open
 or grown past it) is not copied, and the recorders read over the network as before; so do they
 until the follower has caught up with the stream as it was when the factory opened.
 """
@@ -48,11 +49,14 @@ from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
 
 log = logging.getLogger(__name__)
 
-RECORD_OVERHEAD = 400  # bytes counted per record on top of its payload (objects, indexes)
+RECORD_OVERHEAD = 900  # bytes a message takes in the copy besides its payload (measured ~850)
 WAIT = 10.0  # seconds a read waits for the follower before it reads over the network instead
 _POLL = 1.0  # seconds the follower waits for a signal before it reads anyway
+# After a signal the follower waits this long for more before it reads (unless a read waits
+# for it): one read per burst of appends, not one per append.
+_GATHER = 0.002
 _SETTLE = (0.0005, 0.002, 0.02, 0.1)  # re-reads after a signal: it can precede the store
-_CHASE = (0.0002, 0.001, 0.005, 0.02)  # re-reads while a known message is not read yet
+_CHASE = (0.0002, 0.001, 0.005, 0.02)  # re-reads while a read waits for a message not read yet
 
 
 @dataclass(slots=True)
@@ -73,6 +77,14 @@ class Appended:
     seqs: Sequence[int]
     events: Sequence[StoredEvent] = ()
     tracking_id: int | None = None
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Return when ``event`` is set or after ``seconds``."""
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
 
 
 class LocalCopy:
@@ -100,7 +112,11 @@ class LocalCopy:
         self._known: dict[str, int] = {}  # subject -> a sequence this process knows it holds
         self._known_head = 0  # the highest sequence this process knows the stream holds
         self._confirmed = 0  # the stream's head as the server last told (confirm_head)
-        self._wake: asyncio.Event | None = None  # the follower's signal (loop side)
+        self._signal: asyncio.Event | None = None  # set with _news or _hurry (loop side)
+        self._news = False  # the server signalled a new message
+        self._hurry = False  # a read waits for the follower
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting = 0  # reads waiting for the follower (callers' threads)
 
     # -- the loop's side ---------------------------------------------------------------------
 
@@ -109,28 +125,31 @@ class LocalCopy:
         if self.limit <= 0:
             return False
         info = await self.store.js.stream_info(self.store.stream)
-        if info.state.bytes > self.limit:
+        size = info.state.bytes + info.state.messages * RECORD_OVERHEAD
+        if size > self.limit:
             log.info(
-                "stream %s holds %d bytes, over the local copy's %d: reads go to the server",
+                "stream %s would take %d bytes, over the local copy's %d: reads go to the server",
                 self.store.stream,
-                info.state.bytes,
+                size,
                 self.limit,
             )
             return False
         self._ready_at = info.state.last_seq
-        self._wake = asyncio.Event()
+        self._signal = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self.enabled = True
         return True
 
     async def follow(self) -> None:
         """Read the stream into the copy, for as long as the copy is enabled."""
-        wake = self._wake
-        assert wake is not None, "start() first"
-        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _b, _d: wake.set())
+        signal = self._signal
+        assert signal is not None, "start() first"
+        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _b, _d: self._note())
         settle = chase = 0
         try:
             while self.enabled:
-                wake.clear()
+                signal.clear()
+                self._news = self._hurry = False
                 try:
                     page = await self.store.read(self.head + 1, PAGE)
                 except StoreError as e:
@@ -141,26 +160,39 @@ class LocalCopy:
                     self._apply(page)
                 if len(page) == PAGE:
                     continue
-                if self._known_head > self.head:  # a message we know of is not readable yet
+                if self._waiting and self._known_head > self.head:
+                    # A read waits for a message the server has not answered yet (a replica
+                    # behind its leader, the store not done): read again soon.
                     await asyncio.sleep(_CHASE[min(chase, len(_CHASE) - 1)])
                     chase += 1
                     continue
                 chase = 0
-                if wake.is_set():
+                if not signal.is_set():
+                    if settle:  # the signal before the read may have been early
+                        await _wait(signal, _SETTLE[-settle])
+                        settle -= 1
+                        continue
+                    await _wait(signal, _POLL)
+                if self._news:
                     settle = len(_SETTLE)
-                    continue
-                if settle:
-                    await asyncio.sleep(_SETTLE[-settle])
-                    settle -= 1
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_POLL):
-                        await wake.wait()
-                settle = len(_SETTLE) if wake.is_set() else 0
+                    deadline = time.monotonic() + _GATHER
+                    while not self._hurry and (left := deadline - time.monotonic()) > 0:
+                        signal.clear()
+                        await _wait(signal, left)
         finally:
             self._disable("the factory is closing")
             with contextlib.suppress(Exception):  # the connection may be closing
                 await sub.unsubscribe()
+
+    def _note(self) -> None:
+        self._news = True
+        if self._signal is not None:
+            self._signal.set()
+
+    def _rush(self) -> None:
+        self._hurry = True
+        if self._signal is not None:
+            self._signal.set()
 
     async def confirm_head(self) -> None:
         """Learn the stream's head from the server: reads after this wait until they hold it."""
@@ -173,7 +205,7 @@ class LocalCopy:
     def learn(self, subject: str, seq: int) -> None:
         """This process saw ``seq`` on ``subject`` (a re-read): reads of it wait for that much."""
         with self._cond:
-            if seq > self._known.get(subject, 0):
+            if self.enabled and seq > self._known.get(subject, 0):
                 self._known[subject] = seq
         self._learn_head(seq)
 
@@ -185,10 +217,10 @@ class LocalCopy:
             for write in appended:
                 last = write.seqs[-1]
                 top = max(top, last)
-                if last > self._known.get(write.subject, 0):
-                    self._known[write.subject] = last
                 if not self.enabled:
                     continue
+                if last > self._known.get(write.subject, 0):
+                    self._known[write.subject] = last
                 held = self._subjects.get(write.subject)
                 # The server took the append after expected_last_seq: if that is the copy's
                 # last message of the subject, the copy lacks nothing of it before the append.
@@ -207,9 +239,7 @@ class LocalCopy:
         with self._cond:
             if seq <= self._known_head:
                 return
-            self._known_head = seq
-        if self._wake is not None and seq > self.head:
-            self._wake.set()
+            self._known_head = seq  # a read that needs it pokes the follower (_holds)
 
     def _apply(self, page: list[Recorded]) -> None:
         with self._cond:
@@ -280,6 +310,7 @@ class LocalCopy:
             self._subjects.clear()
             self._note_ids.clear()
             self._notes.clear()
+            self._known.clear()
             self._cond.notify_all()
         log.info("local copy of stream %s dropped: %s", self.store.stream, why)
 
@@ -300,6 +331,8 @@ class LocalCopy:
             if held is not None and held.last_seq >= need:
                 return True
             left = deadline - time.monotonic()
+            if self._waiting == 0 and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._rush)  # read now, not after _GATHER
             if left <= 0:
                 log.warning(
                     "local copy of %s is not at %d after %.0fs: reading from the server",
@@ -308,7 +341,11 @@ class LocalCopy:
                     WAIT,
                 )
                 return False
-            self._cond.wait(left)
+            self._waiting += 1
+            try:
+                self._cond.wait(left)
+            finally:
+                self._waiting -= 1
         return self.enabled
 
     # -- the callers' side ---------------------------------------------------------------------
