@@ -16,6 +16,10 @@ the ratios JetStream/Postgres and JetStream/SQLite.
 
     python bench/eventsourcing.py [--rounds 3] [--accounts 1000] [--threads 8] [--per-thread 250]
 
+nats-server syncs its file store every 2 minutes by default, PostgreSQL at every commit (its
+default ``fsync``/``synchronous_commit``), SQLite as its module sets it; ``--sync-always`` makes
+nats-server sync every write, as Hoist's ``nats.conf`` does.
+
 Targets (issue 19): every JetStream/Postgres ratio >= 1, 8-thread saves >= 2, notifications
 JetStream/SQLite >= 1.
 """
@@ -211,11 +215,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--per-thread", type=int, default=250)
     parser.add_argument("--only", choices=["jetstream", "sqlite", "postgres"], action="append")
+    parser.add_argument(
+        "--sync-always",
+        action="store_true",
+        help="nats-server syncs every write to disk (as Hoist's nats.conf ships), as PostgreSQL"
+        " syncs every commit; by default it syncs every 2 minutes",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="es-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        with NatsServer(tmp / "nats") as nats, postgres_server() as pg_env:
+        config = None
+        if args.sync_always:
+            config = tmp / "nats.conf"
+            config.write_text(
+                f'jetstream {{ store_dir: "{tmp / "nats"}", sync_interval: always }}\n'
+            )
+        with NatsServer(tmp / "nats", config=config) as nats, postgres_server() as pg_env:
 
             def jetstream(r: int) -> dict[str, str]:
                 return {
