@@ -70,7 +70,8 @@ class _Subject:
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """What an acknowledged append put on one subject: for the copy to hold it at once."""
+    """What an append puts on one subject: planned (no ``seqs`` yet), then acknowledged (the
+    copy holds it at once)."""
 
     subject: str
     expected_last_seq: int

@@ -54,6 +54,7 @@ def new_stream() -> str:
 
 
 def new_factory(case: TestCase, **env: str) -> Factory:
+    env = {**env, **getattr(case, "factory_env", {})}
     factory = Factory({"NATS_URL": server_url(), "NATS_STREAM": new_stream(), **env})
     case.addCleanup(factory.close)
     return factory
@@ -146,35 +147,22 @@ class TestFactory(lib.InfrastructureFactoryTestCase[Factory]):
 
 # The same suites with no local copy (NATS_LOCAL_COPY_MB=0): every read goes to the server, as
 # for a stream larger than the copy's bound or before the copy has caught up.
+FROM_SERVER = {"NATS_LOCAL_COPY_MB": "0"}
 
 
-def new_uncopied_factory(case: TestCase) -> Factory:
-    factory = new_factory(case, NATS_LOCAL_COPY_MB="0")
-    assert not factory.datastore.copy.enabled
-    return factory
+class TestAggregateRecorderFromServer(TestAggregateRecorder):
+    factory_env = FROM_SERVER
 
 
-class TestAggregateRecorderFromServer(lib.AggregateRecorderTestCase):
-    def create_recorder(self) -> JetStreamAggregateRecorder:
-        recorder = new_uncopied_factory(self).aggregate_recorder()
-        assert isinstance(recorder, JetStreamAggregateRecorder)
-        return recorder
+class TestApplicationRecorderFromServer(TestApplicationRecorder):
+    factory_env = FROM_SERVER
+
+    def test_the_copy_is_off(self) -> None:
+        assert not self.create_recorder().datastore.copy.enabled
 
 
-class TestApplicationRecorderFromServer(
-    lib.ApplicationRecorderTestCase[JetStreamApplicationRecorder]
-):
-    def create_recorder(self) -> JetStreamApplicationRecorder:
-        recorder = new_uncopied_factory(self).application_recorder()
-        assert isinstance(recorder, JetStreamApplicationRecorder)
-        return recorder
-
-
-class TestProcessRecorderFromServer(lib.ProcessRecorderTestCase):
-    def create_recorder(self) -> JetStreamProcessRecorder:
-        recorder = new_uncopied_factory(self).process_recorder()
-        assert isinstance(recorder, JetStreamProcessRecorder)
-        return recorder
+class TestProcessRecorderFromServer(TestProcessRecorder):
+    factory_env = FROM_SERVER
 
 
 class _OnJetStream(TestCase):
