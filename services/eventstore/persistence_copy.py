@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from eventsourcing.persistence import Notification, StoredEvent
 
 from services.eventstore.persistence_records import stored_event, tracking_id
-from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
+from services.eventstore.store import PAGE, EventStore, Recorded
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +153,10 @@ class LocalCopy:
                 self._news = self._hurry = False
                 try:
                     page = await self.store.read(self.head + 1, PAGE)
-                except StoreError as e:
-                    log.warning("local copy of %s: %s; reading again", self.store.stream, e)
+                except Exception as e:  # a timeout, a reconnect: reads wait or go to the server
+                    if self.store.nc.is_closed:
+                        return
+                    log.warning("local copy of %s: %r; reading again", self.store.stream, e)
                     await asyncio.sleep(0.5)
                     continue
                 if page:

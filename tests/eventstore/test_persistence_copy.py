@@ -235,3 +235,31 @@ def test_a_copy_opened_on_a_stream_catches_up_with_it(factories: list[Factory]) 
         assert [e.originator_version for e in recorder.select_events(ids[0])] == [1, 2]
     finally:
         late.close()
+
+
+def test_the_copy_follows_on_after_the_server_restarts(nats_server: NatsServer) -> None:
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "restart"})
+    other = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "restart"})
+    try:
+        mine, theirs = _recorder(factory), _recorder(other)
+        a = uuid.uuid4()
+        mine.insert_events([_event(a, 1)])
+        nats_server.stop()
+        nats_server.start()
+        deadline = time.monotonic() + 30
+        while True:  # until the connection is back
+            try:
+                theirs.insert_events([_event(a, 2)])
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "no reconnect"
+                time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while len(mine.select_notifications(1, 10)) < 2:  # the follower alone brings it
+            assert time.monotonic() < deadline, "the copy stopped following"
+            time.sleep(0.01)
+        assert mine.datastore.copy.enabled
+        assert [e.originator_version for e in mine.select_events(a)] == [1, 2]
+    finally:
+        factory.close()
+        other.close()
