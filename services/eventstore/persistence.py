@@ -194,6 +194,8 @@ class JetStreamDatastore:
         self.events_filter = f"{self.prefix}.events.>"
         self._loop = _PrivateLoop(name=f"eventsourcing-jetstream-{stream}")
         self._nc: Client | None = None
+        self._subscription_store: EventStore | None = None
+        self._subscription_lock = asyncio.Lock()
         self._quarantined: dict[int, Quarantined] = {}  # seq -> why; also "logged already"
         self.quarantined_count = 0  # distinct poison messages met, listed or not
         self._quarantine_lock = threading.Lock()  # read from callers' threads
@@ -207,14 +209,24 @@ class JetStreamDatastore:
             raise
 
     async def _open(self) -> EventStore:
+        # no_echo: the server does not send this connection's appends back to its own
+        # subscriptions, the local copy's signal among them: the ack says it all, and each
+        # echo cost about as much again as the append (measured).
+        self._nc = await self._connect(no_echo=True)
+        store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
+        await store.ensure_stream()
+        return store
+
+    async def _connect(self, **options: Any) -> Client:
         try:
             # nats-py keeps retrying a first connect for minutes: bound it, then say why.
-            self._nc = await asyncio.wait_for(
+            return await asyncio.wait_for(
                 connect(
                     self.url,
                     name=f"eventsourcing-{self.stream}",
                     connect_timeout=2,
                     error_cb=self._on_nats_error,
+                    **options,
                 ),
                 self.connect_timeout,
             )
@@ -223,9 +235,15 @@ class JetStreamDatastore:
                 f"cannot connect to NATS_URL={self.url} within {self.connect_timeout}s ({e!r}):"
                 " start nats-server or fix NATS_URL"
             ) from e
-        store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
-        await store.ensure_stream()
-        return store
+
+    async def subscription_store(self) -> EventStore:
+        """The store subscriptions follow: on a second connection, opened on first use, whose
+        signals include this process's own appends (the first one's do not: no_echo)."""
+        async with self._subscription_lock:
+            if self._subscription_store is None:
+                nc = await self._connect()
+                self._subscription_store = EventStore(nc, self.stream, [f"{self.prefix}.>"])
+            return self._subscription_store
 
     async def _on_nats_error(self, error: Exception) -> None:
         log.warning("NATS connection of stream %s: %r", self.stream, error)
@@ -274,11 +292,12 @@ class JetStreamDatastore:
         # Calls still running (a reader thread, a subscription) would hold the connection
         # open: end them first. Every append waited for its ack, so nothing is left to flush.
         self._loop.cancel_in_flight()
-        nc = self._nc
-        if nc is not None and not nc.is_closed and self._loop.loop.is_running():
-            with contextlib.suppress(Exception):  # closing anyway; the server may be gone
-                self._loop.run(nc.close(), timeout=10)
-        self._nc = None
+        second = self._subscription_store.nc if self._subscription_store else None
+        for nc in (self._nc, second):
+            if nc is not None and not nc.is_closed and self._loop.loop.is_running():
+                with contextlib.suppress(Exception):  # closing anyway; the server may be gone
+                    self._loop.run(nc.close(), timeout=10)
+        self._nc = self._subscription_store = None
         self._loop.close()
 
 
@@ -653,7 +672,8 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
     async def _follow(self) -> None:
         datastore = self._recorder.datastore
         wanted = set(self._topics)
-        replay = datastore.store.replay(
+        store = await datastore.subscription_store()
+        replay = store.replay(
             from_seq=(self._last_notification_id or 0) + 1,
             subject_filter=datastore.events_filter,
             follow=True,

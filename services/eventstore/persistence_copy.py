@@ -3,7 +3,9 @@ persistence module answer reads in the caller's thread: no round trip to the ser
 into the module's event loop.
 
 A follower task in the module's loop reads the stream in order (batched direct gets of up to
-1,000 messages) whenever the server signals a new message, and applies each page under a lock:
+1,000 messages) when this process's appends are acknowledged or the server signals another
+connection's (the factory's connection is ``no_echo``: an echo of each own append cost about as
+much as the append), gathering a burst into one read, and applies each page under a lock:
 every aggregate's valid history, every subject's last sequence, the notifications.
 
 What a read sees:
@@ -114,7 +116,8 @@ class LocalCopy:
         self._known_head = 0  # the highest sequence this process knows the stream holds
         self._confirmed = 0  # the stream's head as the server last told (confirm_head)
         self._signal: asyncio.Event | None = None  # set with _news or _hurry (loop side)
-        self._news = False  # the server signalled a new message
+        self._news = False  # the server signalled a new message (another connection's)
+        self._acked = False  # an append of this process was acknowledged
         self._hurry = False  # a read waits for the follower
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = 0  # reads waiting for the follower (callers' threads)
@@ -150,7 +153,7 @@ class LocalCopy:
         try:
             while self.enabled:
                 signal.clear()
-                self._news = self._hurry = False
+                self._news = self._acked = self._hurry = False
                 try:
                     page = await self.store.read(self.head + 1, PAGE)
                 except Exception as e:  # a timeout, a reconnect: reads wait or go to the server
@@ -176,8 +179,10 @@ class LocalCopy:
                         settle -= 1
                         continue
                     await _wait(signal, _POLL)
-                if self._news:
-                    settle = len(_SETTLE)
+                if self._news or self._acked:
+                    # A signal can come before the store has the message: read again after
+                    # it (an acknowledged append is stored).
+                    settle = len(_SETTLE) if self._news else 0
                     deadline = time.monotonic() + _GATHER
                     while not self._hurry and (left := deadline - time.monotonic()) > 0:
                         signal.clear()
@@ -189,6 +194,11 @@ class LocalCopy:
 
     def _note(self) -> None:
         self._news = True
+        if self._signal is not None:
+            self._signal.set()
+
+    def _noted_ack(self) -> None:
+        self._acked = True
         if self._signal is not None:
             self._signal.set()
 
@@ -237,6 +247,7 @@ class LocalCopy:
                 held.events.extend(write.events)
             self._cond.notify_all()
         self._learn_head(top)
+        self._noted_ack()  # its signal does not come back to this connection (no_echo)
 
     def _learn_head(self, seq: int) -> None:
         with self._cond:

@@ -263,3 +263,15 @@ def test_the_copy_follows_on_after_the_server_restarts(nats_server: NatsServer) 
     finally:
         factory.close()
         other.close()
+
+
+def test_a_subscription_gets_own_appends_live(factories: list[Factory]) -> None:
+    """The factory's own connection hears no echo of its appends; subscriptions follow on a
+    second one that does, so they wake at once, not at their once-a-second poll."""
+    recorder = _recorder(factories[0])
+    with recorder.subscribe(gt=0) as subscription:
+        for version in range(1, 6):
+            start = time.monotonic()
+            [seq] = recorder.insert_events([_event(uuid.uuid4(), version)])
+            assert next(subscription).id == seq
+            assert time.monotonic() - start < 0.5
