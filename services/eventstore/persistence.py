@@ -33,7 +33,8 @@ headers, a subject that is not ``es.S.<kind>.<id token>``, garbage; in an aggreg
 also a version not after the one before it).  Every reader
 (``select_events``, ``select_notifications``, ``subscribe``, ``max_notification_id``, the
 version and tracking checks of an append, ``max_tracking_id``) skips it and goes on; it is
-logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason).
+logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason);
+the local copy meets every message of the stream, so with it every poison message is listed.
 A skipped message is a gap in the notification ids by design: ids are stream sequences, which
 already skip snapshots and tracking records, so readers see the valid notifications in order
 and never one they missed.  A message with well-formed headers whose state the application
