@@ -69,6 +69,12 @@ def _pg_bin(name: str) -> str:
 @contextmanager
 def postgres_server() -> Iterator[dict[str, str]]:
     """A throwaway PostgreSQL server on 127.0.0.1 (trust auth); yields the library's env."""
+    try:
+        import psycopg  # noqa: F401 - the library's postgres module needs it
+    except ImportError:
+        raise SystemExit(
+            "psycopg is missing: pip install -e '.[test]' (or 'psycopg[binary,pool]')"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="es-bench-pg-") as tmp_name:
         with _postgres_in(Path(tmp_name)) as env:
             yield env
