@@ -247,7 +247,7 @@ function occupancy() {
   const table = (name, by, col) => {
     const keys = new Set([...rows(name).map((r) => r[col]), ...pulling[by].keys()]);
     const charged = new Map(rows(name).map((r) => [r[col], r]));
-    return el("table", { "data-occupancy": by }, el("tr", {}, [by, "kernels", "cpu", "mem", "of which / besides: PULLING"].map((h) => el("th", {}, h))),
+    return el("table", { "data-occupancy": by }, el("tr", {}, [by, "kernels", "cpu", "mem", by === "owner" ? "PULLING (not charged)" : "of which PULLING"].map((h) => el("th", {}, h))),
       [...keys].sort().map((key) => {
         const c = charged.get(key) || { kernels: 0, cpu: 0, mem: 0 };
         const p = pulling[by].get(key);
