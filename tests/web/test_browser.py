@@ -116,3 +116,31 @@ async def test_a_hostile_owner_and_command_are_shown_as_text(
     assert await p.evaluate("window.__xss") is None
     assert await p.locator("#main img, #main script, #main b").count() == 0
     assert page.errors == []
+
+
+async def test_filters_narrow_the_sessions_and_survive_live_redraws(
+    web: Web, page: Watched, client: Client
+) -> None:
+    p = page.page
+    ids = {}
+    for owner, group in (("flo", "default"), ("gus", "default")):
+        reply = await ask(
+            client,
+            SESSION_CREATE,
+            {"owner": owner, "image": web.stack.next_image(), "resources": CPU_MEM,
+             "resource_group": group},
+        )  # fmt: skip
+        ids[owner] = reply["session_id"]
+    for sid in ids.values():
+        await p.wait_for_selector(f"#sessions tr[data-session='{sid}']")
+    owner_filter = await p.wait_for_selector("select[data-filter='owner']")
+    assert owner_filter is not None
+    await p.select_option("select[data-filter='owner']", "flo")
+    await p.wait_for_selector(f"#sessions tr[data-session='{ids['gus']}']", state="detached")
+    assert await p.locator(f"#sessions tr[data-session='{ids['flo']}']").count() == 1
+    await p.wait_for_selector(f"#sessions tr[data-session='{ids['flo']}'] .s-RUNNING")
+    # The pulls and status changes redrew the table meanwhile; the filter is the same element.
+    assert await owner_filter.evaluate("n => n.isConnected && n.value") == "flo"
+    await p.select_option("select[data-filter='owner']", "")
+    await p.wait_for_selector(f"#sessions tr[data-session='{ids['gus']}']")
+    assert page.errors == []

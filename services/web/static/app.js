@@ -5,8 +5,11 @@
 
 const S = { sections: {}, progress: new Map(), rates: new Map(), who: "", admin: false };
 const RATE_WINDOW_MS = 3000;
+const STATUSES = ["PENDING", "SCHEDULED", "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
+  "TERMINATING", "TERMINATED", "ERROR", "CANCELLED"];
 let hist = { sid: null, rows: [], lastSeq: 0, loading: false, error: null };
 let logs = { sid: null, text: null, error: null };
+let destroyResult = { sid: null, text: "" };
 const filters = { status: "", owner: "", group: "" };
 let dirty = false;
 
@@ -213,9 +216,12 @@ function sessions() {
   const shown = all.filter((s) => (!filters.status || s.status === filters.status)
     && (!filters.owner || s.owner === filters.owner) && (!filters.group || s.resource_group === filters.group));
   shown.sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)));
-  return el("section", { id: "sessions" }, el("h2", {}, `Sessions (${shown.length} of ${all.length})`),
-    el("div", { class: "filters" }, select("status", new Set(all.map((s) => s.status))),
-      select("owner", new Set(all.map((s) => s.owner))), select("group", new Set(all.map((s) => s.resource_group)))),
+  // The filters are a block of their own: redrawn only when their choices change, so an open
+  // drop-down stays open while the table under it moves.
+  const bar = el("section", { id: "session-filters", class: "filters" }, el("h2", {}, "Sessions"),
+    select("status", new Set(STATUSES)),
+    select("owner", new Set(all.map((s) => s.owner))), select("group", new Set(all.map((s) => s.resource_group))));
+  return [bar, el("section", { id: "sessions" }, el("p", { class: "dim" }, `${shown.length} of ${all.length} shown`),
     el("table", {}, el("tr", {}, ["session", "owner", "image", "group", "kernels", "status", "status_info", "pull", "created"].map((h) => el("th", {}, h))),
       shown.map((s) => {
         const ks = kernels.get(s.session_id) || [];
@@ -225,7 +231,7 @@ function sessions() {
           el("td", {}, ks.map((k) => el("div", {}, status(k.status), " ", el("span", { class: "dim" }, k.agent_id || "-")))),
           el("td", {}, status(s.status)), el("td", { class: "dim" }, s.status_info),
           el("td", {}, s.status === "PULLING" ? sessionPull(ks) : ""), el("td", { class: "dim" }, when(s.created_at)));
-      })));
+      })))];
 }
 
 function livePulls() {
@@ -320,9 +326,9 @@ async function destroy(sid, button) {
   button.disabled = true;
   const r = await fetch(`/api/sessions/${encodeURIComponent(sid)}/destroy`, { method: "POST", headers: { "X-Hoist-Request": "destroy" } });
   const body = await r.json();
-  const out = document.getElementById("destroy-result");
-  if (out) out.textContent = r.ok ? `destroy asked: ${body.status} ${body.status_info || ""}` : `refused: ${body.error}`;
+  destroyResult = { sid, text: r.ok ? `destroy asked: ${body.status} ${body.status_info || ""}` : `refused: ${body.error}` };
   button.disabled = false;
+  render();
 }
 
 function sessionPage(sid) {
@@ -333,13 +339,13 @@ function sessionPage(sid) {
   const ended = s && ["TERMINATED", "CANCELLED", "ERROR"].includes(s.status);
   return el("div", { id: "session-page", "data-session": sid },
     el("p", {}, el("a", { href: "#/" }, "← all sessions")),
-    el("section", {}, el("h2", { class: "mono" }, `session ${sid}`),
+    el("section", { id: "session-head" }, el("h2", { class: "mono" }, `session ${sid}`),
       s ? el("p", {}, "owner ", el("span", { class: "owner" }, s.owner), " · ", el("span", { class: "mono" }, s.image), " · ",
         status(s.status), " ", el("span", { class: "dim" }, s.status_info), s.command ? el("div", { class: "mono dim" }, `command: ${s.command}`) : null)
         : el("p", { class: "dim" }, "not among the sessions the view holds (yet)"),
       mayDestroy && s && !ended ? el("button", { class: "destroy", id: "destroy", onclick: (e) => destroy(sid, e.target) }, "Destroy") : null,
-      el("span", { id: "destroy-result", class: "dim" }, ""),
-      el("h3", {}, "Kernels"), sessionPull(ks),
+      el("span", { id: "destroy-result", class: "dim" }, destroyResult.sid === sid ? destroyResult.text : "")),
+    el("section", { id: "session-kernels" }, el("h3", {}, "Kernels"), sessionPull(ks),
       el("table", {}, el("tr", {}, ["kernel", "host", "agent", "status", "status_info", "pull"].map((h) => el("th", {}, h))),
         ks.map((k) => {
           const p = pullOf(k);
@@ -362,9 +368,17 @@ function render() {
   const main = document.getElementById("main");
   const m = location.hash.match(/^#\/session\/([A-Za-z0-9_-]+)$/);
   const view = m ? sessionPage(m[1]) : el("div", { id: "dashboard" }, fleet(), livePulls(), sessions(), occupancy(), pullsTable(), policies());
-  const focused = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.filter : null;
-  main.replaceChildren(view);
-  if (focused) { const s = main.querySelector(`select[data-filter="${focused}"]`); if (s) s.focus(); }
+  const old = main.firstElementChild;
+  if (!old || old.id !== view.id || old.children.length !== view.children.length) {
+    main.replaceChildren(view);
+    return;
+  }
+  // Block by block: one that would be drawn the same is kept as it is (a button being clicked,
+  // an open drop-down, a selection of text survive the redraws a live pull brings).
+  [...view.children].forEach((fresh, i) => {
+    const current = old.children[i];
+    if (!current.isEqualNode(fresh)) current.replaceWith(fresh);
+  });
 }
 
 window.addEventListener("hashchange", render);
