@@ -5,6 +5,8 @@ destroys only what the manager lets them), and nobody else; the page's headers."
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -12,6 +14,7 @@ import httpx
 
 from domain.subjects import SESSION_CREATE
 from services.transport.client import Client
+from tests.cli.stack_harness import HOIST
 from tests.web.conftest import Web, ask
 
 CPU_MEM = {"cpu": 1, "mem": 256 * 1024**2}
@@ -101,3 +104,25 @@ async def test_a_hoist_user_sees_and_destroys_only_their_own(web: Web, client: C
     wrong = httpx.BasicAuth("ann", "not-her-password")
     async with httpx.AsyncClient(base_url=web.url, timeout=10, auth=wrong) as http:
         assert (await http.get("/")).status_code == 401
+
+
+def test_hoist_web_serves_its_own_view_with_a_new_token(web: Web) -> None:
+    proc = subprocess.Popen(
+        [HOIST, "--data-dir", str(web.stack.data_dir), "web", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("web ready at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].strip()
+        token = url.split("?token=", 1)[1]
+        assert token != web.token
+        with httpx.Client(timeout=10) as http:
+            assert http.get(url.split("?")[0]).status_code == 401
+            assert http.get(url, follow_redirects=True).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
