@@ -4,6 +4,7 @@ destroys only what the manager lets them), and nobody else; the page's headers."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from domain.subjects import SESSION_CREATE
+from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.transport.client import Client
 from tests.cli.stack_harness import HOIST
 from tests.web.conftest import Web, ask
@@ -126,3 +127,53 @@ def test_hoist_web_serves_its_own_view_with_a_new_token(web: Web) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+async def test_a_view_started_mid_pull_shows_where_the_pull_stands_at_once(
+    web: Web, client: Client
+) -> None:
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "late", "image": web.stack.next_big_image(), "resources": CPU_MEM},
+    )
+    sid = created["session_id"]
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:  # the pull is under way before the new view exists
+        view = await ask(client, SESSION_GET, {"session_id": sid})
+        if view["status"] == "PULLING":
+            break
+        assert asyncio.get_running_loop().time() < deadline, view
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.5)
+    proc = await asyncio.create_subprocess_exec(
+        HOIST, "--data-dir", str(web.stack.data_dir), "web", "--port", "0",
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = (await proc.stdout.readline()).decode().split(" at ", 1)[1].strip()
+        base, token = url.split("?token=")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            snapshot = await first_message(http, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    tasks = {k["pull_task_id"] for k in view["kernels"]}
+    pulls = [p for p in snapshot["progress"] if p["task_id"] in tasks]
+    assert pulls, snapshot["progress"]  # the first message already has them: no empty bar
+    assert all(p["current"] > 0 and p["total"] > 0 for p in pulls), pulls
+
+
+async def test_a_kernels_output_comes_with_its_session(web: Web, client: Client) -> None:
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "out", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30,
+         "command": ["echo", "<hello from the kernel>"], "session_type": "batch"},
+    )  # fmt: skip
+    bearer = {"Authorization": f"Bearer {web.token}"}
+    async with httpx.AsyncClient(base_url=web.url, timeout=15, headers=bearer) as http:
+        logs = await http.get(f"/api/sessions/{created['session_id']}/logs")
+    assert logs.status_code == 200, logs.text
+    assert "<hello from the kernel>" in logs.json()["logs"]
