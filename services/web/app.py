@@ -237,7 +237,7 @@ def make_app(access: Access) -> Starlette:
             return JSONResponse({"error": e.message, "code": e.code}, status_code=status)
         except (CliError, ValueError) as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        p.hub._wake.set()
+        p.hub.poke()
         return JSONResponse(view)
 
     async def no_icon(request: Request) -> Response:

@@ -4,11 +4,11 @@ prepull plans (``hoist.admin.image.policy.plan``, an admin's), and the pull-prog
 
 One ``Hub`` per principal (the token's admin role, or one Hoist user): the queries are asked
 again when the log moves (a core subscription on the event subjects wakes the refresh; a
-connection that may not subscribe there falls back to a timer), at most ``MIN_INTERVAL_S``
-apart, and only while someone watches.  Each section is sent to the pages only when its rows
-changed.  Progress comes live from core NATS; for a pull already under way when the hub
-started (a late joiner), the last message the progress stream kept is fetched once (a direct
-get), so every bar is drawn where it stands at once.
+Hoist user's connection, which may not subscribe there, has a faster timer instead), at most
+``MIN_INTERVAL_S`` apart, and only while someone watches.  Each section is sent to the pages
+only when its rows changed.  Progress comes live from core NATS; for a pull already under
+way when the hub started (a late joiner), the last message the progress stream kept is
+fetched once (a direct get), so every bar is drawn where it stands at once.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 0.3  # between two refreshes of the queries
 IDLE_REFRESH_S = 2.0  # at least this often while watched (heartbeats move no event)
+USER_REFRESH_S = 1.0  # a Hoist user may not watch the event subjects: the timer alone
 PROGRESS_FLUSH_S = 0.2  # progress messages are batched to the pages this often
 MAX_PULLS_KEPT = 500  # finished pulls' last progress kept for the page (oldest dropped)
 
@@ -106,15 +107,20 @@ class Hub:
             else:
                 queue.put_nowait(message)
 
+    def poke(self) -> None:
+        """Ask the queries again now (after a command this view sent)."""
+        self._wake.set()
+
     # -- the loop ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
         await self._subscribe()
         flusher = asyncio.create_task(self._flush_progress())
+        idle_s = IDLE_REFRESH_S if self.admin else USER_REFRESH_S
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(IDLE_REFRESH_S):
+                    async with asyncio.timeout(idle_s):
                         await self._wake.wait()
                 self._wake.clear()
                 started = time.monotonic()
@@ -142,12 +148,9 @@ class Hub:
                 return  # an agent publishes only its own pulls' subjects
             self._keep_progress(p)
 
-        self._subs.append(await nc.subscribe(subjects.EVENTS_ALL, cb=on_event))
+        if self.admin:  # a role's connection; a Hoist user's may not (natsauth)
+            self._subs.append(await nc.subscribe(subjects.EVENTS_ALL, cb=on_event))
         self._subs.append(await nc.subscribe(f"{subjects.PROGRESS}.>", cb=on_progress))
-        with contextlib.suppress(Exception):
-            await nc.flush(2)
-        with contextlib.suppress(CliError):
-            self.conn.check_violations()  # may not subscribe there: the timer refreshes
 
     def _keep_progress(self, p: rpc.PullProgress) -> None:
         key = f"{p.agent_id}/{p.task_id}"
