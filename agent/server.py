@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 from agent.config import AgentConfig
 from agent.facts import AgentFacts, Registration
 from agent.gc import GcImage, plan_gc
+from agent.metrics import AgentMetrics
 from agent.pulls import PullManager, PullTask
 from agent.runtime.base import (
     ContainerSpec,
@@ -86,6 +87,7 @@ class AgentServer:
         self.pulls = PullManager(
             self.id, runtime, self, self._publish_progress, config.pulls, config.auth_for
         )
+        self.metrics = AgentMetrics(lambda: len(self.pulls.active))
         self.capacity: ev.Capacity | None = None
         self.reserved: dict[str, ev.Resources] = {}  # kernel id -> what its container was given
         # kernel id -> the GPUs (config.gpu_ids) its container was given: never two kernels one
@@ -460,12 +462,19 @@ class AgentServer:
 
     async def pulled(self, task_id: str, image: PulledImage, duration_s: float) -> None:
         self.last_used[image.image] = time.time()
+        self._pull_metric(task_id, "pulled", image.size_bytes)
         await self.facts.pulled(task_id, image, duration_s)
 
     async def pull_failed(
         self, image: str, task_id: str, reason: str, cancelled: bool = False
     ) -> None:
+        self._pull_metric(task_id, "cancelled" if cancelled else "failed", reason=reason)
         await self.facts.pull_failed(image, task_id, reason, cancelled)
+
+    def _pull_metric(self, task_id: str, outcome: str, size: int = 0, reason: str = "") -> None:
+        task = self.pulls.get(task_id)
+        if task is not None:
+            self.metrics.pull_ended(task.requested_at, outcome, size or task.total, reason)
 
     async def pull_cancel(self, request: rpc.PullCancel) -> rpc.PullCancelled:
         """The kernels no longer wait for the image: its pull stops if nobody else waits."""
@@ -711,6 +720,7 @@ class AgentServer:
             self.leases.pop(image, None)
             if removed:
                 await self.facts.image_removed(image, request.reason)
+                self.metrics.gc_removals.labels("unload").inc()
                 out[image] = rpc.UnloadResult(removed=True)
             else:
                 out[image] = rpc.UnloadResult(removed=False, reason="not-present")
@@ -856,6 +866,7 @@ class AgentServer:
                 self.last_used.pop(image.image, None)
                 if gone:
                     await self.facts.image_removed(image.image, reason)
+                    self.metrics.gc_removals.labels("space").inc()
                     removed.append(
                         rpc.GcRemoval(image=image.image, size_bytes=image.size_bytes, reason=reason)
                     )

@@ -382,6 +382,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         docker_host=args.docker_host,
         dummy_config=_read_json(args.dummy_config) if args.dummy_config else None,
         slots=args.slot,
+        web=not args.no_web,
+        web_host=args.web_host,
+        web_port=args.web_port or 0,
     )
     try:
         await local.start()
@@ -420,6 +423,10 @@ def _print_started(local: stack.Stack, data_dir: Path) -> None:
     if local.runtime == "dummy":
         images = ", ".join(stack.DEMO_IMAGES)
         print(f"  dummy agents' images (others are not found): {images}", flush=True)
+    if local.web_url:
+        print(f"  web view: {local.web_url}?token={local.web_token}", flush=True)
+    metrics = ", ".join(f"{n} :{p}" for n, p in local.metrics_ports.items())
+    print(f"  Prometheus /metrics on 127.0.0.1: {metrics} (also in stack.json)", flush=True)
 
 
 def _print_connect(data_dir: Path) -> None:
@@ -535,6 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=AMOUNT",
         help="a resource slot every agent offers, e.g. gpu=2 (repeatable)",
     )
+    up.add_argument("--no-web", action="store_true", help="start no web view")
+    up.add_argument(
+        "--web-host",
+        default="127.0.0.1",
+        help="the address the web view binds (default 127.0.0.1: this machine only)",
+    )
+    up.add_argument("--web-port", type=int, help="the web view's port (default: a free one)")
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")
@@ -601,8 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
     from services.cli import images as image_cli
     from services.cli import quotas as quota_cli
     from services.cli import users as user_cli
+    from services.cli import web_cmd
 
     stack_cmds.register(sub)
+    web_cmd.register(sub)
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)

@@ -148,6 +148,7 @@ class Fleet:
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
+        self.conflicts = 0  # session saves the store refused on its expected sequence (metrics)
         self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
         # The aggregates an admin sets through the manager, by subject kind: folded, and saved
         # by ``save_admin``, one way.
@@ -650,6 +651,7 @@ class Fleet:
         try:
             await self.repository.save(session, request_id=request_id, actor=actor)
         except (ConcurrencyError, StoreError) as e:
+            self.conflicts += isinstance(e, ConcurrencyError)
             log.warning("session %s not saved (%s): reloading it", session.id, e)
             await self.reload_or_mark_stale(session.id)
             return False

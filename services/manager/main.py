@@ -53,6 +53,7 @@ from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.metrics import ManagerMetrics
 from services.manager.open_streams import OpenStreams
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
@@ -68,6 +69,7 @@ from services.manager.users import Users
 from services.transport import credentials, progress
 from services.transport.client import Client
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
+from services.transport.metrics import MetricsServer
 
 log = logging.getLogger("manager")
 
@@ -95,6 +97,9 @@ class ManagerConfig:
     # Freeze long-lived objects for the garbage collector (services.manager.gc_pauses): the
     # process does, in-process managers of tests leave their process's collector alone.
     short_gc_pauses: bool = False
+    # /metrics (services.manager.metrics) on this port of metrics_host; None: not served
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 class Manager:
@@ -173,6 +178,9 @@ class Manager:
         self.stats.time(self.scheduler, "run_pass", self.stats.scheduling_passes)
         self.stats.time(self.liveness, "_on_heartbeat", self.stats.heartbeats)
         self.stats.time(self.sync, "reconcile", self.stats.reconciliation_passes)
+        self.metrics = ManagerMetrics(self.fleet, self._read_seq)
+        self.stats.scheduling_passes.observe = self.metrics.scheduler_pass.observe
+        self.metrics_server: MetricsServer | None = None
         self._wire(self.bus)
         self.server = CommandServer(
             nc,
@@ -192,6 +200,11 @@ class Manager:
             user_enabled=self._user_enabled,
             user_admin=self._user_admin,
         )
+
+    def _read_seq(self) -> int | None:
+        """The sequence every read model reflects (None before they run): their lag's base."""
+        runner = self.read_models.runner
+        return None if runner is None else runner.seq
 
     def _owner_of(self, session_id: str) -> str | None:
         """The owner of a session (None: no such session): per-user subjects' scope."""
@@ -232,6 +245,7 @@ class Manager:
                 ev.SessionEnqueued: [s.wake],
                 ev.SessionScheduled: [r.session_changed, sync.scheduled],
                 ev.KernelEvent: [r.session_changed],
+                ev.KernelCreated: [self.metrics.kernel_created],  # and KernelEvent's
                 LookAgain: [r.look_again, s.wake],  # a reloaded session may be pending
                 RoomFreed: [s.wake],
                 ev.AgentRegistered: [s.wake, sync.agent_registered, prepull.agent_registered],
@@ -303,6 +317,12 @@ class Manager:
         self.sync.start()
         self.prepull.start()
         self.quotas.start()
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics.registry, self.config.metrics_host, self.config.metrics_port
+            )
+            port = await self.metrics_server.start()
+            log.info("metrics at http://%s:%d/metrics", self.config.metrics_host, port)
         log.info(
             "manager ready: %d sessions, %d agents, log at %d",
             len(self.fleet.sessions),
@@ -311,6 +331,8 @@ class Manager:
         )
 
     async def stop(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.server.stop()
         await self.history.stop()
         await self.quotas.stop()
@@ -396,6 +418,12 @@ def parser() -> argparse.ArgumentParser:
         help="catch up the read models in this process only, without a reader child process"
         " (it helps only with a second core)",
     )
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)"
+    )
+    p.add_argument(
+        "--metrics-host", default="127.0.0.1", help="the address /metrics binds (default local)"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -426,6 +454,8 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         bulk_read_url=None if args.no_bulk_read else _url(args),
         short_gc_pauses=True,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
 
 

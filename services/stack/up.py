@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from typing import Literal
 from services.eventstore.store import StoreError, event_store
 from services.stack import natsauth
 from services.stack.lock import DataDirLock
-from services.stack.natsserver import NatsServer, nats_server_binary, wait_for_port
+from services.stack.natsserver import NatsServer, free_port, nats_server_binary, wait_for_port
 from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.transport import client, credentials, progress
 from services.transport.client import Client
@@ -37,6 +38,7 @@ from services.transport.client import Client
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
 PORT_FILE = "nats-port"  # the port this data dir's stack last used: `hoist up` uses it again
+WEB_TOKEN_FILE = "web-token"  # the web view's access token (0600), new at each `hoist up`
 
 
 def remembered_port(data_dir: Path) -> int:
@@ -91,6 +93,8 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)  # every process of the stack, by name
     stopping: bool = False  # a new `hoist up` waits for a stopping stack, refuses a running one
     docker_host: str = ""  # the docker agents' --docker-host ("": DOCKER_HOST or the default)
+    web_url: str = ""  # the web view (its token: WEB_TOKEN_FILE); "": not started
+    metrics: dict[str, str] = field(default_factory=dict)  # process -> its /metrics URL
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -107,6 +111,8 @@ class StackInfo:
             pids=dict(raw.get("pids", {})),
             stopping=raw.get("stopping", False),
             docker_host=raw.get("docker_host", ""),
+            web_url=raw.get("web_url", ""),
+            metrics=dict(raw.get("metrics", {})),
         )
 
     def write(self, data_dir: Path) -> None:
@@ -319,6 +325,9 @@ class Stack:
         docker_host: str | None = None,
         dummy_config: dict[str, object] | None = None,
         slots: Sequence[str] = (),
+        web: bool = True,
+        web_host: str = "127.0.0.1",
+        web_port: int = 0,
     ) -> None:
         if agents < 0:
             raise StackError(f"--agents must be >= 0, got {agents}")
@@ -329,6 +338,11 @@ class Stack:
         self.docker_host = docker_host
         self.dummy_config = dummy_config or DUMMY_CONFIG
         self.slots = list(slots)  # "gpu=2": each agent's --slot (it checks them)
+        self.web = web
+        self.web_host = web_host
+        self.web_port = web_port  # 0: a free one, picked at start
+        self.web_token = ""
+        self.metrics_ports: dict[str, int] = {}  # process -> its /metrics port, picked at start
         self.server: NatsServer | None = None
         self.creds: credentials.Credentials | None = None
         self.children: list[Child] = []
@@ -375,10 +389,16 @@ class Stack:
             raise StackError(str(e)) from None
         finally:
             await nc.close()
+        # /metrics of each process on a free local port (recorded in stack.json).
+        self.metrics_ports = {name: free_port() for name in ["manager", *self.agent_ids]}
         # The manager reads its password from the data dir: none in `ps` output.
         self._spawn(
             "manager",
-            ["services.manager", "--nats-url", self.url, "--data-dir", str(self.data_dir)],
+            [
+                "services.manager",
+                *("--nats-url", self.url, "--data-dir", str(self.data_dir)),
+                *("--metrics-port", str(self.metrics_ports["manager"])),
+            ],
             "manager ready",
         )
         dummy_config = self.data_dir / "dummy-agent.json"
@@ -391,6 +411,7 @@ class Stack:
             ]
             for slot in self.slots:
                 args += ["--slot", slot]
+            args += ["--metrics-port", str(self.metrics_ports[agent_id])]
             if self.runtime == "dummy":
                 # Its simulated host outlives it, as a Docker Engine outlives a docker agent.
                 host = self.data_dir / "dummy-hosts" / f"{agent_id}.json"
@@ -400,8 +421,31 @@ class Stack:
             # The agent's URL and password go through its environment: none in `ps` output.
             url = {"HOIST_NATS_URL": self.role_url("agent", agent_id)}
             self._spawn(agent_id, args, f"agent {agent_id} ready", url)
+        if self.web:
+            self._spawn_web()
         self._write_info()
         await self._wait_ready()
+
+    def _spawn_web(self) -> None:
+        """The web view (services.web) as the admin role, with a new token (0600 file)."""
+        self.web_port = self.web_port or free_port()
+        self.web_token = secrets.token_urlsafe(24)
+        token_file = self.data_dir / WEB_TOKEN_FILE
+        token_file.unlink(missing_ok=True)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.web_token + "\n")
+        args = ["services.web", "--host", self.web_host, "--port", str(self.web_port)]
+        args += ["--token-file", str(token_file)]
+        self._spawn("web", args, "web ready at", {"HOIST_NATS_URL": self.role_url("admin")})
+
+    @property
+    def web_url(self) -> str:
+        """The web view's address, without its token ("" when it is not started)."""
+        if not self.web or not self.web_token:
+            return ""
+        host = "127.0.0.1" if self.web_host in ("0.0.0.0", "") else self.web_host
+        return f"http://{host}:{self.web_port}/"
 
     async def _lock(self) -> bool:
         """Take the data dir's lock, waiting up to LOCK_WAIT_S for a stack that is ending;
@@ -450,6 +494,8 @@ class Stack:
         info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, pids["nats-server"])
         info.pids = pids
         info.docker_host = self.docker_host or ""
+        info.web_url = self.web_url
+        info.metrics = {n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items()}
         info.write(self.data_dir)
 
     def _spawn(
