@@ -34,6 +34,7 @@ create, five appends to the event log, two agent round trips).
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
                               [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
+                              [--profile-manager FILE]
 """
 
 from __future__ import annotations
@@ -356,12 +357,15 @@ async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> dict[str, An
     return dict(reply)
 
 
-async def start_manager(url: str, log: Path) -> tuple[asyncio.subprocess.Process, float]:
+async def start_manager(
+    url: str, log: Path, profile: str | None = None
+) -> tuple[asyncio.subprocess.Process, float]:
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
-    whole log, its subscriptions)."""
+    whole log, its subscriptions); under cProfile if ``profile`` names a stats file."""
     start = time.perf_counter()
+    cprofile = ("-m", "cProfile", "-o", profile) if profile else ()
     proc = await spawn(
-        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        *cprofile, "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
         ready="manager ready", log=log,
     )  # fmt: skip
     return proc, time.perf_counter() - start
@@ -406,7 +410,8 @@ async def run_scale(args: argparse.Namespace) -> None:
                                ready="agents ready", log=log)  # fmt: skip
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
-            manager, _ = await start_manager(server.url, log)
+            # profiled: the first manager, i.e. the first row until its restart
+            manager, _ = await start_manager(server.url, log, args.profile_manager)
             base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
             store = event_store(nc)
@@ -540,7 +545,9 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between the burst and the steady phase (the read models catch up)",
     )
     p.add_argument(
-        "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
+        "--profile-manager",
+        metavar="FILE",
+        help="run the manager under cProfile, stats to FILE (--scale: the first row's)",
     )
     return p
 
