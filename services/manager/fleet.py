@@ -149,6 +149,9 @@ class Fleet:
         self.running_since: dict[str, datetime] = {}
         self.running_order: list[tuple[datetime, str]] = []
         self.live_on_agent: defaultdict[str, set[str]] = defaultdict(set)
+        # Agents whose kernels, registration or liveness changed since reconciliation last
+        # took them (services.manager.agent_sync visits only those and the ones that differed)
+        self.changed_agents: set[str] = set()
         self.pulling_on_agent: defaultdict[str, set[str]] = defaultdict(set)
         self.last_seq = 0  # the last stream sequence folded
         self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
@@ -294,6 +297,7 @@ class Fleet:
         if state is None:
             return  # lost before it registered: nothing to mark (never recorded by Hoist)
         state.liveness = liveness
+        self.changed_agents.add(agent_id)
         self._stale_views[agent_id] = None
         self._idle_room.clear()
         if self.caught_up.is_set():
@@ -329,6 +333,7 @@ class Fleet:
         state.agent = agent
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             state.registered_seq = seq
+        self.changed_agents.add(agent_id)
         self._stale_views[agent_id] = None
         if _room_of(state) != before:
             self._idle_room.clear()
@@ -471,6 +476,7 @@ class Fleet:
             self.pending[sid] = self._order
         elif not new.pending:
             self.pending.pop(sid, None)
+        self.changed_agents.update(old.live_on, new.live_on)
         for agent_id in old.live_on - new.live_on:
             self.live_on_agent[agent_id].discard(sid)
         for agent_id in new.live_on - old.live_on:

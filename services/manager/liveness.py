@@ -58,6 +58,9 @@ class LivenessWatcher:
         self.clock = clock
         self.last_seen: dict[str, float] = {}  # agent id -> when its last heartbeat arrived
         self.last_beat: dict[str, Heartbeat] = {}
+        # Agents whose beat listed other containers than their previous one (or was their
+        # first) since reconciliation last took them (services.manager.agent_sync)
+        self.changed_beats: set[str] = set()
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
         self._decoder = msgspec.json.Decoder(Heartbeat)
         self._sub: Subscription | None = None
@@ -106,6 +109,9 @@ class LivenessWatcher:
         if beat.agent_id != agent_id:
             log.warning("heartbeat on %s names agent %r: not counted", msg.subject, beat.agent_id)
             return
+        before = self.last_beat.get(agent_id)
+        if before is None or before.kernels != beat.kernels:
+            self.changed_beats.add(agent_id)
         self.last_beat[agent_id] = beat
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
