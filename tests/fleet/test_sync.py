@@ -109,8 +109,12 @@ async def test_heartbeats_repair_drift_without_any_trigger(nc: Client, store: Ev
         first = await create(nc, max_wait=5)
         second = await create(nc, max_wait=5)
         assert first["status"] == second["status"] == "RUNNING"
-        # Agents that agree with their beats are not visited again until something changes.
+        # Agents that agree with their beats are not visited again until something changes,
+        # and once the manager acknowledged a full beat, beats carry the changes only.
         await wait_for(lambda: m.sync.visited == 0, 10, "a round that visits no agent")
+        await wait_for(
+            lambda: all(a.beats.base is not None for a in agents.values()), 10, "beats acked"
+        )
         victim = first["kernels"][0]
         host = agents[victim["agent_id"]].runtime
         await host.destroy(victim["kernel_id"])  # a container killed outside Hoist
