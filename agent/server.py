@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -42,6 +43,7 @@ from agent.runtime.base import (
 from agent.streams import Streams
 from domain import events as ev
 from domain import limits, rpc
+from domain.beats import BeatSender
 from domain.image_ref import canonical_or_same
 from domain.subjects import (
     AGENT_RPC,
@@ -120,6 +122,9 @@ class AgentServer:
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
+        # Beats carry the kernels' changes once the manager acknowledged a full one (a new
+        # epoch per process: a restarted agent starts with full beats)
+        self.beats = BeatSender(secrets.token_hex(8))
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -130,6 +135,7 @@ class AgentServer:
             rpc.PULL_STATUS: self.pull_status,
             rpc.PULL_CANCEL: self.pull_cancel,
             rpc.PIN_IMAGES: self.pin_images,
+            rpc.BEATS_ACKED: self.beats_acked,
             rpc.IMAGE_GC: self.image_gc,
             rpc.LOGS: self.logs,
             rpc.EXEC: self.exec,
@@ -230,10 +236,8 @@ class AgentServer:
             )
             kernels, images = self._last_listing
             fresh = False
-        beat = rpc.Heartbeat(
-            agent_id=self.id,
-            sent_at=datetime.now(UTC),
-            kernels=[
+        body = self.beats.body(
+            [
                 rpc.LiveKernel(
                     kernel_id=k.kernel_id,
                     session_id=k.session_id,
@@ -243,7 +247,16 @@ class AgentServer:
                     status="exited" if k.exit is not None else "running",
                 )
                 for k in kernels
-            ],
+            ]
+        )
+        beat = rpc.Heartbeat(
+            agent_id=self.id,
+            sent_at=datetime.now(UTC),
+            kernels=body.kernels,
+            epoch=self.beats.epoch,
+            seq=body.seq,
+            base=body.base,
+            gone=body.gone,
             free=self._free(disk_used=sum(i.size_bytes for i in images)),
             images=sorted(i.image for i in images),
             pulls={image: task.task_id for image, task in self.pulls.active.items()},
@@ -447,6 +460,9 @@ class AgentServer:
         await task.ended.wait()  # ImagePulled is recorded by then
         if task.state == "done":
             await self.facts.image_preloaded(task.image, reason, pinned)
+
+    async def beats_acked(self, request: rpc.BeatsAcked) -> rpc.BeatBase:
+        return rpc.BeatBase(base=self.beats.acked(request))
 
     async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:
         if request.policy is not None:

@@ -34,6 +34,7 @@ create, five appends to the event log, two agent round trips).
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
                               [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
+                              [--profile-manager FILE] [--verify]
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
-from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, query_subject
+from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
 from services.eventstore.store import EventStore, event_store
 from services.stack.natsserver import NatsServer
 from services.transport import progress
@@ -349,19 +350,24 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
-    reply = json.loads((await nc.request(subject, json.dumps(payload).encode(), 60)).data)
+async def ask(
+    nc: Client, subject: str, payload: dict[str, Any], wait_s: float = 60
+) -> dict[str, Any]:
+    reply = json.loads((await nc.request(subject, json.dumps(payload).encode(), wait_s)).data)
     if "error" in reply:
         raise RuntimeError(f"{subject}: {reply['error']}")
     return dict(reply)
 
 
-async def start_manager(url: str, log: Path) -> tuple[asyncio.subprocess.Process, float]:
+async def start_manager(
+    url: str, log: Path, profile: str | None = None
+) -> tuple[asyncio.subprocess.Process, float]:
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
-    whole log, its subscriptions)."""
+    whole log, its subscriptions); under cProfile if ``profile`` names a stats file."""
     start = time.perf_counter()
+    cprofile = ("-m", "cProfile", "-o", profile) if profile else ()
     proc = await spawn(
-        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        *cprofile, "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
         ready="manager ready", log=log,
     )  # fmt: skip
     return proc, time.perf_counter() - start
@@ -406,7 +412,8 @@ async def run_scale(args: argparse.Namespace) -> None:
                                ready="agents ready", log=log)  # fmt: skip
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
-            manager, _ = await start_manager(server.url, log)
+            # profiled: the first manager, i.e. the first row until its restart
+            manager, _ = await start_manager(server.url, log, args.profile_manager)
             base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
             store = event_store(nc)
@@ -474,6 +481,14 @@ async def scale_row(
     head = await store.head()
     models = await ask(nc, query_subject("sessions"), {"limit": 1})
     live_kib = rss_kib(manager.pid)
+    if args.verify:  # what `hoist verify` asks: the live read models against a rebuild
+        verified = await ask(nc, VERIFY_SUBJECT, {}, 600)
+        print(
+            f"hoist verify at {live:,} live: "
+            + ("match" if verified["ok"] else f"DIFFER {verified['differences']}")
+            + f" (stream sequence {verified['seq']})",
+            flush=True,
+        )
     await stop(manager)
     manager, to_ready = await start_manager(url, log)
     restarted = await ask(nc, MANAGER_STATS, {})
@@ -540,7 +555,14 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between the burst and the steady phase (the read models catch up)",
     )
     p.add_argument(
-        "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
+        "--verify",
+        action="store_true",
+        help="(--scale) after each row, the live read models against a rebuild (hoist verify)",
+    )
+    p.add_argument(
+        "--profile-manager",
+        metavar="FILE",
+        help="run the manager under cProfile, stats to FILE (--scale: the first row's)",
     )
     return p
 

@@ -119,7 +119,9 @@ class Manager:
         self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish)
         self.uow = UnitOfWork(self.fleet, publish=self.bus.publish)
         self.rpc = AgentRpc(nc)
-        self.liveness = LivenessWatcher(nc, self.repository, deadline_s=config.liveness_deadline_s)
+        self.liveness = LivenessWatcher(
+            nc, self.repository, deadline_s=config.liveness_deadline_s, agents=self.rpc
+        )
         self.sync = AgentSync(
             self.fleet,
             self.uow,
