@@ -38,6 +38,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, NamedTuple, TypeVar
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
@@ -87,6 +88,10 @@ _SETTLE = (0.002, 0.02, 0.1)
 # A read that came from a replica behind what the store knows is asked again after these pauses
 # (a follower applies a write milliseconds after the quorum acknowledged it); then StoreError.
 _LAG_PAUSES = (0.002, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
+# after these pauses: a cluster elects a new leader within seconds of a node's loss.
+_ELECTION_PAUSES = (0.1, 0.25, 0.5, 1.0, 1.0, 2.0, 2.0)
+_UNAVAILABLE = 503  # JetStream's answer while a stream (or the meta layer) has no leader
 _FLOORS_KEPT = 100_000  # subjects whose floor is remembered; the oldest go first
 _WRONG_LAST = re.compile(r"wrong last sequence: (\d+)")
 _T = TypeVar("_T")
@@ -268,12 +273,7 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
-        async with self._slots:
-            if len(out) == 1:
-                subject, data, headers = out[0]
-                reply = await self._request(subject, data, headers)
-            else:
-                reply = await self._publish_batch(out)
+        reply = await self._send(out, retry=idempotency_key is not None)
         error = reply.get("error")
         if error is None:
             last = reply["seq"]
@@ -301,6 +301,34 @@ class EventStore:
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
             f" {error.get('description')} (err_code {code})"
         )
+
+    async def _send(
+        self, out: list[tuple[str, bytes, dict[str, str]]], *, retry: bool
+    ) -> dict[str, Any]:
+        """The stream's answer to the append; with ``retry`` (an idempotent append: it carries
+        a key) sent again while unanswered, for a cluster electing a new stream leader after
+        a node's loss (seconds) or a connection moving to another node."""
+        for pause in (*(_ELECTION_PAUSES if retry else ()), None):
+            try:
+                async with self._slots:
+                    if len(out) == 1:
+                        subject, data, headers = out[0]
+                        reply = await self._request(subject, data, headers)
+                    else:
+                        reply = await self._publish_batch(out)
+                if pause is None or (reply.get("error") or {}).get("code") != _UNAVAILABLE:
+                    return reply
+            except StoreError:
+                if pause is None:
+                    raise
+            except nats.errors.ConnectionReconnectingError:
+                if pause is None:
+                    raise StoreError(
+                        f"no NATS connection for the append to {out[0][0]} (reconnecting):"
+                        " retry with the same idempotency key"
+                    ) from None
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last pause is None")
 
     async def _request(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, Any]:
         try:
@@ -340,7 +368,9 @@ class EventStore:
             found = await self._fresh(
                 first.subject,
                 lambda: self._direct_get({"seq": after + 1, "next_by_subj": first.subject}),
-                lambda msg: after if msg is None else msg.seq,
+                # Only "none after it" can be stale: a message found is the answer, however
+                # far the subject went on since.
+                lambda msg: after if msg is None else self._floors.get(first.subject, msg.seq),
             )
         else:
             since = datetime.now(UTC) - timedelta(seconds=self.duplicate_window + 5)

@@ -192,7 +192,7 @@ class NatsCluster:
         self, base_dir: Path, size: int = 3, port: int | None = None, sync_always: bool = False
     ) -> None:
         self.base_dir = Path(base_dir)
-        self.nodes = cluster_nodes(size, port or _free_ports(size))
+        self.nodes = cluster_nodes(size, port or free_cluster_port(size))
         self.sync_always = sync_always
         self.servers = [self._server(n) for n in self.nodes]
 
@@ -242,7 +242,7 @@ class NatsCluster:
         self.stop()
 
 
-def _free_ports(count: int) -> int:
+def free_cluster_port(count: int) -> int:
     """A first port with ``count`` free client ports after it, and their route ports."""
     for _ in range(50):
         first = free_port()
