@@ -12,6 +12,7 @@ acknowledged create gets the same session).  After each round:
 - ``hoist verify``: the read models equal a rebuild from the log.
 
     python bench/chaos.py [--sessions 200] [--rounds 5] [--agents 2]
+    python bench/chaos.py --agent-kill   # SIGKILL an agent mid-pull, then mid-create
 
 The test suite runs one round (tests/chaos/test_node_loss.py); the functions here are its.
 """
@@ -58,21 +59,34 @@ SETTLED = {"RUNNING", *FINAL}
 REFUSED = {"invalid-request", "forbidden", "not-found"}  # a create refused for good: no retry
 
 
+@dataclass
+class Started:
+    """How a process of the stack was started: its name, command line and environment."""
+
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+
+
 class ClusterStack:
     """`hoist up --runtime dummy --nats-nodes 3` in ``data_dir``, as a user runs it."""
 
-    def __init__(self, data_dir: Path, agents: int = 2, *extra: str) -> None:
+    def __init__(
+        self, data_dir: Path, agents: int = 2, *extra: str, dummy: dict[str, Any] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.agents = agents
+        self.dummy = {**DUMMY_CONFIG, **(dummy or {})}
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = data_dir.parent / f"{data_dir.name}-up.log"
-        self.restarted: list[subprocess.Popen[bytes]] = []  # nodes this harness started again
+        # Processes this harness started again, by name.
+        self.restarted: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, within_s: float = 90) -> ClusterStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir.parent / f"{self.data_dir.name}-dummy.json"
-        config.write_text(json.dumps(DUMMY_CONFIG))
+        config.write_text(json.dumps(self.dummy))
         cmd = [
             sys.executable, "-m", "services.cli.main", "--data-dir", str(self.data_dir), "up",
             "--runtime", "dummy", "--nats-nodes", "3", "--nats-port", str(free_cluster_port(3)),
@@ -98,24 +112,32 @@ class ClusterStack:
         return credentials.role_url(self.info().url, role, creds)
 
     def pid(self, name: str) -> int:
-        return self.info().pids[name]
+        """The pid of the stack's process ``name`` (the restarted one, after a restart)."""
+        again = [p.pid for n, p in self.restarted if n == name]
+        return again[-1] if again else self.info().pids[name]
 
-    def kill(self, name: str) -> list[str]:
-        """SIGKILL the stack's process ``name``; its command line, to start it again."""
+    def kill(self, name: str) -> Started:
+        """SIGKILL the stack's process ``name``; how it was started, to start it again."""
         pid = self.pid(name)
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        proc = Path(f"/proc/{pid}")
+        cmd = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0")[:-1]]
+        pairs = (e.partition(b"=") for e in (proc / "environ").read_bytes().split(b"\0") if e)
+        env = {k.decode(): v.decode() for k, _, v in pairs}
         os.kill(pid, signal.SIGKILL)
-        return [a.decode() for a in cmd]
+        return Started(name, cmd, env)
 
-    def restart(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        """Start a killed process again with its command line (``env``: its environment)."""
-        log = self.data_dir / "logs" / "restarted.log"
-        with open(log, "ab") as out:
-            self.restarted.append(
-                subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-                )
+    def restart(self, how: Started) -> None:
+        """Start a killed process again, as it was started (its output in logs/NAME.log)."""
+        with open(self.data_dir / "logs" / f"{how.name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                how.cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=how.env,
             )
+        self.restarted.append((how.name, proc))
 
     def hoist(self, *args: str, role: str = "admin") -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "HOIST_NATS_URL": self.url(role)}
@@ -135,7 +157,7 @@ class ClusterStack:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for proc in self.restarted:
+        for _, proc in self.restarted:
             if proc.poll() is None:
                 proc.terminate()
                 try:
@@ -165,7 +187,7 @@ class Round:
     refused: dict[str, str] = field(default_factory=dict)  # request id -> the refusal
     retries: int = 0
     killed: str = ""
-    killed_cmd: list[str] = field(default_factory=list)  # to start the killed node again
+    killed_how: Started | None = None  # to start the killed node again
     kill_at_s: float = 0.0
     missing: list[str] = field(default_factory=list)  # acknowledged, not in the log
     unsettled: dict[str, str] = field(default_factory=dict)  # session id -> its last status
@@ -230,7 +252,7 @@ async def node_loss_round(
         async def killer() -> None:
             await quarter.wait()
             out.killed = await stream_leader(nc, subjects.EVENT_STREAM)
-            out.killed_cmd = stack.kill(out.killed)
+            out.killed_how = stack.kill(out.killed)
             out.kill_at_s = time.monotonic() - start
 
         kill = asyncio.create_task(killer())
@@ -279,7 +301,32 @@ async def check_round(stack: ClusterStack, nc: Client, out: Round, settle_s: flo
     out.verify = (verify.stdout + verify.stderr).strip()
 
 
+async def agent_kills(args: argparse.Namespace) -> int:
+    """SIGKILL the agent mid-pull, then mid-create, start it again; how long each kernel took
+    to be RUNNING (or final) after the restart."""
+    from tests.chaos.test_agent_kill import agent_stack, kill_agent_mid
+
+    with tempfile.TemporaryDirectory(prefix="hoist-chaos-") as tmp:
+        with agent_stack(Path(tmp) / "data") as stack:
+            nc = await connect(stack.url("client"), max_reconnect_attempts=-1)
+            try:
+                for phase in ("PULLING", "CREATING"):
+                    start = time.monotonic()
+                    after = await kill_agent_mid(stack, nc, phase)
+                    print(
+                        f"agent killed mid-{phase.lower()}: kernel {after['status']}"
+                        f" ({after['status_info']}) {time.monotonic() - start:.1f} s after"
+                        " the session was created",
+                        flush=True,
+                    )
+            finally:
+                await nc.close()
+    return 0
+
+
 async def run(args: argparse.Namespace) -> int:
+    if args.agent_kill:
+        return await agent_kills(args)
     failures = 0
     with tempfile.TemporaryDirectory(prefix="hoist-chaos-") as tmp:
         with ClusterStack(Path(tmp) / "data", args.agents) as stack:
@@ -306,8 +353,8 @@ async def run(args: argparse.Namespace) -> int:
                     print(f"  unsettled {result.unsettled} no reason {result.no_reason}")
                     print(f"  verify: {result.verify}")
                 await end_sessions(stack, result)
-                if result.killed_cmd:
-                    stack.restart(result.killed_cmd)
+                if result.killed_how is not None:
+                    stack.restart(result.killed_how)
                     await asyncio.sleep(3)  # it rejoins and catches up before the next kill
     print(f"{args.rounds} rounds, {failures} with a failure; 0 lost is the bar")
     return 1 if failures else 0
@@ -329,6 +376,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, default=200, help="sessions created per round")
     p.add_argument("--rounds", type=int, default=5, help="leader kills, one per round")
     p.add_argument("--agents", type=int, default=2)
+    p.add_argument(
+        "--agent-kill", action="store_true", help="kill an agent mid-pull and mid-create instead"
+    )
     return p
 
 

@@ -30,6 +30,7 @@ create, five appends to the event log, two agent round trips).
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
+    python bench/lifecycle.py --nats-nodes 3 [--burst 500] [--seconds 10] [--sync-always]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
@@ -60,7 +61,7 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
 from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, query_subject
 from services.eventstore.store import EventStore, event_store
-from services.stack.natsserver import NatsServer
+from services.stack.natsserver import NatsCluster, NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
 
@@ -246,7 +247,60 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def one_run(url: str, args: argparse.Namespace, log: Path) -> tuple[float, list[float]]:
+    """The burst's sessions/s and the steady phase's latencies on the server(s) at ``url``."""
+    agents = await spawn(
+        SCRIPT, "--role", "agents", "--url", url, "--agents", str(args.agents),
+        ready="agents ready", log=log,
+    )  # fmt: skip
+    manager = await spawn(
+        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        ready="manager ready", log=log,
+    )  # fmt: skip
+    nc = await connect(url, name="bench-client")
+    try:
+        await burst(nc, 50)  # warm up
+        rate = await burst(nc, args.burst)
+        await asyncio.sleep(args.settle)
+        return rate, await steady(nc, args.rate, args.seconds)
+    finally:
+        await nc.close()
+        await stop(manager)
+        await stop(agents)
+
+
+async def cluster_vs_single(args: argparse.Namespace) -> None:
+    """``--nats-nodes N``: the same burst and steady phase on one nats-server and on an
+    N-node cluster (R3 streams), both with the same fsync setting; ratios cluster/single."""
+    rows: dict[str, tuple[float, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+        tmpdir = Path(tmp)
+        log = tmpdir / "processes.log"
+        config = None
+        if args.sync_always:
+            config = tmpdir / "nats.conf"
+            store = json.dumps(str(tmpdir / "nats"))
+            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
+        with NatsServer(tmpdir / "nats", config=config) as server:
+            rows["1 node"] = await one_run(server.url, args, log)
+        with NatsCluster(tmpdir / "cluster", args.nats_nodes, sync_always=args.sync_always) as c:
+            rows[f"{args.nats_nodes} nodes"] = await one_run(c.url, args, log)
+    sync = "sync_interval always" if args.sync_always else "default sync (every 2 min)"
+    print(f"agents: {args.agents} dummy, zero delays; {sync}; streams R1 vs R3")
+    print("servers    sessions/s  p50 ms  p99 ms")
+    for name, (rate, lat) in rows.items():
+        print(f"{name:<9}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}")
+    (r1, l1), (rn, ln) = rows.values()
+    print(
+        f"cluster / single: sessions/s x{rn / r1:.2f}, p50 x{pct(ln, 0.5) / pct(l1, 0.5):.2f},"
+        f" p99 x{pct(ln, 0.99) / pct(l1, 0.99):.2f}"
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.nats_nodes > 1:
+        await cluster_vs_single(args)
+        return
     with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
         tmpdir = Path(tmp)
         log = tmpdir / "processes.log"
@@ -541,6 +595,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
+    )
+    p.add_argument(
+        "--nats-nodes",
+        type=int,
+        default=1,
+        help="N > 1: run on one nats-server and on an N-node cluster (R3), side by side",
     )
     return p
 
