@@ -31,6 +31,7 @@ create, five appends to the event log, two agent round trips).
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
     python bench/lifecycle.py --nats-nodes 3 [--burst 500] [--seconds 10] [--sync-always]
+    python bench/lifecycle.py --sync-compare [--burst 500] [--seconds 10]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
@@ -269,47 +270,52 @@ async def one_run(url: str, args: argparse.Namespace, log: Path) -> tuple[float,
         await stop(agents)
 
 
-async def cluster_vs_single(args: argparse.Namespace) -> None:
-    """``--nats-nodes N``: the same burst and steady phase on one nats-server and on an
-    N-node cluster (R3 streams), both with the same fsync setting; ratios cluster/single."""
+def nats(tmpdir: Path, nodes: int, sync_always: bool) -> NatsServer | NatsCluster:
+    """One nats-server or an ``nodes``-node cluster (R3 streams) in ``tmpdir``, fsyncing before
+    every ack with ``sync_always`` (the project's nats.conf) or every 2 min (the default)."""
+    if nodes > 1:
+        return NatsCluster(tmpdir / "cluster", nodes, sync_always=sync_always)
+    config = None
+    if sync_always:
+        config = tmpdir / "nats.conf"
+        store = json.dumps(str(tmpdir / "nats"))
+        config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
+    return NatsServer(tmpdir / "nats", config=config)
+
+
+async def side_by_side(args: argparse.Namespace) -> None:
+    """The same burst and steady phase on each setup in one invocation; ratios to the first.
+    ``--nats-nodes N``: one node vs an N-node cluster (same fsync setting); ``--sync-compare``:
+    one node with the default fsync vs ``sync_interval: always``."""
+    if args.sync_compare:
+        setups = [("1 node, lazy fsync", 1, False), ("1 node, fsync always", 1, True)]
+    else:
+        sync = args.sync_always
+        setups = [("1 node", 1, sync), (f"{args.nats_nodes} nodes (R3)", args.nats_nodes, sync)]
     rows: dict[str, tuple[float, list[float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
-        tmpdir = Path(tmp)
-        log = tmpdir / "processes.log"
-        config = None
-        if args.sync_always:
-            config = tmpdir / "nats.conf"
-            store = json.dumps(str(tmpdir / "nats"))
-            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-        with NatsServer(tmpdir / "nats", config=config) as server:
-            rows["1 node"] = await one_run(server.url, args, log)
-        with NatsCluster(tmpdir / "cluster", args.nats_nodes, sync_always=args.sync_always) as c:
-            rows[f"{args.nats_nodes} nodes"] = await one_run(c.url, args, log)
-    sync = "sync_interval always" if args.sync_always else "default sync (every 2 min)"
-    print(f"agents: {args.agents} dummy, zero delays; {sync}; streams R1 vs R3")
-    print("servers    sessions/s  p50 ms  p99 ms")
+    for name, nodes, sync in setups:
+        with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+            tmpdir = Path(tmp)
+            with nats(tmpdir, nodes, sync) as server:
+                rows[name] = await one_run(server.url, args, tmpdir / "processes.log")
+    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
+    print(f"{'setup':<24}  sessions/s  p50 ms  p99 ms  ratio sessions/s  ratio p99")
+    (base_rate, base_lat) = next(iter(rows.values()))
     for name, (rate, lat) in rows.items():
-        print(f"{name:<9}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}")
-    (r1, l1), (rn, ln) = rows.values()
-    print(
-        f"cluster / single: sessions/s x{rn / r1:.2f}, p50 x{pct(ln, 0.5) / pct(l1, 0.5):.2f},"
-        f" p99 x{pct(ln, 0.99) / pct(l1, 0.99):.2f}"
-    )
+        print(
+            f"{name:<24}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}"
+            f"  {rate / base_rate:16.2f}  {pct(lat, 0.99) / pct(base_lat, 0.99):9.2f}"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
-    if args.nats_nodes > 1:
-        await cluster_vs_single(args)
+    if args.nats_nodes > 1 or args.sync_compare:
+        await side_by_side(args)
         return
     with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
         tmpdir = Path(tmp)
         log = tmpdir / "processes.log"
-        config = None
-        if args.sync_always:  # the project's nats.conf setting: fsync before every ack
-            config = tmpdir / "nats.conf"
-            store = json.dumps(str(tmpdir / "nats"))
-            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-        with NatsServer(tmpdir / "nats", config=config) as server:
+        with nats(tmpdir, 1, args.sync_always) as server:
             agents = await spawn(
                 SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
                 ready="agents ready", log=log,
@@ -601,6 +607,11 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="N > 1: run on one nats-server and on an N-node cluster (R3), side by side",
+    )
+    p.add_argument(
+        "--sync-compare",
+        action="store_true",
+        help="run on one nats-server with the default fsync and with sync_interval always",
     )
     return p
 
