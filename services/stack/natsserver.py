@@ -248,13 +248,15 @@ def free_cluster_port(count: int) -> int:
         first = free_port()
         wanted = [first + i for i in range(count)]
         wanted += [p + CLUSTER_PORT_OFFSET for p in wanted]
-        if all(p < 65536 and _bindable(p) for p in wanted):
+        if all(p < 65536 and port_free(p) for p in wanted):
             return first
     raise RuntimeError(f"no {count} consecutive free ports found")
 
 
-def _bindable(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` of 127.0.0.1."""
     with socket.socket() as s:
+        # As nats-server binds: sockets in TIME_WAIT from a stack just stopped must not count.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from services.stack.natsserver import (
     NatsServer,
     cluster_nodes,
     nats_server_binary,
+    port_free,
     urls,
     wait_for_port,
     wait_jetstream,
@@ -334,17 +334,6 @@ def docker_version(docker_host: str | None) -> tuple[str | None, str]:
     return version, where
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As nats-server binds: sockets in TIME_WAIT from a stack just stopped must not count.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _port_in_use(port: int) -> str:
     message = f"port {port} is in use: pick another with --nats-port"
     held = stack_on_port(port)
@@ -462,7 +451,7 @@ class Stack:
         # A dying stack's nats-server frees the port as it frees the lock: give it a moment.
         deadline = time.monotonic() + (2.0 if waited else 0.0)
         for port in ports(self.nats_port, self.nats_nodes):
-            while not _port_free(port):
+            while not port_free(port):
                 if time.monotonic() >= deadline:
                     raise StackError(_port_in_use(port))
                 await asyncio.sleep(0.05)
