@@ -13,7 +13,7 @@ from domain import subjects
 from domain.subjects import aggregate_subject
 from services.eventstore import store as store_module
 from services.eventstore.store import ConcurrencyError, EventStore, Message, StoreError, Write
-from services.stack.natsserver import NatsCluster
+from services.stack.natsserver import NatsCluster, wait_jetstream
 from services.transport.client import Client, connect
 from tests.infra.cluster import stream_leader
 
@@ -56,7 +56,9 @@ async def test_each_append_is_read_back_through_every_node_also_while_one_restar
         if round_ == 35:
             nats_cluster.restart(follower)  # it recovers its store, then catches up
             await readers[follower].nc.close()
-            readers[follower] = event_store(await connect(nats_cluster.servers[follower].url))
+            url = nats_cluster.servers[follower].url
+            await wait_jetstream(url)  # it answers once it rejoined the meta layer
+            readers[follower] = event_store(await connect(url))
         [last] = await writer.append(
             [Write(A, one(f"e{round_}"), expected_last_seq=last)], idempotency_key=f"e{round_}"
         )
