@@ -42,8 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nats-url",
         default=os.environ.get(URL_ENV),
-        help=f"e.g. nats://agent-ID:PASSWORD@host:4222 (default: ${URL_ENV}, which keeps the"
-        " password out of `ps`)",
+        help=f"e.g. nats://agent-ID:PASSWORD@host:4222, or a cluster's servers comma-separated"
+        f" (default: ${URL_ENV}, which keeps the password out of `ps`)",
     )
     cap = p.add_argument_group("capacity offered (default: what the host has)")
     cap.add_argument("--cpu", type=float, help="cores")

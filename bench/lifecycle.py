@@ -30,6 +30,8 @@ create, five appends to the event log, two agent round trips).
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
+    python bench/lifecycle.py --nats-nodes 3 [--burst 500] [--seconds 10] [--sync-always]
+    python bench/lifecycle.py --sync-compare [--burst 500] [--seconds 10]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
@@ -61,7 +63,7 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
 from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
 from services.eventstore.store import EventStore, event_store
-from services.stack.natsserver import NatsServer
+from services.stack.natsserver import NatsCluster, NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
 
@@ -247,16 +249,74 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def one_run(url: str, args: argparse.Namespace, log: Path) -> tuple[float, list[float]]:
+    """The burst's sessions/s and the steady phase's latencies on the server(s) at ``url``."""
+    agents = await spawn(
+        SCRIPT, "--role", "agents", "--url", url, "--agents", str(args.agents),
+        ready="agents ready", log=log,
+    )  # fmt: skip
+    manager = await spawn(
+        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        ready="manager ready", log=log,
+    )  # fmt: skip
+    nc = await connect(url, name="bench-client")
+    try:
+        await burst(nc, 50)  # warm up
+        rate = await burst(nc, args.burst)
+        await asyncio.sleep(args.settle)
+        return rate, await steady(nc, args.rate, args.seconds)
+    finally:
+        await nc.close()
+        await stop(manager)
+        await stop(agents)
+
+
+def nats(tmpdir: Path, nodes: int, sync_always: bool) -> NatsServer | NatsCluster:
+    """One nats-server or an ``nodes``-node cluster (R3 streams) in ``tmpdir``, fsyncing before
+    every ack with ``sync_always`` (the project's nats.conf) or every 2 min (the default)."""
+    if nodes > 1:
+        return NatsCluster(tmpdir / "cluster", nodes, sync_always=sync_always)
+    config = None
+    if sync_always:
+        config = tmpdir / "nats.conf"
+        store = json.dumps(str(tmpdir / "nats"))
+        config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
+    return NatsServer(tmpdir / "nats", config=config)
+
+
+async def side_by_side(args: argparse.Namespace) -> None:
+    """The same burst and steady phase on each setup in one invocation; ratios to the first.
+    ``--nats-nodes N``: one node vs an N-node cluster (same fsync setting); ``--sync-compare``:
+    one node with the default fsync vs ``sync_interval: always``."""
+    if args.sync_compare:
+        setups = [("1 node, lazy fsync", 1, False), ("1 node, fsync always", 1, True)]
+    else:
+        sync = args.sync_always
+        setups = [("1 node", 1, sync), (f"{args.nats_nodes} nodes (R3)", args.nats_nodes, sync)]
+    rows: dict[str, tuple[float, list[float]]] = {}
+    for name, nodes, sync in setups:
+        with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+            tmpdir = Path(tmp)
+            with nats(tmpdir, nodes, sync) as server:
+                rows[name] = await one_run(server.url, args, tmpdir / "processes.log")
+    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
+    print(f"{'setup':<24}  sessions/s  p50 ms  p99 ms  ratio sessions/s  ratio p99")
+    (base_rate, base_lat) = next(iter(rows.values()))
+    for name, (rate, lat) in rows.items():
+        print(
+            f"{name:<24}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}"
+            f"  {rate / base_rate:16.2f}  {pct(lat, 0.99) / pct(base_lat, 0.99):9.2f}"
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.nats_nodes > 1 or args.sync_compare:
+        await side_by_side(args)
+        return
     with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
         tmpdir = Path(tmp)
         log = tmpdir / "processes.log"
-        config = None
-        if args.sync_always:  # the project's nats.conf setting: fsync before every ack
-            config = tmpdir / "nats.conf"
-            store = json.dumps(str(tmpdir / "nats"))
-            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-        with NatsServer(tmpdir / "nats", config=config) as server:
+        with nats(tmpdir, 1, args.sync_always) as server:
             agents = await spawn(
                 SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
                 ready="agents ready", log=log,
@@ -563,6 +623,17 @@ def parser() -> argparse.ArgumentParser:
         "--profile-manager",
         metavar="FILE",
         help="run the manager under cProfile, stats to FILE (--scale: the first row's)",
+    )
+    p.add_argument(
+        "--nats-nodes",
+        type=int,
+        default=1,
+        help="N > 1: run on one nats-server and on an N-node cluster (R3), side by side",
+    )
+    p.add_argument(
+        "--sync-compare",
+        action="store_true",
+        help="run on one nats-server with the default fsync and with sync_interval always",
     )
     return p
 

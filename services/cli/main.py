@@ -377,6 +377,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     local = stack.Stack(
         data_dir,
         nats_port=args.nats_port or stack.remembered_port(data_dir),
+        nats_nodes=args.nats_nodes or stack.remembered_nodes(data_dir),
+        sync_always=not args.no_sync_always,
         agents=args.agents,
         runtime=runtime,
         docker_host=args.docker_host,
@@ -418,7 +420,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _print_started(local: stack.Stack, data_dir: Path) -> None:
     agents = ", ".join(local.agent_ids) or "none"
-    print(f"Hoist stack up: nats-server at {local.url}, data in {data_dir}", flush=True)
+    servers = f"{len(local.servers)} nats-servers (a cluster)" if len(local.servers) > 1 else ""
+    print(
+        f"Hoist stack up: {servers or 'nats-server'} at {local.url}, data in {data_dir}",
+        flush=True,
+    )
+    if not local.sync_always:
+        print("  --no-sync-always: acknowledged events can be lost on power loss", flush=True)
     print(f"  manager and {len(local.agent_ids)} {local.runtime} agent(s): {agents}", flush=True)
     if local.runtime == "dummy":
         images = ", ".join(stack.DEMO_IMAGES)
@@ -520,6 +528,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"the port of its nats-server (default: the one this data dir's stack last used,"
         f" else {stack.DEFAULT_PORT})",
+    )
+    up.add_argument(
+        "--nats-nodes",
+        type=int,
+        help="nats-servers to run as one JetStream cluster, every stream on 3 of them (3: the"
+        " log survives a node's loss); default: as many as this data dir's stack last ran, else 1",
+    )
+    up.add_argument(
+        "--no-sync-always",
+        action="store_true",
+        help="let nats-server fsync every 2 minutes instead of before each acknowledgement:"
+        " faster appends, but acknowledged events can be lost when the host loses power",
     )
     up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
     demo_flags = up.add_mutually_exclusive_group()

@@ -353,7 +353,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hoist manager", description="Run the Hoist manager (the control plane)."
     )
-    p.add_argument("--nats-url", required=True, help="nats://[user:password@]host:port")
+    p.add_argument(
+        "--nats-url",
+        required=True,
+        help="nats://[user:password@]host:port, or a cluster's servers comma-separated",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.stack.lock import DataDirLock
-from services.stack.up import StackInfo, _running
+from services.stack.up import StackInfo, _running, is_nats
 
 STOP_WAIT_S = 30.0  # `hoist up` gives each group of children 10 s before it kills them
 KILL_WAIT_S = 5.0
@@ -116,9 +116,9 @@ def _names(info: StackInfo | None, pids: set[int]) -> dict[int, str]:
 def _groups(names: dict[int, str]) -> list[list[int]]:
     """Agents (and anything unnamed) first, then the manager, then nats-server: each finishes
     what it publishes while the server still runs."""
-    last = ("manager", "nats-server")
-    first = [p for p, n in names.items() if n not in last]
-    return [first, *([p for p, n in names.items() if n == name] for name in last)]
+    first = [p for p, n in names.items() if n != "manager" and not is_nats(n)]
+    manager = [p for p, n in names.items() if n == "manager"]
+    return [first, manager, [p for p, n in names.items() if is_nats(n)]]
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:
