@@ -25,6 +25,7 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import AgentServer
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
+from services.transport.metrics import MetricsServer
 
 URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
 
@@ -41,8 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nats-url",
         default=os.environ.get(URL_ENV),
-        help=f"e.g. nats://agent-ID:PASSWORD@host:4222 (default: ${URL_ENV}, which keeps the"
-        " password out of `ps`)",
+        help=f"e.g. nats://agent-ID:PASSWORD@host:4222, or a cluster's servers comma-separated"
+        f" (default: ${URL_ENV}, which keeps the password out of `ps`)",
     )
     cap = p.add_argument_group("capacity offered (default: what the host has)")
     cap.add_argument("--cpu", type=float, help="cores")
@@ -94,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     gc.add_argument("--image-gc-high", type=float, default=85.0, help="percent of --disk")
     gc.add_argument("--image-gc-low", type=float, default=80.0, help="percent of --disk")
     gc.add_argument("--image-gc-interval", type=float, default=30.0, help="seconds")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)"
+    )
+    p.add_argument(
+        "--metrics-host", default="127.0.0.1", help="the address /metrics binds (default local)"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -165,7 +172,16 @@ async def run(args: argparse.Namespace) -> None:
         )
     nc = await connect_for_ever(args.nats_url, f"hoist-agent-{config.agent_id}", log)
     agent = AgentServer(nc, config, runtime)
-    await serve_until_signalled(nc, agent, f"agent {config.agent_id} ready")
+    metrics = None
+    if args.metrics_port is not None:
+        metrics = MetricsServer(agent.metrics.registry, args.metrics_host, args.metrics_port)
+        port = await metrics.start()
+        log.info("metrics at http://%s:%d/metrics", args.metrics_host, port)
+    try:
+        await serve_until_signalled(nc, agent, f"agent {config.agent_id} ready")
+    finally:
+        if metrics is not None:
+            await metrics.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

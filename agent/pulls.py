@@ -79,6 +79,7 @@ class PullTask:
     # Set when the task is over and its outcome recorded (or recording failed).
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     last_activity: float = field(default_factory=time.monotonic)
+    requested_at: float = field(default_factory=time.monotonic)  # queue time counts (metrics)
     # Who waits for it: kernels by id (a check-and-pull naming them), and whether anyone asked
     # without naming a kernel (a preload, an admin's pull): then it is never cancelled.
     kernels: set[str] = field(default_factory=set)

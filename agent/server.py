@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -24,6 +25,7 @@ from nats.aio.subscription import Subscription
 from agent.config import AgentConfig
 from agent.facts import AgentFacts, Registration
 from agent.gc import GcImage, plan_gc
+from agent.metrics import AgentMetrics
 from agent.pulls import PullManager, PullTask
 from agent.runtime.base import (
     ContainerSpec,
@@ -41,6 +43,7 @@ from agent.runtime.base import (
 from agent.streams import Streams
 from domain import events as ev
 from domain import limits, rpc
+from domain.beats import BeatSender
 from domain.image_ref import canonical_or_same
 from domain.subjects import (
     AGENT_RPC,
@@ -86,6 +89,7 @@ class AgentServer:
         self.pulls = PullManager(
             self.id, runtime, self, self._publish_progress, config.pulls, config.auth_for
         )
+        self.metrics = AgentMetrics(lambda: len(self.pulls.active))
         self.capacity: ev.Capacity | None = None
         self.reserved: dict[str, ev.Resources] = {}  # kernel id -> what its container was given
         # kernel id -> the GPUs (config.gpu_ids) its container was given: never two kernels one
@@ -118,6 +122,9 @@ class AgentServer:
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
+        # Beats carry the kernels' changes once the manager acknowledged a full one (a new
+        # epoch per process: a restarted agent starts with full beats)
+        self.beats = BeatSender(secrets.token_hex(8))
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -128,6 +135,7 @@ class AgentServer:
             rpc.PULL_STATUS: self.pull_status,
             rpc.PULL_CANCEL: self.pull_cancel,
             rpc.PIN_IMAGES: self.pin_images,
+            rpc.BEATS_ACKED: self.beats_acked,
             rpc.IMAGE_GC: self.image_gc,
             rpc.LOGS: self.logs,
             rpc.EXEC: self.exec,
@@ -228,10 +236,8 @@ class AgentServer:
             )
             kernels, images = self._last_listing
             fresh = False
-        beat = rpc.Heartbeat(
-            agent_id=self.id,
-            sent_at=datetime.now(UTC),
-            kernels=[
+        body = self.beats.body(
+            [
                 rpc.LiveKernel(
                     kernel_id=k.kernel_id,
                     session_id=k.session_id,
@@ -241,7 +247,16 @@ class AgentServer:
                     status="exited" if k.exit is not None else "running",
                 )
                 for k in kernels
-            ],
+            ]
+        )
+        beat = rpc.Heartbeat(
+            agent_id=self.id,
+            sent_at=datetime.now(UTC),
+            kernels=body.kernels,
+            epoch=self.beats.epoch,
+            seq=body.seq,
+            base=body.base,
+            gone=body.gone,
             free=self._free(disk_used=sum(i.size_bytes for i in images)),
             images=sorted(i.image for i in images),
             pulls={image: task.task_id for image, task in self.pulls.active.items()},
@@ -446,6 +461,9 @@ class AgentServer:
         if task.state == "done":
             await self.facts.image_preloaded(task.image, reason, pinned)
 
+    async def beats_acked(self, request: rpc.BeatsAcked) -> rpc.BeatBase:
+        return rpc.BeatBase(base=self.beats.acked(request))
+
     async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:
         if request.policy is not None:
             self.policy_pins = set(request.policy)
@@ -460,12 +478,19 @@ class AgentServer:
 
     async def pulled(self, task_id: str, image: PulledImage, duration_s: float) -> None:
         self.last_used[image.image] = time.time()
+        self._pull_metric(task_id, "pulled", image.size_bytes)
         await self.facts.pulled(task_id, image, duration_s)
 
     async def pull_failed(
         self, image: str, task_id: str, reason: str, cancelled: bool = False
     ) -> None:
+        self._pull_metric(task_id, "cancelled" if cancelled else "failed", reason=reason)
         await self.facts.pull_failed(image, task_id, reason, cancelled)
+
+    def _pull_metric(self, task_id: str, outcome: str, size: int = 0, reason: str = "") -> None:
+        task = self.pulls.get(task_id)
+        if task is not None:
+            self.metrics.pull_ended(task.requested_at, outcome, size or task.total, reason)
 
     async def pull_cancel(self, request: rpc.PullCancel) -> rpc.PullCancelled:
         """The kernels no longer wait for the image: its pull stops if nobody else waits."""
@@ -711,6 +736,7 @@ class AgentServer:
             self.leases.pop(image, None)
             if removed:
                 await self.facts.image_removed(image, request.reason)
+                self.metrics.gc_removals.labels("unload").inc()
                 out[image] = rpc.UnloadResult(removed=True)
             else:
                 out[image] = rpc.UnloadResult(removed=False, reason="not-present")
@@ -856,6 +882,7 @@ class AgentServer:
                 self.last_used.pop(image.image, None)
                 if gone:
                     await self.facts.image_removed(image.image, reason)
+                    self.metrics.gc_removals.labels("space").inc()
                     removed.append(
                         rpc.GcRemoval(image=image.image, size_bytes=image.size_bytes, reason=reason)
                     )

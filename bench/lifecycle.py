@@ -31,10 +31,13 @@ create, five appends to the event log, two agent round trips).
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
                               [--managers 2]  (the same with 2 managers beside 1: ratios)
+    python bench/lifecycle.py --nats-nodes 3 [--burst 500] [--seconds 10] [--sync-always]
+    python bench/lifecycle.py --sync-compare [--burst 500] [--seconds 10]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
                               [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
+                              [--profile-manager FILE] [--verify]
 """
 
 from __future__ import annotations
@@ -59,9 +62,9 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
-from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, query_subject
+from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
 from services.eventstore.store import EventStore, event_store
-from services.stack.natsserver import NatsServer
+from services.stack.natsserver import NatsCluster, NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
 
@@ -247,7 +250,70 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def one_run(url: str, args: argparse.Namespace, log: Path) -> tuple[float, list[float]]:
+    """The burst's sessions/s and the steady phase's latencies on the server(s) at ``url``."""
+    agents = await spawn(
+        SCRIPT, "--role", "agents", "--url", url, "--agents", str(args.agents),
+        ready="agents ready", log=log,
+    )  # fmt: skip
+    manager = await spawn(
+        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        ready="manager ready", log=log,
+    )  # fmt: skip
+    nc = await connect(url, name="bench-client")
+    try:
+        await burst(nc, 50)  # warm up
+        rate = await burst(nc, args.burst)
+        await asyncio.sleep(args.settle)
+        return rate, await steady(nc, args.rate, args.seconds)
+    finally:
+        await nc.close()
+        await stop(manager)
+        await stop(agents)
+
+
+def nats(tmpdir: Path, nodes: int, sync_always: bool) -> NatsServer | NatsCluster:
+    """One nats-server or an ``nodes``-node cluster (R3 streams) in ``tmpdir``, fsyncing before
+    every ack with ``sync_always`` (the project's nats.conf) or every 2 min (the default)."""
+    if nodes > 1:
+        return NatsCluster(tmpdir / "cluster", nodes, sync_always=sync_always)
+    config = None
+    if sync_always:
+        config = tmpdir / "nats.conf"
+        store = json.dumps(str(tmpdir / "nats"))
+        config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
+    return NatsServer(tmpdir / "nats", config=config)
+
+
+async def side_by_side(args: argparse.Namespace) -> None:
+    """The same burst and steady phase on each setup in one invocation; ratios to the first.
+    ``--nats-nodes N``: one node vs an N-node cluster (same fsync setting); ``--sync-compare``:
+    one node with the default fsync vs ``sync_interval: always``."""
+    if args.sync_compare:
+        setups = [("1 node, lazy fsync", 1, False), ("1 node, fsync always", 1, True)]
+    else:
+        sync = args.sync_always
+        setups = [("1 node", 1, sync), (f"{args.nats_nodes} nodes (R3)", args.nats_nodes, sync)]
+    rows: dict[str, tuple[float, list[float]]] = {}
+    for name, nodes, sync in setups:
+        with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
+            tmpdir = Path(tmp)
+            with nats(tmpdir, nodes, sync) as server:
+                rows[name] = await one_run(server.url, args, tmpdir / "processes.log")
+    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
+    print(f"{'setup':<24}  sessions/s  p50 ms  p99 ms  ratio sessions/s  ratio p99")
+    (base_rate, base_lat) = next(iter(rows.values()))
+    for name, (rate, lat) in rows.items():
+        print(
+            f"{name:<24}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}"
+            f"  {rate / base_rate:16.2f}  {pct(lat, 0.99) / pct(base_lat, 0.99):9.2f}"
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.nats_nodes > 1 or args.sync_compare:
+        await side_by_side(args)
+        return
     if args.managers > 1 and not args.batch:
         await compare_managers(args)
         return
@@ -306,12 +372,7 @@ async def run_once(
     with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
         tmpdir = Path(tmp)
         log = tmpdir / "processes.log"
-        config = None
-        if args.sync_always:  # the project's nats.conf setting: fsync before every ack
-            config = tmpdir / "nats.conf"
-            store = json.dumps(str(tmpdir / "nats"))
-            config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-        with NatsServer(tmpdir / "nats", config=config) as server:
+        with nats(tmpdir, 1, args.sync_always) as server:
             agents = await spawn(
                 SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
                 ready="agents ready", log=log,
@@ -384,19 +445,24 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
-    reply = json.loads((await nc.request(subject, json.dumps(payload).encode(), 60)).data)
+async def ask(
+    nc: Client, subject: str, payload: dict[str, Any], wait_s: float = 60
+) -> dict[str, Any]:
+    reply = json.loads((await nc.request(subject, json.dumps(payload).encode(), wait_s)).data)
     if "error" in reply:
         raise RuntimeError(f"{subject}: {reply['error']}")
     return dict(reply)
 
 
-async def start_manager(url: str, log: Path) -> tuple[asyncio.subprocess.Process, float]:
+async def start_manager(
+    url: str, log: Path, profile: str | None = None
+) -> tuple[asyncio.subprocess.Process, float]:
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
-    whole log, its subscriptions)."""
+    whole log, its subscriptions); under cProfile if ``profile`` names a stats file."""
     start = time.perf_counter()
+    cprofile = ("-m", "cProfile", "-o", profile) if profile else ()
     proc = await spawn(
-        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
+        *cprofile, "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
         ready="manager ready", log=log,
     )  # fmt: skip
     return proc, time.perf_counter() - start
@@ -441,7 +507,8 @@ async def run_scale(args: argparse.Namespace) -> None:
                                ready="agents ready", log=log)  # fmt: skip
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
-            manager, _ = await start_manager(server.url, log)
+            # profiled: the first manager, i.e. the first row until its restart
+            manager, _ = await start_manager(server.url, log, args.profile_manager)
             base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
             store = event_store(nc)
@@ -509,6 +576,14 @@ async def scale_row(
     head = await store.head()
     models = await ask(nc, query_subject("sessions"), {"limit": 1})
     live_kib = rss_kib(manager.pid)
+    if args.verify:  # what `hoist verify` asks: the live read models against a rebuild
+        verified = await ask(nc, VERIFY_SUBJECT, {}, 600)
+        print(
+            f"hoist verify at {live:,} live: "
+            + ("match" if verified["ok"] else f"DIFFER {verified['differences']}")
+            + f" (stream sequence {verified['seq']})",
+            flush=True,
+        )
     await stop(manager)
     manager, to_ready = await start_manager(url, log)
     restarted = await ask(nc, MANAGER_STATS, {})
@@ -581,7 +656,25 @@ def parser() -> argparse.ArgumentParser:
         help="seconds between the burst and the steady phase (the read models catch up)",
     )
     p.add_argument(
-        "--profile-manager", metavar="FILE", help="run the manager under cProfile, stats to FILE"
+        "--verify",
+        action="store_true",
+        help="(--scale) after each row, the live read models against a rebuild (hoist verify)",
+    )
+    p.add_argument(
+        "--profile-manager",
+        metavar="FILE",
+        help="run the manager under cProfile, stats to FILE (--scale: the first row's)",
+    )
+    p.add_argument(
+        "--nats-nodes",
+        type=int,
+        default=1,
+        help="N > 1: run on one nats-server and on an N-node cluster (R3), side by side",
+    )
+    p.add_argument(
+        "--sync-compare",
+        action="store_true",
+        help="run on one nats-server with the default fsync and with sync_interval always",
     )
     return p
 

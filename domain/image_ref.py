@@ -101,6 +101,16 @@ def canonical_repository(repo: object, field: str = "repository") -> str:
     return out.removesuffix(":latest")
 
 
+def repository_of(image: str) -> tuple[str, str]:
+    """``repo:tag`` -> (repo, tag), the one place a reference is split; a ':' before the last
+    '/' is a registry port, not a tag, and a digest is no tag (``latest`` when none is given)."""
+    image = image.partition("@")[0]
+    slash, colon = image.rfind("/"), image.rfind(":")
+    if colon > slash:
+        return image[:colon], image[colon + 1 :]
+    return image, "latest"
+
+
 def familiar(ref: str) -> str:
     """The short form for displays: Docker Hub's host and ``library/`` left out, the tag kept
     (``docker.io/library/python:latest`` -> ``python:latest``), as ``docker images`` shows."""

@@ -29,7 +29,12 @@ from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
 from domain.errors import DomainError, InvalidField, convert, require_text
-from domain.image_ref import canonical_all, canonical_or_same, canonical_repository
+from domain.image_ref import (
+    canonical_all,
+    canonical_or_same,
+    canonical_repository,
+    repository_of,
+)
 from domain.subjects import check_token
 
 DEFAULT_FILL = 0.8
@@ -214,16 +219,6 @@ class Policy:
 
     def applies_to(self, resource_group: str) -> bool:
         return not self.resource_groups or resource_group in self.resource_groups
-
-
-def repository_of(image: str) -> tuple[str, str]:
-    """``repo:tag`` -> (repo, tag); a ':' before the last '/' is a registry port, not a tag."""
-    image = image.partition("@")[0]  # a digest is no tag
-    slash = image.rfind("/")
-    colon = image.rfind(":")
-    if colon > slash:
-        return image[:colon], image[colon + 1 :]
-    return image, "latest"
 
 
 def _version_key(tag: str) -> tuple[tuple[int, int, str], ...]:

@@ -62,6 +62,7 @@ EXEC = "exec"
 STREAM_READ = "stream-read"
 VOLUMES = "volumes"
 VOLUME_REMOVE = "volume-remove"
+BEATS_ACKED = "beats-acked"
 VERBS = (
     CHECK_AND_PULL,
     CREATE_KERNEL,
@@ -78,6 +79,7 @@ VERBS = (
     STREAM_READ,
     VOLUMES,
     VOLUME_REMOVE,
+    BEATS_ACKED,
 )
 
 ERROR_CODES = (
@@ -92,6 +94,8 @@ ERROR_CODES = (
 Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
 KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
+BeatEpoch = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
+BeatSeq = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -224,6 +228,18 @@ class PinImages(_Request, kw_only=True):
 class ImagesPinned(_Reply, kw_only=True):
     policy: int
     expected: int
+
+
+class BeatsAcked(_Request, kw_only=True):
+    """The manager holds this agent's full beat ``seq`` of ``epoch``: send the changes since it;
+    ``seq`` None: it holds nothing it can apply changes to, send a full beat (domain.beats)."""
+
+    epoch: BeatEpoch
+    seq: BeatSeq | None = None
+
+
+class BeatBase(_Reply, kw_only=True):
+    base: int | None  # the full beat the agent's changes count from now; None: full beats
 
 
 class ImageGc(_Request, kw_only=True):
@@ -392,6 +408,7 @@ REQUESTS: dict[str, type[_Request]] = {
     STREAM_READ: StreamRead,
     VOLUMES: ListVolumes,
     VOLUME_REMOVE: RemoveVolume,
+    BEATS_ACKED: BeatsAcked,
 }
 
 
@@ -426,12 +443,18 @@ def is_beat(headers: Mapping[str, str] | None) -> bool:
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     sent_at: AwareTime
-    kernels: list[LiveKernel]
+    kernels: list[LiveKernel]  # all of them; with ``base``, the new or changed ones only
     free: FreeCapacity
     images: list[str]  # images held
     pulls: dict[str, str]  # image -> task id of pulls queued or in flight
     address: str = "127.0.0.1"  # where the agent's published ports are reachable
     volumes: list[str] = []  # named volumes held
+    # Changes instead of whole lists (domain.beats): this agent process's beats, the beat's
+    # number among them, and the acknowledged full beat the changes count from (None: full).
+    epoch: BeatEpoch = ""  # "": an agent that always sends full beats
+    seq: BeatSeq = 0
+    base: BeatSeq | None = None
+    gone: list[str] = []  # kernels removed since ``base``
 
 
 # --- progress: hoist.progress.<agent id>.<task id> (stream HOIST_PROGRESS, last per subject) --

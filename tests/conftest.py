@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.stack.natsserver import NatsServer
+from services.stack.natsserver import NatsCluster, NatsServer
 from services.transport.client import Client, connect
 from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     big_image,
@@ -34,3 +34,20 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
     client = await connect(nats_server.url)
     yield client
     await client.drain()
+
+
+# A three-node JetStream cluster (open, no auth; R3 streams survive one node's loss). Reusable
+# by any test that kills nodes: NatsCluster.kill(i) / restart(i); tests/infra/cluster.py finds a
+# stream's leader.
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path / "cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def cluster_nc(nats_cluster: NatsCluster) -> AsyncIterator[Client]:
+    """A client given every node, reconnecting for ever (as Hoist's processes connect)."""
+    client = await connect(nats_cluster.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    yield client
+    await client.close()

@@ -23,7 +23,7 @@ from agent.runtime.base import (
     Unauthorized,
 )
 from agent.runtime.docker_client import API_VERSION
-from domain.image_ref import canonical_or_same
+from domain.image_ref import canonical_or_same, repository_of
 
 _UNAUTHORIZED = ("unauthorized", "authentication required", "no basic auth credentials", "denied")
 _NOT_FOUND = ("not found", "manifest unknown", "name unknown", "invalid reference format")
@@ -52,19 +52,12 @@ def split_ref(image: str) -> tuple[str, str]:
 def _repo_digest(attrs: dict[str, Any], image: str) -> str:
     # The engine lists Docker Hub repositories in short form (python@sha256:...): compare
     # canonical names.
-    repo = _repository(image)
+    repo = repository_of(canonical_or_same(image))[0]
     for rd in attrs.get("RepoDigests") or []:
         name, _, digest = rd.partition("@")
-        if _repository(name) == repo:
+        if repository_of(canonical_or_same(name))[0] == repo:
             return digest
     return attrs["Id"]
-
-
-def _repository(image: str) -> str:
-    """The canonical repository of a reference: no tag, no digest."""
-    canonical = canonical_or_same(image).partition("@")[0]
-    slash, colon = canonical.rfind("/"), canonical.rfind(":")
-    return canonical[:colon] if colon > slash else canonical
 
 
 class _LayerTracker:

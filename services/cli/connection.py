@@ -30,7 +30,7 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from domain.user import RESERVED
-from services.transport.client import Client, connect
+from services.transport.client import Client, connect, server_list
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
 
@@ -50,10 +50,27 @@ class ReplyError(CliError):
 
 
 def redact(url: str) -> str:
-    """The URL without its password (error messages end up in logs and terminals)."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}"
+    """The URL (each server of a comma-separated list) without its password (error messages
+    end up in logs and terminals)."""
+    out = []
+    for server in server_list(url):
+        parts = urlsplit(server)
+        out.append(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")
+    return ",".join(out)
+
+
+def _reachable(url: str) -> tuple[list[str], str]:
+    """The servers of ``url`` that accept a TCP connection, in order, and why the last of the
+    others did not (nats-py's own connect retries for minutes when nothing listens)."""
+    up, why = [], ""
+    for server in server_list(url):
+        parts = urlsplit(server)
+        try:
+            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), 2):
+                up.append(server)
+        except OSError as e:
+            why = str(e.strerror or e)
+    return up, why
 
 
 class Connection:
@@ -67,15 +84,11 @@ class Connection:
 
     @classmethod
     async def open(cls, url: str, name: str = "hoist-cli") -> Connection:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 4222
         # A plain TCP probe first: nats-py's own connect retries for minutes when nothing listens.
-        try:
-            with socket.create_connection((host, port), timeout=2):
-                pass
-        except OSError as e:
+        servers, why = _reachable(url)
+        if not servers:
             raise CliError(
-                f"cannot reach NATS at {redact(url)} ({e.strerror or e}): is the stack running?"
+                f"cannot reach NATS at {redact(url)} ({why}): is the stack running?"
                 " start it with `hoist up`"
             ) from None
         violations: asyncio.Queue[str] = asyncio.Queue()
@@ -86,12 +99,16 @@ class Connection:
                 violations.put_nowait(m.group(2))
 
         try:
+            # One server: no reconnect (a command fails fast, and says so). A cluster: ride
+            # out a server's loss on another (the first reachable one logs in).
+            several = len(server_list(url)) > 1
             nc = await connect(
-                url,
+                servers,
                 name=name,
                 connect_timeout=3,
-                allow_reconnect=False,
-                max_reconnect_attempts=0,
+                allow_reconnect=several,
+                max_reconnect_attempts=3 if several else 0,
+                reconnect_time_wait=0.5,
                 error_cb=on_error,
             )
         except NatsError as e:
@@ -163,7 +180,7 @@ async def ask(url: str, subject: str, payload: dict[str, Any], wait_s: float = 1
 
 def scoped_user(url: str) -> str | None:
     """The Hoist user a URL logs in as (None: a role's user, or no user)."""
-    name = urlsplit(url).username
+    name = urlsplit(server_list(url)[0]).username
     if not name:
         return None
     name = unquote(name)

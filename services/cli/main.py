@@ -377,12 +377,17 @@ async def cmd_up(args: argparse.Namespace) -> int:
     local = stack.Stack(
         data_dir,
         nats_port=args.nats_port or stack.remembered_port(data_dir),
+        nats_nodes=args.nats_nodes or stack.remembered_nodes(data_dir),
+        sync_always=not args.no_sync_always,
         agents=args.agents,
         runtime=runtime,
         docker_host=args.docker_host,
         dummy_config=_read_json(args.dummy_config) if args.dummy_config else None,
         slots=args.slot,
         managers=args.managers,
+        web=not args.no_web,
+        web_host=args.web_host,
+        web_port=args.web_port or 0,
     )
     try:
         await local.start()
@@ -416,11 +421,21 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _print_started(local: stack.Stack, data_dir: Path) -> None:
     agents = ", ".join(local.agent_ids) or "none"
-    print(f"Hoist stack up: nats-server at {local.url}, data in {data_dir}", flush=True)
+    servers = f"{len(local.servers)} nats-servers (a cluster)" if len(local.servers) > 1 else ""
+    print(
+        f"Hoist stack up: {servers or 'nats-server'} at {local.url}, data in {data_dir}",
+        flush=True,
+    )
+    if not local.sync_always:
+        print("  --no-sync-always: acknowledged events can be lost on power loss", flush=True)
     print(f"  manager and {len(local.agent_ids)} {local.runtime} agent(s): {agents}", flush=True)
     if local.runtime == "dummy":
         images = ", ".join(stack.DEMO_IMAGES)
         print(f"  dummy agents' images (others are not found): {images}", flush=True)
+    if local.web_url:
+        print(f"  web view: {local.web_url}?token={local.web_token}", flush=True)
+    metrics = ", ".join(f"{n} :{p}" for n, p in local.metrics_ports.items())
+    print(f"  Prometheus /metrics on 127.0.0.1: {metrics} (also in stack.json)", flush=True)
 
 
 def _print_connect(data_dir: Path) -> None:
@@ -521,6 +536,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the port of its nats-server (default: the one this data dir's stack last used,"
         f" else {stack.DEFAULT_PORT})",
     )
+    up.add_argument(
+        "--nats-nodes",
+        type=int,
+        help="nats-servers to run as one JetStream cluster, every stream on 3 of them (3: the"
+        " log survives a node's loss); default: as many as this data dir's stack last ran, else 1",
+    )
+    up.add_argument(
+        "--no-sync-always",
+        action="store_true",
+        help="let nats-server fsync every 2 minutes instead of before each acknowledgement:"
+        " faster appends, but acknowledged events can be lost when the host loses power",
+    )
     up.add_argument("--docker-host", help="e.g. unix:///var/run/docker.sock")
     demo_flags = up.add_mutually_exclusive_group()
     demo_flags.add_argument("--no-demo", action="store_true", help="start no demo session")
@@ -542,6 +569,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=AMOUNT",
         help="a resource slot every agent offers, e.g. gpu=2 (repeatable)",
     )
+    up.add_argument("--no-web", action="store_true", help="start no web view")
+    up.add_argument(
+        "--web-host",
+        default="127.0.0.1",
+        help="the address the web view binds (default 127.0.0.1: this machine only)",
+    )
+    up.add_argument("--web-port", type=int, help="the web view's port (default: a free one)")
     up.set_defaults(func=cmd_up)
 
     creds = sub.add_parser("creds", help="print a NATS URL with a role's credentials")
@@ -608,8 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     from services.cli import images as image_cli
     from services.cli import quotas as quota_cli
     from services.cli import users as user_cli
+    from services.cli import web_cmd
 
     stack_cmds.register(sub)
+    web_cmd.register(sub)
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)

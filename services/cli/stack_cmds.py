@@ -134,7 +134,11 @@ async def diagnose(data_dir: Path) -> list[Check]:
         if stack._running(pid):
             checks.append(Check(name, True, f"pid {pid} alive"))
         else:
-            log = data_dir / ("nats-server.log" if name == "nats-server" else f"logs/{name}.log")
+            log = (
+                stack.nats_log(data_dir, name)
+                if stack.is_nats(name)
+                else data_dir / f"logs/{name}.log"
+            )
             checks.append(Check(name, False, f"pid {pid} gone", f"see {log}; then `{restart}`"))
     over_nats, runtimes = await _over_nats(data_dir, info, restart)
     checks += over_nats

@@ -22,6 +22,7 @@ from services.cli import connection as cli_nats
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 from services.stack import up as stack
+from services.transport.client import server_list
 
 
 def register(subparsers: Any) -> None:
@@ -88,8 +89,10 @@ def _apply_to_local_stack(args: argparse.Namespace, name: str, admin: bool | Non
 
 
 def _same_server(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.hostname, pa.port or 4222) == (pb.hostname, pb.port or 4222)
+    def servers(url: str) -> set[tuple[str | None, int]]:
+        return {(p.hostname, p.port or 4222) for p in map(urlsplit, server_list(url))}
+
+    return bool(servers(a) & servers(b))  # one server in common: the same cluster
 
 
 async def cmd_list(args: argparse.Namespace) -> None:

@@ -13,9 +13,19 @@ Layout of one stream ``S`` (its own subject space, so streams never see each oth
     es.S.tracking.<app token>    one message per recorded Tracking
 
 The library is synchronous and nats-py is asyncio: each Factory runs one private event loop in a
-daemon thread with its own NATS connection, and every recorder call is a coroutine submitted to
-it. A synchronous call therefore never runs on (or blocks) the services' loop; calling from a
-thread that runs an event loop is refused with a clear error instead of stalling that loop.
+daemon thread with its own NATS connection; appends and reads of the server are coroutines
+submitted to it. A synchronous call therefore never runs on (or blocks) the services' loop;
+calling from a thread that runs an event loop is refused with a clear error instead of stalling
+that loop.
+
+**Reads come from a local copy** of the stream (``persistence_copy``), followed in that loop and
+answered in the caller's thread: no round trip, no hop into the loop.  A read sees every append
+of this process acknowledged before it started; other processes' appends once the copy has them
+(within a millisecond or so), and at once after ``catch_up()``, which an aggregate that is not
+found, ``max_notification_id`` and ``max_tracking_id`` do themselves.  An append is conditional
+on each subject's last sequence as the copy holds it, so it costs one round trip; a stale copy
+costs a re-read from the server, never a wrong write.  Streams over ``NATS_LOCAL_COPY_MB`` are
+read from the server.
 
 **Poison messages.** Anyone allowed to publish on the stream's subjects can put there a message
 that is no record of this module (no or bad ``Es-Version``/``Es-Topic``/``Es-Tracking-Id``
@@ -23,7 +33,8 @@ headers, a subject that is not ``es.S.<kind>.<id token>``, garbage; in an aggreg
 also a version not after the one before it).  Every reader
 (``select_events``, ``select_notifications``, ``subscribe``, ``max_notification_id``, the
 version and tracking checks of an append, ``max_tracking_id``) skips it and goes on; it is
-logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason).
+logged once per factory and listed in the recorders' ``quarantined`` (seq, subject, reason);
+the local copy meets every message of the stream, so with it every poison message is listed.
 A skipped message is a gap in the notification ids by design: ids are stream sequences, which
 already skip snapshots and tracking records, so readers see the valid notifications in order
 and never one they missed.  A message with well-formed headers whose state the application
@@ -33,7 +44,6 @@ cannot decode is the application's to handle: its mapper raises as it would on a
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import queue
@@ -41,7 +51,6 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -61,6 +70,18 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment, EnvType, resolve_topic
 
 from domain.subjects import check_token
+from services.eventstore.persistence_copy import Appended, LocalCopy
+from services.eventstore.persistence_records import (
+    TOPIC,
+    TRACKING_ID,
+    VERSION,
+    Quarantined,
+    id_token,
+    token_id,
+)
+from services.eventstore.persistence_records import notification as _notification
+from services.eventstore.persistence_records import stored_event as _stored_event
+from services.eventstore.persistence_records import tracking_id as _tracking_id
 from services.eventstore.store import PAGE, ConcurrencyError, EventStore, Message, Recorded, Write
 from services.transport.client import Client, connect
 
@@ -73,39 +94,9 @@ CALL_TIMEOUT = 60.0  # seconds a synchronous call waits for the private loop
 MAX_CONFLICT_RETRIES = 20  # re-reads after a subject moved under us without a real conflict
 MAX_TOPIC_PAGE = 1000  # most events read at once while looking for notifications of some topics
 MAX_QUARANTINED = 10_000  # poison messages listed (and logged); past that only counted
+LOCAL_COPY_MB = 256  # default bound of the stream's local copy (persistence_copy)
 
-TOPIC = "Es-Topic"
-VERSION = "Es-Version"
-TRACKING_ID = "Es-Tracking-Id"
-
-
-def id_token(originator_id: UUID | str) -> str:
-    """A subject token for an originator id, reversibly and keeping its type:
-    ``u<hex>`` for a UUID, ``s<base64url without padding>`` for a string."""
-    if isinstance(originator_id, UUID):
-        return "u" + originator_id.hex
-    if isinstance(originator_id, str):
-        return "s" + base64.urlsafe_b64encode(originator_id.encode()).rstrip(b"=").decode()
-    raise TypeError(f"originator_id must be a UUID or a str, got {type(originator_id).__name__}")
-
-
-def token_id(token: str) -> UUID | str:
-    """The originator id a token of :func:`id_token` stands for."""
-    kind, body = token[:1], token[1:]
-    if kind == "u":
-        return UUID(hex=body)
-    if kind == "s":
-        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
-    raise ValueError(f"not an originator id token: {token!r}")
-
-
-@dataclass(frozen=True)
-class Quarantined:
-    """A message on the stream's subjects that is no record of this module: skipped."""
-
-    seq: int
-    subject: str
-    reason: str
+__all__ = ["Factory", "Quarantined", "id_token", "token_id"]
 
 
 class _PrivateLoop:
@@ -135,6 +126,12 @@ class _PrivateLoop:
             in_flight = list(self._in_flight)
         for future in in_flight:
             future.cancel()
+
+    def check(self) -> None:
+        """Refuse a synchronous call from where waiting would stall or deadlock a loop."""
+        refusal = self._refusal()
+        if refusal:
+            raise RuntimeError(refusal)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
         """Run ``coro`` on the private loop and wait for its result in this thread."""
@@ -184,7 +181,13 @@ class _PrivateLoop:
 class JetStreamDatastore:
     """One stream, one NATS connection and the private loop that owns it."""
 
-    def __init__(self, url: str, stream: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        local_copy_bytes: int = LOCAL_COPY_MB << 20,
+    ) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
         self.stream = check_token(stream, "NATS_STREAM")
@@ -192,24 +195,39 @@ class JetStreamDatastore:
         self.events_filter = f"{self.prefix}.events.>"
         self._loop = _PrivateLoop(name=f"eventsourcing-jetstream-{stream}")
         self._nc: Client | None = None
+        self._subscription_store: EventStore | None = None
+        self._subscription_lock = asyncio.Lock()
         self._quarantined: dict[int, Quarantined] = {}  # seq -> why; also "logged already"
         self.quarantined_count = 0  # distinct poison messages met, listed or not
         self._quarantine_lock = threading.Lock()  # read from callers' threads
         try:
             self.store: EventStore = self._loop.run(self._open())
+            self.copy = LocalCopy(self.store, self.prefix, self.quarantine, local_copy_bytes)
+            if self._loop.run(self.copy.start()):
+                self._loop.submit(self.copy.follow())  # ends with close(): cancel_in_flight
         except BaseException:
-            self._loop.close()
+            self.close()
             raise
 
     async def _open(self) -> EventStore:
+        # no_echo: the server does not send this connection's appends back to its own
+        # subscriptions, the local copy's signal among them: the ack says it all, and each
+        # echo cost about as much again as the append (measured).
+        self._nc = await self._connect(no_echo=True)
+        store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
+        await store.ensure_stream()
+        return store
+
+    async def _connect(self, **options: Any) -> Client:
         try:
             # nats-py keeps retrying a first connect for minutes: bound it, then say why.
-            self._nc = await asyncio.wait_for(
+            return await asyncio.wait_for(
                 connect(
                     self.url,
                     name=f"eventsourcing-{self.stream}",
                     connect_timeout=2,
                     error_cb=self._on_nats_error,
+                    **options,
                 ),
                 self.connect_timeout,
             )
@@ -218,15 +236,24 @@ class JetStreamDatastore:
                 f"cannot connect to NATS_URL={self.url} within {self.connect_timeout}s ({e!r}):"
                 " start nats-server or fix NATS_URL"
             ) from e
-        store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
-        await store.ensure_stream()
-        return store
+
+    async def subscription_store(self) -> EventStore:
+        """The store subscriptions follow: on a second connection, opened on first use, whose
+        signals include this process's own appends (the first one's do not: no_echo)."""
+        async with self._subscription_lock:
+            if self._subscription_store is None:
+                nc = await self._connect()
+                self._subscription_store = EventStore(nc, self.stream, [f"{self.prefix}.>"])
+            return self._subscription_store
 
     async def _on_nats_error(self, error: Exception) -> None:
         log.warning("NATS connection of stream %s: %r", self.stream, error)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self._loop.run(coro)
+
+    def check(self) -> None:
+        self._loop.check()
 
     def quarantine(self, record: Recorded, reason: str) -> None:
         """Note a poison message; logged the first time only (readers meet it on every read)."""
@@ -266,69 +293,13 @@ class JetStreamDatastore:
         # Calls still running (a reader thread, a subscription) would hold the connection
         # open: end them first. Every append waited for its ack, so nothing is left to flush.
         self._loop.cancel_in_flight()
-        nc = self._nc
-        if nc is not None and not nc.is_closed and self._loop.loop.is_running():
-            with contextlib.suppress(Exception):  # closing anyway; the server may be gone
-                self._loop.run(nc.close(), timeout=10)
-        self._nc = None
+        second = self._subscription_store.nc if self._subscription_store else None
+        for nc in (self._nc, second):
+            if nc is not None and not nc.is_closed and self._loop.loop.is_running():
+                with contextlib.suppress(Exception):  # closing anyway; the server may be gone
+                    self._loop.run(nc.close(), timeout=10)
+        self._nc = self._subscription_store = None
         self._loop.close()
-
-
-# Decoders of stored records: each raises ValueError, naming what is wrong, for a poison one.
-
-
-def _int_header(record: Recorded, name: str) -> int:
-    raw = record.headers.get(name)
-    if raw is None:
-        raise ValueError(f"no {name} header")
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} {raw[:40]!r} is not an integer") from None
-
-
-def _originator_id(record: Recorded) -> UUID | str:
-    parts = record.subject.split(".")
-    if len(parts) != 4:
-        raise ValueError("the subject is not es.<stream>.<kind>.<id token>")
-    try:
-        originator_id = token_id(parts[3])
-    except ValueError:  # base64 and UTF-8 errors are ValueErrors too
-        originator_id = None
-    # Only the token id_token() makes (base64 decoding skips stray characters).
-    if originator_id is None or id_token(originator_id) != parts[3]:
-        raise ValueError(f"{parts[3][:40]!r} is not an originator id token")
-    return originator_id
-
-
-def _topic(record: Recorded) -> str:
-    topic = record.headers.get(TOPIC)
-    if not topic:
-        raise ValueError(f"no {TOPIC} header")
-    return topic
-
-
-def _stored_event(record: Recorded) -> StoredEvent:
-    return StoredEvent(
-        originator_id=_originator_id(record),
-        originator_version=_int_header(record, VERSION),
-        topic=_topic(record),
-        state=record.data,
-    )
-
-
-def _notification(record: Recorded) -> Notification:
-    return Notification(
-        id=record.seq,
-        originator_id=_originator_id(record),
-        originator_version=_int_header(record, VERSION),
-        topic=_topic(record),
-        state=record.data,
-    )
-
-
-def _tracking_id(record: Recorded) -> int:
-    return _int_header(record, TRACKING_ID)
 
 
 class JetStreamRecorder:
@@ -345,6 +316,11 @@ class JetStreamRecorder:
     def quarantined(self) -> list[Quarantined]:
         """The poison messages this factory's readers skipped, in stream order."""
         return self.datastore.quarantined
+
+    def catch_up(self) -> None:
+        """Make the reads after this one see everything the stream holds now, other processes'
+        appends included (one round trip; reads see this process's own appends anyway)."""
+        self.datastore.run(self.datastore.copy.confirm_head())
 
     def _decode(self, record: Recorded, decode: Callable[[Recorded], T]) -> T | None:
         """``decode(record)``, or None for a poison message (quarantined)."""
@@ -370,95 +346,167 @@ class JetStreamRecorder:
                 return value
         return None
 
-    async def _append(
-        self, stored_events: Sequence[StoredEvent], tracking: Tracking | None
-    ) -> list[int]:
-        """Append all events (and the tracking record) in one atomic write, or nothing.
+    def _insert(self, stored_events: Sequence[StoredEvent], tracking: Tracking | None) -> list[int]:
+        """Append all events (and the tracking record) in one atomic write, or nothing; return
+        the events' notification ids.
 
-        Each aggregate's new versions must exceed its last recorded version; the write is
-        conditional on each subject's last sequence, so a concurrent writer makes it fail
-        (and we re-read: a real conflict then shows as IntegrityError)."""
-        by_subject: dict[str, list[int]] = {}
-        for index, event in enumerate(stored_events):
-            subject = self.datastore.subject(self.kind, id_token(event.originator_id))
-            by_subject.setdefault(subject, []).append(index)
-        subjects = list(by_subject)
-        if tracking is not None:
-            subjects.append(self._tracking_subject(tracking.application_name))
-        if not subjects:
+        Each aggregate's new versions must exceed its last recorded version, and the write is
+        conditional on each subject's last sequence.  Those come from the local copy when it
+        holds the subjects (no round trip before the append; a version it holds already is a
+        real conflict); if the server refuses the write, or the copy cannot answer, they are
+        read from the server (``_append``)."""
+        self.datastore.check()
+        insert = _Insert(self, stored_events, tracking)
+        if not insert.subjects:
             return []
-        for _ in range(MAX_CONFLICT_RETRIES):
-            lasts = await asyncio.gather(*(self.datastore.store.last(s) for s in subjects))
+        known = []
+        for subject in insert.subjects:
+            last = self.datastore.copy.last(subject)
+            if last is None:
+                return self.datastore.run(self._append(insert))
+            known.append(last)
+        planned = insert.plan(known)
+        return self.datastore.run(self._append_planned(insert, planned))
+
+    async def _append_planned(self, insert: _Insert, planned: list[Appended]) -> list[int]:
+        try:
+            return await self._write(insert, planned)
+        except ConcurrencyError:  # the copy was behind on a subject: ask the server
+            return await self._append(insert)
+
+    async def _write(self, insert: _Insert, planned: list[Appended]) -> list[int]:
+        """Append the planned writes; the copy holds them once acknowledged."""
+        seqs = await self.datastore.store.append([_write(p) for p in planned])
+        flat = iter(seqs)
+        done = [
+            Appended(
+                p.subject,
+                p.expected_last_seq,
+                [next(flat) for _ in range(max(len(p.events), 1))],
+                p.events,
+                p.tracking_id,
+            )
+            for p in planned
+        ]
+        self.datastore.copy.acknowledge(done)
+        return insert.notification_ids(done)
+
+    async def _append(self, insert: _Insert) -> list[int]:
+        """``_insert`` with each subject's last sequence and valid record read from the server;
+        a concurrent writer makes the write fail and we read again (a real conflict then shows
+        as IntegrityError)."""
+        subjects = insert.subjects
+        store, copy = self.datastore.store, self.datastore.copy
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            if attempt:  # a busy subject, or a replica answering behind its leader: wait a bit
+                await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
+            lasts = await asyncio.gather(*(store.last(s) for s in subjects))
+            for subject, last in zip(subjects, lasts, strict=True):
+                if last is not None:
+                    copy.learn(subject, last.seq)  # reads of it never go back before this
             # The versions to be after: the last VALID ones (poison is skipped), while the
             # write stays conditional on each subject's last message, poison or not.
             valid = await asyncio.gather(
                 *(
                     self._last_valid(s, last, _stored_event)
-                    for s, last in zip(by_subject, lasts, strict=False)
+                    for s, last in zip(insert.by_subject, lasts, strict=False)
                 )
             )
-            writes = [
-                self._event_write(
-                    subject,
-                    [stored_events[i] for i in indexes],
-                    last,
-                    event.originator_version if event else None,
-                )
-                for (subject, indexes), last, event in zip(
-                    by_subject.items(), lasts, valid, strict=False
-                )
+            known: list[_Last] = [
+                (last.seq if last else 0, event, None)
+                for last, event in zip(lasts, valid, strict=False)
             ]
-            if tracking is not None:
-                tracked = await self._last_valid(subjects[-1], lasts[-1], _tracking_id)
-                writes.append(_tracking_write(subjects[-1], tracking, lasts[-1], tracked))
+            if insert.tracking_subject is not None:
+                subject, last = insert.tracking_subject, lasts[-1]
+                tracked = await self._last_valid(subject, last, _tracking_id)
+                known.append((last.seq if last else 0, None, tracked))
+            planned = insert.plan(known)
             try:
-                seqs = await self.datastore.store.append(writes)
+                return await self._write(insert, planned)
             except ConcurrencyError:
                 continue  # someone wrote one of these subjects since we read it: check again
-            notification_ids = [0] * len(stored_events)
-            flat = iter(seqs)
-            for indexes in by_subject.values():
-                for i in indexes:
-                    notification_ids[i] = next(flat)
-            return notification_ids
         raise OperationalError(
             f"gave up after {MAX_CONFLICT_RETRIES} concurrent writes to {subjects}; retry later"
         )
 
-    def _event_write(
-        self, subject: str, events: list[StoredEvent], last: Recorded | None, previous: int | None
-    ) -> Write:
-        for event in events:
-            if previous is not None and event.originator_version <= previous:
+
+_Last = tuple[int, StoredEvent | None, int | None]  # last seq, last valid event, tracking id
+
+
+class _Insert:
+    """One insert_events call: its events by subject (keeping their positions) and tracking."""
+
+    def __init__(
+        self, recorder: JetStreamRecorder, events: Sequence[StoredEvent], tracking: Tracking | None
+    ) -> None:
+        self.events = events
+        self.tracking = tracking
+        self.by_subject: dict[str, list[int]] = {}
+        for index, event in enumerate(events):
+            subject = recorder.datastore.subject(recorder.kind, id_token(event.originator_id))
+            self.by_subject.setdefault(subject, []).append(index)
+        self.subjects = list(self.by_subject)
+        self.tracking_subject = None
+        if tracking is not None:
+            self.tracking_subject = recorder._tracking_subject(tracking.application_name)
+            self.subjects.append(self.tracking_subject)
+
+    def plan(self, known: Sequence[_Last]) -> list[Appended]:
+        """The writes, given each subject's ``_Last`` in the order of ``subjects``; raises
+        IntegrityError for a version or tracking id that is not after the recorded one."""
+        planned = []
+        for (subject, indexes), (last_seq, last_event, _) in zip(
+            self.by_subject.items(), known, strict=False
+        ):
+            previous = last_event.originator_version if last_event else None
+            events = [self.events[i] for i in indexes]
+            for event in events:
+                if previous is not None and event.originator_version <= previous:
+                    raise IntegrityError(
+                        f"version {event.originator_version} of {event.originator_id!r} is not"
+                        f" after version {previous} (already recorded or repeated): reload and"
+                        " retry"
+                    )
+                previous = event.originator_version
+            planned.append(Appended(subject, last_seq, (), events))
+        tracking = self.tracking
+        if tracking is not None and self.tracking_subject is not None:
+            last_seq, _, tracked = known[-1]
+            if tracked is not None and tracking.notification_id <= tracked:
                 raise IntegrityError(
-                    f"version {event.originator_version} of {event.originator_id!r} is not after"
-                    f" version {previous} (already recorded or repeated): reload and retry"
+                    f"tracking id {tracking.notification_id} of {tracking.application_name!r}"
+                    f" is not greater than the recorded {tracked}"
                 )
-            previous = event.originator_version
+            planned.append(
+                Appended(self.tracking_subject, last_seq, (), (), tracking.notification_id)
+            )
+        return planned
+
+    def notification_ids(self, done: Sequence[Appended]) -> list[int]:
+        """The events' stream sequences, in the order they were given."""
+        ids = [0] * len(self.events)
+        for indexes, appended in zip(self.by_subject.values(), done, strict=False):
+            for i, seq in zip(indexes, appended.seqs, strict=True):
+                ids[i] = seq
+        return ids
+
+
+def _write(planned: Appended) -> Write:
+    if planned.tracking_id is not None:
+        messages = [Message(data=b"", headers={TRACKING_ID: str(planned.tracking_id)})]
+    else:
         messages = [
             Message(data=e.state, headers={TOPIC: e.topic, VERSION: str(e.originator_version)})
-            for e in events
+            for e in planned.events
         ]
-        return Write(subject, messages, expected_last_seq=last.seq if last else 0)
-
-
-def _tracking_write(
-    subject: str, tracking: Tracking, last: Recorded | None, tracked: int | None
-) -> Write:
-    if tracked is not None and tracking.notification_id <= tracked:
-        raise IntegrityError(
-            f"tracking id {tracking.notification_id} of {tracking.application_name!r} is not"
-            f" greater than the recorded {tracked}"
-        )
-    message = Message(data=b"", headers={TRACKING_ID: str(tracking.notification_id)})
-    return Write(subject, [message], expected_last_seq=last.seq if last else 0)
+    return Write(planned.subject, messages, expected_last_seq=planned.expected_last_seq)
 
 
 class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        self.datastore.run(self._append(stored_events, None))
+        self._insert(stored_events, None)
         return None
 
     def select_events(
@@ -470,8 +518,26 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
         desc: bool = False,
         limit: int | None = None,
     ) -> Sequence[StoredEvent]:
+        self.datastore.check()
         subject = self.datastore.subject(self.kind, id_token(originator_id))
-        return self.datastore.run(self._select_events(subject, gt, lte, desc, limit))
+        events = self.datastore.copy.history(subject)
+        if events == [] and self.kind != "snapshots":
+            # Not found: make sure of it (another process may have just written it). A
+            # snapshot missed only means reading more events.
+            self.catch_up()
+            events = self.datastore.copy.history(subject)
+        if events is None:
+            return self.datastore.run(self._select_events(subject, gt, lte, desc, limit))
+        if gt is not None or lte is not None:
+            events = [
+                e
+                for e in events
+                if (gt is None or e.originator_version > gt)
+                and (lte is None or e.originator_version <= lte)
+            ]
+        if desc:
+            events.reverse()
+        return events if limit is None else events[:limit]
 
     async def _select_events(
         self, subject: str, gt: int | None, lte: int | None, desc: bool, limit: int | None
@@ -507,7 +573,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        return self.datastore.run(self._append(stored_events, kwargs.get("tracking")))
+        return self._insert(stored_events, kwargs.get("tracking"))
 
     def select_notifications(
         self,
@@ -518,8 +584,12 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         *,
         inclusive_of_start: bool = True,
     ) -> Sequence[Notification]:
-        first = 1 if start is None else start if inclusive_of_start else start + 1
-        return self.datastore.run(self._select_notifications(max(first, 1), limit, stop, topics))
+        self.datastore.check()
+        first = max(1, 1 if start is None else start if inclusive_of_start else start + 1)
+        found = self.datastore.copy.notifications(first, limit, stop, topics)
+        if found is not None:
+            return found
+        return self.datastore.run(self._select_notifications(first, limit, stop, topics))
 
     async def _select_notifications(
         self, first: int, limit: int, stop: int | None, topics: Iterable[str]
@@ -551,6 +621,10 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         return found
 
     def max_notification_id(self) -> int | None:
+        self.catch_up()
+        found = self.datastore.copy.max_notification_id()
+        if found is not None:
+            return found[0]
         return self.datastore.run(self._max_notification_id())
 
     async def _max_notification_id(self) -> int | None:
@@ -599,7 +673,8 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
     async def _follow(self) -> None:
         datastore = self._recorder.datastore
         wanted = set(self._topics)
-        replay = datastore.store.replay(
+        store = await datastore.subscription_store()
+        replay = store.replay(
             from_seq=(self._last_notification_id or 0) + 1,
             subject_filter=datastore.events_filter,
             follow=True,
@@ -650,10 +725,14 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
 
 class JetStreamTrackingRecorder(JetStreamRecorder, TrackingRecorder):
     def insert_tracking(self, tracking: Tracking) -> None:
-        self.datastore.run(self._append([], tracking))
+        self._insert([], tracking)
 
     def max_tracking_id(self, application_name: str) -> int | None:
         subject = self._tracking_subject(application_name)
+        self.catch_up()
+        found = self.datastore.copy.tracked(subject)
+        if found is not None:
+            return found[0]
         return self.datastore.run(self._max_tracking_id(subject))
 
     async def _max_tracking_id(self, subject: str) -> int | None:
@@ -668,13 +747,16 @@ class JetStreamProcessRecorder(
 
 
 class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
-    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL, NATS_STREAM and
-    NATS_CONNECT_TIMEOUT (seconds, default 10), each maybe prefixed with the upper-cased
-    application name as the library does (``DOGSCHOOL_NATS_STREAM``)."""
+    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL, NATS_STREAM,
+    NATS_CONNECT_TIMEOUT (seconds, default 10) and NATS_LOCAL_COPY_MB (the most memory the
+    stream's local copy takes, default 256; 0: no copy, every read goes to the server), each
+    maybe prefixed with the upper-cased application name as the library does
+    (``DOGSCHOOL_NATS_STREAM``)."""
 
     NATS_URL = "NATS_URL"
     NATS_STREAM = "NATS_STREAM"
     NATS_CONNECT_TIMEOUT = "NATS_CONNECT_TIMEOUT"
+    NATS_LOCAL_COPY_MB = "NATS_LOCAL_COPY_MB"
 
     def __init__(self, env: Environment | EnvType | None) -> None:
         super().__init__(env)
@@ -691,8 +773,21 @@ class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
             raise ValueError(
                 f"{self.NATS_CONNECT_TIMEOUT} must be a number of seconds, got {timeout!r}"
             ) from None
+        copy_mb = self.env.get(self.NATS_LOCAL_COPY_MB, str(LOCAL_COPY_MB))
+        try:
+            local_copy_bytes = int(float(copy_mb) * (1 << 20))
+        except ValueError:
+            local_copy_bytes = -1
+        if local_copy_bytes < 0:
+            raise ValueError(
+                f"{self.NATS_LOCAL_COPY_MB} must be a number of megabytes >= 0 (0: no local"
+                f" copy), got {copy_mb!r}"
+            )
         self.datastore = JetStreamDatastore(
-            self.env.get(self.NATS_URL, DEFAULT_NATS_URL), stream, connect_timeout
+            self.env.get(self.NATS_URL, DEFAULT_NATS_URL),
+            stream,
+            connect_timeout,
+            local_copy_bytes,
         )
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:

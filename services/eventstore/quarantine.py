@@ -22,6 +22,12 @@ _MAX_SEEN = 100_000  # beyond this many distinct poison records, log them all ag
 _seen: set[tuple[str, int]] = set()
 LINES_PER_MINUTE = 20
 _window = [0.0, 0, 0]  # start of the current minute, lines logged in it, lines held back
+_total = [0]  # distinct records quarantined in this process (the metric; again after a clear)
+
+
+def total() -> int:
+    """How many distinct records this process's readers quarantined (hoist_quarantined_events)."""
+    return _total[0]
 
 
 def quarantined(
@@ -34,6 +40,7 @@ def quarantined(
     if len(_seen) >= _MAX_SEEN:
         _seen.clear()
     _seen.add(key)
+    _total[0] += 1
     if not _may_log(time.monotonic()):
         return
     log.warning(

@@ -15,6 +15,14 @@ In both refusals the store looks at the first message after the expected sequenc
 subject (or, without one, the subject's messages of the duplicate window): if it carries the key,
 the command was already appended and, since a committed batch is stored contiguously, its
 sequences are ``first .. first + n - 1`` (checked against the stored ``Nats-Batch-Id``).
+
+Read-after-write on a cluster: a direct get may be answered by any replica (or a mirror), and
+one that lags answers from before the last write (ADR-31; nats-server 2.15 ignores the
+``min_last_seq`` of a direct get).  So the store remembers, per subject, the least last
+sequence it knows the subject has (``_floors``: its own appends, the sequence a conflict
+names, what it read before) and never returns a read of that subject from below it: it asks
+again, after short pauses, until a replica that has caught up answers (``_fresh``).  Reads by
+stream order (replay, pages) are for followers of the log, which wait anyway.
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
@@ -43,7 +53,7 @@ from nats.js.errors import NotFoundError
 
 from domain import subjects
 from domain.codec import REFLECTED_HEADER
-from services.transport.client import Client, parse_header_lines
+from services.transport.client import Client, cluster_replicas, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
 
@@ -77,6 +87,16 @@ _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before readi
 # After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
 # a message before the stream has stored it.
 _SETTLE = (0.002, 0.02, 0.1)
+# A read that came from a replica behind what the store knows is asked again after these pauses
+# (a follower applies a write milliseconds after the quorum acknowledged it); then StoreError.
+_LAG_PAUSES = (0.002, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
+# after these pauses: a cluster elects a new leader within seconds of a node's loss.
+_ELECTION_PAUSES = (0.1, 0.25, 0.5, 1.0, 1.0, 2.0, 2.0)
+_UNAVAILABLE = 503  # JetStream's answer while a stream (or the meta layer) has no leader
+_FLOORS_KEPT = 100_000  # subjects whose floor is remembered; the oldest go first
+_WRONG_LAST = re.compile(r"wrong last sequence: (\d+)")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +186,19 @@ class EventStore:
             raise ValueError(f"in_flight must be >= 1, got {in_flight}")
         self._slots = asyncio.Semaphore(in_flight)
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
+        # subject -> the least last stream sequence it is known to have (read-after-write).
+        self._floors: dict[str, int] = {}
 
     # -- stream ----------------------------------------------------------------------------------
 
-    def stream_config(self) -> StreamConfig:
-        """The configuration the store needs: the log is kept whole, nothing expires."""
+    def stream_config(self, replicas: int = 1) -> StreamConfig:
+        """The configuration the store needs: the log is kept whole, nothing expires;
+        ``replicas`` copies (3 on a cluster of three or more: it survives one node's loss)."""
         return StreamConfig(
             name=self.stream,
             subjects=self.subjects,
             storage=StorageType.FILE,
+            num_replicas=replicas,
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.OLD,
             max_msgs=-1,
@@ -191,14 +215,16 @@ class EventStore:
             duplicate_window=self.duplicate_window,
         )
 
-    async def ensure_stream(self) -> None:
-        """Create the stream if missing (file storage, deny delete/purge, atomic batches on); of
-        an existing one, verify every setting that keeps the log whole.
+    async def ensure_stream(self, replicas: int | None = None) -> None:
+        """Create the stream if missing (file storage, deny delete/purge, atomic batches on,
+        ``replicas`` copies: by default 3 when the server is one of a cluster of three or more,
+        else 1); of an existing one, verify every setting that keeps the log whole (its
+        replicas only when ``replicas`` is given).
 
         Never updates a stream: an update is a way to erase the log (``max_msgs: 1``), so no
         Hoist role may send one. A difference is a StoreError naming each setting, both values
         and what to do."""
-        want = self.stream_config()
+        want = self.stream_config(replicas or cluster_replicas(self.nc))
         try:
             info = await self.js.stream_info(self.stream)
         except NotFoundError:
@@ -207,6 +233,8 @@ class EventStore:
             return
         # A stream made before leases existed takes no TTL: one manager leads it unleased.
         self.msg_ttl = bool(info.config.allow_msg_ttl)
+        if replicas is None:
+            want.num_replicas = info.config.num_replicas
         differs = _stream_differences(info.config, want)
         if differs:
             raise StoreError(
@@ -267,17 +295,21 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
-        async with contextlib.nullcontext() if urgent else self._slots:
-            if len(out) == 1:
-                subject, data, headers = out[0]
-                reply = await self._request(subject, data, headers)
-            else:
-                reply = await self._publish_batch(out)
+        reply = await self._send(out, retry=idempotency_key is not None, urgent=urgent)
         error = reply.get("error")
         if error is None:
             last = reply["seq"]
-            return list(range(last - len(out) + 1, last + 1))
+            seqs = list(range(last - len(out) + 1, last + 1))
+            for (subject, _, headers), seq in zip(out, seqs, strict=True):
+                if MSG_TTL not in headers:  # an expiring message sets no floor: it may vanish
+                    self._saw(subject, seq)
+            return seqs
         code = error.get("err_code")
+        moved = _WRONG_LAST.search(str(error.get("description", "")))
+        if moved and len(writes) == 1 and writes[0].expected_subject is None:
+            # the subject's last sequence now, as the server says (with expected_subject it is
+            # the other subject's)
+            self._saw(writes[0].subject, int(moved.group(1)))
         if code in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
             if idempotency_key is not None:
                 original = await self._original_seqs(writes[0], idempotency_key, len(out))
@@ -294,6 +326,34 @@ class EventStore:
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
             f" {error.get('description')} (err_code {code})"
         )
+
+    async def _send(
+        self, out: list[tuple[str, bytes, dict[str, str]]], *, retry: bool, urgent: bool = False
+    ) -> dict[str, Any]:
+        """The stream's answer to the append; with ``retry`` (an idempotent append: it carries
+        a key) sent again while unanswered, for a cluster electing a new stream leader after
+        a node's loss (seconds) or a connection moving to another node."""
+        for pause in (*(_ELECTION_PAUSES if retry else ()), None):
+            try:
+                async with contextlib.nullcontext() if urgent else self._slots:
+                    if len(out) == 1:
+                        subject, data, headers = out[0]
+                        reply = await self._request(subject, data, headers)
+                    else:
+                        reply = await self._publish_batch(out)
+                if pause is None or (reply.get("error") or {}).get("code") != _UNAVAILABLE:
+                    return reply
+            except StoreError:
+                if pause is None:
+                    raise
+            except nats.errors.ConnectionReconnectingError:
+                if pause is None:
+                    raise StoreError(
+                        f"no NATS connection for the append to {out[0][0]} (reconnecting):"
+                        " retry with the same idempotency key"
+                    ) from None
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last pause is None")
 
     async def _request(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, Any]:
         try:
@@ -329,8 +389,13 @@ class EventStore:
         """The sequences of an earlier append of the same command, None if there was none."""
         if first.expected_last_seq is not None:
             # The original, if any, is the first message after the expected one on the subject.
-            found = await self._direct_get(
-                {"seq": first.expected_last_seq + 1, "next_by_subj": first.subject}
+            after = first.expected_last_seq
+            found = await self._fresh(
+                first.subject,
+                lambda: self._direct_get({"seq": after + 1, "next_by_subj": first.subject}),
+                # Only "none after it" can be stale: a message found is the answer, however
+                # far the subject went on since.
+                lambda msg: after if msg is None else self._floors.get(first.subject, msg.seq),
             )
         else:
             since = datetime.now(UTC) - timedelta(seconds=self.duplicate_window + 5)
@@ -380,9 +445,18 @@ class EventStore:
         """The stream's last sequence (0 while empty)."""
         return int((await self.js.stream_info(self.stream)).state.last_seq)
 
-    async def last(self, subject: str, *, urgent: bool = False) -> Recorded | None:
-        """The subject's last message (``subject`` may hold wildcards), None if it has none
-        (``urgent``: not queued behind the requests in flight)."""
+    async def last(
+        self, subject: str, *, urgent: bool = False, expiring: bool = False
+    ) -> Recorded | None:
+        """The subject's last message (``subject`` may hold wildcards), None if it has none;
+        never older than what this store wrote or read of the subject (read-after-write).
+        ``urgent``: not queued behind the requests in flight.  ``expiring``: the subject's
+        messages have a TTL (a lease), so a read below an earlier one is no lag: no floor."""
+        if expiring:
+            return await self._last(subject, urgent)
+        return await self._fresh(subject, lambda: self._last(subject, urgent), _seq_or_zero)
+
+    async def _last(self, subject: str, urgent: bool = False) -> Recorded | None:
         # Raw, like the batches: the header block is read whole (see _stored).
         inbox = self.nc.new_inbox()
         reply: asyncio.Future[tuple[bytes | None, bytes]] = (
@@ -422,10 +496,48 @@ class EventStore:
         return 0 if last is None else last.seq
 
     async def read_subject(self, subject: str, after_seq: int = 0) -> list[Recorded]:
-        """One aggregate's history in order (messages with seq > after_seq)."""
+        """One aggregate's history in order (messages with seq > after_seq), up to at least
+        what this store wrote or read of the subject (read-after-write)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
-        return await self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
+        return await self._fresh(
+            subject,
+            lambda: self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject}),
+            lambda msgs: msgs[-1].seq if msgs else after_seq,
+        )
+
+    async def _fresh(
+        self,
+        subject: str,
+        read: Callable[[], Awaitable[_T]],
+        last_of: Callable[[_T], int],
+    ) -> _T:
+        """``read()`` of ``subject``, asked again while the replica that answered is behind the
+        subject's floor (it has not applied a write the store knows of yet)."""
+        floor = self._floors.get(subject, 0)
+        for pause in (*_LAG_PAUSES, None):
+            got = await read()
+            seen = last_of(got)
+            if seen >= floor:
+                self._saw(subject, seen)
+                return got
+            if pause is None:
+                raise StoreError(
+                    f"the replicas of stream {self.stream} that answered are behind {subject}'s"
+                    f" sequence {floor} (they answered up to {seen}) after"
+                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? retry when it heals"
+                )
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last pause is None")
+
+    def _saw(self, subject: str, seq: int) -> None:
+        """``subject`` has at least ``seq`` (a write acknowledged, a conflict, a read)."""
+        floors = self._floors
+        if seq > floors.get(subject, 0):
+            floors.pop(subject, None)  # re-inserted last: the dict's order is least recent first
+            if len(floors) >= _FLOORS_KEPT:
+                del floors[next(iter(floors))]
+            floors[subject] = seq
 
     async def read(
         self, from_seq: int, limit: int, subject_filter: str | None = None
@@ -629,6 +741,10 @@ class EventStore:
             for sub in signals:
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await sub.unsubscribe()
+
+
+def _seq_or_zero(record: Recorded | None) -> int:
+    return 0 if record is None else record.seq
 
 
 def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:

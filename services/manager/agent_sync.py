@@ -19,7 +19,9 @@ When it runs:
   ended container is no drift: the agent keeps it a while for its logs). A kernel
   CREATING that the agent never got (no container after ``create_grace_s``) gets its
   create-kernel asked again (idempotent). A difference younger than ``grace_s`` (the beat
-  may predate the change) is left for the next round.
+  may predate the change) is left for the next round. An agent that agreed entirely is
+  visited again only once its kernels, registration or liveness change, or its beat lists
+  other containers (a round costs what changed, not every live kernel).
 
 The same round tells each agent which images its kernels are about to use (``pin-images``
 ``expected``), for image GC, and ends RUNNING kernels on agents lost for ``lost_grace_s``
@@ -55,8 +57,8 @@ from services.transport.tasks import Tasks, every
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-# Agents a reconciliation round looks at before it lets other work run: a round visits every
-# live kernel (about 50 ms for 10,000 of them), which must not hold up a create that long.
+# Agents a reconciliation round looks at before it lets other work run: after a burst a round
+# visits every live kernel (about 50 ms for 10,000 of them), which must not hold up a create.
 _AGENTS_PER_SLICE = 25
 
 
@@ -85,6 +87,9 @@ class AgentSync:
         self.lost_grace = timedelta(seconds=lost_grace_s)
         self.syncs = 0  # sync-kernels calls made (tests, logs)
         self._expected_sent: dict[str, frozenset[str]] = {}
+        # Agents that agreed with their last beat and have not changed since (reconcile)
+        self._agreed: set[str] = set()
+        self.visited = 0  # agents the last reconciliation round visited (tests, stats)
         self._tasks = Tasks()
 
     def start(self) -> None:
@@ -213,51 +218,79 @@ class AgentSync:
 
     async def reconcile(self) -> list[str]:
         """One round: sync every drifted agent, re-ask lost creates, pin expected images,
-        end running kernels of long-lost agents; return the agents synced."""
+        end running kernels of long-lost agents; return the agents synced.
+
+        An agent that agreed with its beat last round (every kernel the view runs there has a
+        live container, every live container a kernel of the view, its images pinned) is not
+        visited again until its kernels, registration or liveness change in the view or its
+        beat lists other containers: time alone cannot make it differ, so a round costs what
+        changed, not every live kernel."""
         now = datetime.now(UTC)
+        changed = self.fleet.changed_agents | self.liveness.changed_beats
+        self.fleet.changed_agents.clear()
+        self.liveness.changed_beats.clear()
+        self._agreed -= changed
         drifted: dict[str, set[str]] = {}
         pins = []
-        for n, (agent_id, state) in enumerate(list(self.fleet.agents.items()), 1):
-            if n % _AGENTS_PER_SLICE == 0:
-                await asyncio.sleep(0)  # let creates through: a round visits every live kernel
+        agreeing: dict[str, frozenset[str]] = {}  # agent -> the images it must have pinned
+        visited = 0
+        for agent_id, state in list(self.fleet.agents.items()):
+            if agent_id in self._agreed:
+                continue
+            visited += 1
+            if visited % _AGENTS_PER_SLICE == 0:
+                await asyncio.sleep(0)  # let creates through: an agent costs its kernels
             if not state.live:
                 await self._end_on_lost(agent_id, now)
                 continue
             beat = self.liveness.last_beat.get(agent_id)
             kernels = self._kernels_on(agent_id)
-            pins.append(self._pin_expected(agent_id, kernels))
+            expected = frozenset(s.image for s, k in kernels if k.status in ABOUT_TO_USE)
+            pins.append(self._pin_expected(agent_id, expected))
             if beat is None:
                 continue
-            drift = self._drift(agent_id, beat, kernels)
+            drift, agrees = self._drift(agent_id, beat, kernels)
             if drift is not None:
                 drifted[agent_id] = drift
+            elif agrees:
+                agreeing[agent_id] = expected
+        self.visited = visited
         await asyncio.gather(*pins)
+        for agent_id, expected in agreeing.items():
+            if self._expected_sent.get(agent_id) == expected:  # else the pin failed: again
+                self._agreed.add(agent_id)  # a change meanwhile is taken out next round
         await asyncio.gather(*(self.sync(a, exited) for a, exited in drifted.items()))
         return sorted(drifted)
 
     def _drift(
         self, agent_id: str, beat: rpc.Heartbeat, kernels: list[tuple[Session, Any]]
-    ) -> set[str] | None:
-        """The kernels whose process exited, if the beat disagrees with the view; else None."""
+    ) -> tuple[set[str] | None, bool]:
+        """The kernels whose process exited, if the beat disagrees with the view (else None),
+        and whether the two agree entirely (no difference, even one too young to act on)."""
         live = {k.kernel_id: k for k in beat.kernels}
         drift = False
+        differs = False
         exited: set[str] = set()
         mine = set()
         for session, k in kernels:
             mine.add(k.kernel_id)
             settled = beat.sent_at - k.status_history[-1].at > self.grace
             container = live.get(k.kernel_id)
-            if k.status in (S.RUNNING, S.TERMINATING) and settled:
+            if k.status in (S.RUNNING, S.TERMINATING):
                 if container is None or container.status == "exited":
-                    drift = True
-                    if container is not None:
-                        exited.add(k.kernel_id)
+                    differs = True
+                    if settled:
+                        drift = True
+                        if container is not None:
+                            exited.add(k.kernel_id)
             elif k.status is S.CREATING and container is None:
+                differs = True
                 if beat.sent_at - k.status_history[-1].at > self.create_grace:
                     self.uow.publish(LookAgain(session.id))  # create-kernel is asked again
         for kid in live.keys() - mine:
             if live[kid].status == "exited":
                 continue  # an ended kernel's container, kept by the agent for its logs
+            differs = True
             sid = self.fleet.kernel_session.get(kid)
             session = self.fleet.sessions.get(sid) if sid else None
             if session is None:
@@ -266,10 +299,9 @@ class AgentSync:
             k = session.kernels[kid]
             if beat.sent_at - k.status_history[-1].at > self.grace:
                 drift = True  # a container of a kernel that is over or elsewhere
-        return exited if drift else None
+        return (exited if drift else None), not differs
 
-    async def _pin_expected(self, agent_id: str, kernels: list[tuple[Session, Any]]) -> None:
-        expected = frozenset(s.image for s, k in kernels if k.status in ABOUT_TO_USE)
+    async def _pin_expected(self, agent_id: str, expected: frozenset[str]) -> None:
         if self._expected_sent.get(agent_id) == expected:
             return
         try:

@@ -110,7 +110,7 @@ class Leadership:
                 return
             except ConcurrencyError:
                 # A renewal cancelled after it was sent may have moved it: still ours?
-                last = await self.store.last(manager_lease(), urgent=True)
+                last = await self.store.last(manager_lease(), urgent=True, expiring=True)
                 if last is None or lease_holder(last.subject, last.headers, last.data) != (
                     self.holder
                 ):
@@ -178,7 +178,7 @@ class Leadership:
                 return
             if now < self._resting_until:
                 return
-            last = await self.store.last(manager_lease(), urgent=True)
+            last = await self.store.last(manager_lease(), urgent=True, expiring=True)
             expected = 0
             if last is not None:
                 holder = lease_holder(last.subject, last.headers, last.data)

@@ -22,13 +22,16 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from domain import rpc
 from domain.agent import Agent
+from domain.beats import BeatReceiver
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
 from domain.subjects import HEARTBEAT
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError
+from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.transport.client import Client
 from services.transport.connection import unsubscribe_all
 from services.transport.tasks import Tasks, every
@@ -49,6 +52,7 @@ class LivenessWatcher:
         check_interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         acts: Callable[[], bool] = lambda: True,
+        agents: AgentRpc | None = None,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
@@ -58,8 +62,15 @@ class LivenessWatcher:
         self.check_interval_s = check_interval_s or min(1.0, deadline_s / 4)
         self.clock = clock
         self.acts = acts  # whether this manager marks agents lost now (it leads)
+        # Acknowledges full beats, so agents send the kernels' changes (domain.beats); without
+        # it agents go on listing every kernel in every beat.
+        self.agents = agents
+        self.beats = BeatReceiver()
         self.last_seen: dict[str, float] = {}  # agent id -> when its last heartbeat arrived
         self.last_beat: dict[str, Heartbeat] = {}
+        # Agents whose beat listed other containers than their previous one (or was their
+        # first) since reconciliation last took them (services.manager.agent_sync)
+        self.changed_beats: set[str] = set()
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
         self._decoder = msgspec.json.Decoder(Heartbeat)
         self._sub: Subscription | None = None
@@ -108,9 +119,26 @@ class LivenessWatcher:
         if beat.agent_id != agent_id:
             log.warning("heartbeat on %s names agent %r: not counted", msg.subject, beat.agent_id)
             return
-        self.last_beat[agent_id] = beat
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
+        if self.agents is not None:
+            applied, ack = self.beats.receive(beat)
+            if ack is not None:
+                self._tasks.spawn(self._acknowledge(agent_id, ack), f"ack beats of {agent_id}")
+            if applied is None:
+                return  # the last beat it could apply stays, until a full one comes
+            beat = applied
+        before = self.last_beat.get(agent_id)
+        if before is None or before.kernels != beat.kernels:
+            self.changed_beats.add(agent_id)
+        self.last_beat[agent_id] = beat
+
+    async def _acknowledge(self, agent_id: str, ack: rpc.BeatsAcked) -> None:
+        assert self.agents is not None
+        try:
+            await self.agents.call(agent_id, rpc.BEATS_ACKED, ack, wait_s=5.0)
+        except AgentCallFailed as e:  # it sends full beats meanwhile; the next is acknowledged
+            log.info("agent %s: beats not acknowledged (%s)", agent_id, e)
 
     async def check(self) -> list[str]:
         """Mark every agent silent for the deadline lost; return the ones marked now."""

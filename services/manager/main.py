@@ -55,6 +55,7 @@ from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.leadership import DEFAULT_TTL_S, Leadership
 from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.metrics import ManagerMetrics
 from services.manager.open_streams import OpenStreams
 from services.manager.prepull import PrepullLoop
 from services.manager.pulling_loop import PullingLoop
@@ -70,6 +71,7 @@ from services.manager.users import Users
 from services.transport import credentials, progress
 from services.transport.client import Client
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
+from services.transport.metrics import MetricsServer
 
 log = logging.getLogger("manager")
 
@@ -120,6 +122,9 @@ class ManagerConfig:
     lease_ttl_s: float | None = DEFAULT_TTL_S
     fencing: bool = True  # False: a test's knob, to prove the reservations' OCC alone
     step_down_after_s: float | None = None  # a test's knob: lead this long, then step down
+    # /metrics (services.manager.metrics) on this port of metrics_host; None: not served
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 class Manager:
@@ -140,7 +145,11 @@ class Manager:
         self.uow = UnitOfWork(self.fleet, publish=self.bus.publish)
         self.rpc = AgentRpc(nc)
         self.liveness = LivenessWatcher(
-            nc, self.repository, deadline_s=config.liveness_deadline_s, acts=self.leads
+            nc,
+            self.repository,
+            deadline_s=config.liveness_deadline_s,
+            acts=self.leads,
+            agents=self.rpc,
         )
         self.sync = AgentSync(
             self.fleet,
@@ -214,6 +223,9 @@ class Manager:
         self.stats.time(self.scheduler, "run_pass", self.stats.scheduling_passes)
         self.stats.time(self.liveness, "_on_heartbeat", self.stats.heartbeats)
         self.stats.time(self.sync, "reconcile", self.stats.reconciliation_passes)
+        self.metrics = ManagerMetrics(self.fleet, self._read_seq)
+        self.stats.scheduling_passes.observe = self.metrics.scheduler_pass.observe
+        self.metrics_server: MetricsServer | None = None
         self._wire(self.bus)
         self.server = CommandServer(
             nc,
@@ -270,6 +282,11 @@ class Manager:
         await self.sync.stop()
         await self.pulling.stop()
 
+    def _read_seq(self) -> int | None:
+        """The sequence every read model reflects (None before they run): their lag's base."""
+        runner = self.read_models.runner
+        return None if runner is None else runner.seq
+
     def _owner_of(self, session_id: str) -> str | None:
         """The owner of a session (None: no such session): per-user subjects' scope."""
         session = self.fleet.sessions.get(session_id)
@@ -312,6 +329,7 @@ class Manager:
                 ev.KernelEvent: [lead(r.session_changed)],
                 LookAgain: [lead(r.look_again), lead(s.wake)],  # a reloaded session may be pending
                 RoomFreed: [lead(s.wake)],
+                ev.KernelCreated: [self.metrics.kernel_created],  # on every manager
                 ev.AgentRegistered: [
                     lead(s.wake),
                     lead(sync.agent_registered),
@@ -382,6 +400,12 @@ class Manager:
             await self._lead()
         else:
             await self.leadership.start()  # leads now if the lease is free (or its own)
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(
+                self.metrics.registry, self.config.metrics_host, self.config.metrics_port
+            )
+            port = await self.metrics_server.start()
+            log.info("metrics at http://%s:%d/metrics", self.config.metrics_host, port)
         log.info(
             "manager ready: %d sessions, %d agents, log at %d",
             len(self.fleet.sessions),
@@ -392,6 +416,8 @@ class Manager:
     async def stop(self) -> None:
         if self.leadership is not None:
             await self.leadership.stop()  # a lease held is released: a standby takes over
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.server.stop()
         await self.history.stop()
         await self.quotas.stop()
@@ -410,7 +436,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hoist manager", description="Run the Hoist manager (the control plane)."
     )
-    p.add_argument("--nats-url", required=True, help="nats://[user:password@]host:port")
+    p.add_argument(
+        "--nats-url",
+        required=True,
+        help="nats://[user:password@]host:port, or a cluster's servers comma-separated",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -493,6 +523,12 @@ def parser() -> argparse.ArgumentParser:
     )
     lead.add_argument("--no-fence", action="store_true", help=argparse.SUPPRESS)  # tests only
     lead.add_argument("--step-down-after", type=float, help=argparse.SUPPRESS)  # tests only
+    p.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)"
+    )
+    p.add_argument(
+        "--metrics-host", default="127.0.0.1", help="the address /metrics binds (default local)"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -527,6 +563,8 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         lease_ttl_s=args.lease_ttl or None,
         fencing=not args.no_fence,
         step_down_after_s=args.step_down_after,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
 
 

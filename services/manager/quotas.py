@@ -7,10 +7,11 @@ by services.manager.sessions.
 
 The lifetime loop (every ``interval_s``): an interactive session RUNNING longer than its owner's
 ``max_lifetime_s`` is ended ``lifetime-exceeded`` (its kernels TERMINATING, then TERMINATED as a
-destroy would).  It walks the fleet's index of RUNNING interactive sessions, oldest first, and
-stops at the first one not due under the shortest lifetime any policy sets, so a round costs
-the due sessions (plus the running ones of owners without a lifetime, which it skips by a
-dictionary lookup), and nothing at all while no policy sets a lifetime.
+destroy would).  It walks the fleet's index of RUNNING interactive sessions, oldest first (kept
+sorted as they change, so a round sorts nothing), and stops at the first one not due under the
+shortest lifetime any policy sets, so a round costs the due sessions (plus the running ones of
+owners without a lifetime, which it skips by a dictionary lookup), and nothing at all while no
+policy sets a lifetime.
 
 The idle timeout, in the same loop: an interactive session nobody used through Hoist (a
 session get, logs or exec on it, a read of a stream those opened: ``used``, by its owner on
@@ -158,7 +159,7 @@ class Quotas:
             return []
         oldest_due = now - timedelta(seconds=min(lifetimes))
         out = []
-        for sid, since in sorted(self.fleet.running_since.items(), key=lambda i: i[1]):
+        for since, sid in self.fleet.running_order:
             if since > oldest_due:
                 break  # no lifetime is short enough for this one or any later one
             session = self.fleet.sessions[sid]
@@ -219,7 +220,7 @@ class Quotas:
         if self.started_at > oldest_due:
             return []  # the manager has not run as long as the shortest timeout
         out = []
-        for sid, since in sorted(self.fleet.running_since.items(), key=lambda i: i[1]):
+        for since, sid in self.fleet.running_order:
             if since > oldest_due:
                 break  # no timeout is short enough for this one or any later one
             last = max(since, self.started_at, self.last_use.get(sid, since))

@@ -31,8 +31,11 @@ class Timer:
     count: int = 0
     total_s: float = 0.0
     max_s: float = 0.0
+    observe: Callable[[float], None] | None = None  # also fed to this (a Prometheus histogram)
 
     def add(self, seconds: float) -> None:
+        if self.observe is not None:
+            self.observe(seconds)
         self.count += 1
         self.total_s += seconds
         self.max_s = max(self.max_s, seconds)

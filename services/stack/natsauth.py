@@ -55,6 +55,7 @@ from domain.subjects import (
     inbox_prefix,
 )
 from domain.user import check_name
+from services.stack.natsserver import ClusterNode, cluster_settings
 from services.transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
@@ -72,6 +73,8 @@ _JS = "$JS.API"
 _INBOX = f"{INBOX}.>"
 _FLOW_CONTROL = "$JS.FC.>"  # replies to an ordered consumer's flow-control messages
 _STORE_DIR_LINE = re.compile(r"^(\s*store_dir\s*:\s*).*$", re.MULTILINE)
+_SYNC_ALWAYS_LINE = re.compile(r"^\s*sync_interval\s*:\s*always\s*$", re.MULTILINE)
+_SYNC_OPTED_OUT = "  # sync_interval: always left out (hoist up --no-sync-always): the default"
 
 
 def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Credentials:
@@ -218,7 +221,7 @@ def _change_users(data_dir: Path, name: str, admin: bool | None) -> Credentials:
     creds = Credentials(creds.manager, creds.client, creds.admin, creds.agents, users)
     data_dir = Path(data_dir)
     _write_private(data_dir / CREDENTIALS_FILE, json.dumps(_as_dict(creds), indent=2) + "\n")
-    _write_private(data_dir / "auth.conf", render_auth_conf(creds))
+    write_auth_conf(data_dir, creds)
     return creds
 
 
@@ -252,10 +255,24 @@ def render_auth_conf(creds: Credentials) -> str:
     )
 
 
-def write_server_config(data_dir: Path, creds: Credentials, store_dir: Path) -> Path:
+def write_server_config(
+    data_dir: Path,
+    creds: Credentials,
+    store_dir: Path,
+    *,
+    node: ClusterNode | None = None,
+    nodes: list[ClusterNode] | None = None,
+    sync_always: bool = True,
+) -> Path:
     """Write ``nats.conf`` (the repo's, with ``store_dir`` absolute) and ``auth.conf`` into
     ``data_dir``, both 0600; return the nats.conf path. Start nats-server with ``-c`` on it and
-    no ``-sd`` (the config already names the store dir)."""
+    no ``-sd`` (the config already names the store dir).
+
+    ``node`` of a cluster's ``nodes``: ``<node name>.conf`` instead, with the node's name and
+    routes; every node includes the one auth.conf, so all take the same users and a reload of
+    each applies a change everywhere. ``sync_always=False`` leaves out ``sync_interval:
+    always`` (the server's default then: fsync every 2 minutes; faster, and an acknowledged
+    write can be lost when the host loses power)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     template = REPO_CONFIG.read_text()
@@ -263,10 +280,24 @@ def write_server_config(data_dir: Path, creds: Credentials, store_dir: Path) -> 
     config, found = _STORE_DIR_LINE.subn(lambda m: m.group(1) + store, template)
     if found != 1:
         raise RuntimeError(f"{REPO_CONFIG} must set jetstream store_dir exactly once")
-    _write_private(data_dir / "auth.conf", render_auth_conf(creds))
-    path = data_dir / "nats.conf"
+    if not sync_always:
+        config, found = _SYNC_ALWAYS_LINE.subn(_SYNC_OPTED_OUT, config)
+        if found != 1:
+            raise RuntimeError(f"{REPO_CONFIG} must set sync_interval: always exactly once")
+    name = "nats.conf"
+    if node is not None:
+        config += "\n# This node of the stack's cluster (hoist up --nats-nodes).\n"
+        config += cluster_settings(node, nodes or [node])
+        name = f"{node.name}.conf"
+    write_auth_conf(data_dir, creds)
+    path = data_dir / name
     _write_private(path, config)
     return path
+
+
+def write_auth_conf(data_dir: Path, creds: Credentials) -> None:
+    """Write ``auth.conf`` (0600), which every node's config includes; reload them to apply."""
+    _write_private(Path(data_dir) / "auth.conf", render_auth_conf(creds))
 
 
 # What would erase or rewrite the event log. The stream name is the last token, so a publish

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -105,3 +109,157 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+CLUSTER_NAME = "hoist"
+CLUSTER_PORT_OFFSET = 2000  # a node's route port: its client port + this (4222 -> 6222, NATS's)
+JETSTREAM_READY_S = 30.0  # a new cluster elects its meta leader within seconds
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One nats-server of a cluster on this host: its ``server_name``, client and route ports."""
+
+    name: str
+    port: int
+    cluster_port: int
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+def cluster_nodes(count: int, port: int) -> list[ClusterNode]:
+    """``count`` nodes on consecutive client ports from ``port`` (route ports likewise from
+    ``port + CLUSTER_PORT_OFFSET``), named ``nats-1`` .. ``nats-<count>``."""
+    if count < 1:
+        raise ValueError(f"a cluster has at least one node, got {count}")
+    return [
+        ClusterNode(f"nats-{i + 1}", port + i, port + CLUSTER_PORT_OFFSET + i) for i in range(count)
+    ]
+
+
+def cluster_settings(node: ClusterNode, nodes: list[ClusterNode]) -> str:
+    """The nats.conf lines that make ``node`` one of ``nodes``: its own name, and routes to all
+    of them (a route to itself is harmless). JetStream replicates over these routes."""
+    routes = ", ".join(json.dumps(f"nats-route://127.0.0.1:{n.cluster_port}") for n in nodes)
+    return (
+        f"server_name: {json.dumps(node.name)}\n"
+        "cluster {\n"
+        f"  name: {CLUSTER_NAME}\n"
+        f"  listen: 127.0.0.1:{node.cluster_port}\n"
+        f"  routes: [{routes}]\n"
+        "}\n"
+    )
+
+
+def urls(servers: list[ClusterNode] | list[NatsServer]) -> str:
+    """The servers' client URLs, comma-separated: what every Hoist process connects with."""
+    return ",".join(s.url for s in servers)
+
+
+async def wait_jetstream(url: str, within_s: float = JETSTREAM_READY_S) -> None:
+    """Return once JetStream answers at ``url`` (a cluster's answers once its meta layer has
+    a leader, a few seconds after the nodes see each other)."""
+    from services.transport.client import connect  # the stack imports this module sync-only
+
+    deadline = time.monotonic() + within_s
+    nc = await connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        while True:
+            last = ""
+            try:
+                msg = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+                reply = json.loads(msg.data)
+                if "error" not in reply:
+                    return
+                last = str(reply["error"].get("description"))
+            except Exception as e:  # no responders, timeouts: the meta layer is not up yet
+                last = repr(e)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"JetStream not ready after {within_s:g}s: {last}")
+            await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+class NatsCluster:
+    """Nodes of an open (no auth) JetStream cluster on this host, one store dir each: the
+    tests' and benchmarks' cluster (the stack's has its users: services/stack/up.py).
+    ``sync_always``: fsync before every ack, as the stack's nats.conf does."""
+
+    def __init__(
+        self, base_dir: Path, size: int = 3, port: int | None = None, sync_always: bool = False
+    ) -> None:
+        self.base_dir = Path(base_dir)
+        self.nodes = cluster_nodes(size, port or free_cluster_port(size))
+        self.sync_always = sync_always
+        self.servers = [self._server(n) for n in self.nodes]
+
+    def _server(self, node: ClusterNode) -> NatsServer:
+        home = self.base_dir / node.name
+        home.mkdir(parents=True, exist_ok=True)
+        sync = "  sync_interval: always\n" if self.sync_always else ""
+        config = home / "nats.conf"
+        config.write_text(
+            f"jetstream {{\n  store_dir: {json.dumps(str(home / 'jetstream'))}\n{sync}}}\n"
+            + cluster_settings(node, self.nodes)
+        )
+        return NatsServer(home, port=node.port, config=config, log_file=home / "nats-server.log")
+
+    @property
+    def url(self) -> str:
+        return urls(self.nodes)
+
+    def start(self) -> NatsCluster:
+        for server in self.servers:
+            if server.proc is None:
+                server.start()
+        # In a thread of its own: callable from sync code and from within an event loop alike.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, wait_jetstream(self.url)).result()
+        return self
+
+    def index(self, name: str) -> int:
+        """The position of the node called ``name`` (a stream's leader, say)."""
+        return [n.name for n in self.nodes].index(name)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node ``i``: a crash, no clean shutdown of its store."""
+        self.servers[i].kill()
+
+    def restart(self, i: int) -> None:
+        self.servers[i].start()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> NatsCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_cluster_port(count: int) -> int:
+    """A first port with ``count`` free client ports after it, and their route ports."""
+    for _ in range(50):
+        first = free_port()
+        wanted = [first + i for i in range(count)]
+        wanted += [p + CLUSTER_PORT_OFFSET for p in wanted]
+        if all(p < 65536 and port_free(p) for p in wanted):
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` of 127.0.0.1."""
+    with socket.socket() as s:
+        # As nats-server binds: sockets in TIME_WAIT from a stack just stopped must not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

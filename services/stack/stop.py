@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.stack.lock import DataDirLock
-from services.stack.up import StackInfo, _running
+from services.stack.up import StackInfo, _running, is_nats
 
 STOP_WAIT_S = 30.0  # `hoist up` gives each group of children 10 s before it kills them
 KILL_WAIT_S = 5.0
@@ -117,7 +117,7 @@ def _groups(names: dict[int, str]) -> list[list[int]]:
     """Agents (and anything unnamed) first, then the manager, then nats-server: each finishes
     what it publishes while the server still runs."""
     managers = [p for p, n in names.items() if n == "manager" or n.startswith("manager-")]
-    servers = [p for p, n in names.items() if n == "nats-server"]
+    servers = [p for p, n in names.items() if is_nats(n)]
     first = [p for p in names if p not in managers and p not in servers]
     return [first, managers, servers]
 

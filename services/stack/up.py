@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,17 @@ from typing import Literal
 from services.eventstore.store import StoreError, event_store
 from services.stack import natsauth
 from services.stack.lock import DataDirLock
-from services.stack.natsserver import NatsServer, nats_server_binary, wait_for_port
+from services.stack.natsserver import (
+    CLUSTER_PORT_OFFSET,
+    NatsServer,
+    cluster_nodes,
+    free_port,
+    nats_server_binary,
+    port_free,
+    urls,
+    wait_for_port,
+    wait_jetstream,
+)
 from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.transport import client, credentials, progress
 from services.transport.client import Client
@@ -37,6 +48,9 @@ from services.transport.client import Client
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on
 PORT_FILE = "nats-port"  # the port this data dir's stack last used: `hoist up` uses it again
+WEB_TOKEN_FILE = "web-token"  # the web view's access token (0600), new at each `hoist up`
+NODES_FILE = "nats-nodes"  # how many nats-servers it ran (--nats-nodes): `hoist up` runs as many
+SINGLE = "nats-server"  # the one node's name (its log: nats-server.log, its store: jetstream/)
 
 
 def remembered_port(data_dir: Path) -> int:
@@ -48,6 +62,26 @@ def remembered_port(data_dir: Path) -> int:
     except (OSError, ValueError):
         return DEFAULT_PORT
     return port if 0 < port < 65536 else DEFAULT_PORT
+
+
+def remembered_nodes(data_dir: Path) -> int:
+    """How many nats-servers ``hoist up`` runs for ``data_dir`` when not told: as many as its
+    stack last ran (its log lives on them), else one."""
+    try:
+        nodes = int((Path(data_dir) / NODES_FILE).read_text())
+    except (OSError, ValueError):
+        return 1
+    return nodes if nodes >= 1 else 1
+
+
+def nats_log(data_dir: Path, name: str) -> Path:
+    """The log of the stack's nats-server called ``name`` (nats-server, or nats-1 ..)."""
+    return Path(data_dir) / f"{name}.log"
+
+
+def is_nats(name: str) -> bool:
+    """Whether a stack process's name is one of its nats-servers."""
+    return name == SINGLE or (name.startswith("nats-") and name[5:].isdigit())
 
 
 READY_TIMEOUT_S = 30.0
@@ -91,6 +125,8 @@ class StackInfo:
     pids: dict[str, int] = field(default_factory=dict)  # every process of the stack, by name
     stopping: bool = False  # a new `hoist up` waits for a stopping stack, refuses a running one
     docker_host: str = ""  # the docker agents' --docker-host ("": DOCKER_HOST or the default)
+    web_url: str = ""  # the web view (its token: WEB_TOKEN_FILE); "": not started
+    metrics: dict[str, str] = field(default_factory=dict)  # process -> its /metrics URL
 
     @classmethod
     def read(cls, data_dir: Path) -> StackInfo | None:
@@ -107,6 +143,8 @@ class StackInfo:
             pids=dict(raw.get("pids", {})),
             stopping=raw.get("stopping", False),
             docker_host=raw.get("docker_host", ""),
+            web_url=raw.get("web_url", ""),
+            metrics=dict(raw.get("metrics", {})),
         )
 
     def write(self, data_dir: Path) -> None:
@@ -129,7 +167,7 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     """Give a new agent (one on another host, say) its NATS user on the running stack: new
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
     creds = natsauth.generate_credentials(data_dir, [agent_id])
-    natsauth.write_server_config(data_dir, creds, data_dir / "jetstream")
+    natsauth.write_auth_conf(data_dir, creds)
     reload_nats(data_dir, info)
     return creds
 
@@ -153,33 +191,86 @@ def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> credentials
 
 
 def reload_nats(data_dir: Path, info: StackInfo) -> None:
-    """Have the stack's nats-server re-read its config (its users) and wait until it did."""
-    log = data_dir / "nats-server.log"
-    reloads = log.read_text(errors="replace").count("Reloaded server configuration")
-    os.kill(info.nats_pid, signal.SIGHUP)
+    """Have every nats-server of the stack re-read its config (the users of the auth.conf
+    they all include) and wait until each did. A node that is down reads it when it starts."""
+    servers = {n: p for n, p in info.pids.items() if is_nats(n)} or {SINGLE: info.nats_pid}
+    waiting = {}
+    for name, pid in servers.items():
+        log = nats_log(data_dir, name)
+        reloads = log.read_text(errors="replace").count(_RELOADED)
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except ProcessLookupError:
+            continue  # a cluster's node that died: it reads auth.conf when it starts again
+        waiting[log] = reloads
     deadline = time.monotonic() + 5
-    while log.read_text(errors="replace").count("Reloaded server configuration") <= reloads:
-        if time.monotonic() > deadline:
-            raise StackError(f"nats-server did not reload its users within 5 s; see {log}")
-        time.sleep(0.05)
+    for log, reloads in waiting.items():
+        while log.read_text(errors="replace").count(_RELOADED) <= reloads:
+            if time.monotonic() > deadline:
+                raise StackError(f"nats-server did not reload its users within 5 s; see {log}")
+            time.sleep(0.05)
+
+
+_RELOADED = "Reloaded server configuration"
 
 
 def start_nats(
-    data_dir: Path, port: int, agent_ids: list[str], lock: DataDirLock
-) -> tuple[NatsServer, credentials.Credentials]:
+    data_dir: Path,
+    port: int,
+    agent_ids: list[str],
+    lock: DataDirLock,
+    *,
+    nodes: int = 1,
+    sync_always: bool = True,
+) -> tuple[list[NatsServer], credentials.Credentials]:
     """Start nats-server on the project's nats.conf with this data dir's credentials (agents'
-    users included: they are generated before the server reads auth.conf). It holds the data
-    dir's ``lock`` and ends with this process."""
+    users included: they are generated before the server reads auth.conf); ``nodes`` > 1: a
+    JetStream cluster of that many, on consecutive ports from ``port`` (see store_dirs). Each
+    holds the data dir's ``lock`` and ends with this process."""
     data_dir.mkdir(parents=True, exist_ok=True)
     creds = natsauth.generate_credentials(data_dir, agent_ids)
-    store_dir = data_dir / "jetstream"
-    config = natsauth.write_server_config(data_dir, creds, store_dir)
-    server = _OwnSessionNatsServer(
-        store_dir, port=port, config=config, log_file=data_dir / "nats-server.log"
-    )
     assert lock.fd is not None
-    server.lock_fd = lock.fd
-    return server.start(), creds
+    servers: list[NatsServer] = []
+    cluster = cluster_nodes(nodes, port) if nodes > 1 else [None]
+    for node, store_dir in zip(cluster, store_dirs(data_dir, nodes), strict=True):
+        config = natsauth.write_server_config(
+            data_dir,
+            creds,
+            store_dir,
+            node=node,
+            nodes=cluster if node else None,
+            sync_always=sync_always,
+        )
+        server = _OwnSessionNatsServer(
+            store_dir,
+            port=node.port if node else port,
+            config=config,
+            log_file=nats_log(data_dir, node.name if node else SINGLE),
+        )
+        server.lock_fd = lock.fd
+        server.name = node.name if node else SINGLE
+        try:
+            servers.append(server.start())
+        except RuntimeError:
+            for started in servers:
+                started.stop()
+            raise
+    return servers, creds
+
+
+def store_dirs(data_dir: Path, nodes: int) -> list[Path]:
+    """Where each node keeps JetStream's files: ``jetstream/`` for one node (as ever),
+    ``nats-<i>/jetstream/`` for each node of a cluster."""
+    if nodes == 1:
+        return [Path(data_dir) / "jetstream"]
+    return [Path(data_dir) / node.name / "jetstream" for node in cluster_nodes(nodes, 1)]
+
+
+def ports(port: int, nodes: int) -> list[int]:
+    """Every port the stack's nats-servers listen on: clients', and a cluster's routes."""
+    if nodes == 1:
+        return [port]
+    return [p for n in cluster_nodes(nodes, port) for p in (n.port, n.port + CLUSTER_PORT_OFFSET)]
 
 
 class _OwnSessionNatsServer(NatsServer):
@@ -189,6 +280,7 @@ class _OwnSessionNatsServer(NatsServer):
     cleanly); it holds the data dir's lock until it is gone."""
 
     lock_fd: int
+    name: str = SINGLE
 
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -249,17 +341,6 @@ def docker_version(docker_host: str | None) -> tuple[str | None, str]:
     return version, where
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # As nats-server binds: sockets in TIME_WAIT from a stack just stopped must not count.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _port_in_use(port: int) -> str:
     message = f"port {port} is in use: pick another with --nats-port"
     held = stack_on_port(port)
@@ -270,6 +351,9 @@ def _port_in_use(port: int) -> str:
         f"{message}; it is the Hoist stack in {data_dir} (nats-server pid {pid}): use it with"
         f" --data-dir {data_dir}, or stop it with `hoist down --data-dir {data_dir}`"
     )
+
+
+_STACK_CONFIG = re.compile(r"/nats(-\d+)?\.conf$")  # a stack's node config, in its data dir
 
 
 def stack_on_port(port: int) -> tuple[int, Path] | None:
@@ -287,7 +371,7 @@ def stack_on_port(port: int) -> tuple[int, Path] | None:
             continue
         flags = dict(zip(args[1::2], args[2::2], strict=False))
         config = flags.get("-c", "")
-        if flags.get("-p") == str(port) and config.endswith("/nats.conf"):
+        if flags.get("-p") == str(port) and _STACK_CONFIG.search(config):
             return int(entry.name), Path(config).parent
     return None
 
@@ -324,6 +408,11 @@ class Stack:
         docker_host: str | None = None,
         dummy_config: dict[str, object] | None = None,
         slots: Sequence[str] = (),
+        web: bool = True,
+        web_host: str = "127.0.0.1",
+        web_port: int = 0,
+        nats_nodes: int = 1,
+        sync_always: bool = True,
         managers: int = 1,
     ) -> None:
         if agents < 0:
@@ -331,6 +420,11 @@ class Stack:
         if managers < 1:
             raise StackError(f"--managers must be >= 1, got {managers}")
         self.managers = managers
+        if nats_nodes < 1 or nats_nodes == 2:
+            raise StackError(
+                f"--nats-nodes must be 1, or 3 or more (a cluster needs a majority to go on"
+                f" after a node's loss: 2 of 3), got {nats_nodes}"
+            )
         self.data_dir = data_dir.resolve()
         self.nats_port = nats_port
         self.agent_ids = [f"agent-{i}" for i in range(1, agents + 1)]
@@ -338,15 +432,34 @@ class Stack:
         self.docker_host = docker_host
         self.dummy_config = dummy_config or DUMMY_CONFIG
         self.slots = list(slots)  # "gpu=2": each agent's --slot (it checks them)
-        self.server: NatsServer | None = None
+        self.web = web
+        self.web_host = web_host
+        self.web_port = web_port  # 0: a free one, picked at start
+        self.web_token = ""
+        self.metrics_ports: dict[str, int] = {}  # process -> its /metrics port, picked at start
+        self.nats_nodes = nats_nodes
+        self.sync_always = sync_always
+        self.servers: list[NatsServer] = []
         self.creds: credentials.Credentials | None = None
         self.children: list[Child] = []
         self.lock = DataDirLock(self.data_dir)
 
     @property
+    def server(self) -> NatsServer | None:
+        """The first nats-server (None before any started)."""
+        return self.servers[0] if self.servers else None
+
+    @property
     def url(self) -> str:
-        assert self.server is not None
-        return self.server.url
+        """Every nats-server's URL, comma-separated: what each process of the stack connects
+        with, so it reconnects to another node when one goes."""
+        assert self.servers
+        return urls(self.servers)
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each Hoist stream: 3 on a cluster, 1 on one node."""
+        return 3 if self.nats_nodes >= 3 else 1
 
     def role_url(self, role: str, agent_id: str | None = None) -> str:
         assert self.creds is not None
@@ -358,15 +471,22 @@ class Stack:
         except NoParentDeathSignal as e:
             raise StackError(str(e)) from None
         waited = await self._lock()
+        self._check_layout()
         # A dying stack's nats-server frees the port as it frees the lock: give it a moment.
         deadline = time.monotonic() + (2.0 if waited else 0.0)
-        while not _port_free(self.nats_port):
-            if time.monotonic() >= deadline:
-                raise StackError(_port_in_use(self.nats_port))
-            await asyncio.sleep(0.05)
+        for port in ports(self.nats_port, self.nats_nodes):
+            while not port_free(port):
+                if time.monotonic() >= deadline:
+                    raise StackError(_port_in_use(port))
+                await asyncio.sleep(0.05)
         try:
-            self.server, self.creds = start_nats(
-                self.data_dir, self.nats_port, self.agent_ids, self.lock
+            self.servers, self.creds = start_nats(
+                self.data_dir,
+                self.nats_port,
+                self.agent_ids,
+                self.lock,
+                nodes=self.nats_nodes,
+                sync_always=self.sync_always,
             )
         except RuntimeError as e:
             raise StackError(
@@ -375,22 +495,30 @@ class Stack:
             ) from e
         self._write_info()
         (self.data_dir / PORT_FILE).write_text(f"{self.nats_port}\n")
+        (self.data_dir / NODES_FILE).write_text(f"{self.nats_nodes}\n")
+        try:  # a cluster answers once its nodes have elected a meta leader
+            await wait_jetstream(self.role_url("manager"))
+        except TimeoutError as e:
+            raise StackError(f"{e}; see the logs {self.data_dir}/nats-*.log") from None
         # The streams exist before any agent registers (agents may not create streams).
         nc = await connect(self.role_url("manager"), "hoist-up")
         try:
-            await event_store(nc).ensure_stream()
-            await progress.ensure(nc.jetstream())
+            await event_store(nc).ensure_stream(replicas=self.replicas)
+            await progress.ensure(nc.jetstream(), replicas=self.replicas)
         except StoreError as e:
             raise StackError(str(e)) from None
         finally:
             await nc.close()
+        # /metrics of each process on a free local port (recorded in stack.json).
+        names = ["manager" if n == 1 else f"manager-{n}" for n in range(1, self.managers + 1)]
+        self.metrics_ports = {name: free_port() for name in [*names, *self.agent_ids]}
         # The manager reads its password from the data dir: none in `ps` output.  Several
         # managers: one leads through a lease, the others stand by (services.manager.leadership);
         # each has its own name in the lease and its own read models' file.
-        for n in range(1, self.managers + 1):
-            name = "manager" if n == 1 else f"manager-{n}"
+        for n, name in enumerate(names, start=1):
             args = ["services.manager", "--nats-url", self.url, "--data-dir", str(self.data_dir)]
             args += ["--manager-id", f"manager-{n}"]
+            args += ["--metrics-port", str(self.metrics_ports[name])]
             if n > 1:
                 args += ["--read-models", str(self.data_dir / f"readmodels-{n}.duckdb")]
             self._spawn(name, args, "manager ready")
@@ -404,6 +532,7 @@ class Stack:
             ]
             for slot in self.slots:
                 args += ["--slot", slot]
+            args += ["--metrics-port", str(self.metrics_ports[agent_id])]
             if self.runtime == "dummy":
                 # Its simulated host outlives it, as a Docker Engine outlives a docker agent.
                 host = self.data_dir / "dummy-hosts" / f"{agent_id}.json"
@@ -413,8 +542,47 @@ class Stack:
             # The agent's URL and password go through its environment: none in `ps` output.
             url = {"HOIST_NATS_URL": self.role_url("agent", agent_id)}
             self._spawn(agent_id, args, f"agent {agent_id} ready", url)
+        if self.web:
+            self._spawn_web()
         self._write_info()
         await self._wait_ready()
+
+    def _spawn_web(self) -> None:
+        """The web view (services.web) as the admin role, with a new token (0600 file)."""
+        self.web_port = self.web_port or free_port()
+        self.web_token = secrets.token_urlsafe(24)
+        token_file = self.data_dir / WEB_TOKEN_FILE
+        token_file.unlink(missing_ok=True)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.web_token + "\n")
+        args = ["services.web", "--host", self.web_host, "--port", str(self.web_port)]
+        args += ["--token-file", str(token_file)]
+        self._spawn("web", args, "web ready at", {"HOIST_NATS_URL": self.role_url("admin")})
+
+    @property
+    def web_url(self) -> str:
+        """The web view's address, without its token ("" when it is not started)."""
+        if not self.web or not self.web_token:
+            return ""
+        host = "127.0.0.1" if self.web_host in ("0.0.0.0", "") else self.web_host
+        return f"http://{host}:{self.web_port}/"
+
+    def _check_layout(self) -> None:
+        """Refuse to start an empty log beside this data dir's log on the other layout (one
+        node's store vs a cluster's): the log would seem lost."""
+        ours = store_dirs(self.data_dir, self.nats_nodes)[0]
+        if ours.exists():
+            return
+        for nodes in (1, 3):
+            theirs = store_dirs(self.data_dir, nodes)[0]
+            if theirs != ours and theirs.exists():
+                raise StackError(
+                    f"the event log in {self.data_dir} is on {remembered_nodes(self.data_dir)}"
+                    f" nats-server(s) ({theirs}), not {self.nats_nodes}: start with --nats-nodes"
+                    f" {remembered_nodes(self.data_dir)}, or use another --data-dir for a new"
+                    " stack (move events over with `nats stream backup` / `restore`)"
+                )
 
     async def _lock(self) -> bool:
         """Take the data dir's lock, waiting up to LOCK_WAIT_S for a stack that is ending;
@@ -458,11 +626,14 @@ class Stack:
         )
 
     def _write_info(self) -> None:
-        assert self.server is not None and self.server.proc is not None
-        pids = {"nats-server": self.server.proc.pid, **{c.name: c.proc.pid for c in self.children}}
-        info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, pids["nats-server"])
+        nats = {getattr(s, "name", SINGLE): s.proc.pid for s in self.servers if s.proc}
+        pids = {**nats, **{c.name: c.proc.pid for c in self.children}}
+        first = next(iter(nats.values()))
+        info = StackInfo(self.url, os.getpid(), self.runtime, self.agent_ids, first)
         info.pids = pids
         info.docker_host = self.docker_host or ""
+        info.web_url = self.web_url
+        info.metrics = {n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items()}
         info.write(self.data_dir)
 
     def _spawn(
@@ -534,8 +705,8 @@ class Stack:
                     child.proc.kill()
                     child.proc.wait()
         self.children.clear()
-        if self.server is not None:
-            self.server.stop()
+        for server in self.servers:
+            server.stop()
         info = StackInfo.read(self.data_dir)
         if info is not None and info.pid == os.getpid():
             (self.data_dir / STATE_FILE).unlink(missing_ok=True)

@@ -79,12 +79,20 @@ class Client(NatsClient):
     async def connect(  # type: ignore[override]
         self, servers: str | list[str] = "nats://localhost:4222", **options: Any
     ) -> None:
-        """nats-py's connect; replies come to ``_INBOX.<user>`` when the URL names a user."""
-        first = servers if isinstance(servers, str) else servers[0]
-        user = urlsplit(first).username
-        if user and "inbox_prefix" not in options:
-            options["inbox_prefix"] = inbox_prefix(unquote(user))
-        await super().connect(servers, **options)
+        """nats-py's connect; replies come to ``_INBOX.<user>`` when the URL names a user.
+
+        ``servers`` may list several servers of a cluster, comma-separated (``server_list``):
+        the client reconnects to another when one goes.  The first URL's user and password
+        log in everywhere, also to the servers the cluster advertises (nats-py would try
+        those without any, and be refused)."""
+        pool = server_list(servers)
+        parts = urlsplit(pool[0])
+        if parts.username and "inbox_prefix" not in options:
+            options["inbox_prefix"] = inbox_prefix(unquote(parts.username))
+        if parts.username and parts.password is not None and "user" not in options:
+            options["user"] = unquote(parts.username)
+            options["password"] = unquote(parts.password)
+        await super().connect(pool, **options)
 
     async def subscribe_raw(self, subject: str, handler: RawHandler) -> Subscription:
         """Subscribe ``handler(headers, payload)``, called in the connection's reading task for
@@ -107,6 +115,25 @@ class Client(NatsClient):
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         self._raw.pop(sid, None)
         super()._remove_sub(sid, max_msgs)
+
+
+def cluster_replicas(nc: NatsClient) -> int:
+    """How many copies a Hoist stream keeps on the server ``nc`` is connected to: 3 when it
+    is one of a cluster of three or more (its INFO lists the cluster's client URLs), else 1."""
+    info = getattr(nc, "_server_info", None) or {}
+    servers = len(info.get("connect_urls") or ()) if info.get("cluster") else 1
+    return 3 if servers >= 3 else 1
+
+
+def server_list(servers: str | list[str]) -> list[str]:
+    """The servers of a NATS URL that lists several, comma-separated (as the nats CLI takes
+    them: ``nats://u:p@h1:4222,nats://u:p@h2:4223``; a later one without a user takes the
+    first's), or of a list of URLs."""
+    urls = servers.split(",") if isinstance(servers, str) else list(servers)
+    urls = [u.strip() for u in urls if u.strip()]
+    if not urls:
+        raise ValueError(f"no NATS server in {servers!r}")
+    return urls
 
 
 async def connect(servers: str | list[str], **options: Any) -> Client:

@@ -80,14 +80,9 @@ def load_credentials(data_dir: Path) -> Credentials:
 
 
 def role_url(base_url: str, role: str, creds: Credentials, agent_id: str | None = None) -> str:
-    """``base_url`` (nats://host:port) carrying the role user's name and password."""
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
-    user = quote(user_name(role, agent_id), safe="")
-    password = quote(creds.password(role, agent_id), safe="")
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, "", ""))
+    """``base_url`` (nats://host:port, or several of them comma-separated: a cluster's
+    servers) carrying the role user's name and password."""
+    return logged_in(base_url, user_name(role, agent_id), creds.password(role, agent_id))
 
 
 def user_url(base_url: str, name: str, creds: Credentials) -> str:
@@ -98,12 +93,20 @@ def user_url(base_url: str, name: str, creds: Credentials) -> str:
             f"no NATS user for Hoist user {name!r} in this stack: add it with"
             f" `hoist user add {name}` (on the stack's host, with its data dir)"
         )
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
-    host = parts.netloc.rpartition("@")[2]
-    netloc = f"{quote(name, safe='')}:{quote(user.password, safe='')}@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return logged_in(base_url, name, user.password)
+
+
+def logged_in(base_url: str, user: str, password: str) -> str:
+    """Every server of ``base_url`` (comma-separated) carrying ``user`` and ``password``."""
+    out = []
+    for url in base_url.split(","):
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise ValueError(f"base_url must look like nats://host:port, got {base_url!r}")
+        host = parts.netloc.rpartition("@")[2]
+        netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+        out.append(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+    return ",".join(out)
 
 
 def users_of(stored: dict[str, Any]) -> dict[str, HoistUser]:

@@ -13,17 +13,22 @@ from nats.js.errors import NotFoundError
 
 from domain.rpc import PullProgress, decode
 from domain.subjects import PROGRESS, PROGRESS_STREAM, agent_progress
+from services.transport.client import cluster_replicas
 
 DEFAULT_MAX_AGE_S = 3600.0  # a pull longer than this has its progress forgotten: fine, it's a view
 
 
 def stream_config(
-    *, storage: StorageType = StorageType.MEMORY, max_age_s: float = DEFAULT_MAX_AGE_S
+    *,
+    storage: StorageType = StorageType.MEMORY,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    replicas: int = 1,
 ) -> StreamConfig:
     if max_age_s <= 0:
         raise ValueError(f"max_age_s must be > 0 seconds, got {max_age_s}")
     return StreamConfig(
         name=PROGRESS_STREAM,
+        num_replicas=replicas,
         subjects=[f"{PROGRESS}.>"],
         storage=storage,
         retention=RetentionPolicy.LIMITS,
@@ -39,10 +44,14 @@ async def ensure(
     *,
     storage: StorageType = StorageType.MEMORY,
     max_age_s: float = DEFAULT_MAX_AGE_S,
+    replicas: int | None = None,
 ) -> None:
     """Create the progress stream, or update it to these settings (storage cannot change: a
-    stream with another storage is deleted and recreated, losing only progress)."""
-    want = stream_config(storage=storage, max_age_s=max_age_s)
+    stream with another storage is deleted and recreated, losing only progress).  It keeps
+    ``replicas`` copies (default: 3 on a cluster of three or more, as the event stream), so a
+    pull's progress survives a node's loss too."""
+    replicas = replicas or cluster_replicas(js._nc)
+    want = stream_config(storage=storage, max_age_s=max_age_s, replicas=replicas)
     try:
         info = await js.stream_info(PROGRESS_STREAM)
     except NotFoundError:
@@ -56,6 +65,7 @@ async def ensure(
         or info.config.max_age != max_age_s
         or sorted(info.config.subjects or []) != want.subjects
         or not info.config.allow_direct
+        or (info.config.num_replicas or 1) != replicas
     ):
         await js.update_stream(want)
 

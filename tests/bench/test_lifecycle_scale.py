@@ -1,5 +1,6 @@
 """A smoke run of ``bench/lifecycle.py --scale`` at tiny sizes: it must print one full row per
-size (no failure cell), with the live count the manager agrees with (the bench checks that)."""
+size (no failure cell), with the live count the manager agrees with (the bench checks that),
+and, with ``--verify``, the read models matching a rebuild after each row."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_scale_mode_prints_one_row_per_size() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["--scale", "--agents", "20", "--agent-procs", "2", "--live", "60,100"]
-    args += ["--rate", "20", "--seconds", "1"]
+    args += ["--rate", "20", "--seconds", "1", "--verify"]
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "lifecycle.py"), *args],
         env=env,
@@ -34,3 +35,4 @@ def test_scale_mode_prints_one_row_per_size() -> None:
     # live: the size, plus the steady sessions (20/s for 1 s) that stay live
     assert [c[1].strip() for c in cells] == ["80", "120"], out
     assert "in 2 processes" in out, out
+    assert "hoist verify at 80 live: match" in out and "at 120 live: match" in out, out

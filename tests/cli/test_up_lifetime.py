@@ -61,7 +61,7 @@ def test_no_child_outlives_up_and_up_starts_again_at_once(
     data_dir = tmp_path / "data"
     stack = start_stack(data_dir, "--agents", "2", "--no-demo", "--nats-port", str(port))
     recorded.update(_pids(stack))
-    assert set(recorded) == {"nats-server", "manager", "agent-1", "agent-2"}
+    assert set(recorded) == {"nats-server", "manager", "agent-1", "agent-2", "web"}
     assert _alive(recorded) == recorded
 
     stack.proc.send_signal(sig)
@@ -100,7 +100,7 @@ def test_closing_its_terminal_stops_the_stack(tmp_path: Path, recorded: dict[str
         )
         wait_for(lambda: "Running; Ctrl-C" in term.screen(), timeout=60)
         recorded.update(_pids_in(data_dir))
-        assert set(recorded) == {"nats-server", "manager", "agent-1"}
+        assert set(recorded) == {"nats-server", "manager", "agent-1", "web"}
     finally:
         term.close()  # the terminal goes away: its processes get SIGHUP
     # Stopped in order, not killed: hoist up removes stack.json after its last child is gone

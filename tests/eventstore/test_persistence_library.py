@@ -1,4 +1,5 @@
-"""The eventsourcing library's own recorder and factory test suites, run on JetStream.
+"""The eventsourcing library's own recorder, factory and application test suites, run on
+JetStream.
 
 Passing them is the proof that the persistence module keeps the library's documented recorder
 semantics. One real nats-server serves the module; every recorder gets a fresh stream, so
@@ -7,6 +8,7 @@ notification ids start at 1 as the suites expect.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -15,6 +17,7 @@ from typing import Any
 from unittest import TestCase
 
 from eventsourcing.persistence import InfrastructureFactory
+from eventsourcing.tests import application as lib_app
 from eventsourcing.tests import persistence as lib
 from eventsourcing.utils import Environment
 
@@ -51,6 +54,7 @@ def new_stream() -> str:
 
 
 def new_factory(case: TestCase, **env: str) -> Factory:
+    env = {**env, **getattr(case, "factory_env", {})}
     factory = Factory({"NATS_URL": server_url(), "NATS_STREAM": new_stream(), **env})
     case.addCleanup(factory.close)
     return factory
@@ -139,3 +143,55 @@ class TestFactory(lib.InfrastructureFactoryTestCase[Factory]):
 
     def expected_process_recorder_class(self) -> type[Any]:
         return JetStreamProcessRecorder
+
+
+# The same suites with no local copy (NATS_LOCAL_COPY_MB=0): every read goes to the server, as
+# for a stream larger than the copy's bound or before the copy has caught up.
+FROM_SERVER = {"NATS_LOCAL_COPY_MB": "0"}
+
+
+class TestAggregateRecorderFromServer(TestAggregateRecorder):
+    factory_env = FROM_SERVER
+
+
+class TestApplicationRecorderFromServer(TestApplicationRecorder):
+    factory_env = FROM_SERVER
+
+    def test_the_copy_is_off(self) -> None:
+        assert not self.create_recorder().datastore.copy.enabled
+
+
+class TestProcessRecorderFromServer(TestProcessRecorder):
+    factory_env = FROM_SERVER
+
+
+class _OnJetStream(TestCase):
+    """Applications constructed in the test read the persistence settings from the process
+    environment, as the library's own application tests do."""
+
+    def setUp(self) -> None:
+        settings = {
+            InfrastructureFactory.PERSISTENCE_MODULE: "services.eventstore:Factory",
+            Factory.NATS_URL: server_url(),
+            Factory.NATS_STREAM: new_stream(),
+        }
+        saved = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
+        self.addCleanup(_restore, saved)
+        super().setUp()
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+class TestExampleApplication(_OnJetStream, lib_app.ExampleApplicationTestCase):
+    expected_factory_topic = "services.eventstore.persistence:Factory"
+
+
+class TestApplication(_OnJetStream, lib_app.ApplicationTestCase):
+    pass

@@ -102,10 +102,19 @@ async def test_the_admin_sync_command_reports_and_repairs(nc: Client, store: Eve
 
 async def test_heartbeats_repair_drift_without_any_trigger(nc: Client, store: EventStore) -> None:
     quick = {"reconcile_interval_s": 0.2, "reconcile_grace_s": 0.3, "sync_triggers": frozenset()}
-    async with fleet(nc, store, {"a1": 10 * GB, "a2": 10 * GB}) as agents, manager(nc, **quick):
+    async with (
+        fleet(nc, store, {"a1": 10 * GB, "a2": 10 * GB}) as agents,
+        manager(nc, **quick) as m,
+    ):
         first = await create(nc, max_wait=5)
         second = await create(nc, max_wait=5)
         assert first["status"] == second["status"] == "RUNNING"
+        # Agents that agree with their beats are not visited again until something changes,
+        # and once the manager acknowledged a full beat, beats carry the changes only.
+        await wait_for(lambda: m.sync.visited == 0, 10, "a round that visits no agent")
+        await wait_for(
+            lambda: all(a.beats.base is not None for a in agents.values()), 10, "beats acked"
+        )
         victim = first["kernels"][0]
         host = agents[victim["agent_id"]].runtime
         await host.destroy(victim["kernel_id"])  # a container killed outside Hoist

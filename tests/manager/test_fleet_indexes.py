@@ -16,8 +16,10 @@ from domain.liveness import AgentLiveness
 from domain.placement_index import AgentIndex
 from domain.scheduling import Policy, never_holds
 from domain.session import Session
+from domain.status import KernelStatus as S
 from services.eventstore.store import Recorded
 from services.manager.fleet import Fleet
+from tests.domain.histories import only_kernel, session_at
 from tests.domain.test_placement_index import index_state
 
 GiB = 1024**3
@@ -146,3 +148,25 @@ def test_the_kept_agent_views_match_views_built_afresh(steps: list[tuple[Any, ..
         if indexed:  # before agent_views, which refreshes it too
             assert index_state(fleet.agent_index(policy)) == index_state(AgentIndex(policy, fresh))
         assert fleet.agent_views() == fresh
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(("run", "end")), st.integers(0, 30)), max_size=40))
+def test_the_running_order_is_the_running_sessions_sorted(steps: list[tuple[str, int]]) -> None:
+    """The lifetime loop walks ``running_order`` instead of sorting every RUNNING session."""
+    fleet = Log().fleet
+    sessions: dict[int, Session] = {}
+    for op, n in steps:
+        if op == "run" and n not in sessions:
+            session, kernel_id = session_at(S.CREATING)
+            fleet.reindex(session)
+            session.mark_created(kernel_id, "container-1")
+            fleet.reindex(session)
+            sessions[n] = session
+        elif op == "end" and n in sessions:
+            session = sessions.pop(n)
+            session.mark_terminating(only_kernel(session), "user-requested")
+            fleet.reindex(session)
+        expected = sorted((since, sid) for sid, since in fleet.running_since.items())
+        assert fleet.running_order == expected
+        assert set(fleet.running_since) == {s.id for s in sessions.values()}

@@ -14,7 +14,7 @@ import pytest
 from domain import events as ev
 from domain.agent import Agent
 from domain.errors import InvalidField
-from domain.image_ref import canonical, canonical_repository, familiar
+from domain.image_ref import canonical, canonical_repository, familiar, repository_of
 from domain.session import Session
 from domain.subjects import SESSION_CREATE
 from projections import ALL
@@ -110,3 +110,12 @@ async def test_a_bad_reference_is_refused_at_create_and_nothing_is_appended(
             "image: invalid reference format: repository name (Case) must be lowercase"
         )
         assert await store.head() == before
+
+
+def test_repository_of_splits_the_tag_not_a_registry_port_nor_a_digest() -> None:
+    assert repository_of("localhost:5000/app:1.2") == ("localhost:5000/app", "1.2")
+    assert repository_of("localhost:5000/app") == ("localhost:5000/app", "latest")
+    assert repository_of("docker.io/ml/torch@sha256:" + "a" * 64) == (
+        "docker.io/ml/torch",
+        "latest",
+    )

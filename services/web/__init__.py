@@ -1,0 +1,1 @@
+"""The web view (`hoist web`): fleet, sessions, pulls live in a browser, over NATS only."""

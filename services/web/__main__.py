@@ -1,0 +1,5 @@
+import sys
+
+from services.web.main import main
+
+sys.exit(main())

@@ -1,0 +1,215 @@
+"""What the web view shows, kept current from the manager's documented subjects for every page
+that watches: the read-model queries (``hoist.query.<name>``, domain.contracts.queries), the
+prepull plans (``hoist.admin.image.policy.plan``, an admin's), and the pull-progress stream.
+
+One ``Hub`` per principal (the token's admin role, or one Hoist user): the queries are asked
+again when the log moves (a core subscription on the event subjects wakes the refresh; a
+Hoist user's connection, which may not subscribe there, has a faster timer instead), at most
+``MIN_INTERVAL_S`` apart, and only while someone watches.  Each section is sent to the pages
+only when its rows changed.  Progress comes live from core NATS; for a pull already under
+way when the hub started (a late joiner), the last message the progress stream kept is
+fetched once (a direct get), so every bar is drawn where it stands at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from domain import rpc, subjects
+from services.cli.connection import CliError, Connection
+from services.transport import progress as progress_stream
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 0.3  # between two refreshes of the queries
+IDLE_REFRESH_S = 2.0  # at least this often while watched (heartbeats move no event)
+USER_REFRESH_S = 1.0  # a Hoist user may not watch the event subjects: the timer alone
+PROGRESS_FLUSH_S = 0.2  # progress messages are batched to the pages this often
+MAX_PULLS_KEPT = 500  # finished pulls' last progress kept for the page (oldest dropped)
+
+# Section -> (subject, payload): what the page shows, each from one documented query.
+QUERIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "agents": (subjects.query_subject("agents"), {}),
+    "images": (subjects.query_subject("images"), {}),
+    "sessions": (subjects.query_subject("sessions"), {"limit": 1000}),
+    "kernels": (subjects.query_subject("kernels"), {"limit": 2000}),
+    "occupancy_owner": (subjects.query_subject("occupancy"), {"by": "owner"}),
+    "occupancy_agent": (subjects.query_subject("occupancy"), {"by": "agent"}),
+    "pulls": (subjects.query_subject("pulls"), {"limit": 200}),
+    "policies": (subjects.query_subject("policies"), {}),
+    "plans": (subjects.POLICY_PLAN, {}),
+}
+
+
+class Hub:
+    """The live state of one principal's view; ``watch()`` yields what to send a page."""
+
+    def __init__(self, conn: Connection, who: str, admin: bool) -> None:
+        self.conn = conn
+        self.who = who  # "admin (token)" or a Hoist user's name: said on the page
+        self.admin = admin
+        self.sections: dict[str, Any] = {}
+        self.progress: OrderedDict[str, dict[str, Any]] = OrderedDict()  # "agent/task" -> it
+        self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._wake = asyncio.Event()
+        self._fresh_progress: dict[str, dict[str, Any]] = {}
+        self._fetched: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._subs: list[Subscription] = []
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def watch(self) -> AsyncIterator[dict[str, Any]]:
+        """A snapshot of everything, then each change; the hub runs while anyone watches."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
+        self._watchers.add(queue)
+        try:
+            if self._task is None:
+                self._task = asyncio.create_task(self._run(), name=f"web hub {self.who}")
+                await self._refresh()  # the first page sees data, not an empty frame
+            yield self.snapshot()
+            while True:
+                yield await queue.get()
+        finally:
+            self._watchers.discard(queue)
+            if not self._watchers and self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+                self._task = None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "kind": "snapshot",
+            "who": self.who,
+            "admin": self.admin,
+            "sections": self.sections,
+            "progress": list(self.progress.values()),
+        }
+
+    def _send(self, message: dict[str, Any]) -> None:
+        for queue in list(self._watchers):
+            if queue.full():  # a page that stopped reading: it gets a fresh snapshot instead
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    while True:
+                        queue.get_nowait()
+                queue.put_nowait(self.snapshot())
+            else:
+                queue.put_nowait(message)
+
+    def poke(self) -> None:
+        """Ask the queries again now (after a command this view sent)."""
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        await self._subscribe()
+        flusher = asyncio.create_task(self._flush_progress())
+        idle_s = IDLE_REFRESH_S if self.admin else USER_REFRESH_S
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(idle_s):
+                        await self._wake.wait()
+                self._wake.clear()
+                started = time.monotonic()
+                await self._refresh()
+                await asyncio.sleep(max(0.0, MIN_INTERVAL_S - (time.monotonic() - started)))
+        finally:
+            flusher.cancel()
+            for sub in self._subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            self._subs = []
+
+    async def _subscribe(self) -> None:
+        nc = self.conn.nc
+
+        async def on_event(_msg: Msg) -> None:
+            self._wake.set()
+
+        async def on_progress(msg: Msg) -> None:
+            try:
+                p = rpc.decode(msg.data, rpc.PullProgress)
+            except rpc.RequestError:
+                return  # someone else's bug; the view goes on
+            if msg.subject != f"{subjects.PROGRESS}.{p.agent_id}.{p.task_id}":
+                return  # an agent publishes only its own pulls' subjects
+            self._keep_progress(p)
+
+        if self.admin:  # a role's connection; a Hoist user's may not (natsauth)
+            self._subs.append(await nc.subscribe(subjects.EVENTS_ALL, cb=on_event))
+        self._subs.append(await nc.subscribe(f"{subjects.PROGRESS}.>", cb=on_progress))
+
+    def _keep_progress(self, p: rpc.PullProgress) -> None:
+        key = f"{p.agent_id}/{p.task_id}"
+        row = msgspec.to_builtins(p)
+        row["key"] = key
+        row["at"] = time.time()
+        self.progress[key] = row
+        self.progress.move_to_end(key)
+        while len(self.progress) > MAX_PULLS_KEPT:
+            self.progress.popitem(last=False)
+        self._fresh_progress[key] = row
+
+    async def _flush_progress(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_FLUSH_S)
+            if self._fresh_progress:
+                rows, self._fresh_progress = list(self._fresh_progress.values()), {}
+                self._send({"kind": "progress", "progress": rows})
+
+    async def _refresh(self) -> None:
+        names = list(QUERIES)
+        replies = await asyncio.gather(
+            *(self._ask(*QUERIES[name]) for name in names), return_exceptions=True
+        )
+        changed: dict[str, Any] = {}
+        for name, reply in zip(names, replies, strict=True):
+            value: Any
+            if isinstance(reply, CliError):
+                value = {"error": str(reply)}  # e.g. a user's fleet-wide query: said, not hidden
+            elif isinstance(reply, BaseException):
+                log.warning("web: %s query failed: %s", name, reply)
+                continue
+            else:
+                value = reply
+            if self.sections.get(name) != value:
+                self.sections[name] = value
+                changed[name] = value
+        if changed:
+            self._send({"kind": "sections", "sections": changed})
+        await self._late_progress()
+
+    async def _ask(self, subject: str, payload: dict[str, Any]) -> Any:
+        return await self.conn.request(subject, dict(payload), wait_s=5)
+
+    async def _late_progress(self) -> None:
+        """The progress stream's last message of each pull under way the hub has not heard
+        of yet (it started before the hub did)."""
+        pulls = self.sections.get("pulls")
+        rows = pulls.get("rows", []) if isinstance(pulls, dict) else []
+        js = self.conn.nc.jetstream()
+        for row in rows:
+            key = f"{row['agent_id']}/{row['task_id']}"
+            if row.get("outcome") != "pulling" or key in self.progress or key in self._fetched:
+                continue
+            self._fetched.add(key)
+            try:
+                last = await progress_stream.latest(js, row["agent_id"], row["task_id"])
+            except Exception as e:  # the live messages still come
+                log.info("web: no last progress of pull %s: %s", key, e)
+                continue
+            if last is not None and key not in self.progress:
+                self._keep_progress(last)

@@ -1,0 +1,78 @@
+"""SIGKILL an agent mid-pull (mid-create: bench/chaos.py --agent-kill) and start it again (same
+id, same simulated host, on a three-node stack): its kernel is recovered (RUNNING) or ended
+with a reason, within the deadline the manager keeps for it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.chaos import FINAL, ClusterStack, ask
+from domain.subjects import SESSION_CREATE, SESSION_GET
+from services.transport.client import Client, connect
+
+MiB = 1024**2
+SLOW = "chaos/slow:1"  # 640 MiB at 64 MiB/s: a 10 s pull
+SLOW_CREATE = "chaos/base:1"  # pulled in 1 s, then a 3 s create
+# A pull that stops is the stall timeout's (300 s by default): a restarted agent resumes it
+# at once, so the kernel runs within the pull's own time plus a margin. A create in flight when
+# its agent died is not in the suite: the manager waits out its create-kernel call (60 s,
+# services/manager/agent_rpc.py) before it asks again, too long for a test (bench/chaos.py
+# --agent-kill measures it).
+DEADLINE_S = {"PULLING": 30.0, "CREATING": 60.0 + 5.0 + 3.0 + 10.0}
+PHASES = {"PULLING": SLOW, "CREATING": SLOW_CREATE}
+
+
+async def kernel(nc: Client, sid: str) -> dict[str, Any]:
+    view = await ask(nc, SESSION_GET, {"session_id": sid})
+    assert "error" not in view, view
+    return dict(view["kernels"][0])
+
+
+async def until_kernel(nc: Client, sid: str, statuses: set[str], within_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + within_s
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            last = await kernel(nc, sid)
+        except TimeoutError:
+            continue
+        if last["status"] in statuses:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"kernel of {sid} not {statuses} within {within_s}s: {last}")
+
+
+async def kill_agent_mid(stack: ClusterStack, nc: Client, phase: str) -> dict[str, Any]:
+    """Create a session, SIGKILL its agent while its kernel is in ``phase``, start the agent
+    again a second later; the kernel once RUNNING or final (AssertionError after the phase's
+    deadline)."""
+    reply = await ask(
+        nc,
+        SESSION_CREATE,
+        {"owner": "chaos", "image": PHASES[phase], "resources": {"cpu": 0.1, "mem": 64 * MiB}},
+    )
+    sid = reply["session_id"]
+    before = await until_kernel(nc, sid, {phase}, 30)
+    await asyncio.sleep(0.5)  # well inside the pull, or the create
+    how = stack.kill(before["agent_id"])
+    await asyncio.sleep(1.0)
+    stack.restart(how)
+    return await until_kernel(nc, sid, {"RUNNING", *FINAL}, DEADLINE_S[phase])
+
+
+def agent_stack(data_dir: Path) -> ClusterStack:
+    dummy = {"image_sizes": {SLOW: 640 * MiB, SLOW_CREATE: 64 * MiB}, "create_delay_s": 3.0}
+    return ClusterStack(data_dir, 1, dummy=dummy)
+
+
+async def test_an_agent_killed_mid_pull_recovers_its_kernel(tmp_path: Path) -> None:
+    with agent_stack(tmp_path / "data") as stack:
+        nc = await connect(stack.url("client"), max_reconnect_attempts=-1)
+        try:
+            after = await kill_agent_mid(stack, nc, "PULLING")
+            assert after["status"] == "RUNNING" and after["status_info"], after
+        finally:
+            await nc.close()

@@ -1,0 +1,179 @@
+"""Who may use the web view, over plain HTTP against a real stack: the token (once in the query,
+then a cookie; or a bearer header), a Hoist user's NATS name and password (who then sees and
+destroys only what the manager lets them), and nobody else; the page's headers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from domain.subjects import SESSION_CREATE, SESSION_GET
+from services.transport.client import Client
+from tests.cli.stack_harness import HOIST
+from tests.web.conftest import Web, ask
+
+CPU_MEM = {"cpu": 1, "mem": 256 * 1024**2}
+
+
+async def first_message(http: httpx.AsyncClient, **kwargs: Any) -> dict[str, Any]:
+    """The snapshot the events stream opens with."""
+    async with http.stream("GET", "/events", **kwargs) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                return json.loads(line[len("data: ") :])  # type: ignore[no-any-return]
+    raise AssertionError("no message")
+
+
+async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
+    async with httpx.AsyncClient(base_url=web.url, timeout=10) as http:
+        for path in ("/", "/events", "/static/app.js", "/api/sessions/x/history"):
+            assert (await http.get(path)).status_code == 401, path
+        assert (await http.get("/", params={"token": web.token + "x"})).status_code == 401
+        assert (await http.get("/", headers={"Authorization": "Bearer nope"})).status_code == 401
+        bad_basic = httpx.BasicAuth("nobody", "wrong")
+        assert (await http.get("/", auth=bad_basic)).status_code == 401
+
+        login = await http.get("/", params={"token": web.token})
+        assert login.status_code == 303 and login.headers["location"] == web.url
+        cookie = login.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        page = await http.get("/")  # the cookie now
+        assert page.status_code == 200 and "<title>Hoist</title>" in page.text
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["x-content-type-options"] == "nosniff"
+        snapshot = await first_message(http)
+        assert snapshot["kind"] == "snapshot" and snapshot["admin"] is True
+        agents = {a["agent_id"] for a in snapshot["sections"]["agents"]["rows"]}
+        assert agents == {"agent-1", "agent-2"}
+    forged = {"hoist_web_token": "nope"}
+    async with httpx.AsyncClient(base_url=web.url, timeout=10, cookies=forged) as http:
+        assert (await http.get("/")).status_code == 401
+    bearer = {"Authorization": f"Bearer {web.token}"}
+    async with httpx.AsyncClient(base_url=web.url, timeout=10, headers=bearer) as http:
+        assert (await http.get("/")).status_code == 200
+        # The one write needs a header a cross-site form cannot send.
+        refused = await http.post("/api/sessions/abc/destroy")
+        assert refused.status_code == 400 and "X-Hoist-Request" in refused.json()["error"]
+        unknown = await http.post(
+            "/api/sessions/no-such-session/destroy", headers={"X-Hoist-Request": "destroy"}
+        )
+        assert unknown.status_code == 404, unknown.text
+        bad_id = await http.get("/api/sessions/a.b/history")
+        assert bad_id.status_code in (400, 404)
+    assert urlsplit(web.url).hostname == "127.0.0.1"  # nothing served beyond this machine
+
+
+async def test_a_hoist_user_sees_and_destroys_only_their_own(web: Web, client: Client) -> None:
+    added = web.stack.hoist("user", "add", "ann", env={"HOIST_NATS_URL": web.stack.creds("admin")})
+    assert added.returncode == 0, added.stderr
+    nats = urlsplit(web.stack.hoist("creds", "user", "ann").stdout.strip())
+    ann = httpx.BasicAuth(unquote(nats.username or ""), unquote(nats.password or ""))
+    mine = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "ann", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30},
+    )
+    theirs = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "ben", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30},
+    )
+    async with httpx.AsyncClient(base_url=web.url, timeout=15, auth=ann) as http:
+        assert (await http.get("/")).status_code == 200
+        snapshot = await first_message(http)
+        assert snapshot["who"] == "ann" and snapshot["admin"] is False
+        owners = {s["owner"] for s in snapshot["sections"]["sessions"]["rows"]}
+        assert owners == {"ann"}
+        assert "error" in snapshot["sections"]["plans"]  # an admin's, said as refused
+        history = await http.get(f"/api/sessions/{mine['session_id']}/history")
+        assert "SessionEnqueued" in {e["type"] for e in history.json()["events"]}
+        other = await http.get(f"/api/sessions/{theirs['session_id']}/history")
+        assert other.status_code == 502 and "not-found" in other.text
+        destroy = {"X-Hoist-Request": "destroy"}
+        refused = await http.post(f"/api/sessions/{theirs['session_id']}/destroy", headers=destroy)
+        assert refused.status_code in (403, 404), refused.text
+        done = await http.post(f"/api/sessions/{mine['session_id']}/destroy", headers=destroy)
+        assert done.status_code == 200 and done.json()["session_id"] == mine["session_id"]
+    wrong = httpx.BasicAuth("ann", "not-her-password")
+    async with httpx.AsyncClient(base_url=web.url, timeout=10, auth=wrong) as http:
+        assert (await http.get("/")).status_code == 401
+
+
+def test_hoist_web_serves_its_own_view_with_a_new_token(web: Web) -> None:
+    proc = subprocess.Popen(
+        [HOIST, "--data-dir", str(web.stack.data_dir), "web", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("web ready at http://127.0.0.1:"), line
+        url = line.split(" at ", 1)[1].strip()
+        token = url.split("?token=", 1)[1]
+        assert token != web.token
+        with httpx.Client(timeout=10) as http:
+            assert http.get(url.split("?")[0]).status_code == 401
+            assert http.get(url, follow_redirects=True).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+
+
+async def test_a_view_started_mid_pull_shows_where_the_pull_stands_at_once(
+    web: Web, client: Client
+) -> None:
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "late", "image": web.stack.next_big_image(), "resources": CPU_MEM},
+    )
+    sid = created["session_id"]
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:  # the pull is under way before the new view exists
+        view = await ask(client, SESSION_GET, {"session_id": sid})
+        if view["status"] == "PULLING":
+            break
+        assert asyncio.get_running_loop().time() < deadline, view
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1.5)
+    proc = await asyncio.create_subprocess_exec(
+        HOIST, "--data-dir", str(web.stack.data_dir), "web", "--port", "0",
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = (await proc.stdout.readline()).decode().split(" at ", 1)[1].strip()
+        base, token = url.split("?token=")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            snapshot = await first_message(http, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    tasks = {k["pull_task_id"] for k in view["kernels"]}
+    pulls = [p for p in snapshot["progress"] if p["task_id"] in tasks]
+    assert pulls, snapshot["progress"]  # the first message already has them: no empty bar
+    assert all(p["current"] > 0 and p["total"] > 0 for p in pulls), pulls
+
+
+async def test_a_kernels_output_comes_with_its_session(web: Web, client: Client) -> None:
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "out", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30,
+         "command": ["echo", "<hello from the kernel>"], "session_type": "batch"},
+    )  # fmt: skip
+    bearer = {"Authorization": f"Bearer {web.token}"}
+    async with httpx.AsyncClient(base_url=web.url, timeout=15, headers=bearer) as http:
+        logs = await http.get(f"/api/sessions/{created['session_id']}/logs")
+    assert logs.status_code == 200, logs.text
+    assert "<hello from the kernel>" in logs.json()["logs"]
