@@ -464,11 +464,17 @@ class EventStore:
         what this store wrote or read of the subject (read-after-write)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
-        return await self._fresh(
-            subject,
-            lambda: self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject}),
-            lambda msgs: msgs[-1].seq if msgs else after_seq,
-        )
+        def read() -> Awaitable[list[Recorded]]:
+            return self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
+
+        if self._floors.get(subject, 0) <= after_seq:
+            # Nothing past what the caller has is known: an empty answer is no lag (and
+            # ``after_seq`` is no evidence that the subject reached it).
+            msgs = await read()
+            if msgs:
+                self._saw(subject, msgs[-1].seq)
+            return msgs
+        return await self._fresh(subject, read, lambda msgs: msgs[-1].seq if msgs else 0)
 
     async def _fresh(
         self,
