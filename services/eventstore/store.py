@@ -464,6 +464,7 @@ class EventStore:
         what this store wrote or read of the subject (read-after-write)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
+
         def read() -> Awaitable[list[Recorded]]:
             return self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
 
