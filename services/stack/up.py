@@ -630,7 +630,9 @@ class Stack:
         self, name: str, module_args: list[str], ready_line: str, env: dict[str, str] | None = None
     ) -> None:
         logs = self.data_dir / "logs"
-        logs.mkdir(exist_ok=True)
+        # 0700: a log may hold a secret (the web view prints its URL with its token).
+        logs.mkdir(mode=0o700, exist_ok=True)
+        logs.chmod(0o700)  # a data dir made before this kept 0755
         log = logs / f"{name}.log"
         assert self.lock.fd is not None
         with open(log, "ab") as out:
