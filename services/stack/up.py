@@ -631,8 +631,8 @@ class Stack:
     ) -> None:
         logs = self.data_dir / "logs"
         # 0700: a log may hold a secret (the web view prints its URL with its token).
-        logs.mkdir(mode=0o700, exist_ok=True)
-        logs.chmod(0o700)  # a data dir made before this kept 0755
+        logs.mkdir(exist_ok=True)
+        logs.chmod(0o700)  # also a data dir made before this, whose logs dir was 0755
         log = logs / f"{name}.log"
         assert self.lock.fd is not None
         with open(log, "ab") as out:
