@@ -640,7 +640,9 @@ class Stack:
         self, name: str, module_args: list[str], ready_line: str, env: dict[str, str] | None = None
     ) -> None:
         logs = self.data_dir / "logs"
+        # 0700: a log may hold a secret (the web view prints its URL with its token).
         logs.mkdir(exist_ok=True)
+        logs.chmod(0o700)  # also a data dir made before this, whose logs dir was 0755
         log = logs / f"{name}.log"
         assert self.lock.fd is not None
         with open(log, "ab") as out:

@@ -112,7 +112,10 @@ def test_a_failed_pull_is_drawn_as_a_failure_not_a_full_bar() -> None:
         session_line = next(line for line in text.splitlines() if "all agents" in line)
         assert "75.0 %" in session_line and "100.0 %" not in text, text
         assert "pull failed: manifest unknown" in session_line, text
-        kernel_line = next(line for line in text.splitlines() if "a1" in line and "kernel" in line)
+        # A kernel's row by its agent column: ids are random hex and may contain "a1" themselves.
+        kernel_line = next(
+            line for line in text.splitlines() if line.startswith("  kernel ") and " a1 " in line
+        )
         assert ("CANCELLED" if kernel_cancelled else "PULLING") in kernel_line, text
         # The reason, under the table (a cell as wide as it would widen every kernel row).
         assert "pull failed (kernel " in text and "on a1, at 50.0 MiB): manifest unknown" in text

@@ -14,7 +14,8 @@ notifications 500 at a time.  Each round runs every module once (the order rotat
 fresh stream / file / schema; the best rate of each operation counts.  Printed: the rates and
 the ratios JetStream/Postgres and JetStream/SQLite.
 
-    python bench/eventsourcing.py [--rounds 3] [--accounts 1000] [--threads 8] [--per-thread 250]
+    python bench/eventsourcing_bench.py [--rounds 3] [--accounts 1000] [--threads 8]
+        [--per-thread 250]
 
 nats-server syncs its file store every 2 minutes by default, PostgreSQL at every commit (its
 default ``fsync``/``synchronous_commit``), SQLite as its module sets it; ``--sync-always`` makes
