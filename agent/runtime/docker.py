@@ -106,6 +106,9 @@ _POOLS_HINT = (
 )
 # Container states in which a container is on its networks.
 _UP = ("running", "paused", "restarting")
+# A removed container's endpoint outlives the remove call by milliseconds (more under load).
+_ENDPOINT_RETRIES = 20
+_ENDPOINT_RETRY_S = 0.1
 
 
 def _id(text: str) -> str:
@@ -307,11 +310,7 @@ class DockerRuntime:
                     await self._call(self.api.disconnect_container_from_network, c["Id"], name)
         if up:
             return False
-        try:
-            await self._call(self.api.remove_network, name)
-        except docker.errors.APIError:  # absent, or used by a container of someone else
-            return False
-        return True
+        return await self._remove_network(name)
 
     def _released_after_exit(self, kernel: KernelContainer) -> None:
         """A kernel ended: its session's network may go (in a task of its own)."""
@@ -379,11 +378,22 @@ class DockerRuntime:
                 return False
             if any(_network_mode(c) == name for c in await self._containers()):
                 return False
+            return await self._remove_network(name)
+
+    async def _remove_network(self, name: str) -> bool:
+        """Remove a network no container of ours is on.  The engine frees a removed
+        container's endpoint a moment after the remove returns: "has active endpoints" is
+        asked again for a while; any other refusal (absent, a container of someone else's)
+        leaves the network."""
+        for _ in range(_ENDPOINT_RETRIES):
             try:
                 await self._call(self.api.remove_network, name)
-            except docker.errors.APIError:  # absent, or used by another process
-                return False
-            return True
+                return True
+            except docker.errors.APIError as e:
+                if "active endpoints" not in str(e.explanation or e):
+                    return False
+            await asyncio.sleep(_ENDPOINT_RETRY_S)
+        return False
 
     async def _ensure_volume(self, kernel_id: str, volume: str, owner: str) -> str:
         full = VOLUME_PREFIX + volume
