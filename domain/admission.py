@@ -101,6 +101,11 @@ STANDALONE = frozenset({LEASE})
 _PREFIX = f"{EVENTS}."
 
 
+def standalone(subject: str) -> bool:
+    """Whether ``subject``'s messages stand alone (no history to keep; they expire)."""
+    return subject.removeprefix(_PREFIX).partition(".")[0] in STANDALONE
+
+
 class Inadmissible(DomainError):
     """A stored record no reader accepts: ``reason`` says why, ``event_type`` is its header's
     type name (may be empty or unknown)."""
@@ -199,7 +204,7 @@ def fold(aggregate: Any, event: ev.Event, subject: str) -> Any:
     why = out_of_sequence(subject, last, event)
     if why is not None:
         raise Inadmissible(why, name)
-    if binding(subject)[0] in STANDALONE:
+    if standalone(subject):
         return aggregate
     try:
         return event.mutate(aggregate)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import duckdb
 
-from domain.admission import out_of_sequence, writer
+from domain.admission import out_of_sequence, standalone, writer
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.events import Event
 from domain.limits import MAX_REASON, clip
@@ -57,7 +57,8 @@ _HEADER_TEXT = 200  # header values are the writer's: keep what a human needs
 
 class QuarantineProjection(Gatekeeper):
     name: ClassVar[str] = "quarantine"
-    version: ClassVar[int] = 2  # 2: writer column, aggregate_versions (version gaps refused)
+    # 2: writer column, aggregate_versions (version gaps refused); 3: no lease rows
+    version: ClassVar[int] = 3
     tables: ClassVar[tuple[Table, ...]] = (QUARANTINE, AGGREGATE_VERSIONS)
 
     def __init__(self) -> None:
@@ -85,7 +86,11 @@ class QuarantineProjection(Gatekeeper):
         return out_of_sequence(subject, self.versions.get(subject), event)
 
     def admitted(self, subject: str, event: Event) -> None:
-        """``event`` passed ``check`` and the models took it: its aggregate is at its version."""
+        """``event`` passed ``check`` and the models took it: its aggregate is at its version.
+        A standalone message (the managers' lease) has no version to keep: it expires, so a
+        rebuild after it lapsed would not see it."""
+        if standalone(subject):
+            return
         if subject not in self.versions:
             self._new.add(subject)
         self.versions[subject] = event.originator_version

@@ -9,7 +9,10 @@ from typing import ClassVar
 
 import duckdb
 
+from domain import events as ev
+from domain.codec import encode
 from domain.session import Session
+from domain.subjects import MANAGER_FENCE_ID, MANAGER_LEASE_ID, manager_fence, manager_lease
 from projections import ALL
 from projections.agents import ImagesProjection
 from projections.base import Projection
@@ -17,7 +20,7 @@ from projections.runner import BUILD_SUFFIX, META, Runner
 from projections.sessions import SessionsProjection
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from services.eventstore.store import MSG_TTL, EventStore, Message, Write
 from tests.projections.conftest import rebuilt, rows, scripted_history
 
 
@@ -167,3 +170,42 @@ async def test_a_database_from_before_preload_marks_is_rebuilt(
     ]
     seq, live = snapshot(con)
     assert seq == last and compare(live, await rebuilt(store)) == []
+
+
+async def test_the_managers_lease_leaves_nothing_a_rebuild_after_it_expired_would_miss(
+    store: EventStore, repo: Repository
+) -> None:
+    """Lease and fence messages expire (Nats-TTL): folded live, they must leave no row that a
+    rebuild after they lapsed would lack (the aggregate_versions row of CI's chaos failure)."""
+    session = Session.enqueue(
+        owner="carol", image="img", resources={"cpu": 1, "mem": 1}, resource_group="rg"
+    )
+    await repo.save(session)
+    leased = []
+    for cls, aggregate_id, subject in (
+        (ev.ManagerLeaseTaken, MANAGER_LEASE_ID, manager_lease()),
+        (ev.ManagerFence, MANAGER_FENCE_ID, manager_fence()),
+    ):
+        fields = {"ttl_s": 1.0} if cls is ev.ManagerLeaseTaken else {"lease_seq": 1}
+        event = cls(
+            originator_id=aggregate_id,
+            originator_version=1,
+            timestamp=cls.create_timestamp(),
+            holder="m1",
+            **fields,
+        )
+        data, headers = encode(event)
+        headers[MSG_TTL] = "1s"
+        leased.append(Write(subject, [Message(data, headers)]))
+    [*_, last] = await store.append(leased)
+    con = duckdb.connect()
+    assert await Runner(con, store, ALL).run(follow=False) == last
+    _, live = snapshot(con)
+    for _ in range(50):  # until nats-server expired both
+        if await store.last(manager_fence(), expiring=True) is None:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the fence never expired")
+    assert compare(live, await rebuilt(store)) == []
+    assert rows(con, "SELECT count(*) AS n FROM quarantine") == [{"n": 0}]
