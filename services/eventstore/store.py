@@ -67,7 +67,12 @@ BATCH_SEQ = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
 
 # JetStream err_codes the store maps
-ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_WRONG_LAST_SEQUENCE = 10071  # "wrong last sequence: N" (one server, or the store's check)
+# "wrong last sequence" with no N: a replicated stream refuses a message expecting a subject's
+# sequence while another message expecting it is still being proposed, or a batch that writes
+# a subject it also checks.  A lost race all the same (nats.py's KV maps both alike).
+ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164
+WRONG_LAST = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT})
 ERR_BATCH_DUPLICATE_MSG_ID = 10201
 
 # Headers a direct get adds to the stored ones; stripped so both read paths return the same.
@@ -310,12 +315,12 @@ class EventStore:
             # the subject's last sequence now, as the server says (with expected_subject it is
             # the other subject's)
             self._saw(writes[0].subject, int(moved.group(1)))
-        if code in (ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_DUPLICATE_MSG_ID):
+        if code in WRONG_LAST or code == ERR_BATCH_DUPLICATE_MSG_ID:
             if idempotency_key is not None:
                 original = await self._original_seqs(writes[0], idempotency_key, len(out))
                 if original is not None:
                     return original
-            if code == ERR_WRONG_LAST_SEQUENCE:
+            if code in WRONG_LAST:
                 raise await self._conflict(writes, error.get("description", ""))
             raise StoreError(
                 f"idempotency key {idempotency_key!r} was already used by another command"

@@ -200,6 +200,7 @@ def test_racing_process_recorders_record_each_tracking_id_once(nats_server: Nats
     server's subject-sequence check lets exactly one record each, events and tracking together."""
     factories = [Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "race"}) for _ in range(2)]
     won: list[list[int]] = [[], []]
+    errors: list[BaseException] = []  # a thread's exception is only logged: keep it
     start = threading.Barrier(2)
 
     def worker(n: int) -> None:
@@ -212,6 +213,9 @@ def test_racing_process_recorders_record_each_tracking_id_once(nats_server: Nats
                 )
             except IntegrityError:
                 continue
+            except BaseException as e:  # anything but the lost race fails the test
+                errors.append(e)
+                raise
             won[n].append(notification_id)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(2)]
@@ -221,7 +225,8 @@ def test_racing_process_recorders_record_each_tracking_id_once(nats_server: Nats
         for t in threads:
             t.join()
         recorder = factories[0].process_recorder()
-        assert sorted(won[0] + won[1]) == sorted(set(won[0] + won[1]))  # never both
+        assert errors == []
+        assert sorted(won[0] + won[1]) == list(range(1, 21))  # each by one, never both
         assert recorder.max_tracking_id("up") == 20
         assert len(recorder.select_notifications(1, 100)) == len(won[0]) + len(won[1])
     finally:

@@ -2,8 +2,9 @@
 JetStream.
 
 Passing them is the proof that the persistence module keeps the library's documented recorder
-semantics. One real nats-server serves the module; every recorder gets a fresh stream, so
-notification ids start at 1 as the suites expect.
+semantics. One real nats-server serves the module (a three-node cluster serves the same suites
+in test_persistence_library_cluster.py); every recorder gets a fresh stream, so notification ids
+start at 1 as the suites expect.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from services.eventstore.persistence import (
     JetStreamProcessRecorder,
     JetStreamTrackingRecorder,
 )
-from services.stack.natsserver import NatsServer
+from services.stack.natsserver import NatsCluster, NatsServer
 
 _server: NatsServer | None = None
+cluster: NatsCluster | None = None  # set by the cluster's module while its suites run
 
 
 def setUpModule() -> None:
@@ -45,6 +47,8 @@ def tearDownModule() -> None:
 
 
 def server_url() -> str:
+    if cluster is not None:
+        return cluster.url
     assert _server is not None, "setUpModule starts the nats-server"
     return _server.url
 
