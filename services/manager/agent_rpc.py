@@ -2,11 +2,15 @@
 
 Two outcomes besides a reply, which callers treat differently: AgentUnreachable (no answer:
 nothing is known, ask again later) and AgentRefused (the agent answered with an error reply
-and changed nothing).
+and changed nothing).  A call in flight to an agent that restarts or is declared lost ends
+at once as AgentUnreachable (``agent_gone``): the process it asked is gone, and its answer would
+never come before the call's timeout (a minute for a create).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,17 +49,37 @@ class AgentRpc:
             rpc.PULL_STATUS: 5.0,
             **(timeouts or {}),
         }
+        # agent id -> a future per call in flight to it, given a reason when the agent is gone
+        self._gone: defaultdict[str, set[asyncio.Future[str]]] = defaultdict(set)
+
+    def agent_gone(self, agent_id: str, why: str) -> None:
+        """End every call in flight to ``agent_id``: its process restarted or was lost."""
+        for gone in self._gone.pop(agent_id, ()):
+            if not gone.done():
+                gone.set_result(why)
 
     async def call(
         self, agent_id: str, verb: str, request: object, *, wait_s: float | None = None
     ) -> Any:
         timeout = wait_s if wait_s is not None else self.timeouts.get(verb, 10)
+        gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._gone[agent_id].add(gone)
+        asking = asyncio.ensure_future(
+            self.nc.request(agent_rpc(agent_id, verb), rpc.encode(request), timeout=timeout)
+        )
         try:
-            msg = await self.nc.request(
-                agent_rpc(agent_id, verb), rpc.encode(request), timeout=timeout
-            )
+            await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not asking.done():
+                raise AgentUnreachable(f"agent {agent_id} {verb}: {gone.result()}")
+            msg = asking.result()
         except (NoRespondersError, NatsTimeoutError, TimeoutError) as e:
             raise AgentUnreachable(f"agent {agent_id} {verb}: {type(e).__name__}") from None
+        finally:
+            asking.cancel()  # done already, or no longer wanted
+            if (calls := self._gone.get(agent_id)) is not None:
+                calls.discard(gone)
+                if not calls:
+                    del self._gone[agent_id]
         reply = msgspec.json.decode(msg.data)
         if isinstance(reply, dict) and isinstance(reply.get("error"), dict):
             error = reply["error"]

@@ -287,6 +287,12 @@ class Manager:
         runner = self.read_models.runner
         return None if runner is None else runner.seq
 
+    def _agent_restarted(self, event: ev.AgentReregistered) -> None:
+        self.rpc.agent_gone(event.originator_id, "the agent restarted during the call")
+
+    def _agent_lost(self, event: ev.AgentLost) -> None:
+        self.rpc.agent_gone(event.originator_id, f"the agent was lost ({event.status_info})")
+
     def _owner_of(self, session_id: str) -> str | None:
         """The owner of a session (None: no such session): per-user subjects' scope."""
         session = self.fleet.sessions.get(session_id)
@@ -336,12 +342,13 @@ class Manager:
                     lead(prepull.agent_registered),
                 ],
                 ev.AgentReregistered: [
+                    self._agent_restarted,  # before the reactors look at its sessions again
                     lead(s.wake),
                     lead(r.agent_changed),
                     lead(sync.agent_registered),
                     lead(prepull.agent_registered),
                 ],
-                ev.AgentLost: [lead(r.agent_changed), lead(prepull.wake)],
+                ev.AgentLost: [self._agent_lost, lead(r.agent_changed), lead(prepull.wake)],
                 ev.ImagePulled: [lead(s.wake), lead(r.pull_ended), images.pull_ended],
                 ev.ImagePullFailed: [lead(r.pull_ended), images.pull_ended],
                 ev.KernelExited: [lead(r.kernel_exited)],
