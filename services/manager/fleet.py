@@ -697,14 +697,19 @@ class Fleet:
             await self.unlock(session_id)
 
     async def commit(
-        self, session: Session, request_id: str | None = None, actor: str | None = None
+        self,
+        session: Session,
+        request_id: str | None = None,
+        actor: str | None = None,
+        also: Sequence[Write] = (),
     ) -> bool:
-        """Save the session's pending events (the caller holds its lock); True if stored.
+        """Save the session's pending events (the caller holds its lock) with ``also`` (a
+        leader's fence) in the same append; True if stored.
 
         On a conflict or a store error the session is reloaded from the log and False
         returned: the caller decides again on what is really there."""
         try:
-            await self.repository.save(session, request_id=request_id, actor=actor)
+            await self.repository.save(session, request_id=request_id, actor=actor, also=also)
         except (ConcurrencyError, StoreError) as e:
             self.conflicts += isinstance(e, ConcurrencyError)
             log.warning("session %s not saved (%s): reloading it", session.id, e)

@@ -7,10 +7,14 @@ taken), or its own (same ``holder``: itself before a restart) by compare-and-set
 sequence it read; the leader renews it every quarter TTL by compare-and-set on the sequence
 it holds.  Any refusal means someone else holds it: the manager follows.
 
-The leader fences its scheduling batches with the lease's sequence (``fence()``): a
-ManagerFence in the same atomic batch, expecting the lease subject at that sequence
-(``Nats-Expected-Last-Subject-Sequence-Subject``), so a paused ex-leader's batch is refused
-whole once the lease lapsed or moved to another manager.  The leader also stops leading on its
+The leader fences its scheduling batches, and the writes its loops decide on time or on its
+own memory (an agent lost, a session's lifetime or idle time over, a pull stalled, an agent's
+drift corrected), with the lease's sequence (``fence()``): a ManagerFence in the same atomic
+batch, expecting the lease subject at that sequence
+(``Nats-Expected-Last-Subject-Sequence-Subject``), so a paused ex-leader's write is refused
+whole once the lease lapsed or moved to another manager.  The reactors' writes are not
+fenced: each is the next step of its session from what the log holds (the session subject's
+own check), which the new leader would take the same way.  The leader also stops leading on its
 own when it could not renew for a lease TTL (its lease may have lapsed meanwhile).  A stream
 made before leases existed takes no TTL: there the manager leads unleased, as one manager did.
 """
@@ -39,6 +43,10 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 5.0
+
+
+class NotLeading(StoreError):
+    """A leader's write asked of a manager that does not lead: nothing was written."""
 
 
 class Leadership:
@@ -121,9 +129,14 @@ class Leadership:
                 return
 
     def fence(self) -> tuple[Write, ...]:
-        """The writes that fence a leader's batch: refused once the lease moved on."""
-        if not self.fencing or self.unleased or not self.leading:
+        """The writes that fence a leader's append: refused once the lease moved on (another
+        manager took it, or it lapsed).  NotLeading if this manager does not lead now: what
+        only the leader may write is not written unfenced (a loop's write raced its
+        step-down).  Empty where nothing fences: unleased, or fencing off (a test's knob)."""
+        if not self.fencing or self.unleased:
             return ()
+        if not self.leading:
+            raise NotLeading(f"manager {self.holder} does not lead: the leader writes this")
         fence = self._message(ev.ManagerFence, MANAGER_FENCE_ID, lease_seq=self.lease_seq)
         return (
             Write(

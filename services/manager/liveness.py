@@ -6,6 +6,11 @@ liveness subject (``hoist.events.liveness.<id>``, domain.liveness), which only t
 write.  An agent that comes back re-registers itself (agent.facts); its next heartbeat re-arms
 the watch here.
 
+Only the leader marks agents lost, and each AgentLost is fenced with its lease
+(services.manager.leadership): a paused ex-leader's loss is refused.  A watcher that did not
+look for a while (its process was paused or starved: the heartbeats it has not read yet are
+no evidence of silence) judges nobody on that round and gives every agent a deadline from then.
+
 The watcher is also the live agent table: ``last_beat`` holds every agent's latest heartbeat
 since the manager started (in memory, never stored); the agents query joins
 ``last_heartbeat_at`` in from it at reply time (services.manager.queries).
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -28,10 +33,11 @@ from domain.beats import BeatReceiver
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
-from domain.subjects import HEARTBEAT
+from domain.subjects import HEARTBEAT, manager_lease
 from services.eventstore.repository import NotFound, Repository, loaded_seq
-from services.eventstore.store import ConcurrencyError
+from services.eventstore.store import ConcurrencyError, Write
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
+from services.manager.leadership import NotLeading
 from services.transport.client import Client
 from services.transport.connection import unsubscribe_all
 from services.transport.tasks import Tasks, every
@@ -53,6 +59,7 @@ class LivenessWatcher:
         clock: Callable[[], float] = time.monotonic,
         acts: Callable[[], bool] = lambda: True,
         agents: AgentRpc | None = None,
+        fence: Callable[[], Sequence[Write]] = tuple,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
@@ -62,6 +69,10 @@ class LivenessWatcher:
         self.check_interval_s = check_interval_s or min(1.0, deadline_s / 4)
         self.clock = clock
         self.acts = acts  # whether this manager marks agents lost now (it leads)
+        self.fence = fence  # the leader's, with each AgentLost
+        # A round later than this after the one before is a stall, not silence (see check)
+        self.stall_s = max(3 * self.check_interval_s, deadline_s / 3)
+        self._checked_at: float | None = None
         # Acknowledges full beats, so agents send the kernels' changes (domain.beats); without
         # it agents go on listing every kernel in every beat.
         self.agents = agents
@@ -141,10 +152,23 @@ class LivenessWatcher:
             log.info("agent %s: beats not acknowledged (%s)", agent_id, e)
 
     async def check(self) -> list[str]:
-        """Mark every agent silent for the deadline lost; return the ones marked now."""
+        """Mark every agent silent for the deadline lost; return the ones marked now.  After a
+        stall of this watcher (``stall_s`` since its last round) nobody is judged: every agent
+        gets a deadline from now, as at start."""
+        now = self.clock()
+        before, self._checked_at = self._checked_at, now
+        if before is not None and now - before >= self.stall_s:
+            log.warning(
+                "liveness: no round for %.1fs (this process was paused or starved): every"
+                " agent gets %gs from now",
+                now - before,
+                self.deadline_s,
+            )
+            for agent_id in self.last_seen:
+                self.last_seen[agent_id] = now
+            return []
         if not self.acts():
             return []
-        now = self.clock()
         silent = [
             agent_id
             for agent_id, seen in self.last_seen.items()
@@ -152,14 +176,18 @@ class LivenessWatcher:
         ]
         marked = []
         for agent_id in silent:
-            if await self.mark_lost(agent_id, f"no heartbeat for {self.deadline_s:g}s"):
+            try:
+                lost = await self.mark_lost(agent_id, f"no heartbeat for {self.deadline_s:g}s")
+            except NotLeading:
+                return marked  # it stepped down meanwhile: the new leader judges
+            if lost:
                 marked.append(agent_id)
             self.marked.add(agent_id)
         return marked
 
     async def mark_lost(self, agent_id: str, detail: str) -> bool:
-        """Append AgentLost (``heartbeat-timeout: <detail>``); False if it already was lost
-        or is not registered."""
+        """Append AgentLost (``heartbeat-timeout: <detail>``), fenced; False if it already was
+        lost or is not registered, NotLeading if this manager no longer leads."""
         for _ in range(_ATTEMPTS):
             try:
                 agent = await self.repository.get(Agent, agent_id)
@@ -177,8 +205,10 @@ class LivenessWatcher:
             why = info(Reason.HEARTBEAT_TIMEOUT, detail)
             liveness = AgentLiveness.mark_lost(liveness, agent_id, why)
             try:
-                await self.repository.save(liveness)
-            except ConcurrencyError:
+                await self.repository.save(liveness, also=self.fence())
+            except ConcurrencyError as e:
+                if e.subject == manager_lease():  # the fence: another manager leads now
+                    raise NotLeading(f"agent {agent_id} not marked lost: {e}") from None
                 continue  # another writer of the liveness subject: decide again
             log.warning("agent %s lost: %s", agent_id, why)
             return True

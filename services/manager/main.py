@@ -43,7 +43,7 @@ from domain.contracts.users import AddUser, DisableUser, ListUsers
 from domain.scheduling import Limits, Policy
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.repository import Repository
-from services.eventstore.store import event_store
+from services.eventstore.store import Write, event_store
 from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
@@ -142,7 +142,7 @@ class Manager:
         self.repository = Repository(self.store, actor="manager")
         self.bus = MessageBus()  # wired below, once every handler exists
         self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish)
-        self.uow = UnitOfWork(self.fleet, publish=self.bus.publish)
+        self.uow = UnitOfWork(self.fleet, publish=self.bus.publish, fence=self._fence)
         self.rpc = AgentRpc(nc)
         self.liveness = LivenessWatcher(
             nc,
@@ -150,6 +150,7 @@ class Manager:
             deadline_s=config.liveness_deadline_s,
             acts=self.leads,
             agents=self.rpc,
+            fence=self._fence,
         )
         self.sync = AgentSync(
             self.fleet,
@@ -189,7 +190,7 @@ class Manager:
             config.limits,
             config.policy,
             **({"planner": planner} if planner else {}),
-            fence=self.leadership.fence if self.leadership else tuple,
+            fence=self._fence,
         )
         self.sessions = SessionCommands(self.fleet, self.uow)
         self.kernel_io = KernelIO(self.fleet, self.rpc)
@@ -250,6 +251,11 @@ class Manager:
     def leads(self) -> bool:
         """Whether this manager leads the scheduler, the reactors and the loops now."""
         return self.leadership is None or self.leadership.leading
+
+    def _fence(self) -> tuple[Write, ...]:
+        """The leader's fence for a write only the leader makes (services.manager.leadership;
+        NotLeading if this manager does not lead); none without a lease (one manager)."""
+        return () if self.leadership is None else self.leadership.fence()
 
     def _if_leading(self, handler: Callable[[Any], object]) -> Callable[[Any], object]:
         """``handler``, called only while this manager leads (a follower folds and serves

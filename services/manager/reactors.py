@@ -165,7 +165,8 @@ class Reactors:
                 s.process_ended(agent_id, event.kernel_id, event)
 
         self._tasks.spawn(
-            self.uow.try_change(event.session_id, decide), f"kernel {event.kernel_id} exited"
+            self.uow.try_change(event.session_id, decide, fenced=False),
+            f"kernel {event.kernel_id} exited",
         )
 
     def kick_later(self, session_id: str) -> None:

@@ -39,6 +39,7 @@ from domain.scheduling import (
 from domain.session import Session
 from services.eventstore.store import MAX_BATCH, Write
 from services.manager.fleet import Fleet
+from services.manager.leadership import NotLeading
 from services.manager.uow import UnitOfWork
 from services.transport.tasks import Tasks, every
 
@@ -98,6 +99,10 @@ class SchedulerLoop:
         reloads what it held and wakes the next pass.  Returns the sessions placed."""
         booked = self.fleet.reservations
         await booked.refresh()
+        try:
+            fence = self.fence()  # before anything is claimed: from here on nothing awaits
+        except NotLeading:
+            return 0  # it stepped down meanwhile: the new leader plans
         due = {a: ended for a, ended in booked.due().items() if not booked.busy(a)}
         pending = self.fleet.pending_sessions()
         if not pending and not due:
@@ -150,7 +155,7 @@ class SchedulerLoop:
             booked.recount(agent_id)
         if sessions or touched:
             booked.begin(touched)
-            batch = self.uow.save_claimed(sessions, list(touched.values()), self.fence())
+            batch = self.uow.save_claimed(sessions, list(touched.values()), fence)
             self._saves.spawn(self._saved(batch), f"schedule {len(sessions)} sessions")
         return placed
 

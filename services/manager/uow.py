@@ -10,6 +10,10 @@ reloads the session from the log and the block's commands are called again on it
 live on the aggregate and look at its state, so calling them again decides again on what is
 really there.  What was stored is then published on the bus (services.manager.bus).
 
+A periodic loop's change is fenced (``fenced``): it decides on time or on the leader's
+memory, so it is stored only while this manager leads (services.manager.leadership), and a
+paused ex-leader's is refused.
+
 A block that raises leaves nothing recorded: the session is reloaded (the commands before the
 one that raised had already applied their events to the view's copy) and the error goes on; so
 does a DomainError of a command called again after a conflict.  A store error the view cannot
@@ -29,6 +33,7 @@ from domain.reservation import AgentReservations
 from domain.session import Session
 from services.eventstore.store import StoreError, Write
 from services.manager.fleet import Fleet
+from services.manager.leadership import NotLeading
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +49,20 @@ class KeptChanging(StoreError):
 
 
 class UnitOfWork:
-    def __init__(self, fleet: Fleet, publish: Callable[[object], None]) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        publish: Callable[[object], None],
+        fence: Callable[[], Sequence[Write]] = tuple,
+    ) -> None:
         self.fleet = fleet
         self.publish = publish
+        self.fence = fence  # the leader's (services.manager.leadership); none: one manager
 
     @asynccontextmanager
-    async def session(self, session_id: str, *, actor: str | None = None) -> AsyncIterator[Session]:
+    async def session(
+        self, session_id: str, *, actor: str | None = None, fenced: bool = False
+    ) -> AsyncIterator[Session]:
         await self.fleet.lock(session_id)
         try:
             session = self.fleet.sessions.get(session_id)
@@ -64,8 +77,13 @@ class UnitOfWork:
                     await self.fleet.reload_or_mark_stale(session_id)
                 raise
             for _ in range(ATTEMPTS):
-                if await self._save(session, actor):
-                    return
+                try:
+                    if await self._save(session, actor, fenced):
+                        return
+                except NotLeading:
+                    session.collect_events()
+                    await self.fleet.reload_or_mark_stale(session_id)
+                    raise
                 fresh = self.fleet.sessions.get(session_id)
                 if fresh is None:
                     raise SessionUnknown(session_id)
@@ -82,13 +100,18 @@ class UnitOfWork:
             await self.fleet.unlock(session_id)
 
     async def change(
-        self, session_id: str, decide: Callable[[Session], None], *, actor: str | None = None
+        self,
+        session_id: str,
+        decide: Callable[[Session], None],
+        *,
+        actor: str | None = None,
+        fenced: bool = False,
     ) -> bool:
         """``decide(session)`` in ``session()``, for the manager's own reactions: True if it
         stored something, or the session was reloaded under a stale decision (look again);
         False if nothing was due or the session is unknown.  A DomainError is logged."""
         try:
-            async with self.session(session_id, actor=actor) as session:
+            async with self.session(session_id, actor=actor, fenced=fenced) as session:
                 before = len(session.pending_events)
                 decide(session)
                 return len(session.pending_events) > before
@@ -98,11 +121,14 @@ class UnitOfWork:
         except SessionUnknown:
             return False
 
-    async def try_change(self, session_id: str, decide: Callable[[Session], None]) -> bool:
+    async def try_change(
+        self, session_id: str, decide: Callable[[Session], None], *, fenced: bool = True
+    ) -> bool:
         """``change()`` for a periodic loop, which tries again next round: a store error is
-        logged and the loop goes on with its other sessions."""
+        logged and the loop goes on with its other sessions.  Fenced unless told: a loop
+        decides on time or on the leader's memory (``fenced=False``: a reaction to an event)."""
         try:
-            return await self.change(session_id, decide)
+            return await self.change(session_id, decide, fenced=fenced)
         except StoreError as e:
             log.warning("session %s not changed (%s); the next round tries again", session_id, e)
             return False
@@ -172,11 +198,13 @@ class UnitOfWork:
                 self.publish(event)
         return stored
 
-    async def _save(self, session: Session, actor: str | None) -> bool:
+    async def _save(self, session: Session, actor: str | None, fenced: bool = False) -> bool:
         """True if stored; False after a conflict (the view reloaded the session).  A store
-        error the view could not recover from by a reload goes on (StoreError)."""
+        error the view could not recover from by a reload goes on (StoreError); NotLeading
+        for a fenced save of a manager that does not lead (nothing saved, nothing reloaded)."""
         events = list(session.pending_events)
-        stored = await self.fleet.commit(session, actor=actor)
+        also = self.fence() if fenced else ()
+        stored = await self.fleet.commit(session, actor=actor, also=also)
         if stored:
             for event in events:
                 self.publish(event)

@@ -9,10 +9,13 @@ import time
 import pytest
 
 from domain import events as ev
+from domain.agent import Agent
 from domain.codec import encode
-from domain.subjects import manager_lease, reservation_events
+from domain.subjects import liveness_events, manager_lease, reservation_events
+from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError, EventStore, Message, Write
-from services.manager.leadership import Leadership
+from services.manager.leadership import Leadership, NotLeading
+from services.manager.liveness import LivenessWatcher
 from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import GB, agents, create, manager
@@ -96,3 +99,77 @@ async def test_a_record_no_manager_wrote_does_not_block_the_lease(
     await store.append([Write(manager_lease(), [Message(b"junk")])])  # no TTL: it stays
     async with manager(nc, manager_id="m1", lease_ttl_s=1.0) as m1:
         assert m1.leadership is not None and m1.leadership.leading
+
+
+async def _registered(store: EventStore, agent_id: str) -> Repository:
+    repo = Repository(store)
+    await repo.save(
+        Agent.register(
+            agent_id=agent_id,
+            resource_group="default",
+            capacity={"cpu": 4, "mem": GB, "disk": GB},
+            runtime="dummy",
+            images={},
+        )
+    )
+    return repo
+
+
+async def test_a_paused_ex_leader_marks_no_agent_lost(nc: Client, store: EventStore) -> None:
+    """The bug a hostile trial found: a leader paused past the lease (SIGSTOP), resumed, still
+    believed it led and, its heartbeat clock stale, appended AgentLost for healthy agents."""
+    await store.ensure_stream()
+    repo = await _registered(store, "a1")
+
+    async def nothing() -> None:
+        pass
+
+    old = Leadership(store, "old", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
+    await old.tick()
+    assert old.leading
+    now = [0.0]
+    watcher = LivenessWatcher(
+        nc, repo, deadline_s=15.0, clock=lambda: now[0], acts=lambda: old.leading, fence=old.fence
+    )
+    watcher.last_seen["a1"] = 0.0
+    assert await watcher.check() == []  # its first round, all well
+    # Paused 27 s: the lease lapsed and another manager took it; nobody beat into this one.
+    now[0] = 27.0
+    assert await watcher.check() == []  # a stall: nobody judged ...
+    assert watcher.last_seen["a1"] == 27.0  # ... every agent gets a deadline from now
+    data, headers = encode(
+        ev.ManagerLeaseTaken(
+            originator_id="manager",
+            originator_version=1,
+            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
+            holder="new",
+            ttl_s=1.0,
+        )
+    )
+    await store.append(
+        [Write(manager_lease(), [Message(data, headers)], expected_last_seq=old.lease_seq)]
+    )
+    # Even judged on its stale clock (rounds kept on time), its AgentLost is fenced out.
+    for t in range(28, 44):
+        now[0] = float(t)
+        assert await watcher.check() == []
+    assert await store.last(liveness_events("a1")) is None  # no AgentLost stored
+    # The fence alone: without it the same loss would have gone in.
+    unfenced = LivenessWatcher(nc, repo, deadline_s=15.0, clock=lambda: now[0])
+    assert await unfenced.mark_lost("a1", "no heartbeat for 15s")
+    assert await store.last(liveness_events("a1")) is not None
+
+
+async def test_a_manager_that_does_not_lead_gives_no_fence_but_refuses(
+    nc: Client, store: EventStore
+) -> None:
+    await store.ensure_stream()
+
+    async def nothing() -> None:
+        pass
+
+    follower = Leadership(store, "f", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
+    with pytest.raises(NotLeading):
+        follower.fence()  # never an unfenced leader's write
+    unfenced = Leadership(store, "u", ttl_s=1.0, on_lead=nothing, on_follow=nothing, fencing=False)
+    assert unfenced.fence() == ()
