@@ -21,9 +21,15 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
   log holds only events the domain accepted. Nor may it change a stream: no Hoist credential
   can erase the log; only the server's operator, with access to its store dir, can.
 
-Passwords are stored in plaintext in two 0600 files in the data dir (credentials.json and
-auth.conf). nats-server accepts bcrypt hashes, but hashing needs a dependency we do not ship,
-and ``hoist creds`` must print the plaintext anyway, so a hash beside it would protect nothing.
+A cluster's routes (``hoist up --nats-nodes 3``) have a user and password of their own, no
+role's: route-credentials.json (0600), generated once per data dir and written into each node's
+config, so a nats-server without them cannot join the cluster (it would serve its own clients
+every subject past these permissions).
+
+Passwords are stored in plaintext in 0600 files in the data dir (credentials.json, auth.conf,
+route-credentials.json and the nodes' configs). nats-server accepts bcrypt hashes, but hashing
+needs a dependency we do not ship, and ``hoist creds`` must print the plaintext anyway, so a
+hash beside it would protect nothing.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from domain.subjects import (
     inbox_prefix,
 )
 from domain.user import check_name
-from services.stack.natsserver import ClusterNode, cluster_settings
+from services.stack.natsserver import ClusterNode, RouteAuth, cluster_settings
 from services.transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
@@ -67,6 +73,7 @@ from services.transport.credentials import (
     users_of,
 )
 
+ROUTE_CREDENTIALS_FILE = "route-credentials.json"
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "nats.conf"
 
 _JS = "$JS.API"
@@ -102,6 +109,22 @@ def generate_credentials(data_dir: Path, agent_ids: Iterable[str] = ()) -> Crede
     else:
         path.chmod(0o600)  # tighten a file someone loosened
     return creds
+
+
+def route_credentials(data_dir: Path) -> RouteAuth:
+    """The user and password of the stack's cluster routes, from
+    ``data_dir/route-credentials.json``, generated (0600) when it holds none: a restarted
+    cluster keeps its routes' credentials, as every node must give the same."""
+    path = Path(data_dir) / ROUTE_CREDENTIALS_FILE
+    stored = read_json(path) if path.exists() else {}
+    user, password = stored.get("user"), stored.get("password")
+    if isinstance(user, str) and user and isinstance(password, str) and password:
+        path.chmod(0o600)  # tighten a file someone loosened
+        return RouteAuth(user, password)
+    auth = RouteAuth.generate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_private(path, json.dumps({"user": auth.user, "password": auth.password}) + "\n")
+    return auth
 
 
 def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
@@ -269,10 +292,12 @@ def write_server_config(
     no ``-sd`` (the config already names the store dir).
 
     ``node`` of a cluster's ``nodes``: ``<node name>.conf`` instead, with the node's name and
-    routes; every node includes the one auth.conf, so all take the same users and a reload of
-    each applies a change everywhere. ``sync_always=False`` leaves out ``sync_interval:
-    always`` (the server's default then: fsync every 2 minutes; faster, and an acknowledged
-    write can be lost when the host loses power)."""
+    routes, authorized by the data dir's route credentials (route_credentials); every node
+    includes the one auth.conf, so all take the same users and a reload of each applies a
+    change everywhere (and keeps the routes: the cluster block is unchanged).
+    ``sync_always=False`` leaves out ``sync_interval: always`` (the server's default then:
+    fsync every 2 minutes; faster, and an acknowledged write can be lost when the host loses
+    power)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     template = REPO_CONFIG.read_text()
@@ -287,7 +312,7 @@ def write_server_config(
     name = "nats.conf"
     if node is not None:
         config += "\n# This node of the stack's cluster (hoist up --nats-nodes).\n"
-        config += cluster_settings(node, nodes or [node])
+        config += cluster_settings(node, nodes or [node], route_credentials(data_dir))
         name = f"{node.name}.conf"
     write_auth_conf(data_dir, creds)
     path = data_dir / name

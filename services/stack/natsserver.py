@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -12,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 
 def nats_server_binary() -> str:
@@ -139,15 +142,44 @@ def cluster_nodes(count: int, port: int) -> list[ClusterNode]:
     ]
 
 
-def cluster_settings(node: ClusterNode, nodes: list[ClusterNode]) -> str:
+ROUTE_USER = "hoist-route"
+
+
+@dataclass(frozen=True)
+class RouteAuth:
+    """The user and password a cluster's routes ask of every server that connects to them, and
+    that each node gives when it connects to another: a server without them cannot join."""
+
+    user: str
+    password: str
+
+    @classmethod
+    def generate(cls) -> RouteAuth:
+        return cls(ROUTE_USER, secrets.token_urlsafe(24))  # 192 bits, URL-safe
+
+    def route_url(self, port: int) -> str:
+        user, password = quote(self.user, safe=""), quote(self.password, safe="")
+        return f"nats-route://{user}:{password}@127.0.0.1:{port}"
+
+
+def cluster_settings(node: ClusterNode, nodes: list[ClusterNode], auth: RouteAuth) -> str:
     """The nats.conf lines that make ``node`` one of ``nodes``: its own name, and routes to all
-    of them (a route to itself is harmless). JetStream replicates over these routes."""
-    routes = ", ".join(json.dumps(f"nats-route://127.0.0.1:{n.cluster_port}") for n in nodes)
+    of them (a route to itself is harmless), authorized by ``auth``: the ``cluster {
+    authorization }`` block makes the node refuse a route without them (a stranger's
+    nats-server would otherwise join the cluster and serve its own clients every subject,
+    JetStream's API included, past every user's permissions), and the route URLs carry them
+    (nats-server uses the block's for routes it discovers). JetStream replicates over these
+    routes."""
+    routes = ", ".join(json.dumps(auth.route_url(n.cluster_port)) for n in nodes)
     return (
         f"server_name: {json.dumps(node.name)}\n"
         "cluster {\n"
         f"  name: {CLUSTER_NAME}\n"
         f"  listen: 127.0.0.1:{node.cluster_port}\n"
+        "  authorization {\n"
+        f"    user: {json.dumps(auth.user)}\n"
+        f"    password: {json.dumps(auth.password)}\n"
+        "  }\n"
         f"  routes: [{routes}]\n"
         "}\n"
     )
@@ -184,9 +216,11 @@ async def wait_jetstream(url: str, within_s: float = JETSTREAM_READY_S) -> None:
 
 
 class NatsCluster:
-    """Nodes of an open (no auth) JetStream cluster on this host, one store dir each: the
-    tests' and benchmarks' cluster (the stack's has its users: services/stack/up.py).
-    ``sync_always``: fsync before every ack, as the stack's nats.conf does."""
+    """Nodes of a JetStream cluster on this host open to every client (no users), one store
+    dir each: the tests' and benchmarks' cluster (the stack's has its users:
+    services/stack/up.py). Its routes ask for a route password as the stack's do (a new one
+    for each NatsCluster), so no other server on the host joins it. ``sync_always``: fsync
+    before every ack, as the stack's nats.conf does."""
 
     def __init__(
         self, base_dir: Path, size: int = 3, port: int | None = None, sync_always: bool = False
@@ -194,6 +228,7 @@ class NatsCluster:
         self.base_dir = Path(base_dir)
         self.nodes = cluster_nodes(size, port or free_cluster_port(size))
         self.sync_always = sync_always
+        self.route_auth = RouteAuth.generate()
         self.servers = [self._server(n) for n in self.nodes]
 
     def _server(self, node: ClusterNode) -> NatsServer:
@@ -201,10 +236,12 @@ class NatsCluster:
         home.mkdir(parents=True, exist_ok=True)
         sync = "  sync_interval: always\n" if self.sync_always else ""
         config = home / "nats.conf"
-        config.write_text(
-            f"jetstream {{\n  store_dir: {json.dumps(str(home / 'jetstream'))}\n{sync}}}\n"
-            + cluster_settings(node, self.nodes)
-        )
+        # 0600: it holds the route password.
+        with os.fdopen(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(
+                f"jetstream {{\n  store_dir: {json.dumps(str(home / 'jetstream'))}\n{sync}}}\n"
+                + cluster_settings(node, self.nodes, self.route_auth)
+            )
         return NatsServer(home, port=node.port, config=config, log_file=home / "nats-server.log")
 
     @property

@@ -3,13 +3,29 @@ auth.conf reloaded on all three, remembered by the data dir; and the durability 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import stat
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
+import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
 from bench.chaos import ClusterStack
+from domain.subjects import EVENT_STREAM
 from services.stack import natsauth
-from services.stack.natsserver import cluster_nodes
+from services.stack.natsserver import (
+    NatsServer,
+    RouteAuth,
+    cluster_nodes,
+    free_port,
+)
+from services.stack.up import remembered_port
 from services.transport import credentials
 from services.transport.client import server_list
 
@@ -54,9 +70,121 @@ def test_sync_always_is_the_default_and_the_opt_out_leaves_it_out(tmp_path: Path
     assert "\n  sync_interval: always" not in lazy
     assert 'server_name: "nats-2"' in lazy and "listen: 127.0.0.1:6223" in lazy
     assert lazy.count("nats-route://") == 3
+    route = natsauth.route_credentials(tmp_path)
+    assert lazy.count(f"nats-route://{route.user}:{route.password}@") == 3
+    assert f'authorization {{\n    user: "{route.user}"\n    password: "{route.password}"' in lazy
 
 
 def test_urls_of_several_servers_carry_the_credentials_on_each() -> None:
     creds = credentials.Credentials("m", "c", "a")
     url = credentials.role_url("nats://h:1,nats://h:2", "client", creds)
     assert server_list(url) == ["nats://client:c@h:1", "nats://client:c@h:2"]
+
+
+def test_a_server_without_the_route_credentials_cannot_join_the_stack(tmp_path: Path) -> None:
+    """A local user's no-auth nats-server routing to a stack node's route port: were it let in,
+    its own no-password clients would read and write the stack's subjects (JetStream API
+    included) past every role. The stack's routes ask for the route user and password."""
+    data = tmp_path / "data"
+    with ClusterStack(data, 0) as stack:
+        auth = natsauth.route_credentials(data)
+        assert stat.S_IMODE((data / natsauth.ROUTE_CREDENTIALS_FILE).stat().st_mode) == 0o600
+        node = cluster_nodes(3, remembered_port(data))[0]
+        stranger = _stranger(tmp_path / "stranger", node.cluster_port)
+        # The same server given the route credentials joins: what refuses the stranger is them.
+        friend = _stranger(tmp_path / "friend", node.cluster_port, auth)
+        try:
+            joined = _joined_or_refused(stranger)
+            assert joined == 0, f"a server without the route credentials joined: {joined} routes"
+            assert asyncio.run(_stream_info(stranger.url)) is None
+            assert _joined_or_refused(friend) > 0, friend.log()[-2000:]
+            assert asyncio.run(_stream_info(friend.url)) is not None
+            # A reload (users changed) keeps the routes and their authorization.
+            added = stack.hoist("user", "add", "bob")
+            assert added.returncode == 0, added.stderr
+            assert _route_names(friend) == {"nats-1", "nats-2", "nats-3"}
+            late = _stranger(
+                tmp_path / "late", cluster_nodes(3, remembered_port(data))[2].cluster_port
+            )
+            try:
+                assert _joined_or_refused(late) == 0
+            finally:
+                late.server.stop()
+        finally:
+            stranger.server.stop()
+            friend.server.stop()
+    # The data dir's cluster starts again with the same route credentials on every node.
+    with ClusterStack(data, 0):
+        assert natsauth.route_credentials(data) == auth
+        for name in ("nats-1", "nats-2", "nats-3"):
+            assert auth.password in (data / f"{name}.conf").read_text()
+
+
+class _Stranger:
+    def __init__(self, server: NatsServer, monitor: int) -> None:
+        self.server, self.monitor = server, monitor
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def routes(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor}/routez", timeout=2) as r:
+            return int(json.load(r)["num_routes"])
+
+    def log(self) -> str:
+        return self.server.log_file.read_text(errors="replace")
+
+
+def _stranger(home: Path, route_port: int, auth: RouteAuth | None = None) -> _Stranger:
+    """A nats-server of no users and no JetStream of its own, in cluster ``hoist``, routing to
+    127.0.0.1:``route_port``; given ``auth``, it routes with the route credentials (and asks
+    them of the stack's nodes, which then route to it as they route to each other)."""
+    home.mkdir(parents=True)
+    monitor, listen = free_port(), free_port()
+    if auth is None:
+        route, authorization = f"nats-route://127.0.0.1:{route_port}", ""
+    else:
+        route = auth.route_url(route_port)
+        authorization = f"  authorization {{ user: {auth.user}, password: {auth.password} }}\n"
+    config = home / "stranger.conf"
+    config.write_text(
+        f"server_name: {home.name}\nhttp: 127.0.0.1:{monitor}\n"
+        f"cluster {{\n  name: hoist\n  listen: 127.0.0.1:{listen}\n{authorization}"
+        f"  routes: [{json.dumps(route)}]\n}}\n"
+    )
+    return _Stranger(NatsServer(home, config=config).start(), monitor)
+
+
+def _route_names(server: _Stranger, within_s: float = 10) -> set[str]:
+    """The servers ``server`` routes to, once it routes to all three nodes of the stack."""
+    deadline = time.monotonic() + within_s
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor}/routez", timeout=2) as r:
+            names = {route["remote_name"] for route in json.load(r)["routes"]}
+        if len(names) >= 3 or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)
+
+
+def _joined_or_refused(stranger: _Stranger, within_s: float = 10) -> int:
+    """The stranger's routes once it has some, or 0 once a stack node refused its route."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        routes = stranger.routes()
+        if routes or "Authorization Violation" in stranger.log():
+            return routes
+        time.sleep(0.05)
+    raise TimeoutError(f"the stranger neither joined nor was refused:\n{stranger.log()[-2000:]}")
+
+
+async def _stream_info(url: str) -> dict[str, object] | None:
+    """What a no-password client of ``url`` learns of the event stream (None: no answer)."""
+    nc = await nats.connect(url)
+    try:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{EVENT_STREAM}", b"", timeout=2)
+        return dict(json.loads(reply.data))
+    except (NoRespondersError, NatsTimeoutError):
+        return None
+    finally:
+        await nc.close()
