@@ -39,7 +39,7 @@ from domain import subjects
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET, session_events
 from services.eventstore.store import StoreError, event_store
 from services.stack.natsserver import free_cluster_port
-from services.stack.up import StackInfo
+from services.stack.up import StackInfo, is_nats
 from services.transport import credentials
 from services.transport.client import Client, connect
 from tests.infra.cluster import stream_leader
@@ -66,6 +66,7 @@ class Started:
     name: str
     cmd: list[str]
     env: dict[str, str]
+    pid: int
 
 
 class ClusterStack:
@@ -124,10 +125,19 @@ class ClusterStack:
         pairs = (e.partition(b"=") for e in (proc / "environ").read_bytes().split(b"\0") if e)
         env = {k.decode(): v.decode() for k, _, v in pairs}
         os.kill(pid, signal.SIGKILL)
-        return Started(name, cmd, env)
+        return Started(name, cmd, env, pid)
 
-    def restart(self, how: Started) -> None:
-        """Start a killed process again, as it was started (its output in logs/NAME.log)."""
+    def restart(self, how: Started, within_s: float = 30) -> None:
+        """Have a killed process start again as it was started: `hoist up` starts its own
+        children again by itself (wait for the new pid); a nats-server node is started here
+        (its output in logs/NAME.log)."""
+        if not is_nats(how.name):
+            deadline = time.monotonic() + within_s
+            while self.info().pids.get(how.name) in (None, how.pid):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"hoist up did not start {how.name} again")
+                time.sleep(0.1)
+            return
         with open(self.data_dir / "logs" / f"{how.name}.log", "ab") as out:
             proc = subprocess.Popen(
                 how.cmd,

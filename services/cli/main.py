@@ -486,19 +486,39 @@ async def _demo(
         await conn.close()
 
 
+# A child that dies is started again after this long, doubled for each death that follows
+# within RESTART_RESET_S of its start (a crash loop backs off), up to RESTART_MAX_S.
+RESTART_FIRST_S = 1.0
+RESTART_MAX_S = 30.0
+RESTART_RESET_S = 60.0
+
+
 async def _supervise(local: stack.Stack, stop: asyncio.Event) -> None:
-    """Wait for Ctrl-C; say so once when a child process dies on its own."""
-    reported: set[str] = set()
+    """Wait for Ctrl-C; start a child process that died on its own again (saying so), as a
+    service manager would: each recovers from a kill by design."""
+    backoff: dict[str, float] = {}
+    due: dict[str, float] = {}  # child name -> when to start it again
+    loop = asyncio.get_running_loop()
     while not stop.is_set():
         for child in local.exited():
-            if child.name not in reported:
-                reported.add(child.name)
+            now = loop.time()
+            if child.name not in due:
+                ran = time.monotonic() - child.started_at
+                wait = RESTART_FIRST_S if ran >= RESTART_RESET_S else backoff.get(child.name, 0)
+                wait = min(max(wait, RESTART_FIRST_S), RESTART_MAX_S)
+                backoff[child.name] = wait * 2
+                due[child.name] = now + wait
                 print(
-                    f"{child.name} exited with code {child.proc.returncode}; its log: {child.log}",
+                    f"{child.name} exited with code {child.proc.returncode}; starting it again"
+                    f" in {wait:g}s (its log: {child.log})",
                     flush=True,
                 )
+            elif now >= due[child.name]:
+                del due[child.name]
+                again = local.restart(child)
+                print(f"{child.name} started again (pid {again.proc.pid})", flush=True)
         with contextlib.suppress(TimeoutError):  # asyncio.timeout: see EventStore.replay
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(0.5):
                 await stop.wait()
 
 

@@ -384,6 +384,9 @@ class Child:
     proc: subprocess.Popen[bytes]
     log: Path
     ready_line: str
+    module_args: list[str]  # what it runs (python -m ...), to start it again as it was
+    env: dict[str, str] | None = None
+    started_at: float = field(default_factory=time.monotonic)
 
     def tail(self, lines: int = 15) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -639,6 +642,21 @@ class Stack:
     def _spawn(
         self, name: str, module_args: list[str], ready_line: str, env: dict[str, str] | None = None
     ) -> None:
+        proc, log = self._popen(name, module_args, env)
+        self.children.append(Child(name, proc, log, ready_line, module_args, env))
+
+    def restart(self, child: Child) -> Child:
+        """Start ``child`` (which exited on its own) again as it was started; the manager and
+        the agents recover from a kill by design (they replay the log, re-register)."""
+        proc, log = self._popen(child.name, child.module_args, child.env)
+        again = Child(child.name, proc, log, child.ready_line, child.module_args, child.env)
+        self.children[self.children.index(child)] = again
+        self._write_info()  # its new pid, for `hoist status` and `hoist down`
+        return again
+
+    def _popen(
+        self, name: str, module_args: list[str], env: dict[str, str] | None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
         logs = self.data_dir / "logs"
         # 0700: a log may hold a secret (the web view prints its URL with its token).
         logs.mkdir(exist_ok=True)
@@ -659,7 +677,7 @@ class Stack:
                 pass_fds=(self.lock.fd,),
                 preexec_fn=die_with_parent(signal.SIGKILL),
             )
-        self.children.append(Child(name, proc, log, ready_line))
+        return proc, log
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
