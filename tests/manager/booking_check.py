@@ -1,5 +1,7 @@
 """The chaos tests' judge: fold every agent's reservations from the log, event by event, and
-say where an agent was ever booked over its capacity, and which kernel got two containers."""
+say where an agent was ever booked over its capacity; and, apart from the reservations (so a
+wrong ``reserve`` cannot hide itself), fold the sessions: every kernel placed on an agent counts
+there from its SessionScheduled until it ends, and no agent may ever hold more than it has."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from typing import Any
 
 from domain import events as ev
 from domain.admission import Inadmissible, admit, binding, fold
-from domain.reservation import AgentReservations, over_capacity
+from domain.reservation import AgentReservations, Held, over_capacity
+from domain.session import Session
+from domain.status import TERMINAL
 from domain.subjects import RESERVATION
 from services.eventstore.store import EventStore
 
@@ -16,6 +20,8 @@ async def overbooked(store: EventStore) -> tuple[list[str], dict[str, int]]:
     """(every moment an agent's reservations exceeded its capacity, reservations per kind)."""
     capacity: dict[str, ev.Capacity] = {}
     held: dict[str, Any] = {}
+    sessions: dict[str, Session] = {}
+    placed: dict[str, dict[str, Held]] = {}  # agent id -> kernel id -> its room, by the sessions
     counts = {"reserved": 0, "released": 0}
     problems: list[str] = []
     async for rec in store.replay():
@@ -26,6 +32,11 @@ async def overbooked(store: EventStore) -> tuple[list[str], dict[str, int]]:
             continue
         if isinstance(event, ev.AgentRegistered | ev.AgentReregistered):
             capacity[agent_id] = event.capacity
+        if kind == "session":
+            session = sessions[agent_id] = fold(sessions.get(agent_id), event, rec.subject)
+            for problem in _placed(session, placed, capacity):
+                problems.append(f"{problem} at seq {rec.seq} (by the sessions)")
+            continue
         if kind != RESERVATION:
             continue
         held[agent_id] = fold(held.get(agent_id), event, rec.subject)
@@ -35,3 +46,25 @@ async def overbooked(store: EventStore) -> tuple[list[str], dict[str, int]]:
         if over:
             problems.append(f"{agent_id} at seq {rec.seq}: {over}")
     return problems, counts
+
+
+def _placed(
+    session: Session, placed: dict[str, dict[str, Held]], capacity: dict[str, ev.Capacity]
+) -> list[str]:
+    """Bring ``placed`` in line with ``session``'s kernels; the agents now over capacity."""
+    touched = set()
+    for kernel in session.kernels.values():
+        if kernel.agent_id is None:
+            continue
+        on_agent = placed.setdefault(kernel.agent_id, {})
+        if kernel.status in TERMINAL:
+            on_agent.pop(kernel.kernel_id, None)
+        elif kernel.kernel_id not in on_agent:
+            on_agent[kernel.kernel_id] = Held(session.id, session.resources)
+            touched.add(kernel.agent_id)
+    out = []
+    for agent_id in touched:
+        over = over_capacity(capacity[agent_id], placed[agent_id])
+        if over:
+            out.append(f"{agent_id}: {over}")
+    return out
