@@ -2,7 +2,8 @@
 
 Real processes on one embedded nats-server: ``--agents`` dummy agents (bench/lifecycle.py's
 agents role, 1000 cpu each) and two managers
-(``python -m services.manager --lease-ttl TTL``).
+(``python -m services.manager --lease-ttl TTL``).  ``bench/lifecycle.py --nats-nodes 3
+--managers 2`` measures the same failover on a three-node cluster.
 
 1. Failover (``--kills`` times): a client creates a session every 20 ms (``max_wait``, so
    each reply comes when it is RUNNING); the leading manager is SIGKILLed, and the killed one
@@ -28,7 +29,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,23 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from domain.admission import lease_holder
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, manager_lease
 from services.eventstore.store import EventStore, event_store
-from services.stack.natsserver import NatsServer
 from services.transport.client import Client, connect
 from tests.manager.booking_check import overbooked
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lifecycle import spawn  # the same child processes as the lifecycle bench
+from processes import fleet, manager  # the same child processes as the lifecycle bench
 
-LIFECYCLE = str(Path(__file__).resolve().parent / "lifecycle.py")
 IMAGE = "bench/base:1"  # what lifecycle.py's dummy agents hold
-
-
-async def manager(
-    url: str, name: str, ttl: float, log: Path, *extra: str
-) -> asyncio.subprocess.Process:
-    args = ["-m", "services.manager", "--nats-url", url, "--manager-id", name]
-    args += ["--lease-ttl", str(ttl), "--log-level", "WARNING", *extra]
-    return await spawn(*args, ready="manager ready", log=log)
 
 
 async def _now(values: list[float]) -> list[float]:
@@ -69,7 +59,8 @@ async def poll(read: Any, done: Any) -> Any:
 
 
 async def leader(store: EventStore) -> str | None:
-    last = await store.last(manager_lease())
+    # As the managers read it: the lease expires, so a read below an earlier one is no lag.
+    last = await store.last(manager_lease(), urgent=True, expiring=True)
     return None if last is None else lease_holder(last.subject, last.headers, last.data)
 
 
@@ -91,9 +82,13 @@ async def create(
             await asyncio.sleep(0.05)
 
 
-async def failover(args: argparse.Namespace, url: str, nc: Client, log: Path) -> None:
+async def failover(
+    url: str, nc: Client, log: Path, kills: int, ttl: float, managers: int = 2
+) -> None:
+    """``managers`` managers on the server(s) at ``url`` (agents running there), the leader
+    SIGKILLed ``kills`` times under load; prints each kill and the median and worst."""
     store = event_store(nc)
-    procs = {m: await manager(url, m, args.ttl, log) for m in ("m1", "m2")}
+    procs = {m: await manager(url, m, log, ttl=ttl) for m in (f"m{i + 1}" for i in range(managers))}
     running_at: list[float] = []
     counter = 0
     stop = asyncio.Event()
@@ -119,7 +114,7 @@ async def failover(args: argparse.Namespace, url: str, nc: Client, log: Path) ->
     lapse_s, failover_s = [], []
     try:
         await asyncio.sleep(2)
-        for _ in range(args.kills):
+        for _ in range(kills):
             killed = await leader(store)
             assert killed in procs, killed
             procs[killed].send_signal(signal.SIGKILL)
@@ -136,7 +131,7 @@ async def failover(args: argparse.Namespace, url: str, nc: Client, log: Path) ->
                 f" {holder or 'nobody yet'}; first RUNNING {failover_s[-1] * 1000:.0f} ms later",
                 flush=True,
             )
-            procs[killed] = await manager(url, killed, args.ttl, log)
+            procs[killed] = await manager(url, killed, log, ttl=ttl)
             await asyncio.sleep(1)
     finally:
         stop.set()
@@ -146,17 +141,17 @@ async def failover(args: argparse.Namespace, url: str, nc: Client, log: Path) ->
             await proc.wait()
     worst = max(a + b for a, b in zip(lapse_s, failover_s, strict=True))
     print(
-        f"failover over {args.kills} SIGKILLs of the leader (lease TTL {args.ttl:g} s):"
+        f"failover over {kills} SIGKILLs of the leader (lease TTL {ttl:g} s):"
         f" lease lapse -> first RUNNING median {statistics.median(failover_s) * 1000:.0f} ms,"
         f" worst {max(failover_s) * 1000:.0f} ms; kill -> lapse median"
         f" {statistics.median(lapse_s):.2f} s, worst {max(lapse_s):.2f} s"
-        f" (kill -> RUNNING worst {worst:.2f} s, ratio to TTL + 1 s: {worst / (args.ttl + 1):.2f})"
+        f" (kill -> RUNNING worst {worst:.2f} s, ratio to TTL + 1 s: {worst / (ttl + 1):.2f})"
     )
 
 
 async def flips(args: argparse.Namespace, url: str, nc: Client, log: Path) -> None:
     extra = ["--step-down-after", "0.3", *(["--no-fence"] if args.no_fence else [])]
-    procs = [await manager(url, m, 1.0, log, *extra) for m in ("f1", "f2")]
+    procs = [await manager(url, m, log, *extra, ttl=1.0) for m in ("f1", "f2")]
     rng = random.Random(3)
     sids: list[str] = []
     try:
@@ -186,29 +181,22 @@ async def flips(args: argparse.Namespace, url: str, nc: Client, log: Path) -> No
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="hoist-chaos-") as tmp:
-        tmpdir = Path(tmp)
-        log = tmpdir / "processes.log"
-        for phase in ("failover", "flips"):
-            if (phase == "failover" and not args.kills) or (
-                phase == "flips" and not args.flip_seconds
-            ):
-                continue
-            with NatsServer(tmpdir / f"nats-{phase}") as server:
-                agents = await spawn(
-                    LIFECYCLE, "--role", "agents", "--url", server.url, "--agents",
-                    str(args.agents), ready="agents ready", log=log,
-                )  # fmt: skip
-                nc = await connect(server.url, name="bench-chaos")
-                try:
-                    await (failover if phase == "failover" else flips)(args, server.url, nc, log)
-                finally:
-                    await nc.close()
-                    agents.send_signal(signal.SIGTERM)
-                    await agents.wait()
-        errors = [line for line in log.read_text().splitlines() if "Traceback" in line]
-        if errors:
-            print(f"{len(errors)} tracebacks in the process logs")
+    tracebacks = 0
+    for phase in ("failover", "flips"):
+        if (phase == "failover" and not args.kills) or (phase == "flips" and not args.flip_seconds):
+            continue
+        async with fleet(1, False, args.agents) as stack:
+            nc = await connect(stack.url, name="bench-chaos")
+            try:
+                if phase == "failover":
+                    await failover(stack.url, nc, stack.log, args.kills, args.ttl)
+                else:
+                    await flips(args, stack.url, nc, stack.log)
+            finally:
+                await nc.close()
+        tracebacks += len(stack.lines("Traceback"))
+    if tracebacks:
+        print(f"{tracebacks} tracebacks in the process logs")
 
 
 def parser() -> argparse.ArgumentParser:

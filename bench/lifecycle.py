@@ -27,11 +27,19 @@ create, five appends to the event log, two agent round trips).
    ``seq`` a query replies), and the start-up fold: the manager is restarted at the end of each
    row and folds the whole log (its own timing, and the time until it printed 'manager ready').
    The ``--agents`` dummy agents run in ``--agent-procs`` processes.
+5. Side by side (``--nats-nodes N``, ``--managers M``, ``--sync-compare``): phases 1 and 2 on
+   two fresh stacks in one invocation, the second's sessions/s and p99 as ratios to the
+   first's: one nats-server against an N-node cluster (R3), one manager against M (one leads),
+   or with both one node and one manager against N nodes with M managers, followed on the
+   latter's configuration by bench/chaos_managers.py's failover: ``--kills`` SIGKILLs of the
+   leading manager under a create every 20 ms, lease lapse -> first RUNNING (and kill ->
+   lapse), median and worst.
 
     python bench/lifecycle.py [--agents 50] [--burst 2000] [--rate 50] [--seconds 20]
                               [--settle 0] [--sync-always] [--profile-manager FILE]
                               [--managers 2]  (the same with 2 managers beside 1: ratios)
     python bench/lifecycle.py --nats-nodes 3 [--burst 500] [--seconds 10] [--sync-always]
+                              [--managers 2 [--kills 10] [--lease-ttl 5]]
     python bench/lifecycle.py --sync-compare [--burst 500] [--seconds 10]
     python bench/lifecycle.py --batch [--agents 50] [--burst 2000] [--rounds 2]
                               [--command 'sleep 0.1'] [--sync-always]
@@ -49,13 +57,14 @@ import os
 import shlex
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from chaos_managers import failover  # bench/: the script's own folder
 from nats.aio.msg import Msg
+from processes import LIFECYCLE, fleet, manager, spawn, stop
 
 from agent.config import AgentConfig
 from agent.pulls import PullPolicy
@@ -64,13 +73,13 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
 from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
 from services.eventstore.store import EventStore, event_store
-from services.stack.natsserver import NatsCluster, NatsServer
+from services.manager.leadership import DEFAULT_TTL_S
+from services.stack.natsserver import NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
 
 GB = 1024**3
 IMAGE = "bench/base:1"
-SCRIPT = str(Path(__file__).resolve())
 
 
 async def run_agents(url: str, count: int, first: int = 0, heartbeat_s: float = 2.0) -> None:
@@ -224,98 +233,113 @@ async def steady_tagged(nc: Client, rate: float, seconds: float, tag: str) -> li
     return list(await asyncio.gather(*tasks))
 
 
-async def spawn(*args: str, ready: str, log: Path) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 120)
-    if line.decode().strip() != ready:
-        raise RuntimeError(f"{args[:2]} did not start: {line!r}; see {log}")
-    return proc
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def one_run(url: str, args: argparse.Namespace, log: Path) -> tuple[float, list[float]]:
-    """The burst's sessions/s and the steady phase's latencies on the server(s) at ``url``."""
-    agents = await spawn(
-        SCRIPT, "--role", "agents", "--url", url, "--agents", str(args.agents),
-        ready="agents ready", log=log,
-    )  # fmt: skip
-    manager = await spawn(
-        "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
-        ready="manager ready", log=log,
-    )  # fmt: skip
-    nc = await connect(url, name="bench-client")
-    try:
-        await burst(nc, 50)  # warm up
-        rate = await burst(nc, args.burst)
-        await asyncio.sleep(args.settle)
-        return rate, await steady(nc, args.rate, args.seconds)
-    finally:
-        await nc.close()
-        await stop(manager)
-        await stop(agents)
+async def run_once(
+    args: argparse.Namespace, managers: int = 1, nodes: int = 1, sync_always: bool | None = None
+) -> tuple[dict[str, list[float]], float, list[float], list[str]]:
+    """One fresh stack (a nats-server or a ``nodes``-node cluster, the agents, ``managers``
+    managers, one leading): the burst and steady phases (or the batch rounds); (batch rates,
+    burst rate, steady latencies, ERROR log lines).  ``sync_always`` None: ``--sync-always``."""
+    rates: dict[str, list[float]] = {"interactive": [], "batch": []}
+    rate, latencies = 0.0, []
+    sync = args.sync_always if sync_always is None else sync_always
+    async with fleet(nodes, sync, args.agents) as stack:
+        procs = []
+        for m in range(1, managers + 1):
+            profile = args.profile_manager if m == 1 else None
+            name = f"bench-manager-{m}"
+            procs.append(
+                await manager(stack.url, name, stack.log, ttl=args.lease_ttl, profile=profile)
+            )
+        nc = await connect(stack.url, name="bench-client")
+        try:
+            await burst(nc, 50)  # warm up: imports, first subscriptions, JIT-free caches
+            if args.batch:
+                command = shlex.split(args.command)
+                await batch_burst(nc, 50, "warm-batch", command)
+                for r in range(args.rounds):  # alternating: a drift hits both
+                    rates["interactive"].append(await burst(nc, args.burst, f"i{r}"))
+                    rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
+            else:
+                rate = await burst(nc, args.burst)
+                await asyncio.sleep(args.settle)
+                latencies = await steady(nc, args.rate, args.seconds)
+        finally:
+            await nc.close()
+            for proc in procs:
+                await stop(proc)
+    return rates, rate, latencies, stack.lines("ERROR")
 
 
-def nats(tmpdir: Path, nodes: int, sync_always: bool) -> NatsServer | NatsCluster:
-    """One nats-server or an ``nodes``-node cluster (R3 streams) in ``tmpdir``, fsyncing before
-    every ack with ``sync_always`` (the project's nats.conf) or every 2 min (the default)."""
-    if nodes > 1:
-        return NatsCluster(tmpdir / "cluster", nodes, sync_always=sync_always)
-    config = None
-    if sync_always:
-        config = tmpdir / "nats.conf"
-        store = json.dumps(str(tmpdir / "nats"))
-        config.write_text(f"jetstream {{\n store_dir: {store}\n sync_interval: always\n}}\n")
-    return NatsServer(tmpdir / "nats", config=config)
+def setups(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
+    """What ``side_by_side`` runs: (name, nats nodes, fsync always, managers), the first the
+    base of the ratios."""
+    sync = args.sync_always
+    if args.sync_compare:
+        return [("1 node, lazy fsync", 1, False, 1), ("1 node, fsync always", 1, True, 1)]
+    if args.nats_nodes == 1:
+        return [("1 manager", 1, sync, 1), (f"{args.managers} managers", 1, sync, args.managers)]
+    cluster = f"{args.nats_nodes} nodes (R3)"
+    if args.managers == 1:
+        return [("1 node", 1, sync, 1), (cluster, args.nats_nodes, sync, 1)]
+    both = f"{cluster}, {args.managers} managers"
+    return [("1 node, 1 manager", 1, sync, 1), (both, args.nats_nodes, sync, args.managers)]
 
 
 async def side_by_side(args: argparse.Namespace) -> None:
-    """The same burst and steady phase on each setup in one invocation; ratios to the first.
-    ``--nats-nodes N``: one node vs an N-node cluster (same fsync setting); ``--sync-compare``:
-    one node with the default fsync vs ``sync_interval: always``."""
-    if args.sync_compare:
-        setups = [("1 node, lazy fsync", 1, False), ("1 node, fsync always", 1, True)]
-    else:
-        sync = args.sync_always
-        setups = [("1 node", 1, sync), (f"{args.nats_nodes} nodes (R3)", args.nats_nodes, sync)]
+    """The same burst and steady phase on each setup in one invocation, each on a fresh log;
+    ratios to the first.  ``--nats-nodes N``: one node vs an N-node cluster (same fsync
+    setting); ``--managers N``: one manager vs N (one leads, the others serve commands and
+    stand by); both: one node and one manager vs the cluster with N managers, then the
+    failover on the latter (``--kills``); ``--sync-compare``: one node with the default fsync
+    vs ``sync_interval: always``."""
     rows: dict[str, tuple[float, list[float]]] = {}
-    for name, nodes, sync in setups:
-        with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
-            tmpdir = Path(tmp)
-            with nats(tmpdir, nodes, sync) as server:
-                rows[name] = await one_run(server.url, args, tmpdir / "processes.log")
-    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
-    print(f"{'setup':<24}  sessions/s  p50 ms  p99 ms  ratio sessions/s  ratio p99")
+    for name, nodes, sync, managers in setups(args):
+        _, rate, latencies, errors = await run_once(args, managers, nodes, sync)
+        rows[name] = (rate, latencies)
+        if errors:
+            print(f"{name}: {len(errors)} ERROR lines in the process logs, first: {errors[0]}")
+    fsync = "sync_interval always" if args.sync_always else "default fsync (every 2 min)"
+    print(
+        f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s"
+        f" for {args.seconds:g} s" + ("" if args.sync_compare else f"; {fsync}")
+    )
+    print(f"{'setup':<28}  sessions/s  p50 ms  p99 ms  ratio sessions/s  ratio p99")
     (base_rate, base_lat) = next(iter(rows.values()))
     for name, (rate, lat) in rows.items():
         print(
-            f"{name:<24}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}"
-            f"  {rate / base_rate:16.2f}  {pct(lat, 0.99) / pct(base_lat, 0.99):9.2f}"
+            f"{name:<28}  {rate:10.0f}  {pct(lat, 0.5) * 1000:6.1f}  {pct(lat, 0.99) * 1000:6.1f}"
+            f"  {rate / base_rate:16.2f}  {pct(lat, 0.99) / pct(base_lat, 0.99):9.2f}",
+            flush=True,
         )
+    if args.nats_nodes > 1 and args.managers > 1 and args.kills and not args.sync_compare:
+        await failover_on(args, args.nats_nodes, args.managers)
+
+
+async def failover_on(args: argparse.Namespace, nodes: int, managers: int) -> None:
+    """bench/chaos_managers.py's failover on a fresh stack of the same configuration."""
+    print(
+        f"failover on {nodes} nodes (R3) with {managers} managers, {args.agents} agents, a create"
+        f" every 20 ms; {args.kills} SIGKILLs of the leading manager:",
+        flush=True,
+    )
+    async with fleet(nodes, args.sync_always, args.agents) as stack:
+        nc = await connect(stack.url, name="bench-failover")
+        try:
+            await failover(stack.url, nc, stack.log, args.kills, args.lease_ttl, managers)
+        finally:
+            await nc.close()
+    if tracebacks := stack.lines("Traceback"):
+        print(f"{len(tracebacks)} tracebacks in the process logs")
 
 
 async def main(args: argparse.Namespace) -> None:
-    if args.nats_nodes > 1 or args.sync_compare:
+    if args.nats_nodes > 1 or args.sync_compare or (args.managers > 1 and not args.batch):
         await side_by_side(args)
-        return
-    if args.managers > 1 and not args.batch:
-        await compare_managers(args)
         return
     rates, rate, latencies, errors = await run_once(args, managers=1)
     sync = "sync_interval always" if args.sync_always else "default sync (every 2 min)"
@@ -341,69 +365,6 @@ async def main(args: argparse.Namespace) -> None:
     )
     if errors:
         print(f"{len(errors)} ERROR lines in the process logs, first: {errors[0]}")
-
-
-async def compare_managers(args: argparse.Namespace) -> None:
-    """The same burst and steady phase with one manager, then with ``--managers`` (one leads,
-    the others serve commands and stand by), each on a fresh log: the ratios of the two."""
-    rows = {}
-    for n in (1, args.managers):
-        _, rate, latencies, errors = await run_once(args, managers=n)
-        rows[n] = (rate, pct(latencies, 0.5) * 1000, pct(latencies, 0.99) * 1000)
-        if errors:
-            print(f"{n} managers: {len(errors)} ERROR lines, first: {errors[0]}")
-    print(f"agents: {args.agents} dummy, zero delays; burst {args.burst}, steady {args.rate:g}/s")
-    for n, (rate, p50, p99) in rows.items():
-        print(f"{n} manager(s): {rate:.0f} sessions/s, steady p50 {p50:.1f} ms, p99 {p99:.1f} ms")
-    (r1, _, p1), (rn, _, pn) = rows[1], rows[args.managers]
-    print(
-        f"{args.managers} managers / 1: sessions/s ratio {rn / r1:.2f}, steady p99 ratio"
-        f" {pn / p1:.2f}"
-    )
-
-
-async def run_once(
-    args: argparse.Namespace, managers: int
-) -> tuple[dict[str, list[float]], float, list[float], list[str]]:
-    """One stack (nats-server, agents, ``managers`` managers): the burst and steady phases
-    (or the batch rounds); (batch rates, burst rate, steady latencies, ERROR log lines)."""
-    rates: dict[str, list[float]] = {"interactive": [], "batch": []}
-    rate, latencies = 0.0, []
-    with tempfile.TemporaryDirectory(prefix="hoist-bench-") as tmp:
-        tmpdir = Path(tmp)
-        log = tmpdir / "processes.log"
-        with nats(tmpdir, 1, args.sync_always) as server:
-            agents = await spawn(
-                SCRIPT, "--role", "agents", "--url", server.url, "--agents", str(args.agents),
-                ready="agents ready", log=log,
-            )  # fmt: skip
-            profile = ("-m", "cProfile", "-o", args.profile_manager) if args.profile_manager else ()
-            procs = []
-            for m in range(1, managers + 1):
-                args_m = ["-m", "services.manager", "--nats-url", server.url]
-                args_m += ["--log-level", "WARNING", "--manager-id", f"bench-manager-{m}"]
-                first = profile if m == 1 else ()
-                procs.append(await spawn(*first, *args_m, ready="manager ready", log=log))
-            nc = await connect(server.url, name="bench-client")
-            try:
-                await burst(nc, 50)  # warm up: imports, first subscriptions, JIT-free caches
-                if args.batch:
-                    command = shlex.split(args.command)
-                    await batch_burst(nc, 50, "warm-batch", command)
-                    for r in range(args.rounds):  # alternating: a drift hits both
-                        rates["interactive"].append(await burst(nc, args.burst, f"i{r}"))
-                        rates["batch"].append(await batch_burst(nc, args.burst, f"b{r}", command))
-                else:
-                    rate = await burst(nc, args.burst)
-                    await asyncio.sleep(args.settle)
-                    latencies = await steady(nc, args.rate, args.seconds)
-            finally:
-                await nc.close()
-                for proc in procs:
-                    await stop(proc)
-                await stop(agents)
-            errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
-    return rates, rate, latencies, errors
 
 
 def report_batch(
@@ -460,11 +421,7 @@ async def start_manager(
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
     whole log, its subscriptions); under cProfile if ``profile`` names a stats file."""
     start = time.perf_counter()
-    cprofile = ("-m", "cProfile", "-o", profile) if profile else ()
-    proc = await spawn(
-        *cprofile, "-m", "services.manager", "--nats-url", url, "--log-level", "WARNING",
-        ready="manager ready", log=log,
-    )  # fmt: skip
+    proc = await manager(url, "bench-manager-1", log, profile=profile)
     return proc, time.perf_counter() - start
 
 
@@ -503,7 +460,7 @@ async def run_scale(args: argparse.Namespace) -> None:
             for n, first in zip(share, firsts, strict=True):
                 flags = ["--agents", str(n), "--first", str(first)]
                 flags += ["--heartbeat-interval", str(args.heartbeat_interval)]
-                agents = spawn(SCRIPT, "--role", "agents", "--url", server.url, *flags,
+                agents = spawn(LIFECYCLE, "--role", "agents", "--url", server.url, *flags,
                                ready="agents ready", log=log)  # fmt: skip
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
@@ -617,6 +574,19 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="also run with this many managers (one leads) and print the ratios to one",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        help="the managers' lease TTL, seconds (default: the manager's, as hoist up runs it)",
+    )
+    p.add_argument(
+        "--kills",
+        type=int,
+        default=10,
+        help="(--nats-nodes N --managers M) SIGKILLs of the leading manager for the failover"
+        " time (0: none)",
     )
     p.add_argument("--burst", type=int, default=2000)
     p.add_argument("--rate", type=float, default=50)
