@@ -430,14 +430,20 @@ class EventStore:
         return list(range(start, start + count))
 
     async def _conflict(self, writes: Sequence[Write], detail: str) -> ConcurrencyError:
-        # The server does not say which subject moved: ask, so the caller knows what to reload.
+        # The server does not say which subject moved: ask the stream's leader (a direct get
+        # may be answered by a replica that has not seen the write we lost to), so the caller
+        # knows what to reload, and the reload reads at least that far (its floor).
         checked = [w for w in writes if w.expected_last_seq is not None]
         lasts = await asyncio.gather(
-            *(self.last_seq(w.expected_subject or w.subject) for w in checked)
+            *(self._leader_last_seq(w.expected_subject or w.subject) for w in checked)
         )
         for write, last in zip(checked, lasts, strict=True):
+            subject = write.expected_subject or write.subject
+            if write.expected_subject is None and not any(
+                MSG_TTL in m.headers for m in write.messages
+            ):  # a fence checks a lease, whose messages expire: no floor there
+                self._saw(subject, last)
             if last != write.expected_last_seq:
-                subject = write.expected_subject or write.subject
                 return ConcurrencyError(subject, write.expected_last_seq, detail)
         first = checked[0] if checked else writes[0]
         return ConcurrencyError(
@@ -494,6 +500,16 @@ class EventStore:
                 f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
             )
         raise StoreError(f"last message of {subject}: status {code} {description}".strip())
+
+    async def _leader_last_seq(self, subject: str) -> int:
+        """The subject's last sequence as the stream's leader has it (0: none); not a direct
+        get, which any replica may answer."""
+        try:
+            return int((await self.js.get_msg(self.stream, subject=subject)).seq or 0)
+        except NotFoundError:
+            return 0
+        except (nats.errors.Error, TimeoutError) as e:
+            raise StoreError(f"stream {self.stream} did not say where {subject} is: {e}") from None
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""

@@ -90,6 +90,43 @@ async def test_a_reload_after_a_conflict_sees_at_least_the_write_it_lost_to(
         await s.nc.close()
 
 
+async def test_a_refused_batch_names_the_subject_that_moved_and_its_reload_sees_it(
+    nats_cluster: NatsCluster, cluster_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's refusal names no sequence: the store asks the stream's leader (not a replica,
+    which may not have the write yet) which subject moved, and the reload reads that far."""
+    ours = event_store(await connect(nats_cluster.servers[0].url))
+    theirs = event_store(await connect(nats_cluster.servers[1].url))
+    await ours.ensure_stream()
+    B = aggregate_subject("session", "b")
+    [a0, b0] = await ours.append(
+        [Write(A, one("a"), expected_last_seq=0), Write(B, one("b"), expected_last_seq=0)]
+    )
+    stale = await ours.last(B)
+    [won] = await theirs.append([Write(B, one("theirs"), expected_last_seq=b0)])
+    direct_get = ours._last
+
+    async def lagging(subject: str, urgent: bool = False) -> object:
+        # The replica answering our direct gets of B has not applied their write yet.
+        return (
+            stale
+            if subject == B and ours._floors.get(B, 0) < won
+            else await direct_get(subject, urgent)
+        )
+
+    monkeypatch.setattr(ours, "_last", lagging)
+    with pytest.raises(ConcurrencyError) as refused:
+        await ours.append(
+            [Write(A, one("a2"), expected_last_seq=a0), Write(B, one("b2"), expected_last_seq=b0)]
+        )
+    assert refused.value.subject == B  # not A, which did not move
+    assert ours._floors[B] == won
+    assert (await ours.read_subject(B))[-1].seq == won
+    assert await ours.last_seq(A) == a0  # nothing of the refused batch stored
+    for s in (ours, theirs):
+        await s.nc.close()
+
+
 async def test_a_read_from_behind_the_floor_is_asked_again_until_the_write_shows(
     cluster_nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
