@@ -82,7 +82,7 @@ class Access:
 
     def admin_principal(self) -> Principal:
         if self._admin is None:
-            self._admin = Principal(Hub(self.admin, "admin (token)", admin=True))
+            self._admin = Principal(Hub(self.admin, "admin (token)", role=True))
         return self._admin
 
     def token_ok(self, offered: str | None) -> bool:
@@ -125,7 +125,7 @@ class Access:
             if conn.user is None:  # a role's NATS user, not a Hoist user's: not this door
                 await conn.close()
                 return None
-            principal = Principal(Hub(conn, name, admin=False))
+            principal = Principal(Hub(conn, name, role=False))
             self.users[key] = principal
             return principal
 

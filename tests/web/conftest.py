@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
@@ -50,6 +51,18 @@ async def client(web: Web) -> AsyncIterator[Client]:
     nc = await connect(credentials.role_url(web.info["url"], "client", creds))
     yield nc
     await nc.close()
+
+
+def add_user(web: Web, name: str, *, admin: bool = False) -> tuple[str, str]:
+    """Add Hoist user ``name`` (``admin``: an admin user) to the stack; their NATS name and
+    password, what they log in to the view with (HTTP Basic)."""
+    flags = ["--admin"] if admin else []
+    added = web.stack.hoist(
+        "user", "add", name, *flags, env={"HOIST_NATS_URL": web.stack.creds("admin")}
+    )
+    assert added.returncode == 0, added.stderr
+    nats = urlsplit(web.stack.hoist("creds", "user", name).stdout.strip())
+    return unquote(nats.username or ""), unquote(nats.password or "")
 
 
 async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> Any:

@@ -12,7 +12,7 @@ from playwright.async_api import Browser
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.transport.client import Client
-from tests.web.conftest import Watched, Web, ask, screenshot_dir
+from tests.web.conftest import Watched, Web, add_user, ask, screenshot_dir
 
 CPU_MEM = {"cpu": 1, "mem": 512 * 1024**2}
 
@@ -144,3 +144,31 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
     await p.select_option("select[data-filter='owner']", "")
     await p.wait_for_selector(f"#sessions tr[data-session='{ids['gus']}']")
     assert page.errors == []
+
+
+async def test_an_admin_user_may_destroy_another_users_session(
+    web: Web, browser: Browser, client: Client
+) -> None:
+    """A Hoist user added with --admin logs in with their password; the manager lets them
+    destroy any session, so the page offers Destroy on another owner's, and it works."""
+    name, password = add_user(web, "ida", admin=True)
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "olga", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30},
+    )
+    sid = created["session_id"]
+    context = await browser.new_context(http_credentials={"username": name, "password": password})
+    try:
+        p = await context.new_page()
+        errors: list[str] = []
+        p.on("pageerror", lambda e: errors.append(str(e)))
+        await p.goto(f"{web.url}#/session/{sid}")
+        await p.wait_for_selector("#session-page .status.s-RUNNING")
+        await p.click("#destroy", timeout=5_000)
+        await p.wait_for_selector("#session-page .status.s-TERMINATED", timeout=20_000)
+        assert (await ask(client, SESSION_GET, {"session_id": sid}))["status"] == "TERMINATED"
+        assert await p.inner_text("#who") == "as ida (admin)"
+        assert errors == []
+    finally:
+        await context.close()

@@ -54,7 +54,14 @@ function bar(fraction, label, kind) {
 
 function status(s) { return el("span", { class: `status s-${s}` }, s || "?"); }
 function rows(name) { const v = S.sections[name]; return (v && v.rows) || []; }
-function sectionError(name) { const v = S.sections[name]; return v && v.error; }
+// What stands in for a section the manager refused (an error) or serves only admins (a plain
+// Hoist user's view: the hub does not ask it); null when it has rows.
+function sectionNote(name) {
+  const v = S.sections[name];
+  if (v && v.admin_only) return el("p", { class: "dim admin-only", "data-admin-only": name }, v.admin_only);
+  if (v && v.error) return el("p", { class: "error" }, v.error);
+  return null;
+}
 function short(id) { return (id || "").slice(0, 12); }
 function when(t) { return t ? String(t).replace("T", " ").slice(0, 19) : "-"; }
 
@@ -100,7 +107,10 @@ function connect() {
     if (msg.kind === "snapshot") {
       S.sections = msg.sections; S.who = msg.who; S.admin = msg.admin;
       S.progress.clear(); applyProgress(msg.progress);
-      document.getElementById("who").textContent = `as ${msg.who}`;
+      document.getElementById("who").textContent = `as ${msg.who}${msg.admin ? " (admin)" : ""}`;
+    } else if (msg.kind === "who") { // the manager promoted or demoted this Hoist user
+      S.who = msg.who; S.admin = msg.admin;
+      document.getElementById("who").textContent = `as ${msg.who}${msg.admin ? " (admin)" : ""}`;
     } else if (msg.kind === "sections") {
       Object.assign(S.sections, msg.sections);
       if (msg.sections.sessions && hist.sid) loadHistory(hist.sid);
@@ -190,7 +200,7 @@ function fleet() {
         el("td", {}, bytes(i.size_bytes)),
         el("td", { class: "dim" }, i.kernels_using ? `${i.kernels_using} using` : "")))));
   });
-  return el("section", { id: "fleet" }, el("h2", {}, "Fleet"), sectionError("agents") ? el("p", { class: "error" }, sectionError("agents")) : null,
+  return el("section", { id: "fleet" }, el("h2", {}, "Fleet"), sectionNote("agents"), sectionNote("images"),
     el("div", { class: "grid" }, cards));
 }
 
@@ -251,6 +261,7 @@ function occupancy() {
     }
   }
   const table = (name, by, col) => {
+    if (sectionNote(name)) return sectionNote(name);
     const keys = new Set([...rows(name).map((r) => r[col]), ...pulling[by].keys()]);
     const charged = new Map(rows(name).map((r) => [r[col], r]));
     return el("table", { "data-occupancy": by }, el("tr", {}, [by, "kernels", "cpu", "mem", by === "owner" ? "PULLING (not charged)" : "of which PULLING"].map((h) => el("th", {}, h))),
@@ -268,7 +279,7 @@ function occupancy() {
 
 function pullsTable() {
   const list = rows("pulls").slice().sort((a, b) => String(b.started_at).localeCompare(String(a.started_at))).slice(0, 50);
-  return el("section", { id: "pulls" }, el("h2", {}, "Pulls"), sectionError("pulls") ? el("p", { class: "error" }, sectionError("pulls")) : null,
+  return el("section", { id: "pulls" }, el("h2", {}, "Pulls"), sectionNote("pulls"),
     el("table", {}, el("tr", {}, ["agent", "image", "outcome", "reason", "bytes", "duration", "started"].map((h) => el("th", {}, h))),
       list.map((p) => el("tr", {}, el("td", {}, p.agent_id), el("td", { class: "mono" }, p.image), el("td", {}, p.outcome),
         el("td", { class: "dim" }, p.reason || ""), el("td", {}, bytes(p.bytes)),
@@ -279,12 +290,11 @@ function policies() {
   const plans = S.sections.plans;
   const planRows = plans && plans.plans ? Object.entries(plans.plans) : [];
   return el("section", { id: "policies" }, el("h2", {}, "Prepull policies"),
-    sectionError("policies") ? el("p", { class: "error" }, sectionError("policies")) : null,
+    sectionNote("policies"),
     el("table", {}, el("tr", {}, ["name", "images", "resource groups", "removed"].map((h) => el("th", {}, h))),
       rows("policies").map((p) => el("tr", {}, el("td", {}, p.name), el("td", { class: "mono" }, JSON.stringify(p.rules ?? p.images ?? "")),
         el("td", {}, JSON.stringify(p.resource_groups ?? "")), el("td", {}, p.removed ? "yes" : "")))),
-    el("h3", {}, plans && plans.error ? "each agent's plan (admins only)" : `each agent's plan${plans && plans.converged ? " (converged)" : ""}`),
-    plans && plans.error ? el("p", { class: "dim" }, plans.error) : null,
+    el("h3", {}, `each agent's plan${plans && plans.converged ? " (converged)" : ""}`), sectionNote("plans"),
     el("table", {}, el("tr", {}, ["agent", "desired", "to pull", "skipped", "budget"].map((h) => el("th", {}, h))),
       planRows.map(([agent, plan]) => el("tr", {}, el("td", {}, agent),
         el("td", { class: "mono" }, (plan.desired || []).map((w) => el("div", {}, `${w.image} (${bytes(w.size_bytes)}, ${w.policy})`))),
