@@ -39,6 +39,7 @@ from starlette.routing import Route
 
 from domain import subjects
 from domain.subjects import SESSION_DESTROY, SESSION_LOGS
+from domain.user import check_name
 from services.cli import session_log
 from services.cli.connection import CliError, Connection, ReplyError
 from services.cli.history import describe
@@ -109,6 +110,10 @@ class Access:
             return None
         if not name or not password:
             return None
+        try:
+            check_name(name)  # what `hoist user add` takes: a subject token, no role's name
+        except ValueError:
+            return None  # no Hoist user has it: no connection is tried
         key = (name, hashlib.sha256(password.encode()).hexdigest())
         async with self._opening:
             known = self.users.get(key)
@@ -120,7 +125,7 @@ class Access:
             url = urlunsplit((parts.scheme, netloc, "", "", ""))
             try:
                 conn = await Connection.open(url, name=f"hoist-web-{name}")
-            except CliError:
+            except (CliError, ValueError):
                 return None  # the server refused the name and password
             if conn.user is None:  # a role's NATS user, not a Hoist user's: not this door
                 await conn.close()

@@ -5,6 +5,7 @@ destroys only what the manager lets them), and nobody else; the page's headers."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import subprocess
@@ -164,6 +165,21 @@ async def test_an_admin_users_view_is_an_admins(web: Web) -> None:
     assert {n for n, v in sections.items() if "error" in v or "admin_only" in v} == set()
     assert {a["agent_id"] for a in sections["agents"]["rows"]} == {"agent-1", "agent-2"}
     assert "plans" in sections["plans"]
+
+
+async def test_a_login_name_no_hoist_user_may_have_gets_401_without_a_traceback(
+    web: Web,
+) -> None:
+    log = web.stack.data_dir / "logs" / "web.log"
+    before = log.read_text(errors="replace")
+    async with httpx.AsyncClient(base_url=web.url, timeout=10) as http:
+        for name in ("ann@evil", "ann\x00", "ann.evil", "admin", ""):
+            auth = base64.b64encode(f"{name}:some-password".encode()).decode()
+            response = await http.get("/", headers={"Authorization": f"Basic {auth}"})
+            assert response.status_code == 401, (name, response.text)
+            assert response.headers["www-authenticate"].startswith("Basic")
+    after = log.read_text(errors="replace")[len(before) :]
+    assert "Traceback" not in after and "Exception" not in after, after
 
 
 def test_hoist_web_serves_its_own_view_with_a_new_token(web: Web) -> None:
