@@ -53,8 +53,11 @@ async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
         bad_basic = httpx.BasicAuth("nobody", "wrong")
         assert (await http.get("/", auth=bad_basic)).status_code == 401
 
-        login = await http.get("/", params={"token": web.token})
-        assert login.status_code == 303 and login.headers["location"] == web.url
+        login = await http.get("/", params={"token": web.token, "x": "1"})
+        # Relative: nothing taken from the Host header (which the client chose).
+        assert login.status_code == 303 and login.headers["location"] == "/?x=1"
+        forged = await http.get("/", params={"token": web.token}, headers={"Host": "evil.example"})
+        assert forged.status_code == 303 and forged.headers["location"] == "/"
         cookie = login.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         page = await http.get("/")  # the cookie now
@@ -78,6 +81,17 @@ async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
             "/api/sessions/no-such-session/destroy", headers={"X-Hoist-Request": "destroy"}
         )
         assert unknown.status_code == 404, unknown.text
+        # An unknown session is 404 for every call, as for destroy.
+        for call in ("history", "logs"):
+            answer = await http.get(f"/api/sessions/no-such-session/{call}")
+            assert answer.status_code == 404, (call, answer.text)
+            assert "unknown session no-such-session" in answer.json()["error"], answer.text
+        # A bad query parameter: 400 naming it, never Python's own words.
+        for after in ("abc", "-1", "1.5", ""):
+            bad = await http.get("/api/sessions/no-such-session/history", params={"after": after})
+            assert bad.status_code == 400, (after, bad.text)
+            error = bad.json()["error"]
+            assert error.startswith("after:") and "invalid literal" not in error, error
         bad_id = await http.get("/api/sessions/a.b/history")
         assert bad_id.status_code in (400, 404)
     assert urlsplit(web.url).hostname == "127.0.0.1"  # nothing served beyond this machine
@@ -107,8 +121,15 @@ async def test_a_hoist_user_sees_and_destroys_only_their_own(web: Web, client: C
         assert "admin_only" in snapshot["sections"]["plans"]  # an admin's, said as such
         history = await http.get(f"/api/sessions/{mine['session_id']}/history")
         assert "SessionEnqueued" in {e["type"] for e in history.json()["events"]}
+        # Another user's session is unknown to them, as one that never was: 404 either way.
         other = await http.get(f"/api/sessions/{theirs['session_id']}/history")
-        assert other.status_code == 502 and "not-found" in other.text
+        assert other.status_code == 404 and "unknown session" in other.json()["error"]
+        never = await http.get("/api/sessions/no-such-session/history")
+        assert never.status_code == 404 and never.json()["error"] == other.json()["error"].replace(
+            theirs["session_id"], "no-such-session"
+        )
+        other_logs = await http.get(f"/api/sessions/{theirs['session_id']}/logs")
+        assert other_logs.status_code == 404, other_logs.text
         destroy = {"X-Hoist-Request": "destroy"}
         refused = await http.post(f"/api/sessions/{theirs['session_id']}/destroy", headers=destroy)
         assert refused.status_code in (403, 404), refused.text
