@@ -38,6 +38,8 @@ function bytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+function amount(n) { return String(Number(n.toFixed(3))); } // a slot's units, to the scheduler's 1/1000
+
 function eta(seconds) {
   if (seconds === null || !isFinite(seconds)) return "-:--:--";
   const s = Math.round(seconds);
@@ -193,7 +195,10 @@ function fleet() {
       el("div", { class: "row" }, "cpu", bar(a.cpu ? usedCpu / a.cpu : 0, `${usedCpu.toFixed(2)} / ${a.cpu} used`, "used"), `${a.free_cpu} free`),
       el("div", { class: "row" }, "mem", bar(a.mem ? usedMem / a.mem : 0, `${bytes(usedMem)} / ${bytes(a.mem)} used`, "used"), `${bytes(a.free_mem)} free`),
       el("div", { class: "row" }, "disk", bar(a.disk ? (a.disk - a.free_disk) / a.disk : 0, `${bytes(a.disk - a.free_disk)} / ${bytes(a.disk)}`, "used"), `${bytes(a.free_disk)} free`),
-      a.slots ? el("div", { class: "dim" }, `slots: ${a.slots}`) : null,
+      Object.entries(a.slot_amounts || {}).sort().map(([slot, cap]) => {
+        const free = (a.free_slots || {})[slot] ?? cap, used = cap - free;
+        return el("div", { class: "row", "data-slot": slot }, slot, bar(cap ? used / cap : 0, `${amount(used)} / ${amount(cap)} used`, "used"), `${amount(free)} free`);
+      }),
       el("table", {}, held.map((i) => el("tr", {},
         el("td", { class: "mono" }, i.image, i.preloaded ? el("span", { class: "mark" }, "preloaded") : null,
           i.pinned ? el("span", { class: "mark pin" }, "pinned") : null),
