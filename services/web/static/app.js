@@ -199,11 +199,11 @@ function fleet() {
         const free = (a.free_slots || {})[slot] ?? cap, used = cap - free;
         return el("div", { class: "row", "data-slot": slot }, slot, bar(cap ? used / cap : 0, `${amount(used)} / ${amount(cap)} used`, "used"), `${amount(free)} free`);
       }),
-      el("table", {}, held.map((i) => el("tr", {},
+      el("table", { class: "images" }, held.map((i) => el("tr", { "data-image": i.image },
         el("td", { class: "mono" }, i.image, i.preloaded ? el("span", { class: "mark" }, "preloaded") : null,
           i.pinned ? el("span", { class: "mark pin" }, "pinned") : null),
         el("td", {}, bytes(i.size_bytes)),
-        el("td", { class: "dim" }, i.kernels_using ? `${i.kernels_using} using` : "")))));
+        el("td", { class: "dim using" }, i.kernels_using ? `${i.kernels_using} using` : "")))));
   });
   return el("section", { id: "fleet" }, el("h2", {}, "Fleet"), sectionNote("agents"), sectionNote("images"),
     el("div", { class: "grid" }, cards));
@@ -273,7 +273,7 @@ function occupancy() {
       [...keys].sort().map((key) => {
         const c = charged.get(key) || { kernels: 0, cpu: 0, mem: 0 };
         const p = pulling[by].get(key);
-        return el("tr", {}, el("td", {}, key), el("td", {}, c.kernels), el("td", {}, Number(c.cpu).toFixed(2)), el("td", {}, bytes(c.mem)),
+        return el("tr", { "data-key": key }, el("td", {}, key), el("td", {}, c.kernels), el("td", {}, Number(c.cpu).toFixed(2)), el("td", {}, bytes(c.mem)),
           el("td", { class: "dim" }, p ? `${p.kernels} kernel(s), ${p.cpu.toFixed(2)} cpu, ${bytes(p.mem)}` : ""));
       }));
   };
@@ -286,7 +286,7 @@ function pullsTable() {
   const list = rows("pulls").slice().sort((a, b) => String(b.started_at).localeCompare(String(a.started_at))).slice(0, 50);
   return el("section", { id: "pulls" }, el("h2", {}, "Pulls"), sectionNote("pulls"),
     el("table", {}, el("tr", {}, ["agent", "image", "outcome", "reason", "bytes", "duration", "started"].map((h) => el("th", {}, h))),
-      list.map((p) => el("tr", {}, el("td", {}, p.agent_id), el("td", { class: "mono" }, p.image), el("td", {}, p.outcome),
+      list.map((p) => el("tr", { "data-task": p.task_id }, el("td", {}, p.agent_id), el("td", { class: "mono" }, p.image), el("td", {}, p.outcome),
         el("td", { class: "dim" }, p.reason || ""), el("td", {}, bytes(p.bytes)),
         el("td", {}, p.duration_s !== null && p.duration_s !== undefined ? `${Number(p.duration_s).toFixed(1)} s` : ""), el("td", { class: "dim" }, when(p.started_at))))));
 }
@@ -297,11 +297,11 @@ function policies() {
   return el("section", { id: "policies" }, el("h2", {}, "Prepull policies"),
     sectionNote("policies"),
     el("table", {}, el("tr", {}, ["name", "images", "resource groups", "removed"].map((h) => el("th", {}, h))),
-      rows("policies").map((p) => el("tr", {}, el("td", {}, p.name), el("td", { class: "mono" }, JSON.stringify(p.rules ?? p.images ?? "")),
+      rows("policies").map((p) => el("tr", { "data-policy": p.name }, el("td", {}, p.name), el("td", { class: "mono" }, JSON.stringify(p.rules ?? p.images ?? "")),
         el("td", {}, JSON.stringify(p.resource_groups ?? "")), el("td", {}, p.removed ? "yes" : "")))),
     el("h3", {}, `each agent's plan${plans && plans.converged ? " (converged)" : ""}`), sectionNote("plans"),
     el("table", {}, el("tr", {}, ["agent", "desired", "to pull", "skipped", "budget"].map((h) => el("th", {}, h))),
-      planRows.map(([agent, plan]) => el("tr", {}, el("td", {}, agent),
+      planRows.map(([agent, plan]) => el("tr", { "data-plan": agent }, el("td", {}, agent),
         el("td", { class: "mono" }, (plan.desired || []).map((w) => el("div", {}, `${w.image} (${bytes(w.size_bytes)}, ${w.policy})`))),
         el("td", { class: "mono" }, (plan.to_pull || []).join(", ")),
         el("td", { class: "dim" }, (plan.skipped || []).map((s) => el("div", {}, `${s.image}: ${s.why}`))),
