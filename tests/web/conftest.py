@@ -1,6 +1,7 @@
-"""One `hoist up --runtime dummy --agents 2 --no-demo` stack per test module, with its web view
-and /metrics, and what the web tests need of it: the page's URL and token, a NATS client of the
-client role, and a real headless Chromium (Debian's, driven by Playwright: never a download)."""
+"""One `hoist up --runtime dummy --agents 2 --no-demo --slot gpu=2` stack per test module, with
+its web view and /metrics, and what the web tests need of it: the page's URL and token, a NATS
+client of the client role, and a real headless Chromium (Debian's, driven by Playwright: never a
+download)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class Web:
 
 @pytest.fixture(scope="module")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    stack = start_stack(tmp_path_factory.mktemp("stack") / "data", "--agents", "2", "--no-demo")
+    stack = start_stack(
+        tmp_path_factory.mktemp("stack") / "data", "--agents", "2", "--no-demo", "--slot", "gpu=2"
+    )
     try:
         info = json.loads((stack.data_dir / "stack.json").read_text())
         token = (stack.data_dir / "web-token").read_text().strip()
