@@ -31,6 +31,7 @@ AGENTS = Table(
         ("mem", "BIGINT"),
         ("disk", "BIGINT"),
         ("slots", "VARCHAR"),  # other resource slots offered, e.g. "gpu=2"
+        ("slot_amounts", "MAP(VARCHAR, DOUBLE)"),  # the same as a map, e.g. {"gpu": 2.0}
         ("alive", "BOOLEAN"),
         ("status_info", "VARCHAR"),  # registered, reregistered, or why it was lost
         ("registered_at", "TIMESTAMPTZ"),
@@ -83,23 +84,37 @@ class AgentsProjection(Projection):
     name: ClassVar[str] = "agents"
     # v2: AgentLost only from the manager's liveness subject (one on an agent's own subject is
     # quarantined), so a model built before is rebuilt.  v3: the slots an agent offers.
-    version: ClassVar[int] = 3
+    # v4: those slots as a map too (slot_amounts), from which the view derives free_slots.
+    version: ClassVar[int] = 4
     tables: ClassVar[tuple[Table, ...]] = (AGENTS,)
     views: ClassVar[Mapping[str, str]] = {
         # The images' sum is capped at MAX_BYTES (like the disk): BIGINT never overflows.
+        # free_slots: each slot the agent offers less what the kernels holding its room ask
+        # (slots_by_agent), as free_cpu is its cpu less theirs.
         "agents_view": f"""
             SELECT a.agent_id, a.resource_group, a.runtime, a.alive, a.status_info,
-                   a.cpu, a.mem, a.disk, a.slots,
+                   a.cpu, a.mem, a.disk, a.slots, a.slot_amounts,
                    round(a.cpu - coalesce(o.cpu, 0), 6) AS free_cpu,  -- no 1e-14 residue
                    a.mem - coalesce(o.mem, 0) AS free_mem,
                    a.disk - coalesce(i.bytes, 0) AS free_disk,
+                   coalesce(f.free_slots, MAP {{}}::MAP(VARCHAR, DOUBLE)) AS free_slots,
                    coalesce(o.kernels, 0) AS kernels,
                    a.registered_at, a.reregistered_at, a.lost_at, a.last_seq
             FROM agents a
             LEFT JOIN occupancy_by_agent o USING (agent_id)
             LEFT JOIN (SELECT agent_id, least(sum(size_bytes), {MAX_BYTES})::BIGINT AS bytes
                        FROM agent_images
-                       GROUP BY agent_id) i USING (agent_id)""",
+                       GROUP BY agent_id) i USING (agent_id)
+            LEFT JOIN (SELECT c.agent_id,
+                              map_from_entries(list({{'key': c.slot,
+                                                      'value': round(c.amount
+                                                                     - coalesce(h.amount, 0), 6)}}
+                                                     ORDER BY c.slot)) AS free_slots
+                       FROM (SELECT agent_id, unnest(map_keys(slot_amounts)) AS slot,
+                                    unnest(map_values(slot_amounts)) AS amount
+                             FROM agents) c
+                       LEFT JOIN slots_by_agent h USING (agent_id, slot)
+                       GROUP BY c.agent_id) f USING (agent_id)""",
     }
 
     def __init__(self) -> None:
@@ -134,6 +149,7 @@ class AgentsProjection(Projection):
             mem=e.capacity.mem,
             disk=e.capacity.disk,
             slots=slots_text(e.capacity.slots),
+            slot_amounts=dict(e.capacity.slots),
             alive=True,
             last_seq=seq,
         )

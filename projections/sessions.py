@@ -48,6 +48,7 @@ KERNELS = Table(
         ("detail", "VARCHAR"),
         ("hostname", "VARCHAR"),  # main1, sub1, ...
         ("slots", "VARCHAR"),  # other resource slots, e.g. "gpu=2"
+        ("slot_amounts", "MAP(VARCHAR, DOUBLE)"),  # the same as a map, e.g. {"gpu": 2.0}
         ("ports", "VARCHAR"),  # "8080->127.0.0.1:32768, ..." once created
         ("exit_code", "INTEGER"),  # once its process ended on its own
         ("ran_s", "DOUBLE"),  # how long its command ran
@@ -129,7 +130,8 @@ class SessionsProjection(Projection):
     # applied (a kernel the session lacks, an illegal transition, a version gap).
     # v3: what kernels run and how they ended (hostname, slots, ports, exit_code, ran_s;
     # session_type, cluster_mode, command).  v4: images in canonical form (domain.image_ref).
-    version: ClassVar[int] = 4
+    # v5: each kernel's slots as a map too (slot_amounts), which slots_by_agent sums.
+    version: ClassVar[int] = 5
     tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
     views: ClassVar[Mapping[str, str]] = {
         "occupancy_by_owner": f"""
@@ -138,6 +140,14 @@ class SessionsProjection(Projection):
         "occupancy_by_agent": f"""
             SELECT agent_id, count(*) AS kernels, sum(cpu) AS cpu, sum(mem)::BIGINT AS mem
             FROM kernels WHERE status IN ({_in(AGENT_RESOURCE_OCCUPYING)}) GROUP BY agent_id""",
+        # The resource slots the kernels holding an agent's room ask, per agent and slot.
+        "slots_by_agent": f"""
+            SELECT agent_id, slot, sum(amount) AS amount
+            FROM (SELECT agent_id, unnest(map_keys(slot_amounts)) AS slot,
+                         unnest(map_values(slot_amounts)) AS amount
+                  FROM kernels
+                  WHERE status IN ({_in(AGENT_RESOURCE_OCCUPYING)}) AND agent_id IS NOT NULL)
+            GROUP BY agent_id, slot""",
     }
 
     def __init__(self) -> None:
@@ -193,6 +203,7 @@ class SessionsProjection(Projection):
                 "kernel_index": index,
                 "hostname": hostname_of(index),
                 "slots": slots,
+                "slot_amounts": dict(e.resources.slots),
                 "owner": e.owner,
                 "image": image,
                 "resource_group": e.resource_group,

@@ -24,6 +24,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    "MAP(VARCHAR, DOUBLE)": pa.map_(pa.string(), pa.float64()),  # a dict, e.g. resource slots
 }
 
 

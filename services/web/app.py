@@ -38,7 +38,9 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from domain import subjects
+from domain.errors import unknown_session
 from domain.subjects import SESSION_DESTROY, SESSION_LOGS
+from domain.user import check_name
 from services.cli import session_log
 from services.cli.connection import CliError, Connection, ReplyError
 from services.cli.history import describe
@@ -82,7 +84,7 @@ class Access:
 
     def admin_principal(self) -> Principal:
         if self._admin is None:
-            self._admin = Principal(Hub(self.admin, "admin (token)", admin=True))
+            self._admin = Principal(Hub(self.admin, "admin (token)", role=True))
         return self._admin
 
     def token_ok(self, offered: str | None) -> bool:
@@ -109,6 +111,10 @@ class Access:
             return None
         if not name or not password:
             return None
+        try:
+            check_name(name)  # what `hoist user add` takes: a subject token, no role's name
+        except ValueError:
+            return None  # no Hoist user has it: no connection is tried
         key = (name, hashlib.sha256(password.encode()).hexdigest())
         async with self._opening:
             known = self.users.get(key)
@@ -120,12 +126,12 @@ class Access:
             url = urlunsplit((parts.scheme, netloc, "", "", ""))
             try:
                 conn = await Connection.open(url, name=f"hoist-web-{name}")
-            except CliError:
+            except (CliError, ValueError):
                 return None  # the server refused the name and password
             if conn.user is None:  # a role's NATS user, not a Hoist user's: not this door
                 await conn.close()
                 return None
-            principal = Principal(Hub(conn, name, admin=False))
+            principal = Principal(Hub(conn, name, role=False))
             self.users[key] = principal
             return principal
 
@@ -148,8 +154,12 @@ def make_app(access: Access) -> Starlette:
                 if not access.token_ok(offered):
                     return _unauthorized(challenge=False)  # a login prompt fixes no token
                 # Once: the token goes into a cookie and out of the address bar and history.
+                # A relative Location: nothing of the Host header the client sent.
                 target = request.url.remove_query_params("token")
-                response = RedirectResponse(str(target), status_code=303)
+                location = "/" + quote(target.path.lstrip("/"), safe="/")  # never //host
+                if target.query:
+                    location += f"?{target.query}"
+                response = RedirectResponse(location, status_code=303)
                 response.set_cookie(
                     COOKIE, offered, httponly=True, samesite="strict", path="/", secure=False
                 )
@@ -199,17 +209,23 @@ def make_app(access: Access) -> Starlette:
         sid = request.path_params["session_id"]
         try:
             subjects.check_token(sid, "session_id")
-            after = int(request.query_params.get("after", "0"))
+            after = _whole_number(request.query_params.get("after", "0"), "after")
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         rows: list[dict[str, Any]] = []
+        known = False
         try:
             async with asyncio.timeout(10):
                 async for rec in session_log.records(p.conn, sid):
+                    known = True
                     if rec.seq > after:
                         rows.append(describe(rec))
+        except ReplyError as e:
+            return _refused(e)
         except (CliError, TimeoutError) as e:
             return JSONResponse({"error": str(e) or "timed out"}, status_code=502)
+        if not known:  # no event at all: no such session (the log itself, for the token)
+            return _refused(ReplyError("not-found", f"session_id: {unknown_session(sid)}"))
         body = json.dumps({"events": rows}, default=str)  # times, and whatever a payload holds
         return Response(body, media_type="application/json")
 
@@ -220,7 +236,7 @@ def make_app(access: Access) -> Starlette:
             opened = await p.conn.request(SESSION_LOGS, {"session_id": sid, "tail": 500})
             text = await _read_all(p.conn, opened)
         except ReplyError as e:
-            return JSONResponse({"error": e.message, "code": e.code}, status_code=409)
+            return _refused(e)
         except (CliError, ValueError) as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         return JSONResponse({"logs": text})
@@ -233,8 +249,7 @@ def make_app(access: Access) -> Starlette:
             subjects.check_token(sid, "session_id")
             view = await p.conn.request(SESSION_DESTROY, {"session_id": sid})
         except ReplyError as e:
-            status = 403 if e.code == "forbidden" else 404 if e.code == "not-found" else 409
-            return JSONResponse({"error": e.message, "code": e.code}, status_code=status)
+            return _refused(e)
         except (CliError, ValueError) as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         p.hub.poke()
@@ -255,6 +270,23 @@ def make_app(access: Access) -> Starlette:
         ]
     )
     return app
+
+
+# The manager's error codes as HTTP statuses; an unknown session (or another user's, which
+# the manager reports the same) is 404 for every call.
+_STATUS = {"not-found": 404, "forbidden": 403, "invalid-request": 400}
+
+
+def _refused(e: ReplyError) -> Response:
+    status = _STATUS.get(e.code, 409)
+    return JSONResponse({"error": e.message, "code": e.code}, status_code=status)
+
+
+def _whole_number(value: str, name: str) -> int:
+    """A query parameter that must be a whole number >= 0; ValueError naming it if not."""
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise ValueError(f"{name}: a whole number of at least 0 is needed, got {value[:40]!r}")
+    return int(value)
 
 
 def _unauthorized(challenge: bool = True) -> Response:

@@ -6,9 +6,17 @@ One ``Hub`` per principal (the token's admin role, or one Hoist user): the queri
 again when the log moves (a core subscription on the event subjects wakes the refresh; a
 Hoist user's connection, which may not subscribe there, has a faster timer instead), at most
 ``MIN_INTERVAL_S`` apart, and only while someone watches.  Each section is sent to the pages
-only when its rows changed.  Progress comes live from core NATS; for a pull already under
-way when the hub started (a late joiner), the last message the progress stream kept is
-fetched once (a direct get), so every bar is drawn where it stands at once.
+only when it changed.  For pulls already under way when the hub started (a late joiner), the
+last message the progress stream kept is fetched once (a direct get), so every bar is drawn
+where it stands at once.
+
+A Hoist user's hub asks only what the manager serves them.  Whether the user is an admin is the
+manager's to say, so each refresh asks their own queries and ``agents`` (fleet-wide: answered
+for an admin user, refused ``forbidden`` for another) first; only when the manager answered it
+are the other fleet-wide ones asked.  A plain user's hub never sends the admin's plan request,
+which their NATS user may not publish: a permission violation is reported on the connection,
+not on the request, so it would fail whichever request took it, and leave the plan request
+waiting for its timeout.  The fleet-wide sections then say they are an admin's.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from domain import rpc, subjects
-from services.cli.connection import CliError, Connection
+from services.cli.connection import CliError, Connection, ReplyError
 from services.transport import progress as progress_stream
 
 log = logging.getLogger(__name__)
@@ -49,15 +57,23 @@ QUERIES: dict[str, tuple[str, dict[str, Any]]] = {
     "policies": (subjects.query_subject("policies"), {}),
     "plans": (subjects.POLICY_PLAN, {}),
 }
+# Sections the manager serves a Hoist user only if they are an admin user; "agents" first, whose
+# answer says whether they are (occupancy by agent: a plain user's is forced to their own
+# owner, which that variant refuses).
+FLEET_WIDE = ("agents", "images", "occupancy_agent", "pulls", "policies", "plans")
 
 
 class Hub:
     """The live state of one principal's view; ``watch()`` yields what to send a page."""
 
-    def __init__(self, conn: Connection, who: str, admin: bool) -> None:
+    def __init__(self, conn: Connection, who: str, role: bool) -> None:
         self.conn = conn
         self.who = who  # "admin (token)" or a Hoist user's name: said on the page
-        self.admin = admin
+        self.role = role  # the admin role's connection (the token), not a Hoist user's
+        # What the manager lets this principal do: the role and admin users see the fleet and
+        # destroy any session.  A user's is learned from each refresh (their first one runs
+        # before the first page sees anything).
+        self.admin = role
         self.sections: dict[str, Any] = {}
         self.progress: OrderedDict[str, dict[str, Any]] = OrderedDict()  # "agent/task" -> it
         self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -116,7 +132,7 @@ class Hub:
     async def _run(self) -> None:
         await self._subscribe()
         flusher = asyncio.create_task(self._flush_progress())
-        idle_s = IDLE_REFRESH_S if self.admin else USER_REFRESH_S
+        idle_s = IDLE_REFRESH_S if self.role else USER_REFRESH_S
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -148,7 +164,7 @@ class Hub:
                 return  # an agent publishes only its own pulls' subjects
             self._keep_progress(p)
 
-        if self.admin:  # a role's connection; a Hoist user's may not (natsauth)
+        if self.role:  # a role's connection; a Hoist user's may not (natsauth)
             self._subs.append(await nc.subscribe(subjects.EVENTS_ALL, cb=on_event))
         self._subs.append(await nc.subscribe(f"{subjects.PROGRESS}.>", cb=on_progress))
 
@@ -171,15 +187,30 @@ class Hub:
                 self._send({"kind": "progress", "progress": rows})
 
     async def _refresh(self) -> None:
-        names = list(QUERIES)
-        replies = await asyncio.gather(
-            *(self._ask(*QUERIES[name]) for name in names), return_exceptions=True
-        )
+        if self.role:
+            replies = await self._ask_all(list(QUERIES))
+        else:
+            replies = await self._ask_all([n for n in QUERIES if n not in FLEET_WIDE[1:]])
+            probe = replies["agents"]
+            if isinstance(probe, ReplyError) and probe.code == "forbidden":
+                admin = False
+            elif isinstance(probe, BaseException):
+                admin = self.admin  # no answer (yet): as it last said
+            else:
+                admin = True
+            if admin:
+                replies.update(await self._ask_all(list(FLEET_WIDE[1:])))
+            else:
+                note = f"for admins only: the manager serves user {self.who!r} their own sessions"
+                replies.update({name: {"admin_only": note} for name in FLEET_WIDE})
+            if admin != self.admin:
+                self.admin = admin
+                self._send({"kind": "who", "who": self.who, "admin": admin})
         changed: dict[str, Any] = {}
-        for name, reply in zip(names, replies, strict=True):
+        for name, reply in replies.items():
             value: Any
             if isinstance(reply, CliError):
-                value = {"error": str(reply)}  # e.g. a user's fleet-wide query: said, not hidden
+                value = {"error": str(reply)}  # said, not hidden
             elif isinstance(reply, BaseException):
                 log.warning("web: %s query failed: %s", name, reply)
                 continue
@@ -191,6 +222,13 @@ class Hub:
         if changed:
             self._send({"kind": "sections", "sections": changed})
         await self._late_progress()
+
+    async def _ask_all(self, names: list[str]) -> dict[str, Any]:
+        """Each query's reply, or the exception it raised, by section name."""
+        replies = await asyncio.gather(
+            *(self._ask(*QUERIES[name]) for name in names), return_exceptions=True
+        )
+        return dict(zip(names, replies, strict=True))
 
     async def _ask(self, subject: str, payload: dict[str, Any]) -> Any:
         return await self.conn.request(subject, dict(payload), wait_s=5)

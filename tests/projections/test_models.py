@@ -388,3 +388,43 @@ async def test_slots_an_agent_offers_and_a_kernel_asks_are_in_the_models() -> No
     assert agents.agents["g1"]["slots"] == "gpu=2"
     [kernel] = sessions.live[session.id].rows.values()
     assert kernel["slots"] == "gpu=1"
+
+
+async def test_free_slots_are_what_the_kernels_holding_the_agents_room_leave(
+    store: EventStore, repo: Repository
+) -> None:
+    """An agent's free slots, as its free cpu: what it offers less what its kernels in the
+    agent-occupying statuses ask (PULLING included: it holds the agent), per slot."""
+    capacity = {"cpu": 8, "mem": 8 * GIB, "disk": 2**40, "slots": {"gpu": 4, "tpu": 1.5}}
+    g1 = Agent.register(agent_id="g1", resource_group="rg", capacity=capacity, runtime="dummy")
+    plain = Agent.register(
+        agent_id="p1", resource_group="rg", capacity={"cpu": 1, "mem": GIB, "disk": 1}, runtime="x"
+    )
+
+    def session(slots: dict[str, float], cluster_size: int = 1) -> Session:
+        s = Session.enqueue(
+            owner="o", image="i:1", resources={"cpu": 1, "mem": GIB, "slots": slots},
+            resource_group="rg", cluster_size=cluster_size,
+        )  # fmt: skip
+        s.schedule(dict.fromkeys(s.kernels, "g1"))
+        return s
+
+    two = session({"gpu": 0.5, "tpu": 0.25}, cluster_size=2)  # PREPARED: holds g1
+    for k in two.kernels:
+        two.mark_prepared(k)
+    pulling = session({"gpu": 1})
+    (k,) = pulling.kernels
+    pulling.mark_pulling(k, "t1")
+    ended = session({"gpu": 2})
+    (k,) = ended.kernels
+    ended.cancel(k, "user-request")  # final: holds nothing
+    await repo.save(g1, plain, two, pulling, ended)
+
+    con = duckdb.connect()
+    await Runner(con, store, ALL).run(follow=False)
+    agents = {a["agent_id"]: a for a in rows(con, "SELECT * FROM agents_view")}
+    assert agents["g1"]["slot_amounts"] == {"gpu": 4.0, "tpu": 1.5}
+    assert agents["g1"]["free_slots"] == {"gpu": 2.0, "tpu": 1.0}
+    assert agents["g1"]["free_cpu"] == 5.0  # the same kernels as the cpu's
+    assert agents["p1"]["slot_amounts"] == {} and agents["p1"]["free_slots"] == {}
+    assert compare(snapshot(con)[1], await rebuilt(store)) == []

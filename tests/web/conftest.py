@@ -1,6 +1,7 @@
-"""One `hoist up --runtime dummy --agents 2 --no-demo` stack per test module, with its web view
-and /metrics, and what the web tests need of it: the page's URL and token, a NATS client of the
-client role, and a real headless Chromium (Debian's, driven by Playwright: never a download)."""
+"""One `hoist up --runtime dummy --agents 2 --no-demo --slot gpu=2` stack per test module, with
+its web view and /metrics, and what the web tests need of it: the page's URL and token, a NATS
+client of the client role, and a real headless Chromium (Debian's, driven by Playwright: never a
+download)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
@@ -34,7 +36,9 @@ class Web:
 
 @pytest.fixture(scope="module")
 def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    stack = start_stack(tmp_path_factory.mktemp("stack") / "data", "--agents", "2", "--no-demo")
+    stack = start_stack(
+        tmp_path_factory.mktemp("stack") / "data", "--agents", "2", "--no-demo", "--slot", "gpu=2"
+    )
     try:
         info = json.loads((stack.data_dir / "stack.json").read_text())
         token = (stack.data_dir / "web-token").read_text().strip()
@@ -50,6 +54,18 @@ async def client(web: Web) -> AsyncIterator[Client]:
     nc = await connect(credentials.role_url(web.info["url"], "client", creds))
     yield nc
     await nc.close()
+
+
+def add_user(web: Web, name: str, *, admin: bool = False) -> tuple[str, str]:
+    """Add Hoist user ``name`` (``admin``: an admin user) to the stack; their NATS name and
+    password, what they log in to the view with (HTTP Basic)."""
+    flags = ["--admin"] if admin else []
+    added = web.stack.hoist(
+        "user", "add", name, *flags, env={"HOIST_NATS_URL": web.stack.creds("admin")}
+    )
+    assert added.returncode == 0, added.stderr
+    nats = urlsplit(web.stack.hoist("creds", "user", name).stdout.strip())
+    return unquote(nats.username or ""), unquote(nats.password or "")
 
 
 async def ask(nc: Client, subject: str, payload: dict[str, Any]) -> Any:

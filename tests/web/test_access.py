@@ -5,9 +5,12 @@ destroys only what the manager lets them), and nobody else; the page's headers."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import subprocess
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -16,7 +19,7 @@ import httpx
 from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.transport.client import Client
 from tests.cli.stack_harness import HOIST
-from tests.web.conftest import Web, ask
+from tests.web.conftest import Web, add_user, ask
 
 CPU_MEM = {"cpu": 1, "mem": 256 * 1024**2}
 
@@ -32,6 +35,15 @@ async def first_message(http: httpx.AsyncClient, **kwargs: Any) -> dict[str, Any
     raise AssertionError("no message")
 
 
+async def next_message(lines: AsyncIterator[str], within_s: float) -> dict[str, Any]:
+    """The next message of an events stream, within ``within_s`` seconds."""
+    async with asyncio.timeout(within_s):
+        async for line in lines:
+            if line.startswith("data: "):
+                return json.loads(line[len("data: ") :])  # type: ignore[no-any-return]
+    raise AssertionError("the stream ended")
+
+
 async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
     async with httpx.AsyncClient(base_url=web.url, timeout=10) as http:
         for path in ("/", "/events", "/static/app.js", "/api/sessions/x/history"):
@@ -41,8 +53,11 @@ async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
         bad_basic = httpx.BasicAuth("nobody", "wrong")
         assert (await http.get("/", auth=bad_basic)).status_code == 401
 
-        login = await http.get("/", params={"token": web.token})
-        assert login.status_code == 303 and login.headers["location"] == web.url
+        login = await http.get("/", params={"token": web.token, "x": "1"})
+        # Relative: nothing taken from the Host header (which the client chose).
+        assert login.status_code == 303 and login.headers["location"] == "/?x=1"
+        forged = await http.get("/", params={"token": web.token}, headers={"Host": "evil.example"})
+        assert forged.status_code == 303 and forged.headers["location"] == "/"
         cookie = login.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         page = await http.get("/")  # the cookie now
@@ -66,6 +81,17 @@ async def test_the_token_opens_the_view_and_nothing_else_does(web: Web) -> None:
             "/api/sessions/no-such-session/destroy", headers={"X-Hoist-Request": "destroy"}
         )
         assert unknown.status_code == 404, unknown.text
+        # An unknown session is 404 for every call, as for destroy.
+        for call in ("history", "logs"):
+            answer = await http.get(f"/api/sessions/no-such-session/{call}")
+            assert answer.status_code == 404, (call, answer.text)
+            assert "unknown session no-such-session" in answer.json()["error"], answer.text
+        # A bad query parameter: 400 naming it, never Python's own words.
+        for after in ("abc", "-1", "1.5", ""):
+            bad = await http.get("/api/sessions/no-such-session/history", params={"after": after})
+            assert bad.status_code == 400, (after, bad.text)
+            error = bad.json()["error"]
+            assert error.startswith("after:") and "invalid literal" not in error, error
         bad_id = await http.get("/api/sessions/a.b/history")
         assert bad_id.status_code in (400, 404)
     assert urlsplit(web.url).hostname == "127.0.0.1"  # nothing served beyond this machine
@@ -92,11 +118,18 @@ async def test_a_hoist_user_sees_and_destroys_only_their_own(web: Web, client: C
         assert snapshot["who"] == "ann" and snapshot["admin"] is False
         owners = {s["owner"] for s in snapshot["sections"]["sessions"]["rows"]}
         assert owners == {"ann"}
-        assert "error" in snapshot["sections"]["plans"]  # an admin's, said as refused
+        assert "admin_only" in snapshot["sections"]["plans"]  # an admin's, said as such
         history = await http.get(f"/api/sessions/{mine['session_id']}/history")
         assert "SessionEnqueued" in {e["type"] for e in history.json()["events"]}
+        # Another user's session is unknown to them, as one that never was: 404 either way.
         other = await http.get(f"/api/sessions/{theirs['session_id']}/history")
-        assert other.status_code == 502 and "not-found" in other.text
+        assert other.status_code == 404 and "unknown session" in other.json()["error"]
+        never = await http.get("/api/sessions/no-such-session/history")
+        assert never.status_code == 404 and never.json()["error"] == other.json()["error"].replace(
+            theirs["session_id"], "no-such-session"
+        )
+        other_logs = await http.get(f"/api/sessions/{theirs['session_id']}/logs")
+        assert other_logs.status_code == 404, other_logs.text
         destroy = {"X-Hoist-Request": "destroy"}
         refused = await http.post(f"/api/sessions/{theirs['session_id']}/destroy", headers=destroy)
         assert refused.status_code in (403, 404), refused.text
@@ -105,6 +138,69 @@ async def test_a_hoist_user_sees_and_destroys_only_their_own(web: Web, client: C
     wrong = httpx.BasicAuth("ann", "not-her-password")
     async with httpx.AsyncClient(base_url=web.url, timeout=10, auth=wrong) as http:
         assert (await http.get("/")).status_code == 401
+
+
+async def test_a_plain_users_view_is_refreshed_at_once_and_says_what_is_for_admins(
+    web: Web, client: Client
+) -> None:
+    """A plain user's hub asks only the queries the user may make: no section carries an error
+    (nor another query's permission violation), the fleet-wide ones say they are for admins,
+    and a new session of theirs arrives within a refresh, not after a query's timeout."""
+    pat = httpx.BasicAuth(*add_user(web, "pat"))
+    async with (
+        httpx.AsyncClient(base_url=web.url, timeout=15, auth=pat) as http,
+        http.stream("GET", "/events") as events,
+    ):
+        assert events.status_code == 200
+        lines = events.aiter_lines()
+        snapshot = await next_message(lines, 10)
+        assert snapshot["kind"] == "snapshot" and snapshot["admin"] is False
+        sections = snapshot["sections"]
+        assert {n for n, v in sections.items() if "error" in v} == set(), sections
+        for name in ("agents", "images", "occupancy_agent", "pulls", "policies", "plans"):
+            assert sections[name].get("admin_only"), (name, sections[name])
+        assert sections["sessions"]["rows"] == []
+        created = await ask(
+            client,
+            SESSION_CREATE,
+            {"owner": "pat", "image": web.stack.next_image(), "resources": CPU_MEM},
+        )
+        started = time.monotonic()
+        while True:
+            message = await next_message(lines, 5)
+            assert all("error" not in v for v in message.get("sections", {}).values()), message
+            rows = message.get("sections", {}).get("sessions", {}).get("rows", [])
+            if any(r["session_id"] == created["session_id"] for r in rows):
+                break
+        assert time.monotonic() - started < 2.5  # one refresh (1 s), not a 5 s query timeout
+
+
+async def test_an_admin_users_view_is_an_admins(web: Web) -> None:
+    """The manager serves an admin user the fleet: the view says it is an admin's (the page
+    then offers Destroy on any session) and shows the fleet-wide sections."""
+    ada = httpx.BasicAuth(*add_user(web, "ada", admin=True))
+    async with httpx.AsyncClient(base_url=web.url, timeout=15, auth=ada) as http:
+        snapshot = await first_message(http)
+    assert snapshot["who"] == "ada" and snapshot["admin"] is True
+    sections = snapshot["sections"]
+    assert {n for n, v in sections.items() if "error" in v or "admin_only" in v} == set()
+    assert {a["agent_id"] for a in sections["agents"]["rows"]} == {"agent-1", "agent-2"}
+    assert "plans" in sections["plans"]
+
+
+async def test_a_login_name_no_hoist_user_may_have_gets_401_without_a_traceback(
+    web: Web,
+) -> None:
+    log = web.stack.data_dir / "logs" / "web.log"
+    before = log.read_text(errors="replace")
+    async with httpx.AsyncClient(base_url=web.url, timeout=10) as http:
+        for name in ("ann@evil", "ann\x00", "ann.evil", "admin", ""):
+            auth = base64.b64encode(f"{name}:some-password".encode()).decode()
+            response = await http.get("/", headers={"Authorization": f"Basic {auth}"})
+            assert response.status_code == 401, (name, response.text)
+            assert response.headers["www-authenticate"].startswith("Basic")
+    after = log.read_text(errors="replace")[len(before) :]
+    assert "Traceback" not in after and "Exception" not in after, after
 
 
 def test_hoist_web_serves_its_own_view_with_a_new_token(web: Web) -> None:

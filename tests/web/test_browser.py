@@ -1,18 +1,22 @@
 """The web view in a real headless Chromium against a real `hoist up` stack (dummy agents whose
-pulls take seconds): the page loads without a console error, a session created over NATS shows
-up without a reload, its pull bar advances and it reaches RUNNING, the destroy button ends it,
-an unknown token gets 401, and a hostile owner is shown as text (no script runs)."""
+pulls take seconds, each offering gpu=2): the page loads without a console error, a session
+created over NATS shows up without a reload, its pull bar advances and it reaches RUNNING, the
+destroy button ends it (also an admin user's, on another owner's session), an unknown token gets
+401, a hostile owner is shown as text (no script runs), and the dashboard's sections (fleet
+bars, slots and image marks, occupancy with PULLING apart, pulls, policies and plans, the status
+and resource-group filters) show what the stack holds."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from playwright.async_api import Browser
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
 from services.transport.client import Client
-from tests.web.conftest import Watched, Web, ask, screenshot_dir
+from tests.web.conftest import Watched, Web, add_user, ask, screenshot_dir
 
 CPU_MEM = {"cpu": 1, "mem": 512 * 1024**2}
 
@@ -143,4 +147,136 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
     assert await owner_filter.evaluate("n => n.isConnected && n.value") == "flo"
     await p.select_option("select[data-filter='owner']", "")
     await p.wait_for_selector(f"#sessions tr[data-session='{ids['gus']}']")
+    assert page.errors == []
+
+
+async def test_an_admin_user_may_destroy_another_users_session(
+    web: Web, browser: Browser, client: Client
+) -> None:
+    """A Hoist user added with --admin logs in with their password; the manager lets them
+    destroy any session, so the page offers Destroy on another owner's, and it works."""
+    name, password = add_user(web, "ida", admin=True)
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "olga", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30},
+    )
+    sid = created["session_id"]
+    context = await browser.new_context(http_credentials={"username": name, "password": password})
+    try:
+        p = await context.new_page()
+        errors: list[str] = []
+        p.on("pageerror", lambda e: errors.append(str(e)))
+        await p.goto(f"{web.url}#/session/{sid}")
+        await p.wait_for_selector("#session-page .status.s-RUNNING")
+        await p.click("#destroy", timeout=5_000)
+        await p.wait_for_selector("#session-page .status.s-TERMINATED", timeout=20_000)
+        assert (await ask(client, SESSION_GET, {"session_id": sid}))["status"] == "TERMINATED"
+        assert await p.inner_text("#who") == "as ida (admin)"
+        assert errors == []
+    finally:
+        await context.close()
+
+
+async def hoist_admin(web: Web, *args: str) -> str:
+    """`hoist ARGS` as the stack's admin role, off the event loop; its stdout."""
+    env = {"HOIST_NATS_URL": web.stack.creds("admin")}
+    done = await asyncio.to_thread(web.stack.hoist, *args, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+async def test_the_dashboard_shows_fleet_occupancy_pulls_policies_and_filters(
+    web: Web, page: Watched, client: Client
+) -> None:
+    """One scene for every section: a pull under way (PULLING, counted apart and filtered on),
+    a kernel holding a gpu slot, a failed pull, a session in a group with no agent, an image
+    preloaded (pinned) on agent-1 and spread to agent-2 by a prepull policy."""
+    p = page.page
+    held, unknown = web.stack.next_image(), "test/never-held:1"
+
+    async def preload_then_policy() -> None:
+        await hoist_admin(web, "image", "preload", held, "--agent", "agent-1")
+        await hoist_admin(web, "image", "policy", "set", "web-pol", "--images", f"{held},{unknown}")
+
+    spreading = asyncio.create_task(preload_then_policy())
+
+    def create(owner: str, image: str, **more: Any) -> Any:
+        return ask(client, SESSION_CREATE, {"owner": owner, "image": image, **more})
+
+    gpu, failed, elsewhere = await asyncio.gather(
+        create("gil", web.stack.next_image(), resources={**CPU_MEM, "gpu": 1}, max_wait=30),
+        create("fay", "test/missing:1", resources=CPU_MEM, max_wait=30),
+        create("gus", web.stack.next_image(), resources=CPU_MEM, resource_group="nowhere"),
+    )
+    assert gpu.get("status") == "RUNNING", gpu
+    assert failed.get("status") in ("CANCELLED", "ERROR"), failed
+    pulling = await create("pia", web.stack.next_big_image(), resources=CPU_MEM)  # ~10 s
+
+    # While pia's kernel pulls: by owner it is not charged (shown apart), by agent it is.
+    owner_row = "#occupancy table[data-occupancy='owner'] tr[data-key='pia']"
+    await p.wait_for_selector(f"{owner_row} >> text=1 kernel(s)", timeout=10_000)
+    cells = await p.locator(f"{owner_row} td").all_inner_texts()
+    assert cells[:2] == ["pia", "0"], cells  # no kernel charged to pia's quota
+    view = await ask(client, SESSION_GET, {"session_id": pulling["session_id"]})
+    (pull_agent,) = {k["agent_id"] for k in view["kernels"]}
+    agent_cells = await p.locator(
+        f"#occupancy table[data-occupancy='agent'] tr[data-key='{pull_agent}'] td"
+    ).all_inner_texts()
+    assert int(agent_cells[1]) >= 1 and "1 kernel(s)" in agent_cells[4], agent_cells
+    # The status filter: only what is PULLING now.
+    await p.select_option("select[data-filter='status']", "PULLING")
+    await p.wait_for_selector(f"#sessions tr[data-session='{gpu['session_id']}']", state="detached")
+    shown = p.locator("#sessions tr[data-session]")
+    assert await p.locator(f"#sessions tr[data-session='{pulling['session_id']}']").count() == 1
+    statuses = await p.locator("#sessions tr[data-session] > td:nth-child(6)").all_inner_texts()
+    assert set(statuses) == {"PULLING"}, statuses
+    await p.select_option("select[data-filter='status']", "")
+    # The resource-group filter: the group with no agent holds gus's session alone.
+    await p.select_option("select[data-filter='group']", "nowhere")
+    await p.wait_for_selector(f"#sessions tr[data-session='{gpu['session_id']}']", state="detached")
+    ids = await shown.evaluate_all("rows => rows.map(r => r.dataset.session)")
+    assert ids == [elsewhere["session_id"]], ids
+    await p.select_option("select[data-filter='group']", "")
+
+    # The fleet: cpu, mem and disk bars on every card; gil's gpu holds 1 of its agent's 2.
+    (gpu_agent,) = {k["agent_id"] for k in gpu["kernels"]}
+    card = f"#fleet .card[data-agent='{gpu_agent}']"
+    await p.wait_for_selector(f"{card} .row[data-slot='gpu'] .bar[aria-valuenow='50']")
+    assert "1 free" in await p.inner_text(f"{card} .row[data-slot='gpu']")
+    for agent in ("agent-1", "agent-2"):
+        rows_text = await p.locator(f"#fleet .card[data-agent='{agent}'] .row").all_inner_texts()
+        assert [r.split("\n")[0] for r in rows_text] == ["cpu", "mem", "disk", "gpu"], rows_text
+    used = await p.locator(f"{card} .row").first.locator(".bar").get_attribute("aria-valuenow")
+    assert int(used or 0) > 0  # gil's kernel holds a cpu there
+
+    # Images: held's size, preloaded and pinned on agent-1, preloaded only where the policy
+    # pulled it (agent-2); the image gil's kernel uses says so inside its card.
+    await spreading
+    one = f"#fleet .card[data-agent='agent-1'] tr[data-image$='{held}']"
+    two = f"#fleet .card[data-agent='agent-2'] tr[data-image$='{held}']"
+    await p.wait_for_selector(f"{two} .mark", timeout=20_000)
+    assert await p.locator(f"{one} .mark").all_inner_texts() == ["preloaded", "pinned"]
+    assert await p.locator(f"{two} .mark").all_inner_texts() == ["preloaded"]
+    assert "240.0 MiB" in await p.inner_text(one)
+    using = p.locator(f"{card} tr[data-image$='{gpu['image']}'] td.using")
+    assert await using.inner_text() == "1 using"
+    card_box, using_box = await p.locator(card).bounding_box(), await using.bounding_box()
+    assert card_box and using_box
+    assert using_box["x"] + using_box["width"] <= card_box["x"] + card_box["width"]
+
+    # Pulls: the failed one with its reason; held's with its bytes and duration.
+    pulls = await p.inner_text("#pulls")
+    failed_row = p.locator("#pulls tr", has_text="test/missing:1").first
+    cells = await failed_row.locator("td").all_inner_texts()
+    assert cells[2] == "failed" and cells[3], cells
+    held_row = p.locator("#pulls tr", has_text=held).first
+    cells = await held_row.locator("td").all_inner_texts()
+    assert cells[2] == "pulled" and cells[4] == "240.0 MiB" and cells[5].endswith(" s"), pulls
+
+    # The policy, and each agent's plan: held wanted everywhere, the unknown image skipped.
+    await p.wait_for_selector("#policies tr[data-policy='web-pol']")
+    for agent in ("agent-1", "agent-2"):
+        plan = await p.locator(f"#policies tr[data-plan='{agent}'] td").all_inner_texts()
+        assert held in plan[1] and unknown in plan[3] and "size unknown" in plan[3], plan
     assert page.errors == []

@@ -38,6 +38,8 @@ function bytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+function amount(n) { return String(Number(n.toFixed(3))); } // a slot's units, to the scheduler's 1/1000
+
 function eta(seconds) {
   if (seconds === null || !isFinite(seconds)) return "-:--:--";
   const s = Math.round(seconds);
@@ -54,7 +56,14 @@ function bar(fraction, label, kind) {
 
 function status(s) { return el("span", { class: `status s-${s}` }, s || "?"); }
 function rows(name) { const v = S.sections[name]; return (v && v.rows) || []; }
-function sectionError(name) { const v = S.sections[name]; return v && v.error; }
+// What stands in for a section the manager refused (an error) or serves only admins (a plain
+// Hoist user's view: the hub does not ask it); null when it has rows.
+function sectionNote(name) {
+  const v = S.sections[name];
+  if (v && v.admin_only) return el("p", { class: "dim admin-only", "data-admin-only": name }, v.admin_only);
+  if (v && v.error) return el("p", { class: "error" }, v.error);
+  return null;
+}
 function short(id) { return (id || "").slice(0, 12); }
 function when(t) { return t ? String(t).replace("T", " ").slice(0, 19) : "-"; }
 
@@ -100,7 +109,10 @@ function connect() {
     if (msg.kind === "snapshot") {
       S.sections = msg.sections; S.who = msg.who; S.admin = msg.admin;
       S.progress.clear(); applyProgress(msg.progress);
-      document.getElementById("who").textContent = `as ${msg.who}`;
+      document.getElementById("who").textContent = `as ${msg.who}${msg.admin ? " (admin)" : ""}`;
+    } else if (msg.kind === "who") { // the manager promoted or demoted this Hoist user
+      S.who = msg.who; S.admin = msg.admin;
+      document.getElementById("who").textContent = `as ${msg.who}${msg.admin ? " (admin)" : ""}`;
     } else if (msg.kind === "sections") {
       Object.assign(S.sections, msg.sections);
       if (msg.sections.sessions && hist.sid) loadHistory(hist.sid);
@@ -183,14 +195,17 @@ function fleet() {
       el("div", { class: "row" }, "cpu", bar(a.cpu ? usedCpu / a.cpu : 0, `${usedCpu.toFixed(2)} / ${a.cpu} used`, "used"), `${a.free_cpu} free`),
       el("div", { class: "row" }, "mem", bar(a.mem ? usedMem / a.mem : 0, `${bytes(usedMem)} / ${bytes(a.mem)} used`, "used"), `${bytes(a.free_mem)} free`),
       el("div", { class: "row" }, "disk", bar(a.disk ? (a.disk - a.free_disk) / a.disk : 0, `${bytes(a.disk - a.free_disk)} / ${bytes(a.disk)}`, "used"), `${bytes(a.free_disk)} free`),
-      a.slots ? el("div", { class: "dim" }, `slots: ${a.slots}`) : null,
-      el("table", {}, held.map((i) => el("tr", {},
+      Object.entries(a.slot_amounts || {}).sort().map(([slot, cap]) => {
+        const free = (a.free_slots || {})[slot] ?? cap, used = cap - free;
+        return el("div", { class: "row", "data-slot": slot }, slot, bar(cap ? used / cap : 0, `${amount(used)} / ${amount(cap)} used`, "used"), `${amount(free)} free`);
+      }),
+      el("table", { class: "images" }, held.map((i) => el("tr", { "data-image": i.image },
         el("td", { class: "mono" }, i.image, i.preloaded ? el("span", { class: "mark" }, "preloaded") : null,
           i.pinned ? el("span", { class: "mark pin" }, "pinned") : null),
         el("td", {}, bytes(i.size_bytes)),
-        el("td", { class: "dim" }, i.kernels_using ? `${i.kernels_using} using` : "")))));
+        el("td", { class: "dim using" }, i.kernels_using ? `${i.kernels_using} using` : "")))));
   });
-  return el("section", { id: "fleet" }, el("h2", {}, "Fleet"), sectionError("agents") ? el("p", { class: "error" }, sectionError("agents")) : null,
+  return el("section", { id: "fleet" }, el("h2", {}, "Fleet"), sectionNote("agents"), sectionNote("images"),
     el("div", { class: "grid" }, cards));
 }
 
@@ -251,13 +266,14 @@ function occupancy() {
     }
   }
   const table = (name, by, col) => {
+    if (sectionNote(name)) return sectionNote(name);
     const keys = new Set([...rows(name).map((r) => r[col]), ...pulling[by].keys()]);
     const charged = new Map(rows(name).map((r) => [r[col], r]));
     return el("table", { "data-occupancy": by }, el("tr", {}, [by, "kernels", "cpu", "mem", by === "owner" ? "PULLING (not charged)" : "of which PULLING"].map((h) => el("th", {}, h))),
       [...keys].sort().map((key) => {
         const c = charged.get(key) || { kernels: 0, cpu: 0, mem: 0 };
         const p = pulling[by].get(key);
-        return el("tr", {}, el("td", {}, key), el("td", {}, c.kernels), el("td", {}, Number(c.cpu).toFixed(2)), el("td", {}, bytes(c.mem)),
+        return el("tr", { "data-key": key }, el("td", {}, key), el("td", {}, c.kernels), el("td", {}, Number(c.cpu).toFixed(2)), el("td", {}, bytes(c.mem)),
           el("td", { class: "dim" }, p ? `${p.kernels} kernel(s), ${p.cpu.toFixed(2)} cpu, ${bytes(p.mem)}` : ""));
       }));
   };
@@ -268,9 +284,9 @@ function occupancy() {
 
 function pullsTable() {
   const list = rows("pulls").slice().sort((a, b) => String(b.started_at).localeCompare(String(a.started_at))).slice(0, 50);
-  return el("section", { id: "pulls" }, el("h2", {}, "Pulls"), sectionError("pulls") ? el("p", { class: "error" }, sectionError("pulls")) : null,
+  return el("section", { id: "pulls" }, el("h2", {}, "Pulls"), sectionNote("pulls"),
     el("table", {}, el("tr", {}, ["agent", "image", "outcome", "reason", "bytes", "duration", "started"].map((h) => el("th", {}, h))),
-      list.map((p) => el("tr", {}, el("td", {}, p.agent_id), el("td", { class: "mono" }, p.image), el("td", {}, p.outcome),
+      list.map((p) => el("tr", { "data-task": p.task_id }, el("td", {}, p.agent_id), el("td", { class: "mono" }, p.image), el("td", {}, p.outcome),
         el("td", { class: "dim" }, p.reason || ""), el("td", {}, bytes(p.bytes)),
         el("td", {}, p.duration_s !== null && p.duration_s !== undefined ? `${Number(p.duration_s).toFixed(1)} s` : ""), el("td", { class: "dim" }, when(p.started_at))))));
 }
@@ -279,14 +295,13 @@ function policies() {
   const plans = S.sections.plans;
   const planRows = plans && plans.plans ? Object.entries(plans.plans) : [];
   return el("section", { id: "policies" }, el("h2", {}, "Prepull policies"),
-    sectionError("policies") ? el("p", { class: "error" }, sectionError("policies")) : null,
+    sectionNote("policies"),
     el("table", {}, el("tr", {}, ["name", "images", "resource groups", "removed"].map((h) => el("th", {}, h))),
-      rows("policies").map((p) => el("tr", {}, el("td", {}, p.name), el("td", { class: "mono" }, JSON.stringify(p.rules ?? p.images ?? "")),
+      rows("policies").map((p) => el("tr", { "data-policy": p.name }, el("td", {}, p.name), el("td", { class: "mono" }, JSON.stringify(p.rules ?? p.images ?? "")),
         el("td", {}, JSON.stringify(p.resource_groups ?? "")), el("td", {}, p.removed ? "yes" : "")))),
-    el("h3", {}, plans && plans.error ? "each agent's plan (admins only)" : `each agent's plan${plans && plans.converged ? " (converged)" : ""}`),
-    plans && plans.error ? el("p", { class: "dim" }, plans.error) : null,
+    el("h3", {}, `each agent's plan${plans && plans.converged ? " (converged)" : ""}`), sectionNote("plans"),
     el("table", {}, el("tr", {}, ["agent", "desired", "to pull", "skipped", "budget"].map((h) => el("th", {}, h))),
-      planRows.map(([agent, plan]) => el("tr", {}, el("td", {}, agent),
+      planRows.map(([agent, plan]) => el("tr", { "data-plan": agent }, el("td", {}, agent),
         el("td", { class: "mono" }, (plan.desired || []).map((w) => el("div", {}, `${w.image} (${bytes(w.size_bytes)}, ${w.policy})`))),
         el("td", { class: "mono" }, (plan.to_pull || []).join(", ")),
         el("td", { class: "dim" }, (plan.skipped || []).map((s) => el("div", {}, `${s.image}: ${s.why}`))),
