@@ -5,6 +5,7 @@ batches carry a fence the log refuses once the lease moved on."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -60,16 +61,20 @@ async def test_a_standby_takes_over_when_the_lease_lapses(nc: Client, store: Eve
             assert view["status"] == "RUNNING"
 
 
-async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: EventStore) -> None:
-    await store.ensure_stream()
+async def _nothing() -> None:
+    pass
 
-    async def nothing() -> None:
-        pass
 
-    old = Leadership(store, "old", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
-    await old.tick()
-    assert old.leading
-    fence = old.fence()
+async def _leader(store: EventStore, holder: str = "old", **options: Any) -> Leadership:
+    leadership = Leadership(
+        store, holder, ttl_s=1.0, on_lead=_nothing, on_follow=_nothing, **options
+    )
+    await leadership.tick()
+    return leadership
+
+
+async def _taken_over(store: EventStore, old: Leadership) -> None:
+    """Another manager takes the lease from ``old`` (as when old's lapsed)."""
     data, headers = encode(
         ev.ManagerLeaseTaken(
             originator_id="manager",
@@ -79,10 +84,17 @@ async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: Ev
             ttl_s=1.0,
         )
     )
-    # Another manager took the lease (the old one's lapsed while it was paused).
     await store.append(
         [Write(manager_lease(), [Message(data, headers)], expected_last_seq=old.lease_seq)]
     )
+
+
+async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: EventStore) -> None:
+    await store.ensure_stream()
+    old = await _leader(store)
+    assert old.leading
+    fence = old.fence()
+    await _taken_over(store, old)  # the old one's lease lapsed while it was paused
     reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
     with pytest.raises(ConcurrencyError) as refused:
         await store.append([reservation, *fence])
@@ -120,12 +132,7 @@ async def test_a_paused_ex_leader_marks_no_agent_lost(nc: Client, store: EventSt
     believed it led and, its heartbeat clock stale, appended AgentLost for healthy agents."""
     await store.ensure_stream()
     repo = await _registered(store, "a1")
-
-    async def nothing() -> None:
-        pass
-
-    old = Leadership(store, "old", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
-    await old.tick()
+    old = await _leader(store)
     assert old.leading
     now = [0.0]
     watcher = LivenessWatcher(
@@ -137,18 +144,7 @@ async def test_a_paused_ex_leader_marks_no_agent_lost(nc: Client, store: EventSt
     now[0] = 27.0
     assert await watcher.check() == []  # a stall: nobody judged ...
     assert watcher.last_seen["a1"] == 27.0  # ... every agent gets a deadline from now
-    data, headers = encode(
-        ev.ManagerLeaseTaken(
-            originator_id="manager",
-            originator_version=1,
-            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
-            holder="new",
-            ttl_s=1.0,
-        )
-    )
-    await store.append(
-        [Write(manager_lease(), [Message(data, headers)], expected_last_seq=old.lease_seq)]
-    )
+    await _taken_over(store, old)
     # Even judged on its stale clock (rounds kept on time), its AgentLost is fenced out.
     for t in range(28, 44):
         now[0] = float(t)
@@ -164,12 +160,12 @@ async def test_a_manager_that_does_not_lead_gives_no_fence_but_refuses(
     nc: Client, store: EventStore
 ) -> None:
     await store.ensure_stream()
-
-    async def nothing() -> None:
-        pass
-
-    follower = Leadership(store, "f", ttl_s=1.0, on_lead=nothing, on_follow=nothing)
+    await _leader(store, "someone")
+    follower = await _leader(store, "f")  # the lease is someone's
+    assert not follower.leading
     with pytest.raises(NotLeading):
         follower.fence()  # never an unfenced leader's write
-    unfenced = Leadership(store, "u", ttl_s=1.0, on_lead=nothing, on_follow=nothing, fencing=False)
+    unfenced = Leadership(
+        store, "u", ttl_s=1.0, on_lead=_nothing, on_follow=_nothing, fencing=False
+    )
     assert unfenced.fence() == ()

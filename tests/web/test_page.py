@@ -118,12 +118,19 @@ async def open_page(browser: Browser, url: str) -> tuple[Page, list[str]]:
     return page, errors
 
 
+async def open_as(
+    view: tuple[FixedAccess, str], browser: Browser, hub: FixedHub
+) -> tuple[Page, list[str]]:
+    """The page as ``hub``'s principal sees it."""
+    access, url = view
+    access.now = Principal(hub)
+    return await open_page(browser, url)
+
+
 async def test_a_lost_agent_its_slots_and_a_long_image_name_on_the_fleet_cards(
     view: tuple[FixedAccess, str], browser: Browser
 ) -> None:
-    access, url = view
-    access.now = Principal(FixedHub("admin (token)", True, ADMIN_SECTIONS))
-    page, errors = await open_page(browser, url)
+    page, errors = await open_as(view, browser, FixedHub("admin (token)", True, ADMIN_SECTIONS))
     lost = "#fleet .card.lost[data-agent='agent-2']"
     await page.wait_for_selector(lost)
     assert "lost" in await page.inner_text(f"{lost} h3")
@@ -150,9 +157,7 @@ async def test_a_lost_agent_its_slots_and_a_long_image_name_on_the_fleet_cards(
 async def test_a_plain_users_page_says_which_sections_are_for_admins(
     view: tuple[FixedAccess, str], browser: Browser
 ) -> None:
-    access, url = view
-    access.now = Principal(FixedHub("pat", False, PLAIN_SECTIONS))
-    page, errors = await open_page(browser, url)
+    page, errors = await open_as(view, browser, FixedHub("pat", False, PLAIN_SECTIONS))
     await page.wait_for_selector("#fleet [data-admin-only='agents']")
     for section, name in (
         ("#fleet", "agents"),
