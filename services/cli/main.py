@@ -428,7 +428,8 @@ def _print_started(local: stack.Stack, data_dir: Path) -> None:
     )
     if not local.sync_always:
         print("  --no-sync-always: acknowledged events can be lost on power loss", flush=True)
-    print(f"  manager and {len(local.agent_ids)} {local.runtime} agent(s): {agents}", flush=True)
+    managers = "manager" if local.managers == 1 else f"{local.managers} managers (one leads)"
+    print(f"  {managers} and {len(local.agent_ids)} {local.runtime} agent(s): {agents}", flush=True)
     if local.runtime == "dummy":
         images = ", ".join(stack.DEMO_IMAGES)
         print(f"  dummy agents' images (others are not found): {images}", flush=True)
