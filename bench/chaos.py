@@ -201,6 +201,7 @@ class Round:
     kill_at_s: float = 0.0
     missing: list[str] = field(default_factory=list)  # acknowledged, not in the log
     unsettled: dict[str, str] = field(default_factory=dict)  # session id -> its last status
+    histories: dict[str, str] = field(default_factory=dict)  # an unsettled one's `hoist history`
     no_reason: list[str] = field(default_factory=list)  # final without a status_info
     statuses: dict[str, int] = field(default_factory=dict)
     verify: str = ""
@@ -304,6 +305,9 @@ async def check_round(stack: ClusterStack, nc: Client, out: Round, settle_s: flo
         out.statuses[view["status"]] = out.statuses.get(view["status"], 0) + 1
         if sid in pending:
             out.unsettled[sid] = view["status"]
+            # What a reader of a failure needs: the session's whole history, who did what.
+            history = await asyncio.to_thread(stack.hoist, "history", sid)
+            out.histories[sid] = (history.stdout + history.stderr)[-4000:]
         elif view["status"] in FINAL and not view.get("status_info"):
             out.no_reason.append(sid)
     verify = await asyncio.to_thread(stack.hoist, "verify")
@@ -361,6 +365,8 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 if not ok:
                     print(f"  unsettled {result.unsettled} no reason {result.no_reason}")
+                    for sid, history in result.histories.items():
+                        print(f"  history of {sid}:\n{history}")
                     print(f"  verify: {result.verify}")
                 await end_sessions(stack, result)
                 if result.killed_how is not None:

@@ -18,6 +18,6 @@ async def test_killing_the_stream_leader_mid_burst_loses_no_acknowledged_session
         assert not result.refused, result.refused
         assert len(result.acked) == 200, f"unacknowledged creates: {200 - len(result.acked)}"
         assert result.missing == [], f"acknowledged but not in the log: {result.missing}"
-        assert result.unsettled == {}, result.unsettled
+        assert result.unsettled == {}, (result.unsettled, result.histories)
         assert result.no_reason == [], result.no_reason
         assert result.verified, result.verify
