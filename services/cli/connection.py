@@ -21,6 +21,7 @@ import asyncio
 import getpass
 import re
 import socket
+import sys
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -37,6 +38,13 @@ _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "(
 
 class CliError(Exception):
     """An error the user can act on; printed as one line, exit code 1."""
+
+
+class NoReply(CliError):
+    """Nothing answered the request (no responder, or none within its time)."""
+
+
+AGAIN_PAUSE_S = 1.0  # between the askings of an idempotent request (Connection.request)
 
 
 class ReplyError(CliError):
@@ -134,8 +142,34 @@ class Connection:
         if not self._violations.empty():
             raise permission_denied(self._violations.get_nowait())
 
-    async def request(self, subject: str, payload: dict[str, Any], wait_s: float = 10.0) -> Any:
-        """Send a request; the decoded JSON reply, or CliError for an error reply."""
+    async def request(
+        self,
+        subject: str,
+        payload: dict[str, Any],
+        wait_s: float = 10.0,
+        *,
+        again_for_s: float = 0.0,
+    ) -> Any:
+        """Send a request; the decoded JSON reply, or CliError for an error reply.
+
+        ``again_for_s``: an idempotent request (it carries a ``request_id``) is asked again,
+        saying so, after no reply, no responder or an ``unavailable`` reply, until that long
+        has passed: a manager failing over or a stream electing its leader answers the same
+        request once, and never does it twice."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + again_for_s
+        while True:
+            try:
+                return await self._request_once(subject, payload, wait_s)
+            except (NoReply, ReplyError) as e:
+                if isinstance(e, ReplyError) and e.code != "unavailable":
+                    raise
+                if loop.time() + AGAIN_PAUSE_S > deadline:
+                    raise
+                print(f"{e}; asking again (the same request)", file=sys.stderr, flush=True)
+                await asyncio.sleep(AGAIN_PAUSE_S)
+
+    async def _request_once(self, subject: str, payload: dict[str, Any], wait_s: float) -> Any:
         self.check_violations()
         if self.user is not None:
             subject, payload = scoped(self.user, subject, payload)
@@ -149,12 +183,12 @@ class Connection:
                 raise permission_denied(denied.result())
             msg = req.result()
         except NoRespondersError:
-            raise CliError(
+            raise NoReply(
                 f"nothing answers {subject}: the manager is not running; `hoist status` says"
                 " what is down (a stack whose manager died: `hoist down`, then `hoist up`)"
             ) from None
         except NatsTimeoutError:
-            raise CliError(
+            raise NoReply(
                 f"no reply on {subject} within {wait_s:g}s: the manager is busy or stuck;"
                 " see its log in the stack's data dir"
             ) from None

@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
@@ -131,6 +132,11 @@ def _report(session_id: str, outcome: Outcome, max_wait: float, file: TextIO | N
     return 1 if outcome.status in FAILED else 0
 
 
+# How long `hoist run` asks its create again while nothing answers or the store is unavailable:
+# a manager's lease TTL (5 s) and a stream leader's election, with room.
+CREATE_AGAIN_FOR_S = 30.0
+
+
 async def cmd_run(args: argparse.Namespace) -> int:
     if args.cmd is not None and args.words:
         raise CliError("give the command once: after IMAGE, or after `--` when it has options")
@@ -145,13 +151,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
         "resources": parse_resources(args.resource or []),
         "cluster_size": args.cluster_size,
         "resource_group": args.resource_group,
+        # The same request asked again creates one session (a reply lost in a failover).
+        "request_id": uuid.uuid4().hex,
         **kernel_spec(args, command),
     }
     if args.detach:  # the manager waits for us; without --detach the CLI watches instead
         request["max_wait"] = args.max_wait
     detach = _interrupt_event()
     async with connected(args) as conn:
-        reply = await conn.request(SESSION_CREATE, request, wait_s=args.max_wait + 10)
+        reply = await conn.request(
+            SESSION_CREATE, request, wait_s=args.max_wait + 10, again_for_s=CREATE_AGAIN_FOR_S
+        )
         session_id = reply["session_id"]
         if args.detach:
             if wants_json(args):

@@ -753,10 +753,15 @@ class Fleet:
         try:
             await self.reload(session_id)
         except StoreError:
-            if session_id not in self._stale:
-                self._stale.add(session_id)
-                self._tasks.spawn(self._refresh(session_id), f"refresh {session_id}")
+            self.mark_stale(session_id)
             raise
+
+    def mark_stale(self, session_id: str) -> None:
+        """The cached session may hold what the log does not (a save cancelled or unanswered):
+        the next lock reloads it, and a task keeps trying until one does."""
+        if session_id not in self._stale:
+            self._stale.add(session_id)
+            self._tasks.spawn(self._refresh(session_id), f"refresh {session_id}")
 
     async def _refresh(self, session_id: str) -> None:
         """Reload a stale session as soon as the store answers again."""

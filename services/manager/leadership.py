@@ -186,6 +186,8 @@ class Leadership:
                     return
                 if await self._append(self.lease_seq):
                     return
+                if not self._holds_still:
+                    await self._recheck()
                 if now - self._renewed_at >= self.ttl_s * 0.75 or not self._holds_still:
                     await self._become(False)
                 return
@@ -202,6 +204,27 @@ class Leadership:
             if await self._append(expected):
                 self._led_since = self.clock()
                 await self._become(True)
+
+    async def _recheck(self) -> None:
+        """A renewal was refused: whose is the lease's last record?  Ours still (a renewal of
+        ours that was cancelled after it was sent, or a replicated stream refusing one while
+        another is being proposed): we hold it at that sequence.  A record no manager wrote (a
+        reader can make nats-server store its answer there): renew over it.  Anyone else's,
+        or none (lapsed): we no longer lead."""
+        try:
+            last = await self.store.last(manager_lease(), urgent=True, expiring=True)
+        except StoreError as e:
+            log.warning("manager lease not read after a refused renewal (%s)", e)
+            self._holds_still = True  # unknown: keep leading until the lease would lapse
+            return
+        if last is None:
+            return
+        holder = lease_holder(last.subject, last.headers, last.data)
+        if holder == self.holder:
+            self.lease_seq, self._holds_still = last.seq, True
+        elif holder == UNKNOWN_HOLDER:
+            log.warning("manager lease: a record no manager wrote at %d: renewed over", last.seq)
+            await self._append(last.seq)
 
     async def _append(self, expected: int) -> bool:
         """Take or renew the lease expecting the subject at ``expected``; True if ours."""

@@ -23,6 +23,7 @@ it again (services.manager.fleet).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -83,6 +84,12 @@ class UnitOfWork:
                 except NotLeading:
                     session.collect_events()
                     await self.fleet.reload_or_mark_stale(session_id)
+                    raise
+                except asyncio.CancelledError:
+                    # Cancelled mid-append (this manager stopped leading, or stops): the view
+                    # holds the change whether or not the log took it; the next lock reloads.
+                    session.collect_events()
+                    self.fleet.mark_stale(session_id)
                     raise
                 fresh = self.fleet.sessions.get(session_id)
                 if fresh is None:

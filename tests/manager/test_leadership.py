@@ -169,3 +169,29 @@ async def test_a_manager_that_does_not_lead_gives_no_fence_but_refuses(
         store, "u", ttl_s=1.0, on_lead=_nothing, on_follow=_nothing, fencing=False
     )
     assert unfenced.fence() == ()
+
+
+async def test_a_record_reflected_onto_the_lease_does_not_unseat_the_leader(
+    nc: Client, store: EventStore
+) -> None:
+    """Any reader can make nats-server store its answer on the lease subject (a direct get
+    with that reply subject): the leader's next renewal is refused, and it renews over the
+    record instead of stepping down (a trial flipped leadership 64 times in 22 s so)."""
+    await store.ensure_stream()
+    leader = await _leader(store)
+    assert leader.leading
+    [junk] = await store.append([Write(manager_lease(), [Message(b'{"type":"io.nats..."}')])])
+    await leader.tick()
+    assert leader.leading and leader.lease_seq > junk
+    assert leader.changes == 1  # it took the lead once, and never lost it
+
+
+async def test_a_refused_renewal_whose_lease_is_still_ours_keeps_the_lead(
+    nc: Client, store: EventStore
+) -> None:
+    await store.ensure_stream()
+    leader = await _leader(store)
+    held = leader.lease_seq
+    leader.lease_seq = held - 1  # as if a renewal cancelled after it was sent had landed
+    await leader.tick()
+    assert leader.leading and leader.lease_seq == held

@@ -226,3 +226,35 @@ async def test_the_view_follows_the_log_again_after_a_read_fails(
         assert calls[:3] == [1, 2, 2], calls  # resumed after the last record folded
     finally:
         await fleet.stop()
+
+
+async def test_a_save_cancelled_mid_append_leaves_no_change_in_the_view_that_the_log_lacks(
+    nc: Client, view: View, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reactor's save cancelled while its append waits (its manager stopped leading in a
+    stream leader's election) must not leave the view ahead of the log: a chaos run found
+    kernels PULLING in the view, PREPARING in the log, and nobody looking again."""
+    fleet, uow, _ = view
+    await uow.add(_pending("s7"), actor="client")
+    sent = asyncio.Event()
+
+    async def hangs(*args: object, **kwargs: object) -> list[int]:
+        sent.set()
+        await asyncio.Event().wait()  # no acknowledgement comes
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(fleet.repository, "save", hangs)
+
+    async def destroy() -> None:
+        async with uow.session("s7", actor="client") as s:
+            s.destroy()
+
+    saving = asyncio.create_task(destroy())
+    await asyncio.wait_for(sent.wait(), 5)
+    saving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await saving
+    monkeypatch.undo()
+    assert not fleet.try_lock("s7")  # stale: the next lock reloads it first
+    async with fleet.locked("s7") as reloaded:
+        assert reloaded is not None and reloaded.status is S.PENDING

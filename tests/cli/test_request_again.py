@@ -1,0 +1,98 @@
+"""An idempotent request (a create with its request_id) is asked again, the same, while nothing
+answers or the store is unavailable (a manager failing over, a stream electing its leader), and
+`hoist run` sends one: a create whose reply was lost does not become two sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+from nats.aio.msg import Msg
+
+from domain.subjects import SESSION_CREATE
+from services.cli import connection
+from services.cli.connection import Connection, NoReply, ReplyError
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "AGAIN_PAUSE_S", 0.05)
+
+
+async def test_asked_again_the_same_until_answered(
+    nats_server: NatsServer, nc: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    heard: list[dict[str, object]] = []
+
+    async def manager(msg: Msg) -> None:
+        heard.append(json.loads(msg.data))
+        if len(heard) == 1:
+            return  # paused: the first asking gets no reply
+        if len(heard) == 2:
+            await msg.respond(b'{"error": {"code": "unavailable", "message": "electing"}}')
+            return
+        await msg.respond(b'{"session_id": "s1"}')
+
+    await nc.subscribe(SESSION_CREATE, cb=manager)
+    await nc.flush()
+    conn = await Connection.open(nats_server.url)
+    try:
+        payload = {"owner": "ann", "request_id": "r1"}
+        reply = await conn.request(SESSION_CREATE, payload, wait_s=0.3, again_for_s=5)
+    finally:
+        await conn.close()
+    assert reply == {"session_id": "s1"}
+    assert heard == [payload] * 3  # the same request each time
+    assert capsys.readouterr().err.count("asking again (the same request)") == 2
+
+
+async def test_not_asked_again_without_leave_or_for_another_error(
+    nats_server: NatsServer, nc: Client
+) -> None:
+    heard: list[bytes] = []
+
+    async def refuses(msg: Msg) -> None:
+        heard.append(msg.data)
+        await msg.respond(b'{"error": {"code": "invalid-request", "message": "image: bad"}}')
+
+    await nc.subscribe(SESSION_CREATE, cb=refuses)
+    await nc.flush()
+    conn = await Connection.open(nats_server.url)
+    try:
+        with pytest.raises(ReplyError, match="image: bad"):
+            await conn.request(SESSION_CREATE, {"owner": "ann"}, wait_s=0.3, again_for_s=5)
+        assert len(heard) == 1
+        with pytest.raises(NoReply, match=r"nothing answers hoist\.api\.session\.get"):
+            await conn.request("hoist.api.session.get", {}, wait_s=0.2)  # nobody: at once
+    finally:
+        await conn.close()
+
+
+async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
+    nats_server: NatsServer, nc: Client
+) -> None:
+    heard: list[dict[str, object]] = []
+
+    async def manager(msg: Msg) -> None:
+        heard.append(json.loads(msg.data))
+        if len(heard) > 1:  # the first reply is lost (a manager paused past the client's wait)
+            view = {"session_id": "s1", "status": "PENDING", "status_info": "queued"}
+            await msg.respond(json.dumps({**view, "kernels": []}).encode())
+
+    await nc.subscribe(SESSION_CREATE, cb=manager)
+    await nc.flush()
+    env = {**os.environ, "HOIST_NATS_URL": nats_server.url}
+    hoist = [sys.executable, "-m", "services.cli.main", "run", "-d", "--max-wait", "0", "img:1"]
+    proc = await asyncio.create_subprocess_exec(
+        *hoist, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out, err)
+    assert b"session s1 PENDING queued" in out
+    assert len(heard) == 2 and heard[0] == heard[1], heard
+    assert isinstance(heard[0]["request_id"], str) and len(heard[0]["request_id"]) == 32
