@@ -198,10 +198,12 @@ def reload_nats(data_dir: Path, info: StackInfo) -> None:
     for name, pid in servers.items():
         log = nats_log(data_dir, name)
         reloads = log.read_text(errors="replace").count(_RELOADED)
+        if not _running(pid):  # a zombie takes the signal and never reloads
+            continue  # a cluster's node that died: it reads auth.conf when it starts again
         try:
             os.kill(pid, signal.SIGHUP)
         except ProcessLookupError:
-            continue  # a cluster's node that died: it reads auth.conf when it starts again
+            continue
         waiting[log] = reloads
     deadline = time.monotonic() + 5
     for log, reloads in waiting.items():
@@ -228,6 +230,8 @@ def start_nats(
     JetStream cluster of that many, on consecutive ports from ``port`` (see store_dirs). Each
     holds the data dir's ``lock`` and ends with this process."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    # 0700: the read models, the stores and the logs hold every owner's sessions and commands
+    data_dir.chmod(0o700)
     creds = natsauth.generate_credentials(data_dir, agent_ids)
     assert lock.fd is not None
     servers: list[NatsServer] = []
