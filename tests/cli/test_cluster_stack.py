@@ -25,6 +25,7 @@ from services.stack.natsserver import (
     cluster_nodes,
     free_port,
 )
+from services.stack.natstls import RouteTLS, route_tls
 from services.stack.up import remembered_port
 from services.transport import credentials
 from services.transport.client import server_list
@@ -81,6 +82,32 @@ def test_sync_always_is_the_default_and_the_opt_out_leaves_it_out(tmp_path: Path
     assert f'authorization {{\n    user: "{route.user}"\n    password: "{route.password}"' in lazy
 
 
+def test_the_route_certificates_are_made_once_per_data_dir(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    tls = route_tls(tmp_path)
+    first = [f.read_bytes() for f in tls.files()]
+    assert {f.name for f in tmp_path.iterdir()} == {
+        "route-ca.pem",
+        "route-cert.pem",
+        "route-key.pem",
+    }
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in tls.files())
+    tls.key_file.chmod(0o644)
+    assert [f.read_bytes() for f in route_tls(tmp_path).files()] == first  # kept
+    assert stat.S_IMODE(tls.key_file.stat().st_mode) == 0o600  # and tightened
+    ca, cert = (x509.load_pem_x509_certificate(b) for b in first[:2])
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert sans.get_values_for_type(x509.DNSName) == ["localhost"]
+    tls.ca_file.unlink()  # a partial set is made again whole: the nodes must share one CA
+    again = [f.read_bytes() for f in route_tls(tmp_path).files()]
+    assert all(a != b for a, b in zip(again, first, strict=True))
+    settings = tls.settings()
+    assert "verify: true" in settings and f'cert_file: "{tls.cert_file}"' in settings
+
+
 def test_urls_of_several_servers_carry_the_credentials_on_each() -> None:
     creds = credentials.Credentials("m", "c", "a")
     url = credentials.role_url("nats://h:1,nats://h:2", "client", creds)
@@ -90,19 +117,29 @@ def test_urls_of_several_servers_carry_the_credentials_on_each() -> None:
 def test_a_server_without_the_route_credentials_cannot_join_the_stack(tmp_path: Path) -> None:
     """A local user's no-auth nats-server routing to a stack node's route port: were it let in,
     its own no-password clients would read and write the stack's subjects (JetStream API
-    included) past every role. The stack's routes ask for the route user and password."""
+    included) past every role. The stack's routes ask for the route user and password, and
+    for a certificate of the data dir's route CA (mutual TLS): the password alone lets no one
+    in."""
     data = tmp_path / "data"
     with ClusterStack(data, 0) as stack:
         auth = natsauth.route_credentials(data)
-        assert stat.S_IMODE((data / natsauth.ROUTE_CREDENTIALS_FILE).stat().st_mode) == 0o600
+        tls = RouteTLS.in_dir(data)
+        for f in (data / natsauth.ROUTE_CREDENTIALS_FILE, *tls.files()):
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        certs = [f.read_bytes() for f in tls.files()]
         node = cluster_nodes(3, remembered_port(data))[0]
         stranger = _stranger(tmp_path / "stranger", node.cluster_port)
-        # The same server given the route credentials joins: what refuses the stranger is them.
-        friend = _stranger(tmp_path / "friend", node.cluster_port, auth)
+        # The route password without the CA's certificate: refused too (the password leaked
+        # to a squatter before the routes had TLS).
+        no_cert = _stranger(tmp_path / "no-cert", node.cluster_port, auth)
+        # The same server given the route credentials and the node certificate joins: what
+        # refuses the others is them.
+        friend = _stranger(tmp_path / "friend", node.cluster_port, auth, tls)
         try:
-            joined = _joined_or_refused(stranger)
-            assert joined == 0, f"a server without the route credentials joined: {joined} routes"
-            assert asyncio.run(_stream_info(stranger.url)) is None
+            for refused in (stranger, no_cert):
+                joined = _joined_or_refused(refused)
+                assert joined == 0, f"{refused.server.store_dir.name} joined: {joined} routes"
+                assert asyncio.run(_stream_info(refused.url)) is None
             assert _joined_or_refused(friend) > 0, friend.log()[-2000:]
             assert asyncio.run(_stream_info(friend.url)) is not None
             # A reload (users changed) keeps the routes and their authorization.
@@ -118,12 +155,73 @@ def test_a_server_without_the_route_credentials_cannot_join_the_stack(tmp_path: 
                 late.server.stop()
         finally:
             stranger.server.stop()
+            no_cert.server.stop()
             friend.server.stop()
-    # The data dir's cluster starts again with the same route credentials on every node.
+    # The data dir's cluster starts again with the same route credentials and certificates.
     with ClusterStack(data, 0):
         assert natsauth.route_credentials(data) == auth
+        assert [f.read_bytes() for f in tls.files()] == certs
         for name in ("nats-1", "nats-2", "nats-3"):
-            assert auth.password in (data / f"{name}.conf").read_text()
+            conf = (data / f"{name}.conf").read_text()
+            assert auth.password in conf and f'ca_file: "{tls.ca_file}"' in conf
+
+
+def test_a_squatter_on_a_stopped_nodes_route_port_gets_no_route_password(
+    tmp_path: Path,
+) -> None:
+    """While a node is down, a local user listening on its route port, answering as a
+    nats-server would (INFO), must not receive the other nodes' route CONNECT: it carries the
+    route password, with which their own server would join. The routes' mutual TLS stops the
+    nodes before they send anything: the squatter has no certificate of the cluster's CA."""
+    data = tmp_path / "data"
+    with ClusterStack(data, 0) as stack:
+        auth = natsauth.route_credentials(data)
+        node = cluster_nodes(3, remembered_port(data))[1]
+        stack.kill(node.name)
+        received = asyncio.run(_squat(node.cluster_port, within_s=5))
+    assert received, "no node routed to the squatter: the test saw nothing"
+    leaked = [r for r in received if b"CONNECT" in r or auth.password.encode() in r]
+    assert not leaked, f"the squatter received a route CONNECT: {leaked[0][:300]!r}"
+
+
+async def _squat(port: int, within_s: float) -> list[bytes]:
+    """Listen on 127.0.0.1:``port`` as a route would (INFO first) for ``within_s``; what each
+    connection sent."""
+    received: list[bytearray] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got = bytearray()
+        received.append(got)
+        writers.append(writer)
+        info = {"server_id": "NSQUATTER", "server_name": "squatter", "version": "2.15.1",
+                "proto": 1, "host": "127.0.0.1", "port": port, "headers": True,
+                "auth_required": True, "max_payload": 1048576, "cluster": "hoist"}  # fmt: skip
+        writer.write(f"INFO {json.dumps(info)}\r\n".encode())
+        try:
+            await writer.drain()
+            while chunk := await reader.read(4096):
+                got.extend(chunk)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    deadline = time.monotonic() + 10
+    while True:  # the killed node's socket may linger a moment
+        try:
+            server = await asyncio.start_server(serve, "127.0.0.1", port, reuse_address=True)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    async with server:
+        await asyncio.sleep(within_s)
+        for writer in writers:  # ends each serve(): its read returns b""
+            writer.transport.abort()
+        await asyncio.sleep(0.1)
+    return [bytes(r) for r in received]
 
 
 class _Stranger:
@@ -142,10 +240,13 @@ class _Stranger:
         return self.server.log_file.read_text(errors="replace")
 
 
-def _stranger(home: Path, route_port: int, auth: RouteAuth | None = None) -> _Stranger:
+def _stranger(
+    home: Path, route_port: int, auth: RouteAuth | None = None, tls: RouteTLS | None = None
+) -> _Stranger:
     """A nats-server of no users and no JetStream of its own, in cluster ``hoist``, routing to
     127.0.0.1:``route_port``; given ``auth``, it routes with the route credentials (and asks
-    them of the stack's nodes, which then route to it as they route to each other)."""
+    them of the stack's nodes, which then route to it as they route to each other); given
+    ``tls``, its routes present that certificate and verify peers by that CA."""
     home.mkdir(parents=True)
     monitor, listen = free_port(), free_port()
     if auth is None:
@@ -157,7 +258,8 @@ def _stranger(home: Path, route_port: int, auth: RouteAuth | None = None) -> _St
     config.write_text(
         f"server_name: {home.name}\nhttp: 127.0.0.1:{monitor}\n"
         f"cluster {{\n  name: hoist\n  listen: 127.0.0.1:{listen}\n{authorization}"
-        f"  routes: [{json.dumps(route)}]\n}}\n"
+        + (tls.settings() if tls else "")
+        + f"  routes: [{json.dumps(route)}]\n}}\n"
     )
     return _Stranger(NatsServer(home, config=config).start(), monitor)
 
@@ -174,11 +276,12 @@ def _route_names(server: _Stranger, within_s: float = 10) -> set[str]:
 
 
 def _joined_or_refused(stranger: _Stranger, within_s: float = 10) -> int:
-    """The stranger's routes once it has some, or 0 once a stack node refused its route."""
+    """The stranger's routes once it has some, or 0 once a stack node refused its route
+    twice (an authorization violation, or a TLS handshake the node ended: "Client Closed")."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         routes = stranger.routes()
-        if routes or "Authorization Violation" in stranger.log():
+        if routes or stranger.log().count("Router connection closed") >= 2:
             return routes
         time.sleep(0.05)
     raise TimeoutError(f"the stranger neither joined nor was refused:\n{stranger.log()[-2000:]}")
