@@ -57,6 +57,7 @@ from uuid import UUID
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
+    DataError,
     InfrastructureFactory,
     IntegrityError,
     Notification,
@@ -82,7 +83,16 @@ from services.eventstore.persistence_records import (
 from services.eventstore.persistence_records import notification as _notification
 from services.eventstore.persistence_records import stored_event as _stored_event
 from services.eventstore.persistence_records import tracking_id as _tracking_id
-from services.eventstore.store import PAGE, ConcurrencyError, EventStore, Message, Recorded, Write
+from services.eventstore.store import (
+    MAX_BATCH,
+    PAGE,
+    ConcurrencyError,
+    EventStore,
+    LimitError,
+    Message,
+    Recorded,
+    Write,
+)
 from services.transport.client import Client, connect
 
 T = TypeVar("T")
@@ -250,7 +260,26 @@ class JetStreamDatastore:
         log.warning("NATS connection of stream %s: %r", self.stream, error)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._loop.run(coro)
+        """``coro`` on the private loop; the store's errors as the library's."""
+        try:
+            return self._loop.run(coro)
+        except LimitError as e:
+            raise DataError(self._over_limit(e)) from None
+
+    def _over_limit(self, e: LimitError) -> str:
+        if e.limit == "messages":
+            return (
+                f"one save holds at most {MAX_BATCH} records (its events, and a process"
+                f" application's tracking record: one atomic JetStream batch): {e}"
+            )
+        if e.limit == "subject":
+            token = self.store.max_subject_bytes - len(self.subject("events", "s"))
+            return (
+                f"{e}. An originator id (and a tracking record's application name) is its"
+                f" subject's last token, in base64: on stream {self.stream} a str id takes at"
+                f" most {token * 3 // 4} UTF-8 bytes (a UUID always fits)"
+            )
+        return f"{e} (an event's state and topic, and the module's headers)"
 
     def check(self) -> None:
         self._loop.check()

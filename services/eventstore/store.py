@@ -56,6 +56,10 @@ from domain.codec import REFLECTED_HEADER
 from services.transport.client import Client, cluster_replicas, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
+# nats-server's default max_control_line: a client line longer than this (a publish's
+# "HPUB <subject> <reply> <header bytes> <total bytes>") closes the connection.
+MAX_CONTROL_LINE = 4096
+MAX_HEADERS = 65535  # JetStream refuses a message whose header block is larger (err_code 10097)
 
 # Protocol headers
 MSG_ID = "Nats-Msg-Id"
@@ -74,6 +78,13 @@ ERR_WRONG_LAST_SEQUENCE = 10071  # "wrong last sequence: N" (one server, or the 
 ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164
 WRONG_LAST = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT})
 ERR_BATCH_DUPLICATE_MSG_ID = 10201
+
+# The most the batch headers _publish_batch adds take (id, sequence up to MAX_BATCH, commit).
+_BATCH_HEADER_BYTES = sum(
+    len(f"{name}: {value}\r\n")
+    for name, value in ((BATCH_ID, "0" * 32), (BATCH_SEQ, str(MAX_BATCH)), (BATCH_COMMIT, "1"))
+)
+_REQUEST_TOKEN = 27  # a request's reply: <inbox>.<22 characters of nuid + 4 of hex>
 
 # Headers a direct get adds to the stored ones; stripped so both read paths return the same.
 _DIRECT_HEADERS = (
@@ -154,6 +165,18 @@ class ConcurrencyError(Exception):
 
 class StoreError(Exception):
     """JetStream refused or could not take a request for another reason than a conflict."""
+
+
+class LimitError(ValueError):
+    """An append the server would not take, refused before anything was sent: too many
+    messages, a subject too long for a NATS protocol line, headers or a message too large.
+    (nats-server closes the connection on a line or message over its limits.)
+
+    ``limit``: which one ("messages", "subject", "headers", "max_payload")."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class EventStore:
@@ -290,9 +313,10 @@ class EventStore:
         if not out:
             return []
         if len(out) > MAX_BATCH:
-            raise ValueError(
+            raise LimitError(
                 f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
-                f" got {len(out)}: split the command into smaller ones"
+                f" got {len(out)}: split the command into smaller ones",
+                "messages",
             )
         if idempotency_key is not None:
             if not idempotency_key or any(c.isspace() for c in idempotency_key):
@@ -300,6 +324,7 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
+        self._check_limits(out)
         reply = await self._send(out, retry=idempotency_key is not None, urgent=urgent)
         error = reply.get("error")
         if error is None:
@@ -331,6 +356,42 @@ class EventStore:
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
             f" {error.get('description')} (err_code {code})"
         )
+
+    @property
+    def max_subject_bytes(self) -> int:
+        """The longest subject (UTF-8 bytes) the store appends to: the line that publishes a
+        message must fit nats-server's ``MAX_CONTROL_LINE`` with the request's reply subject
+        and the sizes (as many digits as the server's max_payload)."""
+        sizes = 2 * (1 + len(str(self.nc.max_payload)))
+        return MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+
+    def _check_limits(self, out: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        """LimitError for a message the server would refuse, or close the connection for."""
+        max_payload, max_subject = self.nc.max_payload, self.max_subject_bytes
+        batch = _BATCH_HEADER_BYTES if len(out) > 1 else 0
+        for i, (subject, data, headers) in enumerate(out):
+            where = f"message {i + 1} of {len(out)} ({_shown(subject)})"
+            length = len(subject.encode())
+            if length > max_subject:
+                raise LimitError(
+                    f"{where}: its subject is {length} bytes, over the {max_subject} a NATS"
+                    f" protocol line leaves for it (max_control_line {MAX_CONTROL_LINE}): nothing"
+                    " was sent; use a shorter subject",
+                    "subject",
+                )
+            header_bytes = _header_bytes(headers) + batch
+            if header_bytes > MAX_HEADERS:
+                raise LimitError(
+                    f"{where}: its headers take {header_bytes} bytes, over JetStream's"
+                    f" {MAX_HEADERS}: nothing was sent",
+                    "headers",
+                )
+            if header_bytes + len(data) > max_payload:
+                raise LimitError(
+                    f"{where}: it takes {header_bytes + len(data)} bytes with its headers, over"
+                    f" the server's max_payload of {max_payload}: nothing was sent",
+                    "max_payload",
+                )
 
     async def _send(
         self, out: list[tuple[str, bytes, dict[str, str]]], *, retry: bool, urgent: bool = False
@@ -478,10 +539,15 @@ class EventStore:
             if not reply.done():
                 reply.set_result((block, data))
 
+        # The subject in the request's own subject (as ADR-31 has it), unless that line would be
+        # too long for the server (it would close the connection): then in the request body.
+        request, body = f"{self._direct}.{subject}", b""
+        if len(request.encode()) + len(inbox) + 3 > MAX_CONTROL_LINE:
+            request, body = self._direct, json.dumps({"last_by_subj": subject}).encode()
         async with contextlib.nullcontext() if urgent else self._slots:
             sub = await self.nc.subscribe_raw(inbox, on_msg)
             try:
-                await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)
+                await self.nc.publish(request, body, reply=inbox)
                 async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                     block, data = await reply
             except TimeoutError:
@@ -769,6 +835,16 @@ class EventStore:
             for sub in signals:
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await sub.unsubscribe()
+
+
+def _header_bytes(headers: Mapping[str, str]) -> int:
+    """The size of the header block nats-py sends for ``headers``, empty or not (at most: it
+    strips names and values)."""
+    return len(_NO_STATUS) + 2 + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+
+
+def _shown(subject: str) -> str:
+    return subject if len(subject) <= 80 else f"{subject[:80]}... ({len(subject)} characters)"
 
 
 def _seq_or_zero(record: Recorded | None) -> int:
