@@ -62,13 +62,16 @@ from eventsourcing.persistence import (
     IntegrityError,
     Notification,
     OperationalError,
+    PersistenceError,
     ProcessRecorder,
+    ProgrammingError,
     StoredEvent,
     Subscription,
     Tracking,
     TrackingRecorder,
 )
 from eventsourcing.utils import Environment, EnvType, resolve_topic
+from nats.errors import Error as NatsError
 
 from domain.subjects import check_token
 from services.eventstore.persistence_copy import Appended, LocalCopy
@@ -91,6 +94,8 @@ from services.eventstore.store import (
     LimitError,
     Message,
     Recorded,
+    StoreError,
+    StoreUnavailable,
     Write,
 )
 from services.transport.client import Client, connect
@@ -107,6 +112,14 @@ MAX_QUARANTINED = 10_000  # poison messages listed (and logged); past that only 
 LOCAL_COPY_MB = 256  # default bound of the stream's local copy (persistence_copy)
 
 __all__ = ["Factory", "Quarantined", "id_token", "token_id"]
+
+# What an application can do about a save that failed (an eventsourcing app has no idempotency
+# key to send again: its retry is the command again, on the aggregate as stored).
+MAYBE_SAVED = (
+    "the save may or may not have been stored: get the aggregate again (repository.get)"
+    " before retrying the command"
+)
+NOT_SAVED = "nothing was stored: retry the save"
 
 
 class _PrivateLoop:
@@ -155,7 +168,8 @@ class _PrivateLoop:
         except FutureTimeout:
             future.cancel()
             raise OperationalError(
-                f"JetStream did not answer within {timeout}s; check that nats-server is up"
+                f"JetStream did not answer within {timeout}s (check that nats-server is up); if"
+                f" this was a save, {MAYBE_SAVED}"
             ) from None
         except CancelledError:
             raise OperationalError(
@@ -211,9 +225,9 @@ class JetStreamDatastore:
         self.quarantined_count = 0  # distinct poison messages met, listed or not
         self._quarantine_lock = threading.Lock()  # read from callers' threads
         try:
-            self.store: EventStore = self._loop.run(self._open())
+            self.store: EventStore = self.run(self._open())
             self.copy = LocalCopy(self.store, self.prefix, self.quarantine, local_copy_bytes)
-            if self._loop.run(self.copy.start()):
+            if self.run(self.copy.start()):
                 self._loop.submit(self.copy.follow())  # ends with close(): cancel_in_flight
         except BaseException:
             self.close()
@@ -225,7 +239,10 @@ class JetStreamDatastore:
         # echo cost about as much again as the append (measured).
         self._nc = await self._connect(no_echo=True)
         store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
-        await store.ensure_stream()
+        try:
+            await store.ensure_stream()
+        except StoreError as e:  # the stream is not as the module needs it
+            raise ProgrammingError(str(e)) from e
         return store
 
     async def _connect(self, **options: Any) -> Client:
@@ -259,12 +276,33 @@ class JetStreamDatastore:
     async def _on_nats_error(self, error: Exception) -> None:
         log.warning("NATS connection of stream %s: %r", self.stream, error)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """``coro`` on the private loop; the store's errors as the library's."""
+    def run(self, coro: Coroutine[Any, Any, T], *, saving: bool = False) -> T:
+        """``coro`` on the private loop; the store's and NATS's errors as the library's
+        (``saving``: ``coro`` appends, so the error says whether anything may be stored)."""
         try:
             return self._loop.run(coro)
-        except LimitError as e:
-            raise DataError(self._over_limit(e)) from None
+        except Exception as e:
+            mapped = self.library_error(e, saving=saving)
+            if mapped is e:
+                raise
+            raise mapped from e
+
+    def library_error(self, e: Exception, *, saving: bool = False) -> Exception:
+        """The library's exception for ``e`` (``e`` itself if it is one, or no store error)."""
+        if isinstance(e, PersistenceError):
+            return e
+        if isinstance(e, LimitError):
+            return DataError(self._over_limit(e))
+        if isinstance(e, StoreUnavailable):
+            if not saving:
+                return OperationalError(f"{e.reason}; retry")
+            return OperationalError(f"{e.reason}; {MAYBE_SAVED if e.stored else NOT_SAVED}")
+        if isinstance(e, StoreError):  # a refusal: nothing stored
+            return OperationalError(str(e))
+        if isinstance(e, NatsError):  # the connection failed (maybe while an append was sent)
+            advice = MAYBE_SAVED if saving else "retry"
+            return OperationalError(f"NATS connection of stream {self.stream}: {e!r}; {advice}")
+        return e
 
     def _over_limit(self, e: LimitError) -> str:
         if e.limit == "messages":
@@ -392,10 +430,10 @@ class JetStreamRecorder:
         for subject in insert.subjects:
             last = self.datastore.copy.last(subject)
             if last is None:
-                return self.datastore.run(self._append(insert))
+                return self.datastore.run(self._append(insert), saving=True)
             known.append(last)
         planned = insert.plan(known)
-        return self.datastore.run(self._append_planned(insert, planned))
+        return self.datastore.run(self._append_planned(insert, planned), saving=True)
 
     async def _append_planned(self, insert: _Insert, planned: list[Appended]) -> list[int]:
         try:
@@ -426,6 +464,7 @@ class JetStreamRecorder:
         as IntegrityError)."""
         subjects = insert.subjects
         store, copy = self.datastore.store, self.datastore.copy
+        refused: ConcurrencyError | None = None
         for attempt in range(MAX_CONFLICT_RETRIES):
             if attempt:  # a busy subject, or a replica answering behind its leader: wait a bit
                 await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
@@ -452,10 +491,13 @@ class JetStreamRecorder:
             planned = insert.plan(known)
             try:
                 return await self._write(insert, planned)
-            except ConcurrencyError:
-                continue  # someone wrote one of these subjects since we read it: check again
+            except ConcurrencyError as e:
+                refused = e  # someone wrote one of these subjects since we read it: check again
         raise OperationalError(
-            f"gave up after {MAX_CONFLICT_RETRIES} concurrent writes to {subjects}; retry later"
+            f"gave up after the server refused the append to {subjects} {MAX_CONFLICT_RETRIES}"
+            f" times as a conflict ({refused}) with no newer version read: other processes keep"
+            " writing these aggregates, or a replicated stream without a quorum of its nodes"
+            f" still proposes an earlier write; {NOT_SAVED} later"
         )
 
 
@@ -716,6 +758,8 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
                 await self._put(notification)
         except asyncio.CancelledError:
             raise
+        except Exception as e:
+            await self._put(self._recorder.datastore.library_error(e))
         except BaseException as e:
             await self._put(e)
         finally:

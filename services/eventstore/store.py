@@ -167,6 +167,25 @@ class StoreError(Exception):
     """JetStream refused or could not take a request for another reason than a conflict."""
 
 
+class StoreUnavailable(StoreError):
+    """The stream did not take or answer a request now: no answer in time, no stream leader (a
+    cluster electing one, or without a quorum), no connection.  Worth a retry.
+
+    ``reason`` says what happened; ``stored`` is for an append: False if it was certainly not
+    stored, True if it may have been (unanswered); None for a read."""
+
+    def __init__(self, reason: str, stored: bool | None) -> None:
+        if stored is None:
+            advice = "retry"
+        elif stored:
+            advice = "it may or may not be stored: retry with the same idempotency key"
+        else:
+            advice = "nothing was stored: retry"
+        super().__init__(f"{reason}; {advice}")
+        self.reason = reason
+        self.stored = stored
+
+
 class LimitError(ValueError):
     """An append the server would not take, refused before anything was sent: too many
     messages, a subject too long for a NATS protocol line, headers or a message too large.
@@ -351,11 +370,14 @@ class EventStore:
                 f"idempotency key {idempotency_key!r} was already used by another command"
                 f" (not on {writes[0].subject}): use a new request id for a new command"
             )
-        raise StoreError(
+        refused = (
             f"JetStream refused the append to {out[0][0]}"
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
             f" {error.get('description')} (err_code {code})"
         )
+        if error.get("code") == _UNAVAILABLE:
+            raise StoreUnavailable(refused, stored=False)
+        raise StoreError(refused)
 
     @property
     def max_subject_bytes(self) -> int:
@@ -414,9 +436,9 @@ class EventStore:
                     raise
             except nats.errors.ConnectionReconnectingError:
                 if pause is None:
-                    raise StoreError(
-                        f"no NATS connection for the append to {out[0][0]} (reconnecting):"
-                        " retry with the same idempotency key"
+                    raise StoreUnavailable(
+                        f"no NATS connection for the append to {out[0][0]} (reconnecting)",
+                        stored=False,
                     ) from None
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last pause is None")
@@ -425,17 +447,40 @@ class EventStore:
         try:
             msg = await self.nc.request(subject, data, timeout=self.timeout, headers=headers)
         except NoRespondersError:
-            raise StoreError(
-                f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
-                f" subjects {self.subjects})"
-            ) from None
+            raise await self._no_responders(subject) from None
         except NatsTimeoutError:
-            raise StoreError(
-                f"JetStream did not acknowledge the append to {subject} in {self.timeout}s; it may"
-                " or may not be stored: retry with the same idempotency key"
+            raise StoreUnavailable(
+                f"JetStream did not acknowledge the append to {subject} in {self.timeout}s",
+                stored=True,
             ) from None
         reply: dict[str, Any] = json.loads(msg.data)
         return reply
+
+    async def _no_responders(self, subject: str) -> StoreError:
+        """Why no stream took an append to ``subject`` (nothing was stored): the stream is
+        missing, or it has no leader (a replicated stream electing one takes nothing for a
+        few seconds after a node's loss; one that lost its quorum, nothing until it heals)."""
+        missing = StoreError(
+            f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
+            f" subjects {self.subjects})"
+        )
+        try:
+            async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                info = await self.js.stream_info(self.stream)
+        except NotFoundError:
+            return missing
+        except (nats.errors.Error, TimeoutError) as e:  # the meta layer has no leader either
+            detail = f"JetStream did not say where stream {self.stream} is: {e!r}"
+        else:
+            if not any(_subject_matches(f, subject) for f in info.config.subjects or ()):
+                return missing
+            leader = info.cluster.leader if info.cluster else None
+            detail = f"its leader is {leader}" if leader else "it has no leader"
+        return StoreUnavailable(
+            f"stream {self.stream} did not take the append to {subject}: it has no leader now (a"
+            f" cluster electing one, or without a quorum of its nodes; {detail})",
+            stored=False,
+        )
 
     async def _publish_batch(self, out: list[tuple[str, bytes, dict[str, str]]]) -> dict[str, Any]:
         # nats-py has no batch helper: the middle messages go as core publishes (the server
@@ -551,8 +596,9 @@ class EventStore:
                 async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                     block, data = await reply
             except TimeoutError:
-                raise StoreError(
-                    f"stream {self.stream} did not answer a direct get in {self.timeout}s"
+                raise StoreUnavailable(
+                    f"stream {self.stream} did not answer a direct get in {self.timeout}s",
+                    stored=None,
                 ) from None
             finally:
                 await sub.unsubscribe()
@@ -562,10 +608,17 @@ class EventStore:
         if code == "404":
             return None
         if code == "503":
-            raise StoreError(
-                f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
-            )
+            raise self._no_direct_get()
         raise StoreError(f"last message of {subject}: status {code} {description}".strip())
+
+    def _no_direct_get(self) -> StoreUnavailable:
+        """A direct get answered "no responders" (503)."""
+        return StoreUnavailable(
+            f"stream {self.stream} does not answer direct gets: no replica of it serves them now"
+            " (a cluster electing a leader, or without a quorum of its nodes), or there is no"
+            " such stream",
+            stored=None,
+        )
 
     async def _leader_last_seq(self, subject: str) -> int:
         """The subject's last sequence as the stream's leader has it (0: none); not a direct
@@ -575,7 +628,9 @@ class EventStore:
         except NotFoundError:
             return 0
         except (nats.errors.Error, TimeoutError) as e:
-            raise StoreError(f"stream {self.stream} did not say where {subject} is: {e}") from None
+            raise StoreUnavailable(
+                f"stream {self.stream} did not say where {subject} is: {e}", stored=None
+            ) from None
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""
@@ -616,10 +671,11 @@ class EventStore:
                 self._saw(subject, seen)
                 return got
             if pause is None:
-                raise StoreError(
+                raise StoreUnavailable(
                     f"the replicas of stream {self.stream} that answered are behind {subject}'s"
                     f" sequence {floor} (they answered up to {seen}) after"
-                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? retry when it heals"
+                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? (when it heals)",
+                    stored=None,
                 )
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last pause is None")
@@ -652,15 +708,24 @@ class EventStore:
         )
 
     async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
-        async with self._slots:
-            msg = await self.nc.request(
-                self._direct, json.dumps(req).encode(), timeout=self.timeout
-            )
+        try:
+            async with self._slots:
+                msg = await self.nc.request(
+                    self._direct, json.dumps(req).encode(), timeout=self.timeout
+                )
+        except NoRespondersError:
+            raise self._no_direct_get() from None
+        except NatsTimeoutError:
+            raise StoreUnavailable(
+                f"stream {self.stream} did not answer a direct get in {self.timeout}s", stored=None
+            ) from None
         headers = msg.headers or {}
         if "Nats-Sequence" in headers:
             return _from_direct(msg)
         if headers.get("Status") == "404":
             return None
+        if headers.get("Status") == "503":
+            raise self._no_direct_get()
         raise StoreError(f"direct get {req} from {self.stream}: {_status(msg)}")
 
     async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
@@ -707,10 +772,12 @@ class EventStore:
                     async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                         error = await done
                 except TimeoutError:
-                    raise StoreError(
-                        f"stream {self.stream} did not answer a direct get in {self.timeout}s:"
-                        " is the stream there (ensure_stream()) with allow_direct?"
+                    raise StoreUnavailable(
+                        f"stream {self.stream} did not answer a direct get in {self.timeout}s",
+                        stored=None,
                     ) from None
+                if error == "status 503":
+                    raise self._no_direct_get()
                 if error is not None:
                     raise StoreError(f"direct get {req} from {self.stream}: {error}")
                 if not out or pending == 0 or (limit is not None and len(out) >= limit):
@@ -835,6 +902,17 @@ class EventStore:
             for sub in signals:
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await sub.unsubscribe()
+
+
+def _subject_matches(pattern: str, subject: str) -> bool:
+    """``subject`` is one of those ``pattern`` (``*`` a token, ``>`` the rest) stands for."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
 
 
 def _header_bytes(headers: Mapping[str, str]) -> int:

@@ -16,6 +16,7 @@ from services.eventstore.store import (
     Message,
     Recorded,
     StoreError,
+    StoreUnavailable,
     Write,
 )
 
@@ -202,6 +203,10 @@ async def test_append_without_stream_says_to_ensure_it(nc) -> None:  # type: ign
     store = EventStore(nc, "NOPE", ["nope.>"])
     with pytest.raises(StoreError, match="ensure_stream"):
         await store.append([Write("nope.x", msgs("x"))])
+    await EventStore(nc, "NOPE", ["nope.a.*"]).ensure_stream()
+    with pytest.raises(StoreError, match=r"no stream takes nope\.b: call ensure_stream") as raised:
+        await store.append([Write("nope.b", msgs("x"))])  # the stream is there, not for it
+    assert not isinstance(raised.value, StoreUnavailable)
 
 
 async def test_a_key_reused_on_another_subject_is_refused(store: EventStore) -> None:
