@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
@@ -127,10 +128,20 @@ class _PrivateLoop:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._in_flight: set[Future[Any]] = set()
         self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()  # here, where it ran: any thread may have stopped it
+
+    def on_own_thread(self) -> bool:
+        # Alive first: a thread's ident is reused once it ended.
+        return self._thread.is_alive() and threading.get_ident() == self._thread.ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -177,7 +188,7 @@ class _PrivateLoop:
             ) from None
 
     def _refusal(self) -> str | None:
-        if threading.get_ident() == self._thread.ident:
+        if self.on_own_thread():
             return (
                 "a synchronous eventsourcing recorder method was called on its own private "
                 "event loop thread, which would deadlock; call it from another thread"
@@ -195,11 +206,13 @@ class _PrivateLoop:
         )
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop the loop and end its thread (which closes the loop); from any thread."""
+        if self.on_own_thread():  # cannot wait for itself: it stops after this callback
+            self.loop.stop()
+        elif self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # it closed itself meanwhile
+                self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
-        if not self.loop.is_closed():
-            self.loop.close()
 
 
 class JetStreamDatastore:
@@ -224,6 +237,7 @@ class JetStreamDatastore:
         self._quarantined: dict[int, Quarantined] = {}  # seq -> why; also "logged already"
         self.quarantined_count = 0  # distinct poison messages met, listed or not
         self._quarantine_lock = threading.Lock()  # read from callers' threads
+        self._closed = False
         try:
             self.store: EventStore = self.run(self._open())
             self.copy = LocalCopy(self.store, self.prefix, self.quarantine, local_copy_bytes)
@@ -357,16 +371,34 @@ class JetStreamDatastore:
         return f"{self.prefix}.{kind}.{token}"
 
     def close(self) -> None:
+        """Close the connections and end the private loop; quiet and safe from any thread, from
+        an Application's ``__del__`` (a GC, at interpreter exit) too."""
+        if self._closed or sys.is_finalizing():
+            # At interpreter exit (an application never closed: its __del__) the loop's daemon
+            # thread may be gone mid-run, so nothing can be waited for: the process ends, and
+            # its sockets with it. Every append waited for its ack: nothing is lost.
+            return
+        self._closed = True
         # Calls still running (a reader thread, a subscription) would hold the connection
         # open: end them first. Every append waited for its ack, so nothing is left to flush.
         self._loop.cancel_in_flight()
         second = self._subscription_store.nc if self._subscription_store else None
-        for nc in (self._nc, second):
-            if nc is not None and not nc.is_closed and self._loop.loop.is_running():
-                with contextlib.suppress(Exception):  # closing anyway; the server may be gone
-                    self._loop.run(nc.close(), timeout=10)
+        connections = [nc for nc in (self._nc, second) if nc is not None and not nc.is_closed]
         self._nc = self._subscription_store = None
+        if self._loop.on_own_thread():  # a GC on the loop's thread: it closes them, then stops
+            self._loop.loop.create_task(self._close(connections, then_stop=True))
+            return
+        if self._loop.loop.is_running():
+            with contextlib.suppress(Exception):  # closing anyway; the server may be gone
+                self._loop.run(self._close(connections), timeout=10)
         self._loop.close()
+
+    async def _close(self, connections: list[Client], then_stop: bool = False) -> None:
+        for nc in connections:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        if then_stop:
+            self._loop.close()
 
 
 class JetStreamRecorder:
