@@ -37,8 +37,11 @@ logged once per factory and listed in the recorders' ``quarantined`` (seq, subje
 the local copy meets every message of the stream, so with it every poison message is listed.
 A skipped message is a gap in the notification ids by design: ids are stream sequences, which
 already skip snapshots and tracking records, so readers see the valid notifications in order
-and never one they missed.  A message with well-formed headers whose state the application
-cannot decode is the application's to handle: its mapper raises as it would on any store.
+and never one they missed.  A version out of order is no notification either: the local copy
+decides it as it applies the stream, the reads from the server with ``persistence_versions``
+(which reads an aggregate's history only where its records do not say what came before).
+A message with well-formed headers whose state the application cannot decode is the
+application's to handle: its mapper raises as it would on any store.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from services.eventstore.persistence_records import (
 from services.eventstore.persistence_records import notification as _notification
 from services.eventstore.persistence_records import stored_event as _stored_event
 from services.eventstore.persistence_records import tracking_id as _tracking_id
+from services.eventstore.persistence_versions import Scan, Versions
 from services.eventstore.store import (
     MAX_BATCH,
     PAGE,
@@ -240,6 +244,8 @@ class JetStreamDatastore:
         self._closed = False
         try:
             self.store: EventStore = self.run(self._open())
+            # Which records are valid by version, for the reads that go to the server.
+            self.versions = Versions(self.store, self.quarantine)
             self.copy = LocalCopy(self.store, self.prefix, self.quarantine, local_copy_bytes)
             if self.run(self.copy.start()):
                 self._loop.submit(self.copy.follow())  # ends with close(): cancel_in_flight
@@ -429,6 +435,24 @@ class JetStreamRecorder:
             self.datastore.quarantine(record, str(e))
             return None
 
+    async def _last_event(self, last: Recorded | None) -> StoredEvent | None:
+        """The last valid event (or snapshot) of ``last``'s subject, given its last message:
+        well-formed, and its version after every earlier one."""
+        if last is None:
+            return None
+        event = self._decode(last, _stored_event)
+        versions = self.datastore.versions
+        if event is not None and await versions.valid(last, event.originator_version):
+            return event
+        top = await versions.top(last, event.originator_version if event else None)
+        if top is None:
+            return None
+        seq = top[0]
+        for record in await self.datastore.store.read_subject(last.subject, seq - 1):
+            if record.seq == seq:
+                return _stored_event(record)
+        raise OperationalError(f"message {seq} of {last.subject} was read before, not now")
+
     async def _last_valid(
         self, subject: str, last: Recorded | None, decode: Callable[[Recorded], T]
     ) -> T | None:
@@ -488,6 +512,14 @@ class JetStreamRecorder:
             for p in planned
         ]
         self.datastore.copy.acknowledge(done)
+        for appended in done:
+            if appended.events:
+                self.datastore.versions.appended(
+                    appended.subject,
+                    appended.expected_last_seq,
+                    appended.seqs,
+                    [e.originator_version for e in appended.events],
+                )
         return insert.notification_ids(done)
 
     async def _append(self, insert: _Insert) -> list[int]:
@@ -507,10 +539,7 @@ class JetStreamRecorder:
             # The versions to be after: the last VALID ones (poison is skipped), while the
             # write stays conditional on each subject's last message, poison or not.
             valid = await asyncio.gather(
-                *(
-                    self._last_valid(s, last, _stored_event)
-                    for s, last in zip(insert.by_subject, lasts, strict=False)
-                )
+                *(self._last_event(last) for _, last in zip(insert.by_subject, lasts, strict=False))
             )
             known: list[_Last] = [
                 (last.seq if last else 0, event, None)
@@ -647,8 +676,7 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
     ) -> list[StoredEvent]:
         if desc and limit == 1 and lte is None:
             # The latest event or snapshot: what every repository.get() asks first.
-            last = await self.datastore.store.last(subject)
-            event = await self._last_valid(subject, last, _stored_event)
+            event = await self._last_event(await self.datastore.store.last(subject))
             return [event] if event and (gt is None or event.originator_version > gt) else []
         events: list[StoredEvent] = []
         previous: int | None = None
@@ -700,6 +728,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         wanted = set(topics)
         found: list[Notification] = []
         store = self.datastore.store
+        scan: Scan = {}
         scale = 1  # with topics, skipped events call for more (and larger) pages
         while len(found) < limit and (stop is None or first <= stop):
             page = limit - len(found)
@@ -712,7 +741,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             for record in records:
                 if stop is not None and record.seq > stop:
                     return found
-                notification = self._decode(record, _notification)
+                notification = await self._valid_notification(record, scan)
                 if notification is None or (wanted and notification.topic not in wanted):
                     continue
                 found.append(notification)
@@ -722,6 +751,17 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 return found  # the stream holds no more events (yet)
             first = records[-1].seq + 1
         return found
+
+    async def _valid_notification(
+        self, record: Recorded, scan: Scan | None = None
+    ) -> Notification | None:
+        """The record's notification, None for poison (also a version not after its
+        aggregate's earlier ones): quarantined, skipped by every reader."""
+        notification = self._decode(record, _notification)
+        if notification is None:
+            return None
+        version = notification.originator_version
+        return notification if await self.datastore.versions.valid(record, version, scan) else None
 
     def max_notification_id(self) -> int | None:
         self.catch_up()
@@ -734,14 +774,14 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         """The last VALID notification's id: poison at the head is walked back over."""
         store, events = self.datastore.store, self.datastore.events_filter
         last = await store.last(events)
-        if last is None or self._decode(last, _notification) is not None:
+        if last is None or await self._valid_notification(last) is not None:
             return last.seq if last else None
         end = last.seq - 1
         while end >= 1:
             first = max(1, end - PAGE + 1)
             records = [r for r in await store.read(first, end - first + 1, events) if r.seq <= end]
             for record in reversed(records):
-                if self._decode(record, _notification) is not None:
+                if await self._valid_notification(record) is not None:
                     return record.seq
             end = first - 1
         return None
@@ -782,9 +822,10 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
             subject_filter=datastore.events_filter,
             follow=True,
         )
+        scan: Scan = {}
         try:
             async for record in replay:
-                notification = self._recorder._decode(record, _notification)
+                notification = await self._recorder._valid_notification(record, scan)
                 if notification is None or (wanted and notification.topic not in wanted):
                     continue
                 await self._put(notification)

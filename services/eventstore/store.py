@@ -637,11 +637,16 @@ class EventStore:
         last = await self.last(subject)
         return 0 if last is None else last.seq
 
-    async def read_subject(self, subject: str, after_seq: int = 0) -> list[Recorded]:
+    async def read_subject(
+        self, subject: str, after_seq: int = 0, *, at_least: int = 0
+    ) -> list[Recorded]:
         """One aggregate's history in order (messages with seq > after_seq), up to at least
-        what this store wrote or read of the subject (read-after-write)."""
+        what this store wrote or read of the subject (read-after-write), and ``at_least``:
+        a sequence the caller knows the subject reached (it read a message of it there)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
+        if at_least:
+            self._saw(subject, at_least)
 
         def read() -> Awaitable[list[Recorded]]:
             return self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
