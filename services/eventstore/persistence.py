@@ -6,7 +6,8 @@ Any plain ``eventsourcing`` Application runs on it unchanged with::
     NATS_URL=nats://127.0.0.1:4222
     NATS_STREAM=<stream name>                         (created if missing)
 
-Layout of one stream ``S`` (its own subject space, so streams never see each other's events)::
+Layout of one stream ``S``, which binds ``es.S.>`` (its own subject space, so streams never
+see each other's events)::
 
     es.S.events.<id token>       one subject per aggregate; notification id = stream sequence
     es.S.snapshots.<id token>    snapshots (not notifications)
