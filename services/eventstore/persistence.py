@@ -6,7 +6,8 @@ Any plain ``eventsourcing`` Application runs on it unchanged with::
     NATS_URL=nats://127.0.0.1:4222
     NATS_STREAM=<stream name>                         (created if missing)
 
-Layout of one stream ``S`` (its own subject space, so streams never see each other's events)::
+Layout of one stream ``S``, which binds ``es.S.>`` (its own subject space, so streams never
+see each other's events)::
 
     es.S.events.<id token>       one subject per aggregate; notification id = stream sequence
     es.S.snapshots.<id token>    snapshots (not notifications)
@@ -37,8 +38,11 @@ logged once per factory and listed in the recorders' ``quarantined`` (seq, subje
 the local copy meets every message of the stream, so with it every poison message is listed.
 A skipped message is a gap in the notification ids by design: ids are stream sequences, which
 already skip snapshots and tracking records, so readers see the valid notifications in order
-and never one they missed.  A message with well-formed headers whose state the application
-cannot decode is the application's to handle: its mapper raises as it would on any store.
+and never one they missed.  A version out of order is no notification either: the local copy
+decides it as it applies the stream, the reads from the server with ``persistence_versions``
+(which reads an aggregate's history only where its records do not say what came before).
+A message with well-formed headers whose state the application cannot decode is the
+application's to handle: its mapper raises as it would on any store.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
@@ -57,17 +62,21 @@ from uuid import UUID
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
+    DataError,
     InfrastructureFactory,
     IntegrityError,
     Notification,
     OperationalError,
+    PersistenceError,
     ProcessRecorder,
+    ProgrammingError,
     StoredEvent,
     Subscription,
     Tracking,
     TrackingRecorder,
 )
 from eventsourcing.utils import Environment, EnvType, resolve_topic
+from nats.errors import Error as NatsError
 
 from domain.subjects import check_token
 from services.eventstore.persistence_copy import Appended, LocalCopy
@@ -82,7 +91,19 @@ from services.eventstore.persistence_records import (
 from services.eventstore.persistence_records import notification as _notification
 from services.eventstore.persistence_records import stored_event as _stored_event
 from services.eventstore.persistence_records import tracking_id as _tracking_id
-from services.eventstore.store import PAGE, ConcurrencyError, EventStore, Message, Recorded, Write
+from services.eventstore.persistence_versions import Scan, Versions
+from services.eventstore.store import (
+    MAX_BATCH,
+    PAGE,
+    ConcurrencyError,
+    EventStore,
+    LimitError,
+    Message,
+    Recorded,
+    StoreError,
+    StoreUnavailable,
+    Write,
+)
 from services.transport.client import Client, connect
 
 T = TypeVar("T")
@@ -98,16 +119,34 @@ LOCAL_COPY_MB = 256  # default bound of the stream's local copy (persistence_cop
 
 __all__ = ["Factory", "Quarantined", "id_token", "token_id"]
 
+# What an application can do about a save that failed (an eventsourcing app has no idempotency
+# key to send again: its retry is the command again, on the aggregate as stored).
+MAYBE_SAVED = (
+    "the save may or may not have been stored: get the aggregate again (repository.get)"
+    " before retrying the command"
+)
+NOT_SAVED = "nothing was stored: retry the save"
+
 
 class _PrivateLoop:
     """An asyncio loop in a daemon thread: synchronous code submits coroutines to it."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._in_flight: set[Future[Any]] = set()
         self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()  # here, where it ran: any thread may have stopped it
+
+    def on_own_thread(self) -> bool:
+        # Alive first: a thread's ident is reused once it ended.
+        return self._thread.is_alive() and threading.get_ident() == self._thread.ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -145,7 +184,8 @@ class _PrivateLoop:
         except FutureTimeout:
             future.cancel()
             raise OperationalError(
-                f"JetStream did not answer within {timeout}s; check that nats-server is up"
+                f"JetStream did not answer within {timeout}s (check that nats-server is up); if"
+                f" this was a save, {MAYBE_SAVED}"
             ) from None
         except CancelledError:
             raise OperationalError(
@@ -153,7 +193,7 @@ class _PrivateLoop:
             ) from None
 
     def _refusal(self) -> str | None:
-        if threading.get_ident() == self._thread.ident:
+        if self.on_own_thread():
             return (
                 "a synchronous eventsourcing recorder method was called on its own private "
                 "event loop thread, which would deadlock; call it from another thread"
@@ -171,11 +211,13 @@ class _PrivateLoop:
         )
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        """Stop the loop and end its thread (which closes the loop); from any thread."""
+        if self.on_own_thread():  # cannot wait for itself: it stops after this callback
+            self.loop.stop()
+        elif self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # it closed itself meanwhile
+                self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join()
-        if not self.loop.is_closed():
-            self.loop.close()
 
 
 class JetStreamDatastore:
@@ -200,10 +242,13 @@ class JetStreamDatastore:
         self._quarantined: dict[int, Quarantined] = {}  # seq -> why; also "logged already"
         self.quarantined_count = 0  # distinct poison messages met, listed or not
         self._quarantine_lock = threading.Lock()  # read from callers' threads
+        self._closed = False
         try:
-            self.store: EventStore = self._loop.run(self._open())
+            self.store: EventStore = self.run(self._open())
+            # Which records are valid by version, for the reads that go to the server.
+            self.versions = Versions(self.store, self.quarantine)
             self.copy = LocalCopy(self.store, self.prefix, self.quarantine, local_copy_bytes)
-            if self._loop.run(self.copy.start()):
+            if self.run(self.copy.start()):
                 self._loop.submit(self.copy.follow())  # ends with close(): cancel_in_flight
         except BaseException:
             self.close()
@@ -215,7 +260,10 @@ class JetStreamDatastore:
         # echo cost about as much again as the append (measured).
         self._nc = await self._connect(no_echo=True)
         store = EventStore(self._nc, self.stream, [f"{self.prefix}.>"])
-        await store.ensure_stream()
+        try:
+            await store.ensure_stream()
+        except StoreError as e:  # the stream is not as the module needs it
+            raise ProgrammingError(str(e)) from e
         return store
 
     async def _connect(self, **options: Any) -> Client:
@@ -249,8 +297,48 @@ class JetStreamDatastore:
     async def _on_nats_error(self, error: Exception) -> None:
         log.warning("NATS connection of stream %s: %r", self.stream, error)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._loop.run(coro)
+    def run(self, coro: Coroutine[Any, Any, T], *, saving: bool = False) -> T:
+        """``coro`` on the private loop; the store's and NATS's errors as the library's
+        (``saving``: ``coro`` appends, so the error says whether anything may be stored)."""
+        try:
+            return self._loop.run(coro)
+        except Exception as e:
+            mapped = self.library_error(e, saving=saving)
+            if mapped is e:
+                raise
+            raise mapped from e
+
+    def library_error(self, e: Exception, *, saving: bool = False) -> Exception:
+        """The library's exception for ``e`` (``e`` itself if it is one, or no store error)."""
+        if isinstance(e, PersistenceError):
+            return e
+        if isinstance(e, LimitError):
+            return DataError(self._over_limit(e))
+        if isinstance(e, StoreUnavailable):
+            if not saving:
+                return OperationalError(f"{e.reason}; retry")
+            return OperationalError(f"{e.reason}; {MAYBE_SAVED if e.stored else NOT_SAVED}")
+        if isinstance(e, StoreError):  # a refusal: nothing stored
+            return OperationalError(str(e))
+        if isinstance(e, NatsError):  # the connection failed (maybe while an append was sent)
+            advice = MAYBE_SAVED if saving else "retry"
+            return OperationalError(f"NATS connection of stream {self.stream}: {e!r}; {advice}")
+        return e
+
+    def _over_limit(self, e: LimitError) -> str:
+        if e.limit == "messages":
+            return (
+                f"one save holds at most {MAX_BATCH} records (its events, and a process"
+                f" application's tracking record: one atomic JetStream batch): {e}"
+            )
+        if e.limit == "subject":
+            token = self.store.max_subject_bytes - len(self.subject("events", "s"))
+            return (
+                f"{e}. An originator id (and a tracking record's application name) is its"
+                f" subject's last token, in base64: on stream {self.stream} a str id takes at"
+                f" most {token * 3 // 4} UTF-8 bytes (a UUID always fits)"
+            )
+        return f"{e} (an event's state and topic, and the module's headers)"
 
     def check(self) -> None:
         self._loop.check()
@@ -290,16 +378,34 @@ class JetStreamDatastore:
         return f"{self.prefix}.{kind}.{token}"
 
     def close(self) -> None:
+        """Close the connections and end the private loop; quiet and safe from any thread, from
+        an Application's ``__del__`` (a GC, at interpreter exit) too."""
+        if self._closed or sys.is_finalizing():
+            # At interpreter exit (an application never closed: its __del__) the loop's daemon
+            # thread may be gone mid-run, so nothing can be waited for: the process ends, and
+            # its sockets with it. Every append waited for its ack: nothing is lost.
+            return
+        self._closed = True
         # Calls still running (a reader thread, a subscription) would hold the connection
         # open: end them first. Every append waited for its ack, so nothing is left to flush.
         self._loop.cancel_in_flight()
         second = self._subscription_store.nc if self._subscription_store else None
-        for nc in (self._nc, second):
-            if nc is not None and not nc.is_closed and self._loop.loop.is_running():
-                with contextlib.suppress(Exception):  # closing anyway; the server may be gone
-                    self._loop.run(nc.close(), timeout=10)
+        connections = [nc for nc in (self._nc, second) if nc is not None and not nc.is_closed]
         self._nc = self._subscription_store = None
+        if self._loop.on_own_thread():  # a GC on the loop's thread: it closes them, then stops
+            self._loop.loop.create_task(self._close(connections, then_stop=True))
+            return
+        if self._loop.loop.is_running():
+            with contextlib.suppress(Exception):  # closing anyway; the server may be gone
+                self._loop.run(self._close(connections), timeout=10)
         self._loop.close()
+
+    async def _close(self, connections: list[Client], then_stop: bool = False) -> None:
+        for nc in connections:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        if then_stop:
+            self._loop.close()
 
 
 class JetStreamRecorder:
@@ -329,6 +435,24 @@ class JetStreamRecorder:
         except ValueError as e:
             self.datastore.quarantine(record, str(e))
             return None
+
+    async def _last_event(self, last: Recorded | None) -> StoredEvent | None:
+        """The last valid event (or snapshot) of ``last``'s subject, given its last message:
+        well-formed, and its version after every earlier one."""
+        if last is None:
+            return None
+        event = self._decode(last, _stored_event)
+        versions = self.datastore.versions
+        if event is not None and await versions.valid(last, event.originator_version):
+            return event
+        top = await versions.top(last, event.originator_version if event else None)
+        if top is None:
+            return None
+        seq = top[0]
+        for record in await self.datastore.store.read_subject(last.subject, seq - 1):
+            if record.seq == seq:
+                return _stored_event(record)
+        raise OperationalError(f"message {seq} of {last.subject} was read before, not now")
 
     async def _last_valid(
         self, subject: str, last: Recorded | None, decode: Callable[[Recorded], T]
@@ -363,10 +487,10 @@ class JetStreamRecorder:
         for subject in insert.subjects:
             last = self.datastore.copy.last(subject)
             if last is None:
-                return self.datastore.run(self._append(insert))
+                return self.datastore.run(self._append(insert), saving=True)
             known.append(last)
         planned = insert.plan(known)
-        return self.datastore.run(self._append_planned(insert, planned))
+        return self.datastore.run(self._append_planned(insert, planned), saving=True)
 
     async def _append_planned(self, insert: _Insert, planned: list[Appended]) -> list[int]:
         try:
@@ -389,6 +513,14 @@ class JetStreamRecorder:
             for p in planned
         ]
         self.datastore.copy.acknowledge(done)
+        for appended in done:
+            if appended.events:
+                self.datastore.versions.appended(
+                    appended.subject,
+                    appended.expected_last_seq,
+                    appended.seqs,
+                    [e.originator_version for e in appended.events],
+                )
         return insert.notification_ids(done)
 
     async def _append(self, insert: _Insert) -> list[int]:
@@ -397,6 +529,7 @@ class JetStreamRecorder:
         as IntegrityError)."""
         subjects = insert.subjects
         store, copy = self.datastore.store, self.datastore.copy
+        refused: ConcurrencyError | None = None
         for attempt in range(MAX_CONFLICT_RETRIES):
             if attempt:  # a busy subject, or a replica answering behind its leader: wait a bit
                 await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
@@ -407,10 +540,7 @@ class JetStreamRecorder:
             # The versions to be after: the last VALID ones (poison is skipped), while the
             # write stays conditional on each subject's last message, poison or not.
             valid = await asyncio.gather(
-                *(
-                    self._last_valid(s, last, _stored_event)
-                    for s, last in zip(insert.by_subject, lasts, strict=False)
-                )
+                *(self._last_event(last) for _, last in zip(insert.by_subject, lasts, strict=False))
             )
             known: list[_Last] = [
                 (last.seq if last else 0, event, None)
@@ -423,10 +553,13 @@ class JetStreamRecorder:
             planned = insert.plan(known)
             try:
                 return await self._write(insert, planned)
-            except ConcurrencyError:
-                continue  # someone wrote one of these subjects since we read it: check again
+            except ConcurrencyError as e:
+                refused = e  # someone wrote one of these subjects since we read it: check again
         raise OperationalError(
-            f"gave up after {MAX_CONFLICT_RETRIES} concurrent writes to {subjects}; retry later"
+            f"gave up after the server refused the append to {subjects} {MAX_CONFLICT_RETRIES}"
+            f" times as a conflict ({refused}) with no newer version read: other processes keep"
+            " writing these aggregates, or a replicated stream without a quorum of its nodes"
+            f" still proposes an earlier write; {NOT_SAVED} later"
         )
 
 
@@ -544,8 +677,7 @@ class JetStreamAggregateRecorder(JetStreamRecorder, AggregateRecorder):
     ) -> list[StoredEvent]:
         if desc and limit == 1 and lte is None:
             # The latest event or snapshot: what every repository.get() asks first.
-            last = await self.datastore.store.last(subject)
-            event = await self._last_valid(subject, last, _stored_event)
+            event = await self._last_event(await self.datastore.store.last(subject))
             return [event] if event and (gt is None or event.originator_version > gt) else []
         events: list[StoredEvent] = []
         previous: int | None = None
@@ -597,6 +729,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         wanted = set(topics)
         found: list[Notification] = []
         store = self.datastore.store
+        scan: Scan = {}
         scale = 1  # with topics, skipped events call for more (and larger) pages
         while len(found) < limit and (stop is None or first <= stop):
             page = limit - len(found)
@@ -609,7 +742,7 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
             for record in records:
                 if stop is not None and record.seq > stop:
                     return found
-                notification = self._decode(record, _notification)
+                notification = await self._valid_notification(record, scan)
                 if notification is None or (wanted and notification.topic not in wanted):
                     continue
                 found.append(notification)
@@ -619,6 +752,17 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
                 return found  # the stream holds no more events (yet)
             first = records[-1].seq + 1
         return found
+
+    async def _valid_notification(
+        self, record: Recorded, scan: Scan | None = None
+    ) -> Notification | None:
+        """The record's notification, None for poison (also a version not after its
+        aggregate's earlier ones): quarantined, skipped by every reader."""
+        notification = self._decode(record, _notification)
+        if notification is None:
+            return None
+        version = notification.originator_version
+        return notification if await self.datastore.versions.valid(record, version, scan) else None
 
     def max_notification_id(self) -> int | None:
         self.catch_up()
@@ -631,14 +775,14 @@ class JetStreamApplicationRecorder(JetStreamAggregateRecorder, ApplicationRecord
         """The last VALID notification's id: poison at the head is walked back over."""
         store, events = self.datastore.store, self.datastore.events_filter
         last = await store.last(events)
-        if last is None or self._decode(last, _notification) is not None:
+        if last is None or await self._valid_notification(last) is not None:
             return last.seq if last else None
         end = last.seq - 1
         while end >= 1:
             first = max(1, end - PAGE + 1)
             records = [r for r in await store.read(first, end - first + 1, events) if r.seq <= end]
             for record in reversed(records):
-                if self._decode(record, _notification) is not None:
+                if await self._valid_notification(record) is not None:
                     return record.seq
             end = first - 1
         return None
@@ -679,14 +823,17 @@ class JetStreamSubscription(Subscription[JetStreamApplicationRecorder]):
             subject_filter=datastore.events_filter,
             follow=True,
         )
+        scan: Scan = {}
         try:
             async for record in replay:
-                notification = self._recorder._decode(record, _notification)
+                notification = await self._recorder._valid_notification(record, scan)
                 if notification is None or (wanted and notification.topic not in wanted):
                     continue
                 await self._put(notification)
         except asyncio.CancelledError:
             raise
+        except Exception as e:
+            await self._put(self._recorder.datastore.library_error(e))
         except BaseException as e:
             await self._put(e)
         finally:

@@ -296,6 +296,14 @@ class LocalCopy:
         except ValueError as e:
             self._quarantine(record, str(e))
             return
+        if held is not None:  # (None: an own append, in its history since the ack)
+            if held.events and event.originator_version <= held.events[-1].originator_version:
+                # Appends only ever add later versions: this one was published around them.
+                previous = held.events[-1].originator_version
+                version = event.originator_version
+                self._quarantine(record, f"version {version} is not after {previous}")
+                return  # nor a notification: every reader skips it
+            held.events.append(event)
         if kind == "events":
             self._note_ids.append(record.seq)
             self._notes.append(
@@ -307,14 +315,6 @@ class LocalCopy:
                     state=event.state,
                 )
             )
-        if held is None:
-            return
-        if held.events and event.originator_version <= held.events[-1].originator_version:
-            # Appends only ever add later versions: this one was published around them.
-            previous = held.events[-1].originator_version
-            self._quarantine(record, f"version {event.originator_version} is not after {previous}")
-            return
-        held.events.append(event)
 
     def _disable(self, why: str) -> None:
         with self._cond:

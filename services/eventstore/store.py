@@ -56,6 +56,10 @@ from domain.codec import REFLECTED_HEADER
 from services.transport.client import Client, cluster_replicas, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
+# nats-server's default max_control_line: a client line longer than this (a publish's
+# "HPUB <subject> <reply> <header bytes> <total bytes>") closes the connection.
+MAX_CONTROL_LINE = 4096
+MAX_HEADERS = 65535  # JetStream refuses a message whose header block is larger (err_code 10097)
 
 # Protocol headers
 MSG_ID = "Nats-Msg-Id"
@@ -74,6 +78,13 @@ ERR_WRONG_LAST_SEQUENCE = 10071  # "wrong last sequence: N" (one server, or the 
 ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164
 WRONG_LAST = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT})
 ERR_BATCH_DUPLICATE_MSG_ID = 10201
+
+# The most the batch headers _publish_batch adds take (id, sequence up to MAX_BATCH, commit).
+_BATCH_HEADER_BYTES = sum(
+    len(f"{name}: {value}\r\n")
+    for name, value in ((BATCH_ID, "0" * 32), (BATCH_SEQ, str(MAX_BATCH)), (BATCH_COMMIT, "1"))
+)
+_REQUEST_TOKEN = 27  # a request's reply: <inbox>.<22 characters of nuid + 4 of hex>
 
 # Headers a direct get adds to the stored ones; stripped so both read paths return the same.
 _DIRECT_HEADERS = (
@@ -154,6 +165,37 @@ class ConcurrencyError(Exception):
 
 class StoreError(Exception):
     """JetStream refused or could not take a request for another reason than a conflict."""
+
+
+class StoreUnavailable(StoreError):
+    """The stream did not take or answer a request now: no answer in time, no stream leader (a
+    cluster electing one, or without a quorum), no connection.  Worth a retry.
+
+    ``reason`` says what happened; ``stored`` is for an append: False if it was certainly not
+    stored, True if it may have been (unanswered); None for a read."""
+
+    def __init__(self, reason: str, stored: bool | None) -> None:
+        if stored is None:
+            advice = "retry"
+        elif stored:
+            advice = "it may or may not be stored: retry with the same idempotency key"
+        else:
+            advice = "nothing was stored: retry"
+        super().__init__(f"{reason}; {advice}")
+        self.reason = reason
+        self.stored = stored
+
+
+class LimitError(ValueError):
+    """An append the server would not take, refused before anything was sent: too many
+    messages, a subject too long for a NATS protocol line, headers or a message too large.
+    (nats-server closes the connection on a line or message over its limits.)
+
+    ``limit``: which one ("messages", "subject", "headers", "max_payload")."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class EventStore:
@@ -290,9 +332,10 @@ class EventStore:
         if not out:
             return []
         if len(out) > MAX_BATCH:
-            raise ValueError(
+            raise LimitError(
                 f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
-                f" got {len(out)}: split the command into smaller ones"
+                f" got {len(out)}: split the command into smaller ones",
+                "messages",
             )
         if idempotency_key is not None:
             if not idempotency_key or any(c.isspace() for c in idempotency_key):
@@ -300,6 +343,7 @@ class EventStore:
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
             out[0][2][MSG_ID] = idempotency_key
+        self._check_limits(out)
         reply = await self._send(out, retry=idempotency_key is not None, urgent=urgent)
         error = reply.get("error")
         if error is None:
@@ -326,11 +370,50 @@ class EventStore:
                 f"idempotency key {idempotency_key!r} was already used by another command"
                 f" (not on {writes[0].subject}): use a new request id for a new command"
             )
-        raise StoreError(
+        refused = (
             f"JetStream refused the append to {out[0][0]}"
             f"{f' and {len(out) - 1} more messages' if len(out) > 1 else ''}:"
             f" {error.get('description')} (err_code {code})"
         )
+        if error.get("code") == _UNAVAILABLE:
+            raise StoreUnavailable(refused, stored=False)
+        raise StoreError(refused)
+
+    @property
+    def max_subject_bytes(self) -> int:
+        """The longest subject (UTF-8 bytes) the store appends to: the line that publishes a
+        message must fit nats-server's ``MAX_CONTROL_LINE`` with the request's reply subject
+        and the sizes (as many digits as the server's max_payload)."""
+        sizes = 2 * (1 + len(str(self.nc.max_payload)))
+        return MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+
+    def _check_limits(self, out: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        """LimitError for a message the server would refuse, or close the connection for."""
+        max_payload, max_subject = self.nc.max_payload, self.max_subject_bytes
+        batch = _BATCH_HEADER_BYTES if len(out) > 1 else 0
+        for i, (subject, data, headers) in enumerate(out):
+            where = f"message {i + 1} of {len(out)} ({_shown(subject)})"
+            length = len(subject.encode())
+            if length > max_subject:
+                raise LimitError(
+                    f"{where}: its subject is {length} bytes, over the {max_subject} a NATS"
+                    f" protocol line leaves for it (max_control_line {MAX_CONTROL_LINE}): nothing"
+                    " was sent; use a shorter subject",
+                    "subject",
+                )
+            header_bytes = _header_bytes(headers) + batch
+            if header_bytes > MAX_HEADERS:
+                raise LimitError(
+                    f"{where}: its headers take {header_bytes} bytes, over JetStream's"
+                    f" {MAX_HEADERS}: nothing was sent",
+                    "headers",
+                )
+            if header_bytes + len(data) > max_payload:
+                raise LimitError(
+                    f"{where}: it takes {header_bytes + len(data)} bytes with its headers, over"
+                    f" the server's max_payload of {max_payload}: nothing was sent",
+                    "max_payload",
+                )
 
     async def _send(
         self, out: list[tuple[str, bytes, dict[str, str]]], *, retry: bool, urgent: bool = False
@@ -353,9 +436,9 @@ class EventStore:
                     raise
             except nats.errors.ConnectionReconnectingError:
                 if pause is None:
-                    raise StoreError(
-                        f"no NATS connection for the append to {out[0][0]} (reconnecting):"
-                        " retry with the same idempotency key"
+                    raise StoreUnavailable(
+                        f"no NATS connection for the append to {out[0][0]} (reconnecting)",
+                        stored=False,
                     ) from None
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last pause is None")
@@ -364,17 +447,40 @@ class EventStore:
         try:
             msg = await self.nc.request(subject, data, timeout=self.timeout, headers=headers)
         except NoRespondersError:
-            raise StoreError(
-                f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
-                f" subjects {self.subjects})"
-            ) from None
+            raise await self._no_responders(subject) from None
         except NatsTimeoutError:
-            raise StoreError(
-                f"JetStream did not acknowledge the append to {subject} in {self.timeout}s; it may"
-                " or may not be stored: retry with the same idempotency key"
+            raise StoreUnavailable(
+                f"JetStream did not acknowledge the append to {subject} in {self.timeout}s",
+                stored=True,
             ) from None
         reply: dict[str, Any] = json.loads(msg.data)
         return reply
+
+    async def _no_responders(self, subject: str) -> StoreError:
+        """Why no stream took an append to ``subject`` (nothing was stored): the stream is
+        missing, or it has no leader (a replicated stream electing one takes nothing for a
+        few seconds after a node's loss; one that lost its quorum, nothing until it heals)."""
+        missing = StoreError(
+            f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
+            f" subjects {self.subjects})"
+        )
+        try:
+            async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                info = await self.js.stream_info(self.stream)
+        except NotFoundError:
+            return missing
+        except (nats.errors.Error, TimeoutError) as e:  # the meta layer has no leader either
+            detail = f"JetStream did not say where stream {self.stream} is: {e!r}"
+        else:
+            if not any(_subject_matches(f, subject) for f in info.config.subjects or ()):
+                return missing
+            leader = info.cluster.leader if info.cluster else None
+            detail = f"its leader is {leader}" if leader else "it has no leader"
+        return StoreUnavailable(
+            f"stream {self.stream} did not take the append to {subject}: it has no leader now (a"
+            f" cluster electing one, or without a quorum of its nodes; {detail})",
+            stored=False,
+        )
 
     async def _publish_batch(self, out: list[tuple[str, bytes, dict[str, str]]]) -> dict[str, Any]:
         # nats-py has no batch helper: the middle messages go as core publishes (the server
@@ -478,15 +584,21 @@ class EventStore:
             if not reply.done():
                 reply.set_result((block, data))
 
+        # The subject in the request's own subject (as ADR-31 has it), unless that line would be
+        # too long for the server (it would close the connection): then in the request body.
+        request, body = f"{self._direct}.{subject}", b""
+        if len(request.encode()) + len(inbox) + 3 > MAX_CONTROL_LINE:
+            request, body = self._direct, json.dumps({"last_by_subj": subject}).encode()
         async with contextlib.nullcontext() if urgent else self._slots:
             sub = await self.nc.subscribe_raw(inbox, on_msg)
             try:
-                await self.nc.publish(f"{self._direct}.{subject}", b"", reply=inbox)
+                await self.nc.publish(request, body, reply=inbox)
                 async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                     block, data = await reply
             except TimeoutError:
-                raise StoreError(
-                    f"stream {self.stream} did not answer a direct get in {self.timeout}s"
+                raise StoreUnavailable(
+                    f"stream {self.stream} did not answer a direct get in {self.timeout}s",
+                    stored=None,
                 ) from None
             finally:
                 await sub.unsubscribe()
@@ -496,10 +608,17 @@ class EventStore:
         if code == "404":
             return None
         if code == "503":
-            raise StoreError(
-                f"stream {self.stream} does not answer direct gets: call ensure_stream() first"
-            )
+            raise self._no_direct_get()
         raise StoreError(f"last message of {subject}: status {code} {description}".strip())
+
+    def _no_direct_get(self) -> StoreUnavailable:
+        """A direct get answered "no responders" (503)."""
+        return StoreUnavailable(
+            f"stream {self.stream} does not answer direct gets: no replica of it serves them now"
+            " (a cluster electing a leader, or without a quorum of its nodes), or there is no"
+            " such stream",
+            stored=None,
+        )
 
     async def _leader_last_seq(self, subject: str) -> int:
         """The subject's last sequence as the stream's leader has it (0: none); not a direct
@@ -509,18 +628,25 @@ class EventStore:
         except NotFoundError:
             return 0
         except (nats.errors.Error, TimeoutError) as e:
-            raise StoreError(f"stream {self.stream} did not say where {subject} is: {e}") from None
+            raise StoreUnavailable(
+                f"stream {self.stream} did not say where {subject} is: {e}", stored=None
+            ) from None
 
     async def last_seq(self, subject: str) -> int:
         """The stream sequence of the subject's last message, 0 if it has none."""
         last = await self.last(subject)
         return 0 if last is None else last.seq
 
-    async def read_subject(self, subject: str, after_seq: int = 0) -> list[Recorded]:
+    async def read_subject(
+        self, subject: str, after_seq: int = 0, *, at_least: int = 0
+    ) -> list[Recorded]:
         """One aggregate's history in order (messages with seq > after_seq), up to at least
-        what this store wrote or read of the subject (read-after-write)."""
+        what this store wrote or read of the subject (read-after-write), and ``at_least``:
+        a sequence the caller knows the subject reached (it read a message of it there)."""
         if type(after_seq) is not int or after_seq < 0:
             raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
+        if at_least:
+            self._saw(subject, at_least)
 
         def read() -> Awaitable[list[Recorded]]:
             return self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
@@ -550,10 +676,11 @@ class EventStore:
                 self._saw(subject, seen)
                 return got
             if pause is None:
-                raise StoreError(
+                raise StoreUnavailable(
                     f"the replicas of stream {self.stream} that answered are behind {subject}'s"
                     f" sequence {floor} (they answered up to {seen}) after"
-                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? retry when it heals"
+                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? (when it heals)",
+                    stored=None,
                 )
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last pause is None")
@@ -586,15 +713,24 @@ class EventStore:
         )
 
     async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
-        async with self._slots:
-            msg = await self.nc.request(
-                self._direct, json.dumps(req).encode(), timeout=self.timeout
-            )
+        try:
+            async with self._slots:
+                msg = await self.nc.request(
+                    self._direct, json.dumps(req).encode(), timeout=self.timeout
+                )
+        except NoRespondersError:
+            raise self._no_direct_get() from None
+        except NatsTimeoutError:
+            raise StoreUnavailable(
+                f"stream {self.stream} did not answer a direct get in {self.timeout}s", stored=None
+            ) from None
         headers = msg.headers or {}
         if "Nats-Sequence" in headers:
             return _from_direct(msg)
         if headers.get("Status") == "404":
             return None
+        if headers.get("Status") == "503":
+            raise self._no_direct_get()
         raise StoreError(f"direct get {req} from {self.stream}: {_status(msg)}")
 
     async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
@@ -641,10 +777,12 @@ class EventStore:
                     async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                         error = await done
                 except TimeoutError:
-                    raise StoreError(
-                        f"stream {self.stream} did not answer a direct get in {self.timeout}s:"
-                        " is the stream there (ensure_stream()) with allow_direct?"
+                    raise StoreUnavailable(
+                        f"stream {self.stream} did not answer a direct get in {self.timeout}s",
+                        stored=None,
                     ) from None
+                if error == "status 503":
+                    raise self._no_direct_get()
                 if error is not None:
                     raise StoreError(f"direct get {req} from {self.stream}: {error}")
                 if not out or pending == 0 or (limit is not None and len(out) >= limit):
@@ -769,6 +907,27 @@ class EventStore:
             for sub in signals:
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await sub.unsubscribe()
+
+
+def _subject_matches(pattern: str, subject: str) -> bool:
+    """``subject`` is one of those ``pattern`` (``*`` a token, ``>`` the rest) stands for."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def _header_bytes(headers: Mapping[str, str]) -> int:
+    """The size of the header block nats-py sends for ``headers``, empty or not (at most: it
+    strips names and values)."""
+    return len(_NO_STATUS) + 2 + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+
+
+def _shown(subject: str) -> str:
+    return subject if len(subject) <= 80 else f"{subject[:80]}... ({len(subject)} characters)"
 
 
 def _seq_or_zero(record: Recorded | None) -> int:

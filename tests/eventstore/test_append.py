@@ -9,11 +9,14 @@ import pytest
 from domain.subjects import EVENTS_ALL, aggregate_subject
 from services.eventstore.store import (
     MAX_BATCH,
+    MAX_CONTROL_LINE,
     ConcurrencyError,
     EventStore,
+    LimitError,
     Message,
     Recorded,
     StoreError,
+    StoreUnavailable,
     Write,
 )
 
@@ -159,10 +162,51 @@ async def test_bad_input_names_the_field(store: EventStore) -> None:
     assert await store.append([]) == []
 
 
+async def test_what_the_server_would_not_take_is_refused_before_sending(store: EventStore) -> None:
+    """A subject too long for a protocol line, or a message over max_payload with its headers,
+    made nats-server close the connection (every later append failed); now LimitError, nothing
+    sent, and the connection serves on."""
+    most = store.max_subject_bytes
+    assert MAX_CONTROL_LINE - 100 < most < MAX_CONTROL_LINE
+    longest = f"{EVENTS_ALL[:-1]}{'x' * (most - len(EVENTS_ALL) + 1)}"
+    assert len(longest) == most
+    assert await store.append([Write(longest, msgs("fits"), expected_last_seq=0)]) == [1]
+    last = await store.last(longest)  # its direct get's line is shorter than the append's
+    assert last is not None and last.data == b"fits"
+    too_long = longest + "x"
+    for writes in (
+        [Write(too_long, msgs("x"))],
+        [Write(A, msgs("a")), Write(too_long, msgs("x"), expected_last_seq=0)],
+    ):
+        with pytest.raises(LimitError, match=rf"subject is {most + 1} bytes, over the {most}"):
+            await store.append(writes)
+    # Read paths take any subject: the request names it in its body when the line would not.
+    assert await store.last(too_long + "x" * 100) is None
+    assert await store.read_subject(too_long + "x" * 100) == []
+
+    max_payload = store.nc.max_payload
+    with pytest.raises(LimitError, match=f"over the server's max_payload of {max_payload}"):
+        await store.append([Write(A, [Message(b"x" * (max_payload - 10), {"type": "big"})])])
+    with pytest.raises(LimitError, match="max_payload"):
+        await store.append([Write(A, [Message(b"x" * (2 * max_payload))])])
+    with pytest.raises(LimitError, match="headers take 70"):
+        await store.append([Write(A, [Message(b"x", {"type": "t" * 70_000})])])
+    with pytest.raises(LimitError, match="at most 1000 messages"):
+        await store.append([Write(A, msgs(*("x" for _ in range(MAX_BATCH + 1))))])
+
+    assert not store.nc.is_closed
+    assert await store.append([Write(A, msgs("a1"), expected_last_seq=0)]) == [2]
+    assert await store.read_subject(A) != []
+
+
 async def test_append_without_stream_says_to_ensure_it(nc) -> None:  # type: ignore[no-untyped-def]
     store = EventStore(nc, "NOPE", ["nope.>"])
     with pytest.raises(StoreError, match="ensure_stream"):
         await store.append([Write("nope.x", msgs("x"))])
+    await EventStore(nc, "NOPE", ["nope.a.*"]).ensure_stream()
+    with pytest.raises(StoreError, match=r"no stream takes nope\.b: call ensure_stream") as raised:
+        await store.append([Write("nope.b", msgs("x"))])  # the stream is there, not for it
+    assert not isinstance(raised.value, StoreUnavailable)
 
 
 async def test_a_key_reused_on_another_subject_is_refused(store: EventStore) -> None:

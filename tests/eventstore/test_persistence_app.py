@@ -6,9 +6,13 @@ Each test gets its own real nats-server (``nats_server`` from tests/conftest.py)
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -331,6 +335,44 @@ def test_close_ends_the_private_loop(nats_server: NatsServer) -> None:
     assert "eventsourcing-jetstream-closing" not in {t.name for t in threading.enumerate()}
     with pytest.raises(RuntimeError, match="closed"):
         factory.application_recorder().max_notification_id()
+
+
+def test_an_application_never_closed_exits_quietly(nats_server: NatsServer) -> None:
+    """Its __del__ comes at interpreter exit, when the private loop's thread may be gone: it
+    printed "Exception ignored in Application.__del__ ... Cannot close a running event loop"."""
+    script = (
+        "import sys; from eventsourcing.application import Application;"
+        " from eventsourcing.domain import Aggregate;"
+        " app = Application(env={'PERSISTENCE_MODULE': 'services.eventstore:Factory',"
+        " 'NATS_URL': sys.argv[1], 'NATS_STREAM': 'exiting'}); app.save(Aggregate())"
+    )
+    root = Path(__file__).parents[2]
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script, nats_server.url],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (done.returncode, done.stderr) == (0, "")
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "exiting"})
+    try:
+        assert factory.application_recorder().max_notification_id() == 2
+    finally:
+        factory.close()
+
+
+def test_close_on_the_private_loop_itself_ends_it(nats_server: NatsServer) -> None:
+    """A GC can drop the last reference to an application on any thread, the loop's too."""
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "closing"})
+    factory.datastore._loop.loop.call_soon_threadsafe(factory.close)
+    deadline = time.monotonic() + 10
+    while "eventsourcing-jetstream-closing" in {t.name for t in threading.enumerate()}:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert factory.datastore._loop.loop.is_closed()
+    factory.close()  # again, from here: nothing left to do
 
 
 async def test_events_are_plain_jetstream_messages(env: dict[str, str]) -> None:

@@ -12,7 +12,7 @@ from uuid import UUID
 import nats
 import pytest
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
+from eventsourcing.persistence import ApplicationRecorder, IntegrityError, StoredEvent, Tracking
 from eventsourcing.projection import EventSourcedProjectionRunner
 from eventsourcing.system import SingleThreadedRunner, System
 from eventsourcing.tests.projection import Counters
@@ -184,3 +184,55 @@ def test_recorders_skip_poison_in_tracking_and_snapshots(nats_server: NatsServer
         assert recorder.quarantined == snapshots.quarantined  # type: ignore[attr-defined]
     finally:
         factory.close()
+
+
+@pytest.mark.parametrize("copy_mb", ["256", "0"])
+def test_a_version_out_of_order_is_no_notification_either(
+    nats_server: NatsServer, copy_mb: str
+) -> None:
+    """Copies of an aggregate's event published on its subject with a version not after its
+    last one (2 again, -5, 1) were skipped by select_events and quarantined, yet notifications
+    (from the local copy and from the server alike) and subscriptions returned them."""
+    env = {"NATS_URL": nats_server.url, "NATS_STREAM": "ver", "NATS_LOCAL_COPY_MB": copy_mb}
+    factory = Factory(env)
+    try:
+        recorder = factory.application_recorder()
+        dog, other = uuid.uuid4(), uuid.uuid4()
+        recorder.insert_events([StoredEvent(dog, 1, "t", b"1"), StoredEvent(dog, 2, "t", b"2")])
+        own = f"es.ver.events.{id_token(dog)}"
+        copies = [(own, b"2", {"Es-Version": v, "Es-Topic": "t"}) for v in ("2", "-5", "1")]
+        assert publish_raw(nats_server.url, "ver", *copies) == [3, 4, 5]
+        recorder.catch_up()
+        assert recorder.insert_events(
+            [StoredEvent(dog, 3, "t", b"3"), StoredEvent(other, 1, "u", b"o")]
+        ) == [6, 7]
+        # At the head too: the aggregate's last message, yet not its last event.
+        publish_raw(nats_server.url, "ver", (own, b"x", {"Es-Version": "1", "Es-Topic": "t"}))
+
+        assert recorder.max_notification_id() == 7
+        fresh = Factory(env)  # knows nothing of the stream yet
+        try:
+            for reader in (recorder, fresh.application_recorder()):
+                assert_poison_skipped(reader, dog)
+        finally:
+            fresh.close()
+        recorder.insert_events([StoredEvent(dog, 4, "t", b"4")])
+        with recorder.subscribe(gt=7) as subscription:
+            assert next(subscription).originator_version == 4
+    finally:
+        factory.close()
+
+
+def assert_poison_skipped(reader: ApplicationRecorder, dog: UUID) -> None:
+    assert [n.id for n in reader.select_notifications(None, 100)] == [1, 2, 6, 7]
+    assert [n.id for n in reader.select_notifications(3, 1)] == [6]
+    assert [n.id for n in reader.select_notifications(4, 10, stop=6)] == [6]
+    assert [n.id for n in reader.select_notifications(1, 10, topics=["t"])] == [1, 2, 6]
+    assert reader.max_notification_id() == 7
+    assert [e.originator_version for e in reader.select_events(dog)] == [1, 2, 3]
+    assert [e.state for e in reader.select_events(dog, desc=True, limit=1)] == [b"3"]
+    with pytest.raises(IntegrityError):  # not stored behind the poison, to be skipped
+        reader.insert_events([StoredEvent(dog, 3, "t", b"again")])
+    with reader.subscribe(gt=None) as subscription:
+        assert [next(subscription).id for _ in range(4)] == [1, 2, 6, 7]
+    assert [q.seq for q in reader.quarantined] == [3, 4, 5, 8]  # type: ignore[attr-defined]
