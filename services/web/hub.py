@@ -8,7 +8,10 @@ Hoist user's connection, which may not subscribe there, has a faster timer inste
 ``MIN_INTERVAL_S`` apart, and only while someone watches.  Each section is sent to the pages
 only when it changed.  For pulls already under way when the hub started (a late joiner), the
 last message the progress stream kept is fetched once (a direct get), so every bar is drawn
-where it stands at once.
+where it stands at once.  Nobody follows the progress while nobody watches, so when a page
+comes back the pulls the hub last saw under way are read again the same way (one that ended
+meanwhile leaves "in progress"), and a pull the pulls query says has ended while the hub still
+holds it under way (its last message missed) is read again too.
 
 A Hoist user's hub asks only what the manager serves them.  Whether the user is an admin is the
 manager's to say, so each refresh asks their own queries and ``agents`` (fleet-wide: answered
@@ -80,6 +83,10 @@ class Hub:
         self._wake = asyncio.Event()
         self._fresh_progress: dict[str, dict[str, Any]] = {}
         self._fetched: set[str] = set()
+        # Pulls held under way that may have moved unseen (nobody followed the progress), and
+        # ended pulls already read again: see _late_progress.
+        self._stale: set[str] = set()
+        self._rechecked: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._subs: list[Subscription] = []
 
@@ -91,6 +98,10 @@ class Hub:
         self._watchers.add(queue)
         try:
             if self._task is None:
+                # The progress went unfollowed since the last page left: what it showed under
+                # way is read again before anyone sees it.
+                self._stale = {k for k, row in self.progress.items() if not row.get("done")}
+                self._fetched.clear()
                 self._task = asyncio.create_task(self._run(), name=f"web hub {self.who}")
                 await self._refresh()  # the first page sees data, not an empty frame
             yield self.snapshot()
@@ -162,6 +173,7 @@ class Hub:
                 return  # someone else's bug; the view goes on
             if msg.subject != f"{subjects.PROGRESS}.{p.agent_id}.{p.task_id}":
                 return  # an agent publishes only its own pulls' subjects
+            self._stale.discard(f"{p.agent_id}/{p.task_id}")  # heard live: newer than a re-read
             self._keep_progress(p)
 
         if self.role:  # a role's connection; a Hoist user's may not (natsauth)
@@ -235,19 +247,39 @@ class Hub:
 
     async def _late_progress(self) -> None:
         """The progress stream's last message of each pull under way the hub has not heard
-        of yet (it started before the hub did)."""
+        of yet (it started before the hub did), of each it held under way before nobody
+        watched (``_stale``), and of each the pulls query says ended while the hub holds it
+        under way."""
         pulls = self.sections.get("pulls")
         rows = pulls.get("rows", []) if isinstance(pulls, dict) else []
-        js = self.conn.nc.jetstream()
+        wanted = sorted(self._stale)  # "agent/task" keys (neither part holds a "/")
         for row in rows:
             key = f"{row['agent_id']}/{row['task_id']}"
-            if row.get("outcome") != "pulling" or key in self.progress or key in self._fetched:
-                continue
-            self._fetched.add(key)
+            held = self.progress.get(key)
+            if row.get("outcome") == "pulling":
+                if held is None and key not in self._fetched:
+                    self._fetched.add(key)
+                    wanted.append(key)
+            elif held is not None and not held.get("done") and key not in self._rechecked:
+                self._rechecked.add(key)
+                self._stale.add(key)
+                wanted.append(key)
+        if not wanted:
+            return
+        js = self.conn.nc.jetstream()
+        for key in dict.fromkeys(wanted):
+            agent_id, _, task_id = key.partition("/")
             try:
-                last = await progress_stream.latest(js, row["agent_id"], row["task_id"])
+                last = await progress_stream.latest(js, agent_id, task_id)
             except Exception as e:  # the live messages still come
                 log.info("web: no last progress of pull %s: %s", key, e)
                 continue
-            if last is not None and key not in self.progress:
+            stale = key in self._stale
+            self._stale.discard(key)
+            if last is not None and (stale or key not in self.progress):
                 self._keep_progress(last)
+            elif last is None and stale and key in self.progress:
+                # Its messages expired: it ended long ago.  Said ended, not left under way.
+                row = dict(self.progress[key], done=True)
+                self.progress[key] = row
+                self._fresh_progress[key] = row
