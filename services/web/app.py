@@ -204,7 +204,11 @@ def make_app(access: Access) -> Starlette:
                     if not done:
                         yield b": keepalive\n\n"
                         continue
-                    message, next_update = next_update.result(), None
+                    try:
+                        message = next_update.result()
+                    except StopAsyncIteration:
+                        return  # the hub ended it (the login's access ended)
+                    next_update = None
                     yield f"data: {json.dumps(message, default=str)}\n\n".encode()
             finally:
                 if next_update is not None:

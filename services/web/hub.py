@@ -88,6 +88,7 @@ class Hub:
         self._stale: set[str] = set()
         self._rechecked: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self.ended: str | None = None  # why a Hoist user's access ended (their connection)
         self._subs: list[Subscription] = []
 
     # -- pages ---------------------------------------------------------------------------------
@@ -97,6 +98,9 @@ class Hub:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
         self._watchers.add(queue)
         try:
+            if self.ended is not None:
+                yield self._end_message()
+                return
             if self._task is None:
                 # The progress went unfollowed since the last page left: what it showed under
                 # way is read again before anyone sees it.
@@ -104,9 +108,15 @@ class Hub:
                 self._fetched.clear()
                 self._task = asyncio.create_task(self._run(), name=f"web hub {self.who}")
                 await self._refresh()  # the first page sees data, not an empty frame
+            if self._end():
+                yield self._end_message()
+                return
             yield self.snapshot()
             while True:
-                yield await queue.get()
+                message = await queue.get()
+                yield message
+                if message["kind"] == "ended":
+                    return  # the page says so and stops; its next request is refused
         finally:
             self._watchers.discard(queue)
             if not self._watchers and self._task is not None:
@@ -123,6 +133,30 @@ class Hub:
             "sections": self.sections,
             "progress": list(self.progress.values()),
         }
+
+    def _end_message(self) -> dict[str, Any]:
+        return {"kind": "ended", "who": self.who, "reason": self.ended}
+
+    def _end(self) -> bool:
+        """Whether a Hoist user's connection is gone for good (the server closed it: the user
+        was disabled or their password changed); if so the pages are told, once."""
+        if self.ended is not None:
+            return True
+        nc = self.conn.nc
+        if self.role or not nc.is_closed:
+            return False
+        why = f" ({nc.last_error})" if getattr(nc, "last_error", None) else ""
+        self.ended = (
+            f"the NATS server closed user {self.who!r}'s connection{why}: the user was disabled"
+            " or their password changed"
+        )
+        log.info("web: %s", self.ended)
+        for queue in list(self._watchers):
+            with contextlib.suppress(asyncio.QueueEmpty):
+                while queue.full():
+                    queue.get_nowait()
+            queue.put_nowait(self._end_message())
+        return True
 
     def _send(self, message: dict[str, Any]) -> None:
         for queue in list(self._watchers):
@@ -151,6 +185,8 @@ class Hub:
                         await self._wake.wait()
                 self._wake.clear()
                 started = time.monotonic()
+                if self._end():
+                    return  # nothing more to ask: the connection is gone
                 await self._refresh()
                 await asyncio.sleep(max(0.0, MIN_INTERVAL_S - (time.monotonic() - started)))
         finally:
@@ -199,6 +235,8 @@ class Hub:
                 self._send({"kind": "progress", "progress": rows})
 
     async def _refresh(self) -> None:
+        if self._end():
+            return
         if self.role:
             replies = await self._ask_all(list(QUERIES))
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import subprocess
@@ -312,3 +313,34 @@ async def test_a_pull_that_ended_while_nobody_watched_is_not_shown_under_way(
         snapshot = await first_message(http, headers=bearer)
     pulls = [p for p in snapshot["progress"] if p["task_id"] in tasks]
     assert pulls and all(p["done"] for p in pulls), pulls
+
+
+async def test_a_disabled_users_stream_says_their_access_ended_and_stops(web: Web) -> None:
+    """`hoist user disable` closes the user's NATS connection: their open stream gets one
+    message saying access ended, then ends (the page shows "signed out"), and they are
+    refused afterwards; the web view stops asking queries for them."""
+    carl = httpx.BasicAuth(*add_user(web, "carl"))
+    log = web.stack.data_dir / "logs" / "web.log"
+    async with (
+        httpx.AsyncClient(base_url=web.url, timeout=15, auth=carl) as http,
+        http.stream("GET", "/events") as events,
+    ):
+        lines = events.aiter_lines()
+        assert (await next_message(lines, 10))["kind"] == "snapshot"
+        disabled = web.stack.hoist(
+            "user", "disable", "carl", env={"HOIST_NATS_URL": web.stack.creds("admin")}
+        )
+        assert disabled.returncode == 0, disabled.stderr
+        while True:
+            message = await next_message(lines, 15)
+            if message["kind"] == "ended":
+                break
+        assert "carl" in message["reason"] and "disabled" in message["reason"], message
+        with contextlib.suppress(StopAsyncIteration):  # and the stream ends
+            async with asyncio.timeout(5):
+                async for line in lines:
+                    assert not line.startswith("data: "), line
+        before = log.read_text(errors="replace")
+        await asyncio.sleep(3)
+        assert "query failed" not in log.read_text(errors="replace")[len(before) :]
+        assert (await http.get("/")).status_code == 401
