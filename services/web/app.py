@@ -49,6 +49,7 @@ from services.web.hub import Hub
 log = logging.getLogger(__name__)
 
 COOKIE = "hoist_web_token"
+MAX_STREAMS = 32  # open /events streams per principal (the next ones get 429)
 KEEPALIVE_S = 15.0  # an SSE comment this often keeps proxies from closing an idle stream
 LOGS_MAX_BYTES = 256 * 1024
 LOGS_WAIT_S = 3.0
@@ -64,6 +65,7 @@ _HEADERS = {
 @dataclass
 class Principal:
     hub: Hub
+    streams: int = 0  # its /events streams open now (at most MAX_STREAMS)
 
     @property
     def conn(self) -> Connection:
@@ -184,6 +186,13 @@ def make_app(access: Access) -> Starlette:
         return Response(static(name), media_type=f"{types[name]}; charset=utf-8")
 
     async def events(request: Request, p: Principal) -> Response:
+        if p.streams >= MAX_STREAMS:
+            return JSONResponse(
+                {"error": f"too many open event streams: at most {MAX_STREAMS} per login"},
+                status_code=429,
+            )
+        p.streams += 1  # counted from here, so a burst of requests cannot pass the check
+
         async def stream() -> AsyncIterator[bytes]:
             updates = p.hub.watch().__aiter__()
             next_update: asyncio.Task[dict[str, Any]] | None = None
@@ -195,7 +204,11 @@ def make_app(access: Access) -> Starlette:
                     if not done:
                         yield b": keepalive\n\n"
                         continue
-                    message, next_update = next_update.result(), None
+                    try:
+                        message = next_update.result()
+                    except StopAsyncIteration:
+                        return  # the hub ended it (the login's access ended)
+                    next_update = None
                     yield f"data: {json.dumps(message, default=str)}\n\n".encode()
             finally:
                 if next_update is not None:
@@ -203,7 +216,7 @@ def make_app(access: Access) -> Starlette:
                 with contextlib.suppress(Exception):
                     await updates.aclose()  # type: ignore[attr-defined]
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return _Counted(p, stream(), media_type="text/event-stream")
 
     async def history(request: Request, p: Principal) -> Response:
         sid = request.path_params["session_id"]
@@ -270,6 +283,21 @@ def make_app(access: Access) -> Starlette:
         ]
     )
     return app
+
+
+class _Counted(StreamingResponse):
+    """An events stream that gives its principal's count back when it ends, however it ends
+    (even before its first byte)."""
+
+    def __init__(self, principal: Principal, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.principal = principal
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.principal.streams -= 1
 
 
 # The manager's error codes as HTTP statuses; an unknown session (or another user's, which

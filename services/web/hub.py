@@ -8,7 +8,10 @@ Hoist user's connection, which may not subscribe there, has a faster timer inste
 ``MIN_INTERVAL_S`` apart, and only while someone watches.  Each section is sent to the pages
 only when it changed.  For pulls already under way when the hub started (a late joiner), the
 last message the progress stream kept is fetched once (a direct get), so every bar is drawn
-where it stands at once.
+where it stands at once.  Nobody follows the progress while nobody watches, so when a page
+comes back the pulls the hub last saw under way are read again the same way (one that ended
+meanwhile leaves "in progress"), and a pull the pulls query says has ended while the hub still
+holds it under way (its last message missed) is read again too.
 
 A Hoist user's hub asks only what the manager serves them.  Whether the user is an admin is the
 manager's to say, so each refresh asks their own queries and ``agents`` (fleet-wide: answered
@@ -80,7 +83,12 @@ class Hub:
         self._wake = asyncio.Event()
         self._fresh_progress: dict[str, dict[str, Any]] = {}
         self._fetched: set[str] = set()
+        # Pulls held under way that may have moved unseen (nobody followed the progress), and
+        # ended pulls already read again: see _late_progress.
+        self._stale: set[str] = set()
+        self._rechecked: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self.ended: str | None = None  # why a Hoist user's access ended (their connection)
         self._subs: list[Subscription] = []
 
     # -- pages ---------------------------------------------------------------------------------
@@ -90,12 +98,25 @@ class Hub:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
         self._watchers.add(queue)
         try:
+            if self.ended is not None:
+                yield self._end_message()
+                return
             if self._task is None:
+                # The progress went unfollowed since the last page left: what it showed under
+                # way is read again before anyone sees it.
+                self._stale = {k for k, row in self.progress.items() if not row.get("done")}
+                self._fetched.clear()
                 self._task = asyncio.create_task(self._run(), name=f"web hub {self.who}")
                 await self._refresh()  # the first page sees data, not an empty frame
+            if self._end():
+                yield self._end_message()
+                return
             yield self.snapshot()
             while True:
-                yield await queue.get()
+                message = await queue.get()
+                yield message
+                if message["kind"] == "ended":
+                    return  # the page says so and stops; its next request is refused
         finally:
             self._watchers.discard(queue)
             if not self._watchers and self._task is not None:
@@ -112,6 +133,30 @@ class Hub:
             "sections": self.sections,
             "progress": list(self.progress.values()),
         }
+
+    def _end_message(self) -> dict[str, Any]:
+        return {"kind": "ended", "who": self.who, "reason": self.ended}
+
+    def _end(self) -> bool:
+        """Whether a Hoist user's connection is gone for good (the server closed it: the user
+        was disabled or their password changed); if so the pages are told, once."""
+        if self.ended is not None:
+            return True
+        nc = self.conn.nc
+        if self.role or not nc.is_closed:
+            return False
+        why = f" ({nc.last_error})" if getattr(nc, "last_error", None) else ""
+        self.ended = (
+            f"the NATS server closed user {self.who!r}'s connection{why}: the user was disabled"
+            " or their password changed"
+        )
+        log.info("web: %s", self.ended)
+        for queue in list(self._watchers):
+            with contextlib.suppress(asyncio.QueueEmpty):
+                while queue.full():
+                    queue.get_nowait()
+            queue.put_nowait(self._end_message())
+        return True
 
     def _send(self, message: dict[str, Any]) -> None:
         for queue in list(self._watchers):
@@ -140,6 +185,8 @@ class Hub:
                         await self._wake.wait()
                 self._wake.clear()
                 started = time.monotonic()
+                if self._end():
+                    return  # nothing more to ask: the connection is gone
                 await self._refresh()
                 await asyncio.sleep(max(0.0, MIN_INTERVAL_S - (time.monotonic() - started)))
         finally:
@@ -162,6 +209,7 @@ class Hub:
                 return  # someone else's bug; the view goes on
             if msg.subject != f"{subjects.PROGRESS}.{p.agent_id}.{p.task_id}":
                 return  # an agent publishes only its own pulls' subjects
+            self._stale.discard(f"{p.agent_id}/{p.task_id}")  # heard live: newer than a re-read
             self._keep_progress(p)
 
         if self.role:  # a role's connection; a Hoist user's may not (natsauth)
@@ -187,6 +235,8 @@ class Hub:
                 self._send({"kind": "progress", "progress": rows})
 
     async def _refresh(self) -> None:
+        if self._end():
+            return
         if self.role:
             replies = await self._ask_all(list(QUERIES))
         else:
@@ -235,19 +285,39 @@ class Hub:
 
     async def _late_progress(self) -> None:
         """The progress stream's last message of each pull under way the hub has not heard
-        of yet (it started before the hub did)."""
+        of yet (it started before the hub did), of each it held under way before nobody
+        watched (``_stale``), and of each the pulls query says ended while the hub holds it
+        under way."""
         pulls = self.sections.get("pulls")
         rows = pulls.get("rows", []) if isinstance(pulls, dict) else []
-        js = self.conn.nc.jetstream()
+        wanted = sorted(self._stale)  # "agent/task" keys (neither part holds a "/")
         for row in rows:
             key = f"{row['agent_id']}/{row['task_id']}"
-            if row.get("outcome") != "pulling" or key in self.progress or key in self._fetched:
-                continue
-            self._fetched.add(key)
+            held = self.progress.get(key)
+            if row.get("outcome") == "pulling":
+                if held is None and key not in self._fetched:
+                    self._fetched.add(key)
+                    wanted.append(key)
+            elif held is not None and not held.get("done") and key not in self._rechecked:
+                self._rechecked.add(key)
+                self._stale.add(key)
+                wanted.append(key)
+        if not wanted:
+            return
+        js = self.conn.nc.jetstream()
+        for key in dict.fromkeys(wanted):
+            agent_id, _, task_id = key.partition("/")
             try:
-                last = await progress_stream.latest(js, row["agent_id"], row["task_id"])
+                last = await progress_stream.latest(js, agent_id, task_id)
             except Exception as e:  # the live messages still come
                 log.info("web: no last progress of pull %s: %s", key, e)
                 continue
-            if last is not None and key not in self.progress:
+            stale = key in self._stale
+            self._stale.discard(key)
+            if last is not None and (stale or key not in self.progress):
                 self._keep_progress(last)
+            elif last is None and stale and key in self.progress:
+                # Its messages expired: it ended long ago.  Said ended, not left under way.
+                row = dict(self.progress[key], done=True)
+                self.progress[key] = row
+                self._fresh_progress[key] = row

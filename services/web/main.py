@@ -24,6 +24,7 @@ import uvicorn
 
 from services.cli.connection import CliError, Connection
 from services.web.app import Access, make_app
+from services.web.serve import quiet_floods, server_config
 
 URL_ENV = "HOIST_NATS_URL"
 log = logging.getLogger("web")
@@ -69,14 +70,7 @@ async def run(args: argparse.Namespace) -> None:
     except CliError as e:
         raise ValueError(str(e)) from None
     access = Access(token=token, admin=conn, nats_url=without_credentials(url))
-    config = uvicorn.Config(
-        make_app(access),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
-        lifespan="off",
-        timeout_graceful_shutdown=1,
-    )
+    config = server_config(make_app(access), args.host, args.port, args.log_level)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
@@ -103,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    quiet_floods()
     try:
         asyncio.run(run(args))
     except (ValueError, OSError) as e:

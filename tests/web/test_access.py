@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import subprocess
@@ -273,3 +274,73 @@ async def test_a_kernels_output_comes_with_its_session(web: Web, client: Client)
         logs = await http.get(f"/api/sessions/{created['session_id']}/logs")
     assert logs.status_code == 200, logs.text
     assert "<hello from the kernel>" in logs.json()["logs"]
+
+
+async def test_a_pull_that_ended_while_nobody_watched_is_not_shown_under_way(
+    web: Web, client: Client
+) -> None:
+    """The only page leaves mid-pull (the hub stops following the progress) and comes back
+    after the pull ended: the snapshot says it ended, nothing stays "in progress"."""
+    bearer = {"Authorization": f"Bearer {web.token}"}
+    created = await ask(
+        client,
+        SESSION_CREATE,
+        {"owner": "gone", "image": web.stack.next_big_image(), "resources": CPU_MEM},
+    )
+    sid = created["session_id"]
+    async with (
+        httpx.AsyncClient(base_url=web.url, timeout=15, headers=bearer) as http,
+        http.stream("GET", "/events") as events,
+    ):
+        lines = events.aiter_lines()
+        await next_message(lines, 10)
+        deadline = time.monotonic() + 20
+        while True:  # the page has seen the pull under way
+            view = await ask(client, SESSION_GET, {"session_id": sid})
+            tasks = {k["pull_task_id"] for k in view["kernels"] if k.get("pull_task_id")}
+            message = await next_message(lines, 5)
+            seen = [p for p in message.get("progress", []) if p["task_id"] in tasks]
+            if any(not p["done"] and p["current"] > 0 for p in seen):
+                break
+            assert time.monotonic() < deadline, view
+    while True:  # nobody watches while it ends
+        view = await ask(client, SESSION_GET, {"session_id": sid})
+        if view["status"] not in ("PENDING", "SCHEDULED", "PREPARING", "PULLING"):
+            break
+        assert time.monotonic() < deadline + 30, view
+        await asyncio.sleep(0.3)
+    async with httpx.AsyncClient(base_url=web.url, timeout=15) as http:
+        snapshot = await first_message(http, headers=bearer)
+    pulls = [p for p in snapshot["progress"] if p["task_id"] in tasks]
+    assert pulls and all(p["done"] for p in pulls), pulls
+
+
+async def test_a_disabled_users_stream_says_their_access_ended_and_stops(web: Web) -> None:
+    """`hoist user disable` closes the user's NATS connection: their open stream gets one
+    message saying access ended, then ends (the page shows "signed out"), and they are
+    refused afterwards; the web view stops asking queries for them."""
+    carl = httpx.BasicAuth(*add_user(web, "carl"))
+    log = web.stack.data_dir / "logs" / "web.log"
+    async with (
+        httpx.AsyncClient(base_url=web.url, timeout=15, auth=carl) as http,
+        http.stream("GET", "/events") as events,
+    ):
+        lines = events.aiter_lines()
+        assert (await next_message(lines, 10))["kind"] == "snapshot"
+        disabled = web.stack.hoist(
+            "user", "disable", "carl", env={"HOIST_NATS_URL": web.stack.creds("admin")}
+        )
+        assert disabled.returncode == 0, disabled.stderr
+        while True:
+            message = await next_message(lines, 15)
+            if message["kind"] == "ended":
+                break
+        assert "carl" in message["reason"] and "disabled" in message["reason"], message
+        with contextlib.suppress(StopAsyncIteration):  # and the stream ends
+            async with asyncio.timeout(5):
+                async for line in lines:
+                    assert not line.startswith("data: "), line
+        before = log.read_text(errors="replace")
+        await asyncio.sleep(3)
+        assert "query failed" not in log.read_text(errors="replace")[len(before) :]
+        assert (await http.get("/")).status_code == 401

@@ -118,6 +118,10 @@ function connect() {
       if (msg.sections.sessions && hist.sid) loadHistory(hist.sid);
     } else if (msg.kind === "progress") {
       applyProgress(msg.progress);
+    } else if (msg.kind === "ended") { // the user was disabled: no reconnecting, no stale "live"
+      source.close();
+      document.getElementById("link").textContent = `signed out: ${msg.reason}`;
+      document.getElementById("main").classList.add("ended");
     }
     schedule();
   };
