@@ -99,14 +99,14 @@ class SchedulerLoop:
         reloads what it held and wakes the next pass.  Returns the sessions placed."""
         booked = self.fleet.reservations
         await booked.refresh()
-        try:
-            fence = self.fence()  # before anything is claimed: from here on nothing awaits
-        except NotLeading:
-            return 0  # it stepped down meanwhile: the new leader plans
         due = {a: ended for a, ended in booked.due().items() if not booked.busy(a)}
         pending = self.fleet.pending_sessions()
         if not pending and not due:
             return 0
+        try:
+            fence = self.fence()  # before anything is claimed: from here on nothing awaits
+        except NotLeading:
+            return 0  # it stepped down meanwhile: the new leader plans
         touched: dict[str, AgentReservations] = {}
         for agent_id, ended in due.items():
             reservations = booked.by_agent[agent_id]
