@@ -464,8 +464,12 @@ async def run_scale(args: argparse.Namespace) -> None:
                                ready="agents ready", log=log)  # fmt: skip
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
-            # profiled: the first manager, i.e. the first row until its restart
-            manager, _ = await start_manager(server.url, log, args.profile_manager)
+            try:  # profiled: the first manager, i.e. the first row until its restart
+                manager, _ = await start_manager(server.url, log, args.profile_manager)
+            except BaseException:
+                for proc in agent_procs:  # no orphans when the manager does not start
+                    await stop(proc)
+                raise
             base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
             store = event_store(nc)

@@ -17,12 +17,13 @@ from pathlib import Path
 from services.stack.natsserver import NatsCluster, NatsServer
 
 LIFECYCLE = str(Path(__file__).resolve().parent / "lifecycle.py")
+ROOT = Path(__file__).resolve().parents[1]  # `python -m services...` finds the project here
 
 
 async def spawn(*args: str, ready: str, log: Path) -> asyncio.subprocess.Process:
     """``python ARGS``, once it printed the line ``ready`` (its stderr appended to ``log``)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log.open("ab")
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log.open("ab"), cwd=ROOT
     )
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 120)
