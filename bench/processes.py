@@ -26,9 +26,15 @@ async def spawn(*args: str, ready: str, log: Path) -> asyncio.subprocess.Process
         sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=log.open("ab"), cwd=ROOT
     )
     assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 120)
-    if line.decode().strip() != ready:
-        raise RuntimeError(f"{args[:2]} did not start: {line!r}; see {log}")
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 120)
+        if line.decode().strip() != ready:
+            raise RuntimeError(f"{args[:2]} did not start: {line!r}; see {log}")
+    except BaseException:
+        if proc.returncode is None:  # not ready: no process is left behind the bench
+            proc.kill()
+            await proc.wait()
+        raise
     return proc
 
 
