@@ -5,7 +5,8 @@ per-message TTL (``Nats-TTL``), so it disappears when its holder stops renewing 
 takes a free lease by appending with expected last subject sequence 0 (empty: lapsed or never
 taken), or its own (same ``holder``: itself before a restart) by compare-and-set on the
 sequence it read; the leader renews it every quarter TTL by compare-and-set on the sequence
-it holds.  Any refusal means someone else holds it: the manager follows.
+it holds.  A refused renewal is looked into (``_recheck``): the lease's last record still
+ours keeps the lead, one no manager wrote is renewed over, anyone else's means it follows.
 
 The leader fences its scheduling batches, and the writes its loops decide on time or on its
 own memory (an agent lost, a session's lifetime or idle time over, a pull stalled, an agent's
