@@ -540,9 +540,7 @@ class EventStore:
         # may be answered by a replica that has not seen the write we lost to), so the caller
         # knows what to reload, and the reload reads at least that far (its floor).
         checked = [w for w in writes if w.expected_last_seq is not None]
-        lasts = await asyncio.gather(
-            *(self._leader_last_seq(w.expected_subject or w.subject) for w in checked)
-        )
+        lasts = await asyncio.gather(*(self._moved_to(w) for w in checked))
         for write, last in zip(checked, lasts, strict=True):
             subject = write.expected_subject or write.subject
             if write.expected_subject is None and not any(
@@ -596,10 +594,7 @@ class EventStore:
                 async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                     block, data = await reply
             except TimeoutError:
-                raise StoreUnavailable(
-                    f"stream {self.stream} did not answer a direct get in {self.timeout}s",
-                    stored=None,
-                ) from None
+                raise self._no_direct_answer() from None
             finally:
                 await sub.unsubscribe()
         if block is not None and block.startswith(_NO_STATUS):
@@ -611,6 +606,12 @@ class EventStore:
             raise self._no_direct_get()
         raise StoreError(f"last message of {subject}: status {code} {description}".strip())
 
+    def _no_direct_answer(self) -> StoreUnavailable:
+        """A direct get unanswered within the store's timeout."""
+        return StoreUnavailable(
+            f"stream {self.stream} did not answer a direct get in {self.timeout}s", stored=None
+        )
+
     def _no_direct_get(self) -> StoreUnavailable:
         """A direct get answered "no responders" (503)."""
         return StoreUnavailable(
@@ -619,6 +620,16 @@ class EventStore:
             " such stream",
             stored=None,
         )
+
+    async def _moved_to(self, write: Write) -> int:
+        """Where the subject ``write`` expected is now: a direct get (one round trip, any
+        replica), and only where that says it did not move, the stream's leader (a lagging
+        replica answers from before the write this one lost to)."""
+        subject = write.expected_subject or write.subject
+        last = await self._last(subject)
+        if last is not None and last.seq > (write.expected_last_seq or 0):
+            return last.seq  # moved on: a replica has it, so the leader has at least as much
+        return await self._leader_last_seq(subject)
 
     async def _leader_last_seq(self, subject: str) -> int:
         """The subject's last sequence as the stream's leader has it (0: none); not a direct
@@ -721,9 +732,7 @@ class EventStore:
         except NoRespondersError:
             raise self._no_direct_get() from None
         except NatsTimeoutError:
-            raise StoreUnavailable(
-                f"stream {self.stream} did not answer a direct get in {self.timeout}s", stored=None
-            ) from None
+            raise self._no_direct_answer() from None
         headers = msg.headers or {}
         if "Nats-Sequence" in headers:
             return _from_direct(msg)
@@ -777,10 +786,7 @@ class EventStore:
                     async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                         error = await done
                 except TimeoutError:
-                    raise StoreUnavailable(
-                        f"stream {self.stream} did not answer a direct get in {self.timeout}s",
-                        stored=None,
-                    ) from None
+                    raise self._no_direct_answer() from None
                 if error == "status 503":
                     raise self._no_direct_get()
                 if error is not None:
