@@ -215,21 +215,27 @@ class Fleet:
         await self._tasks.stop()
 
     async def _follow_log(self, target: int) -> None:
-        """Fold the log for ever.  A read the store does not answer (a timeout under load, a
-        lost connection) is not the end: follow again from the next record, after a pause that
-        grows while it keeps failing, so the view never stops moving with the log."""
+        """Fold the log up to ``target`` (its end at start), then for ever.  A read the store
+        does not answer (a timeout under load, a lost connection) is not the end: follow again
+        from the next record, after a pause that grows while it keeps failing, so the view
+        never stops moving with the log."""
         delay = FOLLOW_RETRY_S
         while True:
             try:
+                if not self.caught_up.is_set():
+                    # A bounded read, not "until a record at target": the log's last records
+                    # may be gone by now (a lease's TTL lapsed during a long fold), and nothing
+                    # new need come (a lone manager restarting), so no such record may arrive.
+                    async for rec in self.store.replay(
+                        from_seq=self.last_seq + 1, until_seq=target
+                    ):
+                        self._take(rec)
+                        delay = FOLLOW_RETRY_S
+                    self.last_seq = max(self.last_seq, target)  # what is missing expired
+                    self.caught_up.set()
                 async for rec in self.store.replay(from_seq=self.last_seq + 1, follow=True):
-                    try:
-                        self.fold(rec)
-                    except Exception:
-                        log.exception("event %s on %s not folded", rec.seq, rec.subject)
-                    self.last_seq = rec.seq
+                    self._take(rec)
                     delay = FOLLOW_RETRY_S
-                    if rec.seq >= target and not self.caught_up.is_set():
-                        self.caught_up.set()
                 return  # a follow=True replay only ends when cancelled
             except (StoreError, TimeoutError) as e:
                 log.warning(
@@ -240,6 +246,14 @@ class Fleet:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, FOLLOW_RETRY_MAX_S)
+
+    def _take(self, rec: Recorded) -> None:
+        """Fold one record of the log; one that fails to fold is logged and passed over."""
+        try:
+            self.fold(rec)
+        except Exception:
+            log.exception("event %s on %s not folded", rec.seq, rec.subject)
+        self.last_seq = rec.seq
 
     def fold(self, rec: Recorded) -> None:
         try:
