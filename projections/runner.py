@@ -54,6 +54,10 @@ BUILD_SUFFIX = "__build"
 FOLD_SLICE = 250
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
 BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
+# Following, at most one commit this often unless a query waits for a sequence: a commit costs
+# DuckDB a few ms a table whatever it holds, so a commit per trickle of events (a create's six
+# appended one by one) kept a core busy at 50 sessions/s; what arrives meanwhile joins it.
+COMMIT_EVERY_S = 0.25
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -85,6 +89,7 @@ class Runner:
         max_batch: int = MAX_BATCH,
         bulk: BulkReader | None = None,
         bulk_min: int = BULK_MIN,
+        commit_every_s: float = COMMIT_EVERY_S,
         fault: Fault | None = None,
     ) -> None:
         if max_batch < 1:
@@ -95,6 +100,7 @@ class Runner:
         self.max_batch = max_batch
         self.bulk = bulk
         self.bulk_min = bulk_min
+        self.commit_every_s = commit_every_s
         self.fault = fault or (lambda point: None)
         self.projections: list[Projection] = []
         self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
@@ -104,6 +110,8 @@ class Runner:
         self._dispatch: dict[str, list[tuple[Projection, Handler]]] = {}
         self._gate: Gatekeeper | None = None
         self._changed: asyncio.Event | None = None
+        self._hurry = asyncio.Event()  # set when a query starts waiting: commit without pacing
+        self._committed_at = 0.0  # the loop's time of the last commit
         self.open()
 
     # -- setup ------------------------------------------------------------------------------------
@@ -201,7 +209,20 @@ class Runner:
     def _event(self) -> asyncio.Event:
         if self._changed is None:
             self._changed = asyncio.Event()
+        self._hurry.set()
         return self._changed
+
+    async def _pace(self) -> None:
+        """Wait until the last commit is ``commit_every_s`` old, unless a query waits."""
+        if self._changed is not None:
+            return
+        left = self._committed_at + self.commit_every_s - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        self._hurry.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):  # wait_for can lose a cancel on 3.11
+                await self._hurry.wait()
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -237,17 +258,11 @@ class Runner:
         try:
             while not done or pending:
                 if not pending:
-                    item = await queue.get()
-                    while True:  # what has arrived, up to max_batch
-                        if item is None:
-                            done = True
-                            break
-                        if isinstance(item, BaseException):
-                            raise item
-                        pending.extend(item)
-                        if len(pending) >= self.max_batch or queue.empty():
-                            break
-                        item = queue.get_nowait()
+                    done = _take(await queue.get(), pending)
+                if follow and not done:
+                    await self._pace()
+                while not done and len(pending) < self.max_batch and not queue.empty():
+                    done = _take(queue.get_nowait(), pending)  # what has arrived
                 batch, pending = pending[: self.max_batch], pending[self.max_batch :]
                 if until_time is not None and batch and batch[-1].time > until_time:
                     batch = [r for r in batch if r.time <= until_time]
@@ -416,6 +431,7 @@ class Runner:
         )
         swaps = [p for p in self.projections if p.name in self.building and p.seq >= visible]
         await asyncio.to_thread(self._commit, changes, swaps)
+        self._committed_at = asyncio.get_running_loop().time()
         for p in swaps:
             del self.building[p.name]
             self.names[p.name] = {t.name: t.name for t in p.tables}
@@ -435,12 +451,18 @@ class Runner:
                     if tables[t.name]:
                         write(cur, t, names[t.name], tables[t.name])
                         self.fault("wrote")
-                if p.name in self.building:
+            # Every checkpoint in one statement: a statement costs DuckDB about a millisecond.
+            for column, ps in (
+                ("build_seq", [p for p, _ in changes if p.name in self.building]),
+                ("seq", [p for p, _ in changes if p.name not in self.building]),
+            ):
+                if ps:
+                    values = ", ".join("(?, ?)" for _ in ps)
                     cur.execute(
-                        f"UPDATE {META} SET build_seq = ? WHERE projection = ?", [p.seq, p.name]
+                        f"UPDATE {META} SET {column} = v.seq FROM (VALUES {values}) v(name, seq)"
+                        f" WHERE {META}.projection = v.name",
+                        [x for p in ps for x in (p.name, p.seq)],
                     )
-                else:
-                    cur.execute(f"UPDATE {META} SET seq = ? WHERE projection = ?", [p.seq, p.name])
             for p in swaps:
                 self._swap(cur, p)
             self.fault("checkpointed")
@@ -464,3 +486,14 @@ class Runner:
 def _create_views(cur: duckdb.DuckDBPyConnection, p: Projection) -> None:
     for name, sql in p.views.items():
         cur.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+
+
+def _take(item: list[Recorded] | BaseException | None, pending: list[Recorded]) -> bool:
+    """Add a page the reader queued to ``pending``; True at the end (None); raise what ended
+    the reader."""
+    if item is None:
+        return True
+    if isinstance(item, BaseException):
+        raise item
+    pending.extend(item)
+    return False

@@ -209,3 +209,49 @@ async def test_the_managers_lease_leaves_nothing_a_rebuild_after_it_expired_woul
         raise AssertionError("the fence never expired")
     assert compare(live, await rebuilt(store)) == []
     assert rows(con, "SELECT count(*) AS n FROM quarantine") == [{"n": 0}]
+
+
+async def test_a_trickle_is_committed_at_the_pace_and_a_waiting_query_is_not_kept(
+    store: EventStore, repo: Repository
+) -> None:
+    """Following a trickle of single appends, the runner commits at most once a pace
+    (``commit_every_s``), what arrives meanwhile joining the commit; a query that waits for a
+    sequence ends the pause at once."""
+    con = duckdb.connect()
+    runner = Runner(con, store, ALL, commit_every_s=1.0)
+    commits: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def counted(point: str) -> None:
+        if point == "committed":
+            commits.append(loop.time())
+
+    runner.fault = counted
+    task = asyncio.create_task(runner.run(follow=True))
+    try:
+        sessions = []
+        started = loop.time()
+        for i in range(20):  # one append every 50 ms for a second
+            session = Session.enqueue(
+                owner=f"u{i}", image="img", resources={"cpu": 1, "mem": 1}, resource_group="rg"
+            )
+            [seq] = await repo.save(session)
+            sessions.append(seq)
+            await asyncio.sleep(0.05)
+        assert await runner.wait_for(sessions[-1], 5.0)
+        took = loop.time() - started
+        paced = [t for t in commits if t >= started]
+        # unpaced, each append would be its own commit (20); paced, one a second
+        assert len(paced) <= took / 1.0 + 2, (len(paced), took)
+        assert rows(con, "SELECT count(*) AS n FROM sessions") == [{"n": 20}]
+        # a waiting query is answered without waiting out the pace
+        session = Session.enqueue(
+            owner="late", image="img", resources={"cpu": 1, "mem": 1}, resource_group="rg"
+        )
+        [seq] = await repo.save(session)
+        await asyncio.sleep(0.1)  # the runner has it, and waits out the pace
+        asked = loop.time()
+        assert await runner.wait_for(seq, 5.0)
+        assert loop.time() - asked < 0.5  # the pace would hold it ~0.9 s
+    finally:
+        task.cancel()
