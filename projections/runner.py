@@ -54,10 +54,13 @@ BUILD_SUFFIX = "__build"
 FOLD_SLICE = 250
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
 BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
-# Following, at most one commit this often unless a query waits for a sequence: a commit costs
-# DuckDB a few ms a table whatever it holds, so a commit per trickle of events (a create's six
-# appended one by one) kept a core busy at 50 sessions/s; what arrives meanwhile joins it.
-COMMIT_EVERY_S = 0.25
+# Following, commits take at most this share of the time unless a query waits for a sequence:
+# a commit costs DuckDB a few ms a table whatever it holds, so committing each trickle of
+# events (a create's six appended one by one) kept a core busy at 50 sessions/s on 1,000
+# agents.  After a commit that took d seconds the next waits d * (1 / share - 1), at most
+# MAX_PAUSE_S (what arrives meanwhile joins it): idle, a few ms; under load, a quarter second.
+COMMIT_SHARE = 0.2
+MAX_PAUSE_S = 1.0
 
 Fault = Callable[[str], None]  # test hook: called at named points, may raise to "crash" there
 
@@ -89,18 +92,20 @@ class Runner:
         max_batch: int = MAX_BATCH,
         bulk: BulkReader | None = None,
         bulk_min: int = BULK_MIN,
-        commit_every_s: float = COMMIT_EVERY_S,
+        commit_share: float = COMMIT_SHARE,
         fault: Fault | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not 0 < commit_share <= 1:
+            raise ValueError(f"commit_share must be in (0, 1], got {commit_share}")
         self.con = con
         self.store = store
         self.types = tuple(projections)
         self.max_batch = max_batch
         self.bulk = bulk
         self.bulk_min = bulk_min
-        self.commit_every_s = commit_every_s
+        self.commit_share = commit_share
         self.fault = fault or (lambda point: None)
         self.projections: list[Projection] = []
         self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
@@ -111,7 +116,8 @@ class Runner:
         self._gate: Gatekeeper | None = None
         self._changed: asyncio.Event | None = None
         self._hurry = asyncio.Event()  # set when a query starts waiting: commit without pacing
-        self._committed_at = 0.0  # the loop's time of the last commit
+        self._committed_at = 0.0  # the loop's time when the last commit ended
+        self._pause_s = 0.0  # how long after it the next one waits (_pace)
         self.open()
 
     # -- setup ------------------------------------------------------------------------------------
@@ -213,10 +219,10 @@ class Runner:
         return self._changed
 
     async def _pace(self) -> None:
-        """Wait until the last commit is ``commit_every_s`` old, unless a query waits."""
+        """Wait out the pause after the last commit (COMMIT_SHARE), unless a query waits."""
         if self._changed is not None:
             return
-        left = self._committed_at + self.commit_every_s - asyncio.get_running_loop().time()
+        left = self._committed_at + self._pause_s - asyncio.get_running_loop().time()
         if left <= 0:
             return
         self._hurry.clear()
@@ -430,8 +436,12 @@ class Runner:
             self.committed[p.name] if p.name in self.building else p.seq for p in self.projections
         )
         swaps = [p for p in self.projections if p.name in self.building and p.seq >= visible]
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         await asyncio.to_thread(self._commit, changes, swaps)
-        self._committed_at = asyncio.get_running_loop().time()
+        self._committed_at = loop.time()
+        took = self._committed_at - began
+        self._pause_s = min(MAX_PAUSE_S, took * (1 / self.commit_share - 1))
         for p in swaps:
             del self.building[p.name]
             self.names[p.name] = {t.name: t.name for t in p.tables}
