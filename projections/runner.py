@@ -41,7 +41,7 @@ from domain.admission import Inadmissible, admit
 from domain.events import type_name
 from projections.base import MODEL_REASON, Gatekeeper, Handler, Projection
 from projections.table import Changes, transaction, write
-from services.eventstore.bulk import BulkReader
+from services.eventstore.bulk import BULK_MIN, BulkReader
 from services.eventstore.quarantine import quarantined
 from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
 
@@ -53,7 +53,6 @@ BUILD_SUFFIX = "__build"
 # go held the manager's loop for about half a second (a create's p99 at 10,000 live sessions).
 FOLD_SLICE = 250
 MAX_BATCH = 20_000  # most events per transaction: a catch-up batch is what arrived meanwhile
-BULK_MIN = 50_000  # this far behind, the bulk reader (if given) reads up to the stream's head
 # Following, commits take at most this share of the time unless a query waits for a sequence:
 # a commit costs DuckDB a few ms a table whatever it holds, so committing each trickle of
 # events (a create's six appended one by one) kept a core busy at 50 sessions/s on 1,000
@@ -91,7 +90,7 @@ class Runner:
         *,
         max_batch: int = MAX_BATCH,
         bulk: BulkReader | None = None,
-        bulk_min: int = BULK_MIN,
+        bulk_min: int = BULK_MIN,  # this far behind, the bulk reader reads up to the head
         commit_share: float = COMMIT_SHARE,
         fault: Fault | None = None,
     ) -> None:

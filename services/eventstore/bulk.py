@@ -32,6 +32,8 @@ from services.eventstore.store import EventStore, Recorded, StoreError
 from services.transport.client import connect
 
 URL_ENV = "HOIST_BULK_NATS_URL"
+# The shortest stretch worth a child process: shorter ones are read in-process.
+BULK_MIN = 50_000
 _AHEAD = 16  # pages the child may read ahead of the parent
 _PIPE_BYTES = 1 << 20
 _LEN = struct.Struct(">I")

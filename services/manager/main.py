@@ -141,7 +141,8 @@ class Manager:
         self.store = event_store(nc)
         self.repository = Repository(self.store, actor="manager")
         self.bus = MessageBus()  # wired below, once every handler exists
-        self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish)
+        bulk = bulk_reader(config.bulk_read_url) if config.bulk_read_url else None
+        self.fleet = Fleet(self.store, self.repository, publish=self.bus.publish, bulk=bulk)
         self.uow = UnitOfWork(self.fleet, publish=self.bus.publish, fence=self._fence)
         self.rpc = AgentRpc(nc)
         self.liveness = LivenessWatcher(
@@ -242,7 +243,7 @@ class Manager:
             nc,
             self.store,
             config.read_models or IN_MEMORY,
-            bulk=bulk_reader(config.bulk_read_url) if config.bulk_read_url else None,
+            bulk=bulk,
             last_heartbeat=self.liveness.last_heartbeat_at,
             user_enabled=self._user_enabled,
             user_admin=self._user_admin,

@@ -49,6 +49,9 @@ class Reservations:
         self._in_flight: set[str] = set()  # agents whose subject we are appending to
         self._seen: dict[str, int] = {}  # highest seq folded meanwhile, per such agent
         self._stale: set[str] = set()  # refused appends whose reload failed: reload first
+        # While the start-up fold runs (defer() .. flush()): agents whose surplus is counted
+        # once at its end, not at each of their records (a count visits the agent's sessions).
+        self._deferred: set[str] | None = None
 
     # -- folding -------------------------------------------------------------------------
 
@@ -79,8 +82,21 @@ class Reservations:
 
     # -- the surplus ---------------------------------------------------------------------
 
+    def defer(self) -> None:
+        """Count surpluses only at flush(): nothing reads them before the fold ends."""
+        self._deferred = set()
+
+    def flush(self) -> None:
+        """Count every surplus deferred since defer(), each agent once; count at once again."""
+        deferred, self._deferred = self._deferred or set(), None
+        for agent_id in deferred:
+            self.recount(agent_id)
+
     def recount(self, agent_id: str, session_ids: Iterable[str] | None = None) -> None:
         """Bring the agent's surplus in line (only these sessions' parts, if given)."""
+        if self._deferred is not None:
+            self._deferred.add(agent_id)  # all its sessions' parts, at flush()
+            return
         reservations = self.by_agent.get(agent_id)
         held = {} if reservations is None else reservations.held
         by_session = {} if reservations is None else reservations.by_session

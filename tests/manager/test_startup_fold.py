@@ -1,0 +1,118 @@
+"""The manager's start-up fold: it ends at the log's end as it was at start, even when the
+records there expired before the fold reached them (a released lease's TTL lapsing during a
+long fold: at 20,000 live sessions a restarted lone manager waited for ever for a record that
+was gone); a long one goes through the bulk reader's child; and what it defers to its end (the
+agents' reservation surpluses) ends as a fold that counted them at every record."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from domain.agent import Agent
+from domain.subjects import SESSION_DESTROY, manager_lease
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore
+from services.manager import fleet as fleet_module
+from services.manager.fleet import Fleet
+from services.manager.leadership import Leadership
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client
+from tests.agent.agent_harness import wait_for
+from tests.manager.harness import GB, agents, create, manager, request
+from tests.projections.test_bulk_read import CountingBulk
+
+
+async def _nothing() -> None:
+    pass
+
+
+async def test_the_fold_ends_where_the_logs_last_records_expired(
+    nc: Client, store: EventStore
+) -> None:
+    repository = Repository(store, actor="manager")
+    agent = Agent.register(
+        agent_id="a1",
+        resource_group="rg",
+        capacity={"cpu": 4, "mem": 1 << 30, "disk": 1 << 34},
+        runtime="dummy",
+    )
+    await repository.save(agent)
+    lease = Leadership(store, "m1", ttl_s=1.0, on_lead=_nothing, on_follow=_nothing)
+    await lease.tick()  # the log's last record: a lease that lapses after 1 s
+    assert lease.leading
+    head = await store.head()
+    for _ in range(100):  # nats-server removes an expired message within about a second
+        if await store.last(manager_lease(), expiring=True) is None:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the lease did not expire within 10 s")
+
+    fleet = Fleet(store, repository)
+    try:
+        async with asyncio.timeout(5):
+            await fleet.start()
+        assert fleet.last_seq == head  # the gap at the end counts as read
+        assert "a1" in fleet.agents
+        # and it follows on from there
+        later = Agent.register(
+            agent_id="a2",
+            resource_group="rg",
+            capacity={"cpu": 4, "mem": 1 << 30, "disk": 1 << 34},
+            runtime="dummy",
+        )
+        await repository.save(later)
+        await wait_for(lambda: "a2" in fleet.agents, 5, "the follower to fold a2")
+    finally:
+        await fleet.stop()
+
+
+def _derived(fleet: Fleet) -> dict[str, Any]:
+    """What a fold derives beyond the aggregates: room, surpluses, queues, per-owner counts."""
+    return {
+        "room": {
+            a: (s.reserved_cpu, s.reserved_mem, dict(s.reserved_slots))
+            for a, s in sorted(fleet.agents.items())
+        },
+        "extra": {a: fleet.reservations.extra(a) for a in sorted(fleet.agents)},
+        "pending": sorted(fleet.pending),
+        "owners": {o: n for o, n in fleet.owner_sessions.items() if n},
+        "live_on": {a: sorted(s) for a, s in fleet.live_on_agent.items() if s},
+        "statuses": {
+            sid: [k.status for k in s.kernels.values()] for sid, s in fleet.sessions.items()
+        },
+    }
+
+
+async def test_a_bulk_read_deferred_fold_ends_as_a_fold_counting_at_every_record(
+    nats_server: NatsServer, nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with agents(nc, store, ["a1", "a2"], cpu=4), manager(nc) as m:
+        views = [await create(nc, resources={"cpu": 1, "mem": GB}, max_wait=5) for _ in range(7)]
+        assert [v["status"] for v in views].count("RUNNING") == 7  # 8 cpu: 7 fit
+        for v in views[:3]:
+            reply = await request(nc, SESSION_DESTROY, {"session_id": v["session_id"]})
+            assert "error" not in reply, reply
+        await create(nc, resources={"cpu": 3, "mem": GB}, max_wait=0)  # waits: PENDING
+        await asyncio.sleep(1.0)  # the pass that releases the destroyed kernels' room is in
+        head = await store.head()
+        await wait_for(lambda: m.fleet.last_seq >= head, 5, "the manager to fold all")
+        live = _derived(m.fleet)
+
+        monkeypatch.setattr(fleet_module, "BULK_MIN", 1)
+        bulk = CountingBulk(nats_server.url)
+        deferred = Fleet(store, Repository(store), bulk=bulk)
+        await deferred.start()
+        try:
+            assert deferred.last_seq == head and bulk.stretches == [(1, head)]  # all in the child
+            # counted at every record, as the start-up fold did before it deferred
+            counted = Fleet(store, Repository(store))
+            async for rec in store.replay(until_seq=head):
+                counted.fold(rec)
+            assert _derived(deferred) == _derived(counted) == live
+            assert live["pending"] and live["live_on"]  # the comparison saw something
+        finally:
+            await deferred.stop()
