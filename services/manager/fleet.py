@@ -183,6 +183,9 @@ class Fleet:
         # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
         self.pull_retasked: dict[str, str] = {}
         self._footprints: dict[str, _Footprint] = {}
+        # While the start-up fold runs: sessions whose indexes are brought in line once at its
+        # end (a session's six records were six reindexes); None: at every record.
+        self._unindexed: dict[str, None] | None = None
         # agent id -> its scheduler view, and the agents whose view must be built again
         self._views: dict[str, AgentView] = {}
         self._stale_views: dict[str, None] = {}  # ordered: a new agent's view goes last
@@ -208,8 +211,9 @@ class Fleet:
         target = info.state.last_seq
         if target == 0:
             self.caught_up.set()
-        else:
-            self.reservations.defer()  # counted once the fold is done (_follow_log)
+        else:  # indexes and surpluses counted once the fold is done (_follow_log)
+            self._unindexed = {}
+            self.reservations.defer()
         follow = self._tasks.spawn(self._follow_log(target), "follow the event log")
         waiter = asyncio.create_task(self.caught_up.wait())
         done, _ = await asyncio.wait({waiter, follow}, return_when=asyncio.FIRST_COMPLETED)
@@ -240,6 +244,7 @@ class Fleet:
                         self._take(rec)
                         delay = FOLLOW_RETRY_S
                     self.last_seq = max(self.last_seq, target)  # what is missing expired
+                    self._index_unindexed()
                     self.reservations.flush()
                     self.caught_up.set()
                 async for rec in self.store.replay(from_seq=self.last_seq + 1, follow=True):
@@ -369,7 +374,12 @@ class Fleet:
                 if session is not None:
                     passed(session, seq)  # the subject moved on: a save must expect that
                 raise
-            self.reindex(session)
+            if self._unindexed is None:
+                self.reindex(session)
+            else:
+                self.sessions[session_id] = session
+                self._unindexed[session_id] = None
+                self._queue(session_id, _all_pending(session))  # the queue keeps fold order
             return
         # Someone else wrote this session (another manager, or a write of ours that landed
         # after its timeout).  Nobody here holds it: the view has every earlier record of its
@@ -421,6 +431,20 @@ class Fleet:
 
     # -- indexes -------------------------------------------------------------------------
 
+    def _index_unindexed(self) -> None:
+        """Index every session the start-up fold deferred; index at every record again."""
+        unindexed, self._unindexed = self._unindexed or {}, None
+        for sid in unindexed:
+            self.reindex(self.sessions[sid])
+
+    def _queue(self, sid: str, pending: bool) -> None:
+        """Keep the pending queue: a session joins its end when it becomes pending."""
+        if pending and sid not in self.pending:
+            self._order += 1
+            self.pending[sid] = self._order
+        elif not pending:
+            self.pending.pop(sid, None)
+
     def reindex(self, session: Session) -> None:
         """Bring the indexes in line with ``session`` as it is now."""
         sid = session.id
@@ -430,13 +454,10 @@ class Fleet:
         live_on: set[str] = set()
         pulling_on: set[str] = set()
         owner_active = False
-        all_pending = True
         charged_cpu, charged_mem, charged_n = 0.0, 0, 0
         for k in session.kernels.values():
             self.kernel_session[k.kernel_id] = sid
             st = k.status
-            if st is not S.PENDING:
-                all_pending = False
             if st is not S.PENDING and st not in TERMINAL:
                 # A session counts for its owner's session limits from SCHEDULED until it
                 # ends, PULLING too: a pull holds no cpu, mem or slot (seed 000), but it is a
@@ -463,7 +484,7 @@ class Fleet:
         new = _Footprint(
             held,
             owner_active,
-            all_pending,
+            _all_pending(session),
             frozenset(live_on),
             frozenset(pulling_on),
             slots,
@@ -541,11 +562,7 @@ class Fleet:
                 or nmem < omem
                 or any(nslots.get(k, 0.0) < v for k, v in oslots.items())
             )
-        if new.pending and sid not in self.pending:
-            self._order += 1
-            self.pending[sid] = self._order
-        elif not new.pending:
-            self.pending.pop(sid, None)
+        self._queue(sid, new.pending)
         self.changed_agents.update(old.live_on, new.live_on)
         for agent_id in old.live_on - new.live_on:
             self.live_on_agent[agent_id].discard(sid)
@@ -859,3 +876,8 @@ def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
     aggregate = fold(aggregate, event, rec.subject)
     passed(aggregate, rec.seq)
     return aggregate
+
+
+def _all_pending(session: Session) -> bool:
+    """Whether every kernel of ``session`` is PENDING (it waits in the queue), as reindex has it."""
+    return all(k.status is S.PENDING for k in session.kernels.values())

@@ -2,7 +2,8 @@
 records there expired before the fold reached them (a released lease's TTL lapsing during a
 long fold: at 20,000 live sessions a restarted lone manager waited for ever for a record that
 was gone); a long one goes through the bulk reader's child; and what it defers to its end (the
-agents' reservation surpluses) ends as a fold that counted them at every record."""
+sessions' indexes, the agents' reservation surpluses) ends as a fold that counted them at every
+record."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _derived(fleet: Fleet) -> dict[str, Any]:
             for a, s in sorted(fleet.agents.items())
         },
         "extra": {a: fleet.reservations.extra(a) for a in sorted(fleet.agents)},
-        "pending": sorted(fleet.pending),
+        "pending": sorted(fleet.pending, key=fleet.pending.__getitem__),  # the queue's order
         "owners": {o: n for o, n in fleet.owner_sessions.items() if n},
         "live_on": {a: sorted(s) for a, s in fleet.live_on_agent.items() if s},
         "statuses": {
@@ -96,7 +97,8 @@ async def test_a_bulk_read_deferred_fold_ends_as_a_fold_counting_at_every_record
         for v in views[:3]:
             reply = await request(nc, SESSION_DESTROY, {"session_id": v["session_id"]})
             assert "error" not in reply, reply
-        await create(nc, resources={"cpu": 3, "mem": GB}, max_wait=0)  # waits: PENDING
+        for cpu in (3, 3.5, 2.5):  # 2 cpu free on each agent: these wait, PENDING, in order
+            await create(nc, resources={"cpu": cpu, "mem": GB}, max_wait=0)
         await asyncio.sleep(1.0)  # the pass that releases the destroyed kernels' room is in
         head = await store.head()
         await wait_for(lambda: m.fleet.last_seq >= head, 5, "the manager to fold all")
@@ -113,6 +115,6 @@ async def test_a_bulk_read_deferred_fold_ends_as_a_fold_counting_at_every_record
             async for rec in store.replay(until_seq=head):
                 counted.fold(rec)
             assert _derived(deferred) == _derived(counted) == live
-            assert live["pending"] and live["live_on"]  # the comparison saw something
+            assert len(live["pending"]) == 3 and live["live_on"]  # the comparison saw something
         finally:
             await deferred.stop()
