@@ -30,17 +30,18 @@ async def _nothing() -> None:
     pass
 
 
+def _agent(agent_id: str) -> Agent:
+    capacity = {"cpu": 4, "mem": 1 << 30, "disk": 1 << 34}
+    return Agent.register(
+        agent_id=agent_id, resource_group="rg", capacity=capacity, runtime="dummy"
+    )
+
+
 async def test_the_fold_ends_where_the_logs_last_records_expired(
     nc: Client, store: EventStore
 ) -> None:
     repository = Repository(store, actor="manager")
-    agent = Agent.register(
-        agent_id="a1",
-        resource_group="rg",
-        capacity={"cpu": 4, "mem": 1 << 30, "disk": 1 << 34},
-        runtime="dummy",
-    )
-    await repository.save(agent)
+    await repository.save(_agent("a1"))
     lease = Leadership(store, "m1", ttl_s=1.0, on_lead=_nothing, on_follow=_nothing)
     await lease.tick()  # the log's last record: a lease that lapses after 1 s
     assert lease.leading
@@ -59,13 +60,7 @@ async def test_the_fold_ends_where_the_logs_last_records_expired(
         assert fleet.last_seq == head  # the gap at the end counts as read
         assert "a1" in fleet.agents
         # and it follows on from there
-        later = Agent.register(
-            agent_id="a2",
-            resource_group="rg",
-            capacity={"cpu": 4, "mem": 1 << 30, "disk": 1 << 34},
-            runtime="dummy",
-        )
-        await repository.save(later)
+        await repository.save(_agent("a2"))
         await wait_for(lambda: "a2" in fleet.agents, 5, "the follower to fold a2")
     finally:
         await fleet.stop()
