@@ -66,7 +66,7 @@ RESERVATION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.CapacityReserved, ev.CapacityReleased}
 )
 LEASE_EVENTS: frozenset[type[ev.Event]] = frozenset(
-    {ev.ManagerLeaseTaken, ev.ManagerLeaseReleased, ev.ManagerFence}
+    {ev.ManagerLeaseTaken, ev.ManagerLeaseReleased, ev.ManagerTermBegan, ev.ManagerFence}
 )
 
 # Subject kind (hoist.events.<kind>.<id>) -> the event types it may hold.
@@ -95,7 +95,7 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
 # Kinds whose start event may come again (a policy or group is set again, also after a
 # removal; a disabled user is added again).
 _SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER})
-# Kinds whose messages are no aggregate's history: each stands alone (and expires), so no
+# Kinds whose messages are no aggregate's history: each stands alone (most expire), so no
 # order is checked and folding one changes nothing.
 STANDALONE = frozenset({LEASE})
 _PREFIX = f"{EVENTS}."

@@ -518,12 +518,30 @@ class ManagerLeaseReleased(Event, frozen=True, kw_only=True, tag="ManagerLeaseRe
     holder: Id
 
 
-class ManagerFence(Event, frozen=True, kw_only=True, tag="ManagerFence"):
-    """Rides in a leader's atomic batch, expecting the lease subject at ``lease_seq``: the
-    batch is refused whole once another manager holds the lease.  Expires like the lease."""
+class ManagerTermBegan(Event, frozen=True, kw_only=True, tag="ManagerTermBegan"):
+    """A manager took the lease (not a renewal): appended with the take in one atomic batch,
+    on the term subject, which nothing else writes.  The leader's fences expect this record,
+    so a renewal does not refuse the leader's batches in flight, and any other manager's take
+    refuses them.  It does not expire: one record per change of leader."""
 
     holder: Id
-    lease_seq: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+
+
+class ManagerFence(Event, frozen=True, kw_only=True, tag="ManagerFence"):
+    """Rides in a leader's atomic batch, expecting the term subject at ``term_seq`` (the
+    record of its take): the batch is refused whole once another manager took the lease.
+    Expires like the lease."""
+
+    # v2: the term subject's sequence; v1 expected the lease subject, which every renewal moved.
+    schema_version: ClassVar[int] = 2
+
+    holder: Id
+    term_seq: Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> dict[str, Any]:
+        rest = {k: v for k, v in state.items() if k != "lease_seq"}
+        return {**rest, "term_seq": state.get("lease_seq", 1)}
 
 
 # --- prepull policies (subject hoist.events.prepull-policy.<name>) -------------------------
@@ -692,6 +710,7 @@ AnyEvent = (
     | CapacityReleased
     | ManagerLeaseTaken
     | ManagerLeaseReleased
+    | ManagerTermBegan
     | ManagerFence
 )
 

@@ -94,6 +94,7 @@ RESERVATION = "reservation"
 LEASE = "lease"
 MANAGER_LEASE_ID = "manager"
 MANAGER_FENCE_ID = "manager-fence"
+MANAGER_TERM_ID = "manager-term"
 
 
 def liveness_events(agent_id: str) -> str:
@@ -110,6 +111,10 @@ def manager_lease() -> str:
 
 def manager_fence() -> str:
     return aggregate_subject(LEASE, MANAGER_FENCE_ID)
+
+
+def manager_term() -> str:
+    return aggregate_subject(LEASE, MANAGER_TERM_ID)
 
 
 # The kinds of aggregate subject only the manager writes; an agent writes only its own

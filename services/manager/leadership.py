@@ -10,10 +10,14 @@ ours keeps the lead, one no manager wrote is renewed over, anyone else's means i
 
 The leader fences its scheduling batches, and the writes its loops decide on time or on its
 own memory (an agent lost, a session's lifetime or idle time over, a pull stalled, an agent's
-drift corrected), with the lease's sequence (``fence()``): a ManagerFence in the same atomic
-batch, expecting the lease subject at that sequence
-(``Nats-Expected-Last-Subject-Sequence-Subject``), so a paused ex-leader's write is refused
-whole once the lease lapsed or moved to another manager.  The reactors' writes are not
+drift corrected): a ManagerFence in the same atomic batch, expecting the term subject
+(``hoist.events.lease.manager-term``) at the record of its take
+(``Nats-Expected-Last-Subject-Sequence-Subject``; ``fence()``).  A take, unlike a renewal,
+appends a ManagerTermBegan there in the same atomic batch as the lease, so a paused
+ex-leader's write is refused whole once another manager took the lease, and the leader's own
+renewals, every quarter TTL, refuse none of its batches in flight (when fences expected the
+lease's sequence, each renewal refused them: at 20,000 live, 48 batches a burst, each
+reloaded and planned again).  The reactors' writes are not
 fenced: each is the next step of its session from what the log holds (the session subject's
 own check), which the new leader would take the same way.  The leader also stops leading on its
 own when it could not renew for a lease TTL (its lease may have lapsed meanwhile).  A stream
@@ -30,7 +34,14 @@ from collections.abc import Awaitable, Callable
 from domain import events as ev
 from domain.admission import UNKNOWN_HOLDER, lease_holder
 from domain.codec import encode
-from domain.subjects import MANAGER_FENCE_ID, MANAGER_LEASE_ID, manager_fence, manager_lease
+from domain.subjects import (
+    MANAGER_FENCE_ID,
+    MANAGER_LEASE_ID,
+    MANAGER_TERM_ID,
+    manager_fence,
+    manager_lease,
+    manager_term,
+)
 from services.eventstore.store import (
     MSG_TTL,
     ConcurrencyError,
@@ -76,6 +87,7 @@ class Leadership:
         self.clock = clock
         self.leading = False
         self.lease_seq = 0  # the sequence of the lease we hold
+        self.term_seq = 0  # the sequence of our take's ManagerTermBegan: what fences expect
         self.unleased = False  # the stream takes no TTL: lead without a lease
         self.changes = 0  # how many times this manager took or lost the lead
         self._renewed_at = 0.0
@@ -138,18 +150,21 @@ class Leadership:
             return ()
         if not self.leading:
             raise NotLeading(f"manager {self.holder} does not lead: the leader writes this")
-        fence = self._message(ev.ManagerFence, MANAGER_FENCE_ID, lease_seq=self.lease_seq)
+        fence = self._message(ev.ManagerFence, MANAGER_FENCE_ID, term_seq=self.term_seq)
         return (
             Write(
                 manager_fence(),
                 [fence],
-                expected_last_seq=self.lease_seq,
-                expected_subject=manager_lease(),
+                expected_last_seq=self.term_seq,
+                expected_subject=manager_term(),
             ),
         )
 
-    def _message(self, cls: type[ev.Event], aggregate_id: str, **fields: object) -> Message:
-        """One lease-subject message of this holder, expiring after the TTL."""
+    def _message(
+        self, cls: type[ev.Event], aggregate_id: str, *, expires: bool = True, **fields: object
+    ) -> Message:
+        """One lease-subject message of this holder, expiring after the TTL unless not
+        ``expires`` (a term's record)."""
         event = cls(
             originator_id=aggregate_id,
             originator_version=1,
@@ -158,7 +173,8 @@ class Leadership:
             **fields,
         )
         data, headers = encode(event)
-        headers[MSG_TTL] = _ttl(self.ttl_s)
+        if expires:
+            headers[MSG_TTL] = _ttl(self.ttl_s)
         return Message(data, headers)
 
     async def _run(self) -> None:
@@ -202,7 +218,7 @@ class Leadership:
                     return  # someone else leads
                 # released, ours from before a restart, or no lease any manager wrote: take it
                 expected = last.seq
-            if await self._append(expected):
+            if await self._append(expected, take=True):
                 self._led_since = self.clock()
                 await self._become(True)
 
@@ -227,14 +243,16 @@ class Leadership:
             log.warning("manager lease: a record no manager wrote at %d: renewed over", last.seq)
             await self._append(last.seq)
 
-    async def _append(self, expected: int) -> bool:
-        """Take or renew the lease expecting the subject at ``expected``; True if ours."""
+    async def _append(self, expected: int, *, take: bool = False) -> bool:
+        """Renew the lease expecting the subject at ``expected``, or ``take`` it (a new term:
+        its record in the same batch); True if ours."""
         lease = self._message(ev.ManagerLeaseTaken, MANAGER_LEASE_ID, ttl_s=self.ttl_s)
+        writes = [Write(manager_lease(), [lease], expected_last_seq=expected)]
+        if take:
+            term = self._message(ev.ManagerTermBegan, MANAGER_TERM_ID, expires=False)
+            writes.append(Write(manager_term(), [term]))
         try:
-            [seq] = await self.store.append(
-                [Write(manager_lease(), [lease], expected_last_seq=expected)],
-                urgent=True,
-            )
+            [seq, *term_seq] = await self.store.append(writes, urgent=True)
         except ConcurrencyError:
             self._holds_still = False
             return False
@@ -243,6 +261,8 @@ class Leadership:
             self._holds_still = True  # unknown: keep leading until the lease would lapse
             return False
         self.lease_seq = seq
+        if term_seq:
+            self.term_seq = term_seq[0]
         self._renewed_at = self.clock()
         self._holds_still = True
         return True

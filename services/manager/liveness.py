@@ -33,7 +33,7 @@ from domain.beats import BeatReceiver
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
-from domain.subjects import HEARTBEAT, manager_lease
+from domain.subjects import HEARTBEAT, manager_term
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError, Write
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
@@ -207,7 +207,7 @@ class LivenessWatcher:
             try:
                 await self.repository.save(liveness, also=self.fence())
             except ConcurrencyError as e:
-                if e.subject == manager_lease():  # the fence: another manager leads now
+                if e.subject == manager_term():  # the fence: another manager leads now
                     raise NotLeading(f"agent {agent_id} not marked lost: {e}") from None
                 continue  # another writer of the liveness subject: decide again
             log.warning("agent %s lost: %s", agent_id, why)

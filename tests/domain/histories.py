@@ -190,11 +190,14 @@ def lease_messages() -> list[ev.Event]:
         ev.ManagerLeaseReleased(
             originator_id="manager", originator_version=1, timestamp=at, holder="m1"
         ),
+        ev.ManagerTermBegan(
+            originator_id="manager-term", originator_version=1, timestamp=at, holder="m1"
+        ),
         ev.ManagerFence(
             originator_id="manager-fence",
             originator_version=1,
             timestamp=at,
             holder="m1",
-            lease_seq=7,
+            term_seq=7,
         ),
     ]

@@ -12,7 +12,7 @@ import pytest
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import encode
-from domain.subjects import liveness_events, manager_lease, reservation_events
+from domain.subjects import liveness_events, manager_lease, manager_term, reservation_events
 from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError, EventStore, Message, Write
 from services.manager.leadership import Leadership, NotLeading
@@ -74,18 +74,20 @@ async def _leader(store: EventStore, holder: str = "old", **options: Any) -> Lea
 
 
 async def _taken_over(store: EventStore, old: Leadership) -> None:
-    """Another manager takes the lease from ``old`` (as when old's lapsed)."""
-    data, headers = encode(
-        ev.ManagerLeaseTaken(
-            originator_id="manager",
-            originator_version=1,
-            timestamp=ev.ManagerLeaseTaken.create_timestamp(),
-            holder="new",
-            ttl_s=1.0,
-        )
+    """Another manager takes the lease from ``old`` (as when old's lapsed): the lease and its
+    term's record, in one batch, as Leadership takes it."""
+    at = ev.ManagerLeaseTaken.create_timestamp()
+    lease = ev.ManagerLeaseTaken(
+        originator_id="manager", originator_version=1, timestamp=at, holder="new", ttl_s=1.0
+    )
+    term = ev.ManagerTermBegan(
+        originator_id="manager-term", originator_version=1, timestamp=at, holder="new"
     )
     await store.append(
-        [Write(manager_lease(), [Message(data, headers)], expected_last_seq=old.lease_seq)]
+        [
+            Write(manager_lease(), [Message(*encode(lease))], expected_last_seq=old.lease_seq),
+            Write(manager_term(), [Message(*encode(term))]),
+        ]
     )
 
 
@@ -98,10 +100,26 @@ async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: Ev
     reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
     with pytest.raises(ConcurrencyError) as refused:
         await store.append([reservation, *fence])
-    assert refused.value.subject == manager_lease()
+    assert refused.value.subject == manager_term()
     assert await store.last_seq(reservation_events("a1")) == 0  # nothing of the batch stored
     # Without the fence the same write would have gone in: the fence refused it.
     assert len(await store.append([reservation])) == 1
+
+
+async def test_the_leaders_renewals_refuse_none_of_its_fenced_batches(
+    nc: Client, store: EventStore
+) -> None:
+    """A batch fenced before a renewal goes in after it: fences expect the term's record, which
+    only a take writes (when they expected the lease's sequence, every renewal refused the
+    leader's batches in flight)."""
+    await store.ensure_stream()
+    leader = await _leader(store)
+    fence = leader.fence()
+    taken_at = leader.lease_seq
+    await leader.tick()  # a renewal
+    assert leader.leading and leader.lease_seq > taken_at
+    reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
+    assert len(await store.append([reservation, *fence])) == 2
 
 
 async def test_a_record_no_manager_wrote_does_not_block_the_lease(

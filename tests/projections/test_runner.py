@@ -186,7 +186,7 @@ async def test_the_managers_lease_leaves_nothing_a_rebuild_after_it_expired_woul
         (ev.ManagerLeaseTaken, MANAGER_LEASE_ID, manager_lease()),
         (ev.ManagerFence, MANAGER_FENCE_ID, manager_fence()),
     ):
-        fields = {"ttl_s": 1.0} if cls is ev.ManagerLeaseTaken else {"lease_seq": 1}
+        fields = {"ttl_s": 1.0} if cls is ev.ManagerLeaseTaken else {"term_seq": 1}
         event = cls(
             originator_id=aggregate_id,
             originator_version=1,
