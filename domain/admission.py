@@ -217,9 +217,10 @@ UNKNOWN_HOLDER = "?"  # no manager's name (not a subject token)
 
 def lease_holder(subject: str, headers: Mapping[str, str], data: bytes) -> str | None:
     """Who holds the managers' lease, as its last record says (None: released;
-    ``UNKNOWN_HOLDER``: a record no manager wrote, which a manager may take over)."""
+    ``UNKNOWN_HOLDER``: a record no manager wrote, which a manager may take over); on the term
+    subject, whose take its last record is."""
     try:
         event = admit(subject, headers, data)
     except Inadmissible:
         return UNKNOWN_HOLDER
-    return event.holder if isinstance(event, ev.ManagerLeaseTaken) else None
+    return event.holder if isinstance(event, ev.ManagerLeaseTaken | ev.ManagerTermBegan) else None

@@ -213,3 +213,19 @@ async def test_a_refused_renewal_whose_lease_is_still_ours_keeps_the_lead(
     leader.lease_seq = held - 1  # as if a renewal cancelled after it was sent had landed
     await leader.tick()
     assert leader.leading and leader.lease_seq == held
+
+
+async def test_a_record_reflected_onto_the_term_is_begun_over(
+    nc: Client, store: EventStore
+) -> None:
+    """A record no manager wrote on the term subject would refuse every fenced write; the
+    leader's next renewal begins the term again over it."""
+    await store.ensure_stream()
+    leader = await _leader(store)
+    [junk] = await store.append([Write(manager_term(), [Message(b'{"type":"io.nats..."}')])])
+    reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
+    with pytest.raises(ConcurrencyError):
+        await store.append([reservation, *leader.fence()])  # refused while the junk is last
+    await leader.tick()  # a renewal, which looks at the term
+    assert leader.leading and leader.term_seq > junk
+    assert len(await store.append([reservation, *leader.fence()])) == 2
