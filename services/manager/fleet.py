@@ -272,7 +272,7 @@ class Fleet:
                 async for page in pages:
                     for rec in page:
                         self._take(rec)
-        except StoreError as e:
+        except (StoreError, OSError) as e:  # OSError: the child did not start
             log.warning("%s; folding on in-process from %d", e, self.last_seq + 1)
 
     def _take(self, rec: Recorded) -> None:
@@ -435,7 +435,10 @@ class Fleet:
         """Index every session the start-up fold deferred; index at every record again."""
         unindexed, self._unindexed = self._unindexed or {}, None
         for sid in unindexed:
-            self.reindex(self.sessions[sid])
+            try:
+                self.reindex(self.sessions[sid])
+            except Exception:  # as _take does: one session's failure is not the fold's
+                log.exception("session %s not indexed", sid)
 
     def _queue(self, sid: str, pending: bool) -> None:
         """Keep the pending queue: a session joins its end when it becomes pending."""

@@ -241,14 +241,16 @@ class Leadership:
         if holder == self.holder:
             self.lease_seq, self._holds_still = last.seq, True
         elif holder == UNKNOWN_HOLDER:
-            log.warning("manager lease: a record no manager wrote at %d: renewed over", last.seq)
-            await self._append(last.seq)
+            # A take, not a renewal: another manager may have led since our term began.
+            log.warning("manager lease: a record no manager wrote at %d: taken over", last.seq)
+            await self._append(last.seq, take=True)
 
     async def _check_term(self) -> None:
         """After a renewal: the term subject's last record must be our take's, or every fenced
-        write is refused.  A record no manager's take wrote there (a reader can make
-        nats-server store a JetStream answer on any event subject) is begun over; another
-        manager's take is left alone (our next renewal is refused, and we follow)."""
+        write is refused.  Anything else there while the lease is ours (a record a reader made
+        nats-server store, or the term of a manager that led while we were paused and whose
+        lease we then took over) is replaced by a new term, in one batch with the lease
+        expecting the sequence we hold: refused if the lease moved meanwhile."""
         try:
             last = await self.store.last(manager_term(), urgent=True)
         except StoreError as e:
@@ -256,20 +258,9 @@ class Leadership:
             return
         if last is not None and last.seq == self.term_seq:
             return
-        if last is not None and lease_holder(last.subject, last.headers, last.data) not in (
-            UNKNOWN_HOLDER,
-            self.holder,
-        ):
-            return
         at = 0 if last is None else last.seq
-        log.warning("manager term: a record no take wrote at %d: the term begins again", at)
-        term = self._message(ev.ManagerTermBegan, MANAGER_TERM_ID, expires=False)
-        try:
-            [self.term_seq] = await self.store.append(
-                [Write(manager_term(), [term], expected_last_seq=at)], urgent=True
-            )
-        except StoreError as e:  # a ConcurrencyError too: the next renewal looks again
-            log.warning("manager term not begun again (%s)", e)
+        log.warning("manager term: its last record (%d) is not our take's: taken again", at)
+        await self._append(self.lease_seq, take=True)
 
     async def _append(self, expected: int, *, take: bool = False) -> bool:
         """Renew the lease expecting the subject at ``expected``, or ``take`` it (a new term:

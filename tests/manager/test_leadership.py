@@ -229,3 +229,26 @@ async def test_a_record_reflected_onto_the_term_is_begun_over(
     await leader.tick()  # a renewal, which looks at the term
     assert leader.leading and leader.term_seq > junk
     assert len(await store.append([reservation, *leader.fence()])) == 2
+
+
+async def test_a_lease_taken_back_over_a_reflected_record_begins_a_new_term(
+    nc: Client, store: EventStore
+) -> None:
+    """Found by a review: A paused, B took over a reflected record, another reflection let A
+    take the lease back by renewing over it; A then led with B's term last, so every fenced
+    write of A was refused for ever while B followed.  Taking over such a record, or finding
+    another's term while the lease is ours, begins a new term."""
+    await store.ensure_stream()
+    a = await _leader(store, "a")
+    junk = Message(b'{"type":"io.nats..."}')
+    await store.append([Write(manager_lease(), [junk])])  # a reflection
+    b = await _leader(store, "b")  # B takes over the record no manager wrote
+    assert b.leading
+    await store.append([Write(manager_lease(), [junk])])  # another, before A renews
+    for leadership in (a, b, a, b, a):
+        await leadership.tick()
+    assert a.leading and not b.leading
+    last = await store.last(manager_term())
+    assert last is not None and a.term_seq == last.seq
+    reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
+    assert len(await store.append([reservation, *a.fence()])) == 2
