@@ -43,7 +43,7 @@ from projections.base import MODEL_REASON, Gatekeeper, Handler, Projection
 from projections.table import Changes, transaction, write
 from services.eventstore.bulk import BULK_MIN, BulkReader
 from services.eventstore.quarantine import quarantined
-from services.eventstore.store import PAGE, EventStore, Recorded, StoreError
+from services.eventstore.store import PAGE, EventStore, Recorded
 
 log = logging.getLogger(__name__)
 
@@ -316,14 +316,11 @@ class Runner:
                 if until_seq is not None:
                     head = min(head, until_seq)
                 if head - from_seq + 1 >= self.bulk_min:
-                    try:
-                        pages = self.bulk.pages(from_seq, head)
-                        async with contextlib.aclosing(pages):
-                            async for page in pages:
-                                await queue.put(page)
-                                from_seq = page[-1].seq + 1
-                    except StoreError as e:  # slower in-process, but never stuck on the child
-                        log.warning("%s; reading on in-process from %s", e, from_seq)
+                    bulk = self.bulk.pages_while_it_reads(from_seq, head)
+                    async with contextlib.aclosing(bulk):
+                        async for page in bulk:
+                            await queue.put(page)
+                            from_seq = page[-1].seq + 1
                     if until_seq is not None and from_seq > until_seq:
                         await queue.put(None)
                         return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import queue
 import struct
@@ -30,6 +31,8 @@ import msgspec
 from domain import subjects
 from services.eventstore.store import EventStore, Recorded, StoreError
 from services.transport.client import connect
+
+log = logging.getLogger(__name__)
 
 URL_ENV = "HOIST_BULK_NATS_URL"
 # The shortest stretch worth a child process: shorter ones are read in-process.
@@ -48,6 +51,20 @@ class BulkReader:
         self.url = url
         self.stream = stream
         self.subjects = list(subjects)
+
+    async def pages_while_it_reads(
+        self, from_seq: int, until_seq: int
+    ) -> AsyncIterator[list[Recorded]]:
+        """``pages``, but a child that fails (or does not start) ends them with a warning, not
+        an error: the caller reads on in-process after the last page it got (slower, never
+        stuck on the child)."""
+        try:
+            async with contextlib.aclosing(self.pages(from_seq, until_seq)) as pages:
+                async for page in pages:
+                    yield page
+                    from_seq = page[-1].seq + 1
+        except (StoreError, OSError) as e:  # OSError: the child did not start
+            log.warning("%s; reading on in-process from %d", e, from_seq)
 
     async def pages(self, from_seq: int, until_seq: int) -> AsyncIterator[list[Recorded]]:
         """Pages of every message with from_seq <= seq <= until_seq, in stream order."""

@@ -266,14 +266,11 @@ class Fleet:
         stretch is long; a child that fails leaves the rest to the in-process read."""
         if self.bulk is None or target - self.last_seq < BULK_MIN:
             return
-        pages = self.bulk.pages(self.last_seq + 1, target)
-        try:
-            async with contextlib.aclosing(pages):
-                async for page in pages:
-                    for rec in page:
-                        self._take(rec)
-        except (StoreError, OSError) as e:  # OSError: the child did not start
-            log.warning("%s; folding on in-process from %d", e, self.last_seq + 1)
+        pages = self.bulk.pages_while_it_reads(self.last_seq + 1, target)
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                for rec in page:
+                    self._take(rec)
 
     def _take(self, rec: Recorded) -> None:
         """Fold one record of the log; one that fails to fold is logged and passed over."""
@@ -882,5 +879,5 @@ def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
 
 
 def _all_pending(session: Session) -> bool:
-    """Whether every kernel of ``session`` is PENDING (it waits in the queue), as reindex has it."""
+    """Whether every kernel of ``session`` is PENDING (it waits in the queue)."""
     return all(k.status is S.PENDING for k in session.kernels.values())
