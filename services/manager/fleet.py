@@ -26,6 +26,7 @@ import bisect
 import contextlib
 import copy
 import logging
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -326,7 +327,10 @@ class Fleet:
         writer meanwhile is a ``conflict`` the admin sends again (``what``: its name there)."""
         events = list(aggregate.pending_events)
         try:
-            await self.repository.save(aggregate, actor=requester("admin"))
+            # A fresh key makes the append idempotent, so the store sends it again while a
+            # cluster elects a new stream leader (a node's loss) instead of failing the admin.
+            key = uuid.uuid4().hex
+            await self.repository.save(aggregate, request_id=key, actor=requester("admin"))
         except ConcurrencyError:
             raise RequestError(
                 "conflict", f"name: {what} {aggregate.id!r} changed meanwhile; send it again"
