@@ -100,8 +100,8 @@ _SEQUENCE_LINE = b"\r\nNats-Sequence:"
 IN_FLIGHT = 64  # requests to the stream awaiting their answer (EventStore.__init__)
 PAGE = 1000  # messages per batched direct get request: the most a replay page holds
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
-# After a signal, re-read after these pauses until one finds nothing: a core subscriber can get
-# a message before the stream has stored it.
+# After a signal, re-read after each of these pauses (or at the next signal): a core subscriber
+# can get a message before the stream has stored it.
 _SETTLE = (0.002, 0.02, 0.1)
 # A read that came from a replica behind what the store knows is asked again after these pauses
 # (a follower applies a write milliseconds after the quorum acknowledged it); then StoreError.
@@ -897,15 +897,18 @@ class EventStore:
                 if woke.is_set():
                     settle = len(_SETTLE)
                     continue
-                if settle:
-                    await asyncio.sleep(_SETTLE[-settle])
-                    settle -= 1
-                    continue
+                # Wait for a signal, at most the next settle pause (a signalled message may not
+                # have been stored when it was read), else the poll's.  A signal ends the wait
+                # at once: a pause slept through would hold a new message back for all of it
+                # (a manager following the log took each next step up to 100 ms late).
+                pause = _SETTLE[-settle] if settle else _FOLLOW_POLL
+                settle = max(settle - 1, 0)
                 # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_FOLLOW_POLL):
+                    async with asyncio.timeout(pause):
                         await woke.wait()
-                settle = len(_SETTLE) if woke.is_set() else 0
+                if woke.is_set():
+                    settle = len(_SETTLE)
         finally:
             if ahead is not None:
                 ahead.cancel()

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from domain.subjects import aggregate_subject
+from services.eventstore import store as store_module
 from services.eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
@@ -71,6 +72,33 @@ async def test_follow_sees_new_appends(store: EventStore) -> None:
     await store.append([Write(A, [Message(b"new1"), Message(b"new2")])])
     await asyncio.wait_for(task, 5)
     assert seen == [1, 2, 3, 4, 5]
+
+
+async def test_a_follow_settling_after_a_signal_takes_the_next_message_at_once(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Settle pauses and a poll far longer than the test may wait: only the next message's
+    # signal can end the wait that follows the first message's read.
+    monkeypatch.setattr(store_module, "_SETTLE", (60.0, 60.0, 60.0))
+    monkeypatch.setattr(store_module, "_FOLLOW_POLL", 60.0)
+    first = asyncio.Event()
+    seen: list[bytes] = []
+
+    async def follow() -> None:
+        async for r in store.replay(follow=True):
+            seen.append(r.data)
+            first.set()
+            if len(seen) == 2:
+                return
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.2)  # following, waiting for a signal
+    await store.append([Write(A, [Message(b"one")])])
+    await asyncio.wait_for(first.wait(), 5)
+    await asyncio.sleep(0.2)  # now in the first settle pause
+    await store.append([Write(A, [Message(b"two")])])
+    await asyncio.wait_for(task, 5)  # the pause slept through, it took 60 s
+    assert seen == [b"one", b"two"]
 
 
 async def test_follow_on_an_empty_stream_waits_for_the_first_append(store: EventStore) -> None:
