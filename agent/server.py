@@ -53,6 +53,7 @@ from domain.subjects import (
     check_token,
     heartbeat,
     is_inbox,
+    liveness_events,
 )
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
@@ -72,6 +73,11 @@ LISTING_WAIT_S = 5.0
 # A container the agent destroyed: an exit reported for it this long after is no exit (a die
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
+# Whether the manager marked this agent lost is read from the log when its liveness subject
+# signals an append, when the connection came back, and at least every this many beats (a
+# signal is at most once: one lost in a network blip is found here).  Reading it at every beat
+# cost the stream a read per agent per beat, 500/s for 1,000 agents.
+LOOK_EVERY_BEATS = 15
 
 
 class AgentServer:
@@ -107,6 +113,10 @@ class AgentServer:
         self._kernel_locks: dict[str, asyncio.Lock] = {}
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._sub: Subscription | None = None
+        self._liveness_sub: Subscription | None = None
+        self._look = True  # read the liveness subject at the next beat
+        self._beats_unlooked = 0
+        self._reconnects = 0  # the connection's count when the subject was last read
         self._heartbeats: asyncio.Task[None] | None = None
         self._tasks = Tasks()  # the loops, one per request in flight, preload follow-ups
         self.first_registration: bool | None = None
@@ -184,6 +194,7 @@ class AgentServer:
             self.capacity,
         )
         self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
+        self._liveness_sub = await self.nc.subscribe(liveness_events(self.id), cb=self._on_liveness)
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = self._tasks.spawn(
@@ -197,8 +208,8 @@ class AgentServer:
     async def stop(self) -> None:
         # First: an exit reported from now on spawns nothing (the tasks are about to stop).
         self._stopping = True
-        await unsubscribe_all([self._sub])
-        self._sub = None
+        await unsubscribe_all([self._sub, self._liveness_sub])
+        self._sub = self._liveness_sub = None
         await self._tasks.stop()
         await self.streams.stop()
         await self.pulls.close()
@@ -381,8 +392,21 @@ class AgentServer:
     async def _beat(self) -> None:
         """One round of the heartbeat loop (a failed one is logged; the next may get through)."""
         await self.send_heartbeat()
-        # Marked lost while alive (e.g. a network partition): say we are back.
-        await self.facts.refresh()
+        # Marked lost while alive (e.g. a network partition): say we are back.  Only at a beat:
+        # an agent whose beats do not go out is not back.
+        reconnects = self.nc.stats["reconnects"]
+        self._beats_unlooked += 1
+        if self._look or reconnects != self._reconnects or self._beats_unlooked >= LOOK_EVERY_BEATS:
+            self._look, self._beats_unlooked, self._reconnects = False, 0, reconnects
+            try:
+                await self.facts.refresh()
+            except BaseException:
+                self._look = True  # read again at the next beat
+                raise
+
+    async def _on_liveness(self, msg: Msg) -> None:
+        # Only a signal: what the subject holds is read from the log (facts.refresh).
+        self._look = True
 
     # -- request/reply -------------------------------------------------------------------------
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from agent import server
 from agent.runtime.dummy import DummyRuntime
 from domain import events as ev
 from domain.codec import decode
@@ -46,6 +49,57 @@ async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
             await wait_for(lambda: "a1" not in watcher.marked, 5, "the watch re-armed")
     finally:
         await watcher.stop()
+
+
+async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_beat(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 10**6)  # no backstop: only the signal
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
+    async with running(nc, store, DummyRuntime("a5"), config("a5")) as agent:
+        reads, beats = _count_calls(agent.facts, "refresh"), _count_calls(agent, "send_heartbeat")
+        await asyncio.sleep(2.0)  # about 10 beats at 0.2 s
+        assert beats[0] >= 5 and reads[0] <= 1, (beats, reads)  # it read at every beat once
+
+        # The manager marks it lost (a partition it could not see): the append's signal has
+        # the agent read the subject at its next beat, and say it is back.
+        assert await watcher.mark_lost("a5", "a test") is True
+        await _reregistered(store, "a5", within=5)
+
+
+async def test_an_agent_that_missed_the_signal_finds_its_loss_within_a_few_beats(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 3)
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
+    async with running(nc, store, DummyRuntime("a6"), config("a6")) as agent:
+        assert agent._liveness_sub is not None
+        await agent._liveness_sub.unsubscribe()  # the signal is lost (at most once)
+        assert await watcher.mark_lost("a6", "a test") is True
+        await _reregistered(store, "a6", within=5)
+
+
+def _count_calls(owner: object, name: str) -> list[int]:
+    """Count the calls of ``owner``'s async method ``name`` from now on: [calls]."""
+    count = [0]
+    method = getattr(owner, name)
+
+    async def counted() -> object:
+        count[0] += 1
+        return await method()
+
+    setattr(owner, name, counted)
+    return count
+
+
+async def _reregistered(store: EventStore, agent_id: str, within: float) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        kinds = [type(e) for e in await agent_events(store, agent_id)]
+        if kinds == [ev.AgentRegistered, ev.AgentReregistered]:
+            return
+        assert asyncio.get_running_loop().time() < deadline, kinds
+        await asyncio.sleep(0.05)
 
 
 async def test_a_known_agent_that_never_beats_again_is_lost_once(
