@@ -148,7 +148,7 @@ class LocalCopy:
         """Read the stream into the copy, for as long as the copy is enabled."""
         signal = self._signal
         assert signal is not None, "start() first"
-        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _b, _d: self._note())
+        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _s, _b, _d: self._note())
         settle = chase = 0
         try:
             while self.enabled:

@@ -7,9 +7,9 @@ Two changes, both through nats-py 2.16 internals (hence the upper bound on its v
   character at a time in a generator, about half the cost of reading an event. The names repeat
   (a few dozen distinct ones), so ``parse_header_lines`` validates each distinct name once and
   remembers it; the dict is the one nats-py builds (``tests/eventstore/test_client.py``).
-- Raw subscriptions. ``subscribe_raw`` hands each message's header block and payload straight
-  to a plain function, skipping nats-py's Msg object, its queue and the callback task: the
-  store's pages of direct gets arrive that way.
+- Raw subscriptions. ``subscribe_raw`` hands each message's subject, header block and payload
+  straight to a plain function, skipping nats-py's Msg object, its queue and the callback
+  task: the store's pages of direct gets arrive that way.
 
 And one convention: a connection whose URL names a NATS user takes its reply inboxes under
 ``_INBOX.<user>`` (domain.subjects.inbox_prefix), the only inboxes that user may subscribe to
@@ -64,7 +64,9 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
-RawHandler = Callable[[bytes | None, bytes], None]  # (header block or None, payload)
+RawHandler = Callable[
+    [bytes, bytes | None, bytes], None
+]  # (subject, header block or None, payload)
 
 
 class Client(NatsClient):
@@ -95,9 +97,9 @@ class Client(NatsClient):
         await super().connect(pool, **options)
 
     async def subscribe_raw(self, subject: str, handler: RawHandler) -> Subscription:
-        """Subscribe ``handler(headers, payload)``, called in the connection's reading task for
-        each message: ``headers`` is the raw block (``NATS/1.0 ...\\r\\n...``), or None if the
-        message has none.  It must not block, and should not raise: an exception from it
+        """Subscribe ``handler(subject, headers, payload)``, called in the connection's reading
+        task for each message: ``headers`` is the raw block (``NATS/1.0 ...\\r\\n...``), or
+        None if the message has none.  It must not block, and should not raise: an exception from it
         stops nats-py's reader.  Unsubscribe through the returned Subscription."""
         sub = await self.subscribe(subject)
         self._raw[sub._id] = handler
@@ -110,7 +112,7 @@ class Client(NatsClient):
         if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)
         else:
-            handler(headers, data)
+            handler(subject, headers, data)
 
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         self._raw.pop(sid, None)

@@ -51,7 +51,13 @@ async def test_a_raw_subscription_gets_header_blocks_and_payloads(
 ) -> None:
     nc = await connect(nats_server.url)
     got: list[tuple[bytes, bytes]] = []
-    sub = await nc.subscribe_raw("raw.>", lambda headers, data: got.append((headers, data)))
+    subjects: list[bytes] = []
+
+    def raw(subject: bytes, headers: bytes | None, data: bytes) -> None:
+        subjects.append(subject)
+        got.append((headers, data))  # type: ignore[arg-type]
+
+    sub = await nc.subscribe_raw("raw.>", raw)
     msgs: list[Msg] = []
 
     async def cooked(msg: Msg) -> None:
@@ -68,6 +74,7 @@ async def test_a_raw_subscription_gets_header_blocks_and_payloads(
     assert got[0][0].startswith(b"NATS/1.0\r\n")
     assert parse_header_lines(got[0][0][len(b"NATS/1.0\r\n") :]) == {"Hoist-Event": "X"}
     assert got == [(got[0][0], b"one"), (None, b"two")]
+    assert subjects == [b"raw.a", b"raw.b"]
     assert [m.data for m in msgs] == [b"one", b"two"]
     assert msgs[0].headers == {"Hoist-Event": "X"}
 

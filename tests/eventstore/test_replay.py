@@ -74,6 +74,16 @@ async def test_follow_sees_new_appends(store: EventStore) -> None:
     assert seen == [1, 2, 3, 4, 5]
 
 
+async def test_reads_share_one_subscription_for_their_answers(store: EventStore) -> None:
+    await fill(store, 5)
+    await store.read(1, 1)
+    subs = len(store.nc._subs)
+    for _ in range(20):  # pages and lasts: their answers all come to the one
+        assert [r.seq for r in await store.read(2, 3)] == [2, 3, 4]
+        assert (await store.last(B)) is not None
+    assert len(store.nc._subs) == subs and store._replies == {}
+
+
 async def test_a_follow_settling_after_a_signal_takes_the_next_message_at_once(
     store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

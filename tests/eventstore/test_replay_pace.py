@@ -117,8 +117,10 @@ async def test_filtered_follow_ends_once_the_stream_passes_until_seq(store: Even
 
 async def test_abandoned_replay_leaves_no_subscription(store: EventStore) -> None:
     await fill(store, 3 * MAX_BATCH)
+    await store.read(1, 1)  # the store's one subscription for the answers to its reads
     subs = len(store.nc._subs)
     replay = store.replay(follow=True)
     assert (await anext(replay)).seq == 1
     await replay.aclose()
     assert len(store.nc._subs) == subs
+    assert store._replies == {}  # no read left waiting for answers
