@@ -874,7 +874,8 @@ class EventStore:
         signals: list[Subscription] = []
         if follow:
             for subject in [subject_filter] if subject_filter else self.subjects:
-                signals.append(await self.nc.subscribe(subject, cb=_waker(woke)))
+                # Raw: a signal is called in the reader, without a message object or a task.
+                signals.append(await self.nc.subscribe_raw(subject, lambda *_: woke.set()))
         ahead: asyncio.Task[list[Recorded]] | None = None
 
         def fetch(seq: int) -> asyncio.Task[list[Recorded]]:
@@ -967,13 +968,6 @@ def _shown(subject: str) -> str:
 
 def _seq_or_zero(record: Recorded | None) -> int:
     return 0 if record is None else record.seq
-
-
-def _waker(woke: asyncio.Event) -> Callable[[Msg], Awaitable[None]]:
-    async def wake(msg: Msg) -> None:
-        woke.set()
-
-    return wake
 
 
 def _from_direct(msg: Msg) -> Recorded:
