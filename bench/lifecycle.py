@@ -25,8 +25,10 @@ create, five appends to the event log, two agent round trips).
    reconciliation pass time per agent (``hoist.admin.manager.stats``, since the manager
    started, i.e. over the row), the read models' lag in events (the log's head minus the
    ``seq`` a query replies), and the start-up fold: the manager is restarted at the end of each
-   row and folds the whole log (its own timing, and the time until it printed 'manager ready').
-   The ``--agents`` dummy agents run in ``--agent-procs`` processes.
+   row and folds the whole log (its own timing, and the time until it printed 'manager ready'),
+   and the cores the manager, nats-server and the agents' processes used at the steady rate
+   (/proc/<pid>/stat over that phase). The ``--agents`` dummy agents run in ``--agent-procs``
+   processes.
 5. Side by side (``--nats-nodes N``, ``--managers M``, ``--sync-compare``): phases 1 and 2 on
    two fresh stacks in one invocation, the second's sessions/s and p99 as ratios to the
    first's: one nats-server against an N-node cluster (R3), one manager against M (one leads),
@@ -431,7 +433,8 @@ class Row:
     HEADER = (
         "| agents | live sessions | burst sessions/s | p50 ms | p99 ms | KiB/session (live,"
         " after restart) | scheduling pass ms (mean/max) | heartbeat us/agent | reconciliation"
-        " us/agent | fold s (own, to ready) | read-model lag (events) |"
+        " us/agent | fold s (own, to ready) | read-model lag (events) | cores at the steady rate"
+        " (manager / nats-server / agents) |"
     )
 
     def __init__(self, agents: int, size: int) -> None:
@@ -481,7 +484,9 @@ async def run_scale(args: argparse.Namespace) -> None:
                 flush=True,
             )
             print(Row.HEADER)
-            print("| " + " | ".join(["---"] * 11) + " |", flush=True)
+            print("| " + " | ".join(["---"] * 12) + " |", flush=True)
+            assert server.proc is not None
+            others = {"nats-server": [server.proc.pid], "agents": [p.pid for p in agent_procs]}
             began = time.perf_counter()
             try:
                 await burst(nc, 50, "warm")  # imports, first subscriptions
@@ -490,8 +495,9 @@ async def run_scale(args: argparse.Namespace) -> None:
                     row = Row(args.agents, size)
                     try:
                         live, manager = await scale_row(
-                            args, nc, store, server.url, log, manager, row, size, live, base_kib
-                        )
+                            args, nc, store, server.url, log, manager, row, size, live, base_kib,
+                            others,
+                        )  # fmt: skip
                     except Exception as e:
                         print(row.show(f"{type(e).__name__}: {e}"), flush=True)
                         break
@@ -523,14 +529,24 @@ async def scale_row(
     size: int,
     live: int,
     base_kib: int,
+    others: dict[str, list[int]],
 ) -> tuple[int, asyncio.subprocess.Process]:
     """One row: burst up to ``size`` live, the steady rate, the figures, a restart; the live
-    count after it and the (restarted) manager."""
+    count after it and the (restarted) manager.  ``others``: the pids whose CPU at the steady
+    rate the row shows after the manager's, by name."""
     more = max(0, size - live)
     rate = await windowed_burst(nc, more, f"burst-{size}", args.window) if more else 0.0
     live += more
     row.add(f"{rate:.0f}" if more else "-")
+    watched = {"manager": [manager.pid], **others}
+    before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
+    began = time.perf_counter()
     latencies = await steady_tagged(nc, args.rate, args.seconds, f"steady-{size}")
+    steady_s = time.perf_counter() - began
+    cores = " / ".join(
+        f"{(sum(cpu_s(pid) for pid in pids) - before[name]) / steady_s:.2f}"
+        for name, pids in watched.items()
+    )
     live += len(latencies)
     row.add(f"{pct(latencies, 0.5) * 1000:.1f}", f"{pct(latencies, 0.99) * 1000:.1f}")
     stats = await ask(nc, MANAGER_STATS, {})
@@ -564,6 +580,7 @@ async def scale_row(
         f"{recs['mean_ms'] * 1000 / max(agents, 1):.1f}" if recs["count"] else "-",
         f"{restarted['startup_fold']['seconds']:.2f}, {to_ready:.2f}",
         f"{head - int(models['seq'])}",
+        cores,
     )
     return live, manager
 
