@@ -53,7 +53,6 @@ from domain.subjects import (
     check_token,
     heartbeat,
     is_inbox,
-    liveness_events,
 )
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
@@ -73,9 +72,9 @@ LISTING_WAIT_S = 5.0
 # A container the agent destroyed: an exit reported for it this long after is no exit (a die
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
-# Whether the manager marked this agent lost is read from the log when its liveness subject
-# signals an append, when the connection came back, and at least every this many beats (a
-# signal is at most once: one lost in a network blip is found here).  Reading it at every beat
+# Whether the manager marked this agent lost is read from the log after the manager's notice
+# (rpc.LIVENESS_CHANGED), when the connection came back, and at least every this many beats (a
+# notice is at most once: one lost in a network blip is found here).  Reading it at every beat
 # cost the stream a read per agent per beat, 500/s for 1,000 agents.
 LOOK_EVERY_BEATS = 15
 
@@ -113,8 +112,8 @@ class AgentServer:
         self._kernel_locks: dict[str, asyncio.Lock] = {}
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._sub: Subscription | None = None
-        self._liveness_sub: Subscription | None = None
         self._look = True  # read the liveness subject at the next beat
+        self._liveness_notice = f"{AGENT_RPC}.{self.id}.{rpc.LIVENESS_CHANGED}"
         self._beats_unlooked = 0
         self._reconnects = 0  # the connection's count when the subject was last read
         self._heartbeats: asyncio.Task[None] | None = None
@@ -194,7 +193,6 @@ class AgentServer:
             self.capacity,
         )
         self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
-        self._liveness_sub = await self.nc.subscribe(liveness_events(self.id), cb=self._on_liveness)
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = self._tasks.spawn(
@@ -208,8 +206,8 @@ class AgentServer:
     async def stop(self) -> None:
         # First: an exit reported from now on spawns nothing (the tasks are about to stop).
         self._stopping = True
-        await unsubscribe_all([self._sub, self._liveness_sub])
-        self._sub = self._liveness_sub = None
+        await unsubscribe_all([self._sub])
+        self._sub = None
         await self._tasks.stop()
         await self.streams.stop()
         await self.pulls.close()
@@ -404,13 +402,14 @@ class AgentServer:
                 self._look = True  # read again at the next beat
                 raise
 
-    async def _on_liveness(self, msg: Msg) -> None:
-        # Only a signal: what the subject holds is read from the log (facts.refresh).
-        self._look = True
-
     # -- request/reply -------------------------------------------------------------------------
 
     async def _on_request(self, msg: Msg) -> None:
+        if msg.subject == self._liveness_notice:
+            # Never answered (only the manager role may publish here, and the notice carries
+            # nothing): what the liveness subject holds is read from the log.
+            self._look = True
+            return
         # One task per request: a slow create must not hold up a pull-status.
         self._tasks.spawn(self._serve(msg))
 

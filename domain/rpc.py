@@ -63,6 +63,9 @@ STREAM_READ = "stream-read"
 VOLUMES = "volumes"
 VOLUME_REMOVE = "volume-remove"
 BEATS_ACKED = "beats-acked"
+# A notice, never a request: the manager wrote on the agent's liveness subject (it marked the
+# agent lost), so the agent reads that subject at its next beat.  It carries nothing to trust.
+LIVENESS_CHANGED = "liveness-changed"
 VERBS = (
     CHECK_AND_PULL,
     CREATE_KERNEL,

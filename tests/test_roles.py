@@ -360,6 +360,11 @@ async def test_agent_reads_its_aggregate_and_serves_only_its_rpc(
     await served.unsubscribe()
     await agent_a.nc.subscribe("hoist.agent.B.>")
     assert await agent_a.reported('subscription to "hoist.agent.b.>"')
+    # Not even its own liveness subject: the manager's appends there carry the inbox its
+    # JetStream acknowledgement goes to, which an agent allowed to respond could answer first
+    # (a forged ack). The manager tells it of a change on hoist.agent.A.liveness-changed.
+    await agent_a.nc.subscribe("hoist.events.liveness.A")
+    assert await agent_a.reported('subscription to "hoist.events.liveness.a"')
 
 
 async def test_wrong_password_and_anonymous_are_refused(stack: Stack) -> None:

@@ -33,7 +33,7 @@ from domain.beats import BeatReceiver
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
-from domain.subjects import HEARTBEAT, manager_term
+from domain.subjects import HEARTBEAT, agent_rpc, manager_term
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError, Write
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
@@ -185,6 +185,14 @@ class LivenessWatcher:
             self.marked.add(agent_id)
         return marked
 
+    async def _tell(self, agent_id: str) -> None:
+        """Tell the agent its liveness subject changed: alive after all, it reads the subject
+        at its next beat and re-registers (a notice lost, it reads it within 15 beats)."""
+        try:
+            await self.nc.publish(agent_rpc(agent_id, rpc.LIVENESS_CHANGED), b"")
+        except Exception as e:  # the connection is going: the agent's own look finds it
+            log.info("agent %s not told it was marked lost: %s", agent_id, e)
+
     async def mark_lost(self, agent_id: str, detail: str) -> bool:
         """Append AgentLost (``heartbeat-timeout: <detail>``), fenced; False if it already was
         lost or is not registered, NotLeading if this manager no longer leads."""
@@ -211,5 +219,6 @@ class LivenessWatcher:
                     raise NotLeading(f"agent {agent_id} not marked lost: {e}") from None
                 continue  # another writer of the liveness subject: decide again
             log.warning("agent %s lost: %s", agent_id, why)
+            await self._tell(agent_id)
             return True
         raise RuntimeError(f"agent {agent_id} kept changing while being marked lost; retry")

@@ -9,7 +9,6 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
   message of it: events are never removed, not even by the manager. It may repair the progress
   stream (a disposable view of the latest state per pull, which it can overwrite anyway).
 - agent: publishes only its own facts, progress and heartbeats, serves its own RPC subjects,
-  watches its own liveness subject (a signal to read it),
   and reads the event stream (direct gets) to load its own aggregate. The event store's reads
   are direct-get batches on ``$JS.API.DIRECT.GET.HOIST`` whose subject does not name the
   aggregate, so an agent can read (never write) other aggregates too.
@@ -63,7 +62,6 @@ from domain.subjects import (
     check_token,
     heartbeat,
     inbox_prefix,
-    liveness_events,
 )
 from domain.user import check_name
 from services.stack.natsserver import ClusterNode, RouteAuth, cluster_settings
@@ -184,13 +182,7 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                 ],
                 "deny": _NO_STREAM_CHANGES,
             },
-            "subscribe": {
-                "allow": [
-                    f"{AGENT_RPC}.{agent_id}.>",
-                    _own_inbox(role, agent_id),
-                    liveness_events(agent_id),  # a signal that the manager wrote there
-                ]
-            },
+            "subscribe": {"allow": [f"{AGENT_RPC}.{agent_id}.>", _own_inbox(role, agent_id)]},
             "allow_responses": True,
         }
     publish = [f"{API}.>", f"{QUERY}.>", _FLOW_CONTROL, f"{_JS}.INFO", f"{_JS}.STREAM.NAMES"]

@@ -54,27 +54,30 @@ async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
 async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_beat(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 10**6)  # no backstop: only the signal
+    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 10**6)  # no backstop: only the notice
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
     async with running(nc, store, DummyRuntime("a5"), config("a5")) as agent:
         reads, beats = _count_calls(agent.facts, "refresh"), _count_calls(agent, "send_heartbeat")
         await asyncio.sleep(2.0)  # about 10 beats at 0.2 s
         assert beats[0] >= 5 and reads[0] <= 1, (beats, reads)  # it read at every beat once
 
-        # The manager marks it lost (a partition it could not see): the append's signal has
-        # the agent read the subject at its next beat, and say it is back.
+        # The manager marks it lost (a partition it could not see) and tells it: the agent
+        # reads the subject at its next beat, and says it is back.
         assert await watcher.mark_lost("a5", "a test") is True
         await _reregistered(store, "a5", within=5)
 
 
-async def test_an_agent_that_missed_the_signal_finds_its_loss_within_a_few_beats(
+async def test_an_agent_that_missed_the_notice_finds_its_loss_within_a_few_beats(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 3)
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
-    async with running(nc, store, DummyRuntime("a6"), config("a6")) as agent:
-        assert agent._liveness_sub is not None
-        await agent._liveness_sub.unsubscribe()  # the signal is lost (at most once)
+
+    async def lost_notice(agent_id: str) -> None:
+        pass  # the notice is lost (a core message: at most once)
+
+    watcher._tell = lost_notice  # type: ignore[method-assign]
+    async with running(nc, store, DummyRuntime("a6"), config("a6")):
         assert await watcher.mark_lost("a6", "a test") is True
         await _reregistered(store, "a6", within=5)
 
