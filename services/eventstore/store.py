@@ -235,14 +235,6 @@ class EventStore:
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
         # subject -> the least last stream sequence it is known to have (read-after-write).
         self._floors: dict[str, int] = {}
-        # Direct gets answer to one inbox each under one wildcard subscription, made at the
-        # first read: a subscription per read cost the server a SUB and an UNSUB each (its
-        # subject index changed twice a read, its match cache hit 3% of the time).
-        # reply subject -> its read's handler(header block, payload)
-        self._replies: dict[bytes, Callable[[bytes | None, bytes], None]] = {}
-        self._reply_prefix: str | None = None
-        self._reply_lock = asyncio.Lock()
-        self._reply_count = 0
 
     # -- stream ----------------------------------------------------------------------------------
 
@@ -589,7 +581,7 @@ class EventStore:
             if not reply.done():
                 reply.set_result((block, data))
 
-        inbox = await self._reply_inbox(on_msg)
+        inbox = await self.nc.reply_inbox(on_msg)
 
         # The subject in the request's own subject (as ADR-31 has it), unless that line would be
         # too long for the server (it would close the connection): then in the request body.
@@ -604,7 +596,7 @@ class EventStore:
         except TimeoutError:
             raise self._no_direct_answer() from None
         finally:
-            self._replies.pop(inbox.encode(), None)
+            self.nc.end_reply(inbox)
         if block is not None and block.startswith(_NO_STATUS):
             return _stored(block, data).record
         code, description = _status_line(block or b"")
@@ -756,28 +748,6 @@ class EventStore:
         async with self._slots:
             return await self._direct_pages(req, limit)
 
-    async def _reply_inbox(self, handler: Callable[[bytes | None, bytes], None]) -> str:
-        """A new reply subject whose messages go to ``handler(header block, payload)`` until
-        the caller pops it from ``_replies``."""
-        if self._reply_prefix is None:
-            async with self._reply_lock:
-                if self._reply_prefix is None:
-                    prefix = self.nc.new_inbox()
-                    # Sent before any request that names a reply under it, on one connection:
-                    # the server has it before it answers (no flush needed, nor trusted: its
-                    # PING can overtake buffered SUBs in nats-py 2.16).
-                    await self.nc.subscribe_raw(f"{prefix}.*", self._on_reply)
-                    self._reply_prefix = prefix
-        self._reply_count += 1
-        inbox = f"{self._reply_prefix}.{self._reply_count}"
-        self._replies[inbox.encode()] = handler
-        return inbox
-
-    def _on_reply(self, subject: bytes, block: bytes | None, data: bytes) -> None:
-        handler = self._replies.get(subject)
-        if handler is not None:  # else a read that ended (a late or a duplicate answer)
-            handler(block, data)
-
     async def _direct_pages(self, req: dict[str, Any], limit: int | None) -> list[Recorded]:
         out: list[Recorded] = []
         done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
@@ -802,7 +772,7 @@ class EventStore:
             except Exception as e:  # never into nats-py's reader; the page fails instead
                 done.set_exception(StoreError(f"bad direct get reply from {self.stream}: {e!r}"))
 
-        inbox = await self._reply_inbox(on_msg)
+        inbox = await self.nc.reply_inbox(on_msg)
         try:
             while True:
                 want = PAGE if limit is None else min(PAGE, limit - len(out))
@@ -824,7 +794,7 @@ class EventStore:
                 req = {**req, "seq": out[-1].seq + 1}
                 req.pop("start_time", None)
         finally:
-            self._replies.pop(inbox.encode(), None)
+            self.nc.end_reply(inbox)
 
     async def replay(
         self,

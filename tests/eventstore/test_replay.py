@@ -81,7 +81,11 @@ async def test_reads_share_one_subscription_for_their_answers(store: EventStore)
     for _ in range(20):  # pages and lasts: their answers all come to the one
         assert [r.seq for r in await store.read(2, 3)] == [2, 3, 4]
         assert (await store.last(B)) is not None
-    assert len(store.nc._subs) == subs and store._replies == {}
+    assert len(store.nc._subs) == subs and store.nc.replies_waiting == 0
+    for _ in range(20):  # a store per request (the web view's history) on the one connection
+        other = EventStore(store.nc, store.stream, store.subjects)
+        assert [r.seq for r in await other.read(2, 1)] == [2]
+    assert len(store.nc._subs) == subs  # the connection's one, not one per store
 
 
 async def test_a_follow_settling_after_a_signal_takes_the_next_message_at_once(

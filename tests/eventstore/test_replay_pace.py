@@ -123,4 +123,4 @@ async def test_abandoned_replay_leaves_no_subscription(store: EventStore) -> Non
     assert (await anext(replay)).seq == 1
     await replay.aclose()
     assert len(store.nc._subs) == subs
-    assert store._replies == {}  # no read left waiting for answers
+    assert store.nc.replies_waiting == 0  # no read left waiting for answers
