@@ -53,6 +53,7 @@ from nats.js.errors import NotFoundError
 
 from domain import subjects
 from domain.codec import REFLECTED_HEADER
+from services.eventstore.tail import SharedTail
 from services.transport.client import Client, cluster_replicas, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
@@ -235,6 +236,7 @@ class EventStore:
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
         # subject -> the least last stream sequence it is known to have (read-after-write).
         self._floors: dict[str, int] = {}
+        self.tail = SharedTail(self)  # one read of the log's tail for its caught-up followers
 
     # -- stream ----------------------------------------------------------------------------------
 
@@ -820,10 +822,12 @@ class EventStore:
         until_seq: int | None = None,
         subject_filter: str | None = None,
         follow: bool = False,
+        share: bool = True,
     ) -> AsyncIterator[list[Recorded]]:
         """Every message from ``from_seq`` in stream order, in pages of up to 1,000 (never
         empty); stops when caught up (or at ``until_seq``) unless ``follow``, then waits for
-        new ones.
+        new ones.  A follow of the whole log that caught up takes the pages of the store's
+        shared tail (services.eventstore.tail) unless ``share`` is False.
 
         Pulled in pages of read() at the caller's pace (the next page is fetched while the
         caller takes this one), so a slow caller holds at most two pages and never loses a
@@ -842,10 +846,20 @@ class EventStore:
         bounded = follow and until_seq is not None and bool(subject_filter)
         woke = asyncio.Event()
         signals: list[Subscription] = []
-        if follow:
+
+        async def listen() -> None:
             for subject in [subject_filter] if subject_filter else self.subjects:
                 # Raw: a signal is called in the reader, without a message object or a task.
                 signals.append(await self.nc.subscribe_raw(subject, lambda *_: woke.set()))
+
+        async def deaf() -> None:
+            while signals:
+                with contextlib.suppress(Exception):  # the connection may be closing
+                    await signals.pop().unsubscribe()
+
+        shared = follow and share and subject_filter is None and until_seq is None
+        if follow:
+            await listen()
         ahead: asyncio.Task[list[Recorded]] | None = None
 
         def fetch(seq: int) -> asyncio.Task[list[Recorded]]:
@@ -886,6 +900,16 @@ class EventStore:
                 # Caught up.
                 if not follow:
                     return
+                if shared:
+                    await deaf()  # the tail's signals wake it: ours would cost a message each
+                    pages = self.tail.pages(seq)
+                    async with contextlib.aclosing(pages):
+                        async for page in pages:
+                            seq = page[-1].seq + 1
+                            yield page
+                    # Dropped (too far behind, or the tail's read failed): read on our own.
+                    await listen()
+                    continue
                 if bounded:
                     if head is None:
                         continue  # read once more, knowing the head
@@ -910,9 +934,7 @@ class EventStore:
             if ahead is not None:
                 ahead.cancel()
                 await asyncio.wait([ahead])  # its inbox unsubscribed; raises nothing of its own
-            for sub in signals:
-                with contextlib.suppress(Exception):  # the connection may be closing
-                    await sub.unsubscribe()
+            await deaf()
 
 
 def _subject_matches(pattern: str, subject: str) -> bool:
