@@ -830,8 +830,10 @@ class EventStore:
         shared tail (services.eventstore.tail) unless ``share`` is False.
 
         Pulled in pages of read() at the caller's pace (the next page is fetched while the
-        caller takes this one), so a slow caller holds at most two pages and never loses a
-        message; a pushed consumer would overflow its client buffer and drop some.  Following,
+        caller takes this one), so a slow caller holds at most two pages (a sharing one, up to
+        tail.MAX_RECORDS records) and never loses a message; a pushed consumer would overflow
+        its client buffer and drop some.  A page may be another follower's too: never change
+        one.  Following,
         a core subscription on the same subjects says "something new" (a JetStream publish
         reaches core subscribers too); only the read is trusted, so a lost or early signal
         costs latency, never a message, and a poll every ``_FOLLOW_POLL`` s backs it up."""

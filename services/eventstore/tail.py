@@ -12,7 +12,7 @@ records (a read model pausing for its commits) is dropped, takes what it was han
 back to reading on its own; once caught up again it shares again. So a slow follower costs
 the others nothing, and no follower ever misses a page: what it does not get from the tail it
 reads itself. If the tail's read fails, every follower is dropped the same way and meets the
-failure in its own read.
+failure in its own read. The followers get the same page objects: none may change them.
 """
 
 from __future__ import annotations
@@ -66,16 +66,22 @@ class SharedTail:
         follower = self._attach(seq)
         try:
             start = follower.run.next_seq
-            if seq < start:  # the tail is ahead of us: the gap is ours to read
-                gap = self.store.replay_pages(from_seq=seq, until_seq=start - 1)
+            if seq < start:
+                # The tail is ahead of us: the gap is ours to read, all of it. A read that comes
+                # up short (a replica behind, or the gap not appended yet when the tail began
+                # past the head) must not end it: followed, it ends past start - 1.
+                gap = self.store.replay_pages(from_seq=seq, until_seq=start - 1, follow=True)
                 async with contextlib.aclosing(gap):
                     async for page in gap:
                         yield page
                 seq = start
+            task = asyncio.current_task()
             while True:
                 while not follower.pages:
                     if follower.dropped:
                         return
+                    if task is not None and task.cancelling():
+                        raise asyncio.CancelledError  # one nats-py swallowed (see replay_pages)
                     follower.wake.clear()
                     await follower.wake.wait()
                 page = follower.pages.popleft()
@@ -94,6 +100,8 @@ class SharedTail:
         if run is None:
             run = self._run = _Run(next_seq=seq)
             run.task = asyncio.ensure_future(self._follow(run))
+            # Even cancelled before it began, its end lets the followers read alone.
+            run.task.add_done_callback(lambda _: self._ended(run))
         follower = _Follower(run)
         run.followers.add(follower)
         return follower
@@ -122,10 +130,11 @@ class SharedTail:
                         follower.wake.set()
         except Exception as e:  # each follower meets it again in its own read
             log.info("the shared follow of the log ended (%s): its followers read alone", e)
-        finally:
-            if run is self._run:
-                self._run = None
-            for follower in run.followers:
-                follower.dropped = True
-                follower.wake.set()
-            run.followers.clear()
+
+    def _ended(self, run: _Run) -> None:
+        if run is self._run:
+            self._run = None
+        for follower in run.followers:
+            follower.dropped = True
+            follower.wake.set()
+        run.followers.clear()

@@ -113,3 +113,20 @@ async def test_a_follower_behind_the_tail_reads_the_gap_itself(store: EventStore
     assert first.seen == list(range(1, 39))
     await first.stop()
     await late.stop()
+
+
+async def test_a_gap_not_yet_appended_is_waited_for_not_skipped(store: EventStore) -> None:
+    # A follower from past the head starts the tail there; one behind it must read the gap
+    # (not yet appended when it joins) as it comes, not stop at the head and skip it.
+    await append(store, 1, 5)
+    ahead = Follower(store, from_seq=20)
+    await asyncio.sleep(0.2)  # caught up at once: the tail begins at 20
+    behind = Follower(store)
+    await behind.until(5)
+    await append(store, 6, 20)
+    await behind.until(25)
+    await ahead.until(25)
+    assert behind.seen == list(range(1, 26))
+    assert ahead.seen == list(range(20, 26))
+    await ahead.stop()
+    await behind.stop()
