@@ -23,20 +23,33 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.eventstore.store import EventStore, Recorded
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 MAX_RECORDS = 20_000  # handed to a follower and not yet taken, at most: then it reads alone
 
+Page = list[Any]  # the store's Recorded, each with its .seq (the store imports this module)
+
+
+class Log(Protocol):
+    """What the tail reads: the store's replay_pages."""
+
+    def replay_pages(
+        self,
+        *,
+        from_seq: int = 1,
+        until_seq: int | None = None,
+        subject_filter: str | None = None,
+        follow: bool = False,
+        share: bool = True,
+    ) -> AsyncIterator[Page]: ...
+
 
 @dataclass(eq=False)
 class _Follower:
     run: _Run
-    pages: deque[list[Recorded]] = field(default_factory=deque)
+    pages: deque[Page] = field(default_factory=deque)
     records: int = 0
     dropped: bool = False  # no more pages come: take what is left, then read alone
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -52,7 +65,7 @@ class _Run:
 
 
 class SharedTail:
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: Log) -> None:
         self.store = store
         self._run: _Run | None = None
 
@@ -61,7 +74,7 @@ class SharedTail:
         """How many followers take the shared pages now."""
         return 0 if self._run is None else len(self._run.followers)
 
-    async def pages(self, seq: int) -> AsyncIterator[list[Recorded]]:
+    async def pages(self, seq: int) -> AsyncIterator[Page]:
         """The log's pages from ``seq`` on (never empty), until this follower is dropped."""
         follower = self._attach(seq)
         try:

@@ -9,6 +9,7 @@ from agent.runtime.base import PulledImage
 from agent.runtime.dummy import PullFailure
 from domain import events as ev
 from domain.subjects import JOB, JOBS, PRELOAD, UNLOAD
+from domain.subjects import agent_events as agent_subject
 from services.eventstore.store import EventStore
 from services.transport.client import Client
 from tests.agent.agent_harness import agent_events, wait_for
@@ -84,13 +85,16 @@ async def test_unload_is_refused_where_a_kernel_uses_or_is_about_to_use_the_imag
     nc: Client, store: EventStore
 ) -> None:
     slow = {"bandwidth_bps": 1 * MB, "default_size": 40 * MB, "tick_s": 0.05}
-    async with fleet(nc, store, {"u1": 10 * GB}, **slow) as agents, manager(nc):
+    async with fleet(nc, store, {"u1": 10 * GB}, **slow) as agents, manager(nc) as m:
         running = await create(nc, max_wait=5)
         pulling = await create(nc, image="py:3")
         await until(nc, pulling["session_id"], lambda s: s["status"] == "PULLING", 5)
         # An image left on the host, used by nothing.
         agents["u1"].runtime.images["old:1"] = PulledImage("old:1", "sha256:old", 5 * MB)
         await agents["u1"].facts.register()  # re-register: the manager's view holds old:1
+        # Once the manager folded it: a re-registration it folds during the call ends the call.
+        registered = await store.last_seq(agent_subject("u1"))
+        await wait_for(lambda: m.fleet.last_seq >= registered, 5, "the re-registration folded")
         reply = await admin(
             nc, UNLOAD, {"images": ["base:1", "py:3", "old:1", "none:1"], "agents": ["u1"]}
         )
