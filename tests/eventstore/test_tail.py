@@ -130,3 +130,35 @@ async def test_a_gap_not_yet_appended_is_waited_for_not_skipped(store: EventStor
     assert ahead.seen == list(range(20, 26))
     await ahead.stop()
     await behind.stop()
+
+
+async def test_a_follower_that_took_its_time_gets_the_waiting_pages_as_one(
+    store: EventStore,
+) -> None:
+    # As if it read alone: a read model commits per batch, and the tail's small pages one by
+    # one kept it behind.
+    await append(store, 1, 5)
+    quick = Follower(store)
+    await quick.until(5)
+    sizes: list[int] = []
+    go = asyncio.Event()
+
+    async def slow() -> None:
+        async for page in store.replay_pages(follow=True):
+            sizes.append(len(page))
+            if page[-1].seq == 6:  # a page of the tail's: it shares by now
+                await go.wait()  # it takes its time while 30 appends come one by one
+            if page[-1].seq == 36:
+                return
+
+    task = asyncio.create_task(slow())
+    await asyncio.sleep(0.2)
+    assert store.tail.followers == 2
+    await append(store, 6, 1)
+    await quick.until(6)
+    await append(store, 7, 30)
+    await quick.until(36)
+    go.set()
+    await asyncio.wait_for(task, 5)
+    assert sum(sizes) == 36 and len(sizes) <= 4, sizes  # not 30 pages of one
+    await quick.stop()
