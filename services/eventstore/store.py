@@ -236,7 +236,7 @@ class EventStore:
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
         # subject -> the least last stream sequence it is known to have (read-after-write).
         self._floors: dict[str, int] = {}
-        self.tail = SharedTail(self)  # one read of the log's tail for its caught-up followers
+        self.tail = SharedTail(self, PAGE)  # one read of the log's tail for its caught-up followers
 
     # -- stream ----------------------------------------------------------------------------------
 
@@ -923,7 +923,7 @@ class EventStore:
                 # Wait for a signal, at most the next settle pause (a signalled message may not
                 # have been stored when it was read), else the poll's.  A signal ends the wait
                 # at once: a pause slept through would hold a new message back for all of it
-                # (a manager following the log took each next step up to 100 ms late).
+                # (an event another process wrote reached the manager up to 100 ms late).
                 pause = _SETTLE[-settle] if settle else _FOLLOW_POLL
                 settle = max(settle - 1, 0)
                 # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.

@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 MAX_RECORDS = 20_000  # handed to a follower and not yet taken, at most: then it reads alone
 
 Page = list[Any]  # the store's Recorded, each with its .seq (the store imports this module)
-# Pages waiting for a follower are handed over as one of up to this many records (a store
-# page's size): a follower that took its time gets big pages, as if it read alone, not the
-# small ones the tail read (a read model commits per batch, and small batches kept it behind).
-MERGED = 1000
 
 
 class Log(Protocol):
@@ -69,8 +65,12 @@ class _Run:
 
 
 class SharedTail:
-    def __init__(self, store: Log) -> None:
+    def __init__(self, store: Log, page: int) -> None:
         self.store = store
+        # Pages waiting for a follower are handed over as one of up to ``page`` records (the
+        # store's page): a follower that took its time gets big pages, as if it read alone, not
+        # the small ones the tail read (a read model commits per batch; small ones kept it behind).
+        self.merge_up_to = page
         self._run: _Run | None = None
 
     @property
@@ -102,9 +102,9 @@ class SharedTail:
                     follower.wake.clear()
                     await follower.wake.wait()
                 page = follower.pages.popleft()
-                if follower.pages and len(page) + len(follower.pages[0]) <= MERGED:
+                if follower.pages and len(page) + len(follower.pages[0]) <= self.merge_up_to:
                     page = list(page)  # a copy: the tail's pages are every follower's
-                    while follower.pages and len(page) + len(follower.pages[0]) <= MERGED:
+                    while follower.pages and len(page) + len(follower.pages[0]) <= self.merge_up_to:
                         page.extend(follower.pages.popleft())
                 follower.records -= len(page)
                 if page[-1].seq < seq:
