@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,9 +58,15 @@ from services.transport.tasks import Tasks, every
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-# Agents a reconciliation round looks at before it lets other work run: after a burst a round
-# visits every live kernel (about 50 ms for 10,000 of them), which must not hold up a create.
-_AGENTS_PER_SLICE = 25
+# A reconciliation round works at most _SLICE_S at a time, then pauses _PAUSE_S: a round after
+# a burst visits hundreds of agents (100-130 ms of work at 21,000 live), and slices that
+# yielded only to what was ready at that moment took half the loop while the round lasted, so
+# every create in flight then waited 200-500 ms (bench/lifecycle.py --scale).  At most a fifth
+# of the loop: a round of 130 ms of work ends within a second of its 5 s interval.
+_SLICE_S = 0.002
+_PAUSE_S = 0.008
+# The kernels an agent is expected to run or to be about to: what reconciliation compares.
+_ON_AGENT = ABOUT_TO_USE | {S.RUNNING, S.TERMINATING}
 
 
 class AgentSync:
@@ -160,7 +167,7 @@ class AgentSync:
         for sid in self.fleet.sessions_on(agent_id):
             session = self.fleet.sessions[sid]
             for k in session.kernels.values():
-                if k.agent_id == agent_id and k.status in ABOUT_TO_USE | {S.RUNNING, S.TERMINATING}:
+                if k.agent_id == agent_id and k.status in _ON_AGENT:
                     out.append((session, k))
         return out
 
@@ -234,19 +241,22 @@ class AgentSync:
         pins = []
         agreeing: dict[str, frozenset[str]] = {}  # agent -> the images it must have pinned
         visited = 0
+        slice_end = time.perf_counter() + _SLICE_S
         for agent_id, state in list(self.fleet.agents.items()):
             if agent_id in self._agreed:
                 continue
             visited += 1
-            if visited % _AGENTS_PER_SLICE == 0:
-                await asyncio.sleep(0)  # let creates through: an agent costs its kernels
+            if time.perf_counter() > slice_end:
+                await asyncio.sleep(_PAUSE_S)  # let creates through: an agent costs its kernels
+                slice_end = time.perf_counter() + _SLICE_S
             if not state.live:
                 await self._end_on_lost(agent_id, now)
                 continue
             beat = self.liveness.last_beat.get(agent_id)
             kernels = self._kernels_on(agent_id)
             expected = frozenset(s.image for s, k in kernels if k.status in ABOUT_TO_USE)
-            pins.append(self._pin_expected(agent_id, expected))
+            if self._expected_sent.get(agent_id) != expected:  # else a task that does nothing
+                pins.append(self._pin_expected(agent_id, expected))
             if beat is None:
                 continue
             drift, agrees = self._drift(agent_id, beat, kernels)
@@ -302,8 +312,6 @@ class AgentSync:
         return (exited if drift else None), not differs
 
     async def _pin_expected(self, agent_id: str, expected: frozenset[str]) -> None:
-        if self._expected_sent.get(agent_id) == expected:
-            return
         try:
             await self.agents.call(
                 agent_id, rpc.PIN_IMAGES, rpc.PinImages(expected=sorted(expected))

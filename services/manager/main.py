@@ -48,7 +48,6 @@ from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
 from services.manager.fleet import Fleet
-from services.manager.gc_pauses import keep_pauses_short
 from services.manager.groups import Groups
 from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
@@ -71,6 +70,7 @@ from services.manager.users import Users
 from services.transport import credentials, progress
 from services.transport.client import Client
 from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
+from services.transport.gc_pauses import keep_pauses_short
 from services.transport.metrics import MetricsServer
 
 log = logging.getLogger("manager")
@@ -112,7 +112,7 @@ class ManagerConfig:
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
-    # Freeze long-lived objects for the garbage collector (services.manager.gc_pauses): the
+    # Freeze long-lived objects for the garbage collector (services.transport.gc_pauses): the
     # process does, in-process managers of tests leave their process's collector alone.
     short_gc_pauses: bool = False
     # Several managers (services.manager.leadership): this one's name in the lease (distinct

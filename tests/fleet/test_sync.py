@@ -3,11 +3,14 @@ command, and drift repaired from heartbeats alone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from domain import rpc
 from domain.subjects import AGENT_SYNC
 from services.eventstore.store import EventStore
+from services.manager import agent_sync
 from services.transport.client import Client
 from tests.agent.agent_harness import call, wait_for
 from tests.fleet.fleet_harness import admin, fleet
@@ -150,3 +153,27 @@ async def test_running_kernels_of_a_lost_agent_end_agent_lost(
             "agent-lost: a1 (heartbeat-timeout: no heartbeat for 0.6s)"
         )
         assert m.fleet.agents["a1"].reserved_cpu == 0  # its room is no longer counted
+
+
+async def test_a_reconciliation_round_pauses_when_its_slice_is_spent(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round works at most _SLICE_S, then sleeps _PAUSE_S: creates get the loop meanwhile,
+    instead of waiting behind a round over hundreds of agents."""
+    disks = {f"a{i}": 10 * GB for i in range(6)}
+    async with fleet(nc, store, disks), manager(nc, **NO_RECONCILE) as m:
+        await wait_for(lambda: len(m.fleet.agents) == 6, 10, "six agents registered")
+        monkeypatch.setattr(agent_sync, "_PAUSE_S", 0.2)
+        monkeypatch.setattr(agent_sync, "_SLICE_S", 0.0)  # spent after every agent
+        m.sync._agreed.clear()
+        began = time.monotonic()
+        await m.sync.reconcile()
+        assert m.sync.visited == 6
+        assert time.monotonic() - began >= 5 * 0.2  # a pause between each two agents
+        monkeypatch.setattr(agent_sync, "_PAUSE_S", 2.0)
+        monkeypatch.setattr(agent_sync, "_SLICE_S", 60.0)  # never spent: no pause
+        m.sync._agreed.clear()
+        began = time.monotonic()
+        await m.sync.reconcile()
+        assert m.sync.visited == 6
+        assert time.monotonic() - began < 2.0

@@ -1,6 +1,8 @@
-"""Keep the cyclic garbage collector's pauses from growing with what the manager holds.
+"""Keep the cyclic garbage collector's pauses from growing with what a process holds.
 
-The manager holds every session it folded; a full collection visits all of them, so with
+For the manager (every session it folded) and for a process of many simulated agents (what
+hundreds of hosts would hold, bench/lifecycle.py's dummy fleet).  A full collection visits all
+of it: in the manager, with
 10,000 live sessions one pause took 0.4-1.9 s (gc.callbacks under bench/lifecycle.py), which
 is a create's p99.  After each full collection, what survived it is frozen (``gc.freeze``):
 later collections visit only what is newer, so a pause grows with what changed since the last
