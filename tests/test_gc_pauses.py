@@ -39,6 +39,8 @@ def test_a_full_collection_freezes_and_a_doubled_frozen_set_is_thawed(
     monkeypatch.setattr(gc_pauses, "gc", fake)
     monkeypatch.setitem(gc_pauses._state, "thawed_at", 200_000)
     monkeypatch.setitem(gc_pauses._state, "since", 0)
+    monkeypatch.setitem(gc_pauses._state, "wait", 1)
+    monkeypatch.setitem(gc_pauses._state, "thawed", False)
     gc_pauses._after_collection("stop", {"generation": 1})
     gc_pauses._after_collection("start", {"generation": 2})
     assert fake.calls == []  # only the end of a full collection counts
@@ -53,6 +55,36 @@ def test_a_full_collection_freezes_and_a_doubled_frozen_set_is_thawed(
     assert fake.calls == ["freeze", "freeze", "unfreeze", "freeze"]
     assert gc_pauses._state["thawed_at"] == 900_000
     assert gc_pauses._state["since"] == 0
+
+
+def test_a_thaw_that_finds_next_to_nothing_makes_the_next_one_wait_twice_as_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeGc(survivors=200_000)
+    monkeypatch.setattr(gc_pauses, "gc", fake)
+    for key, value in {"thawed_at": 200_000, "since": 0, "wait": 1, "thawed": False}.items():
+        monkeypatch.setitem(gc_pauses._state, key, value)
+
+    def frozen_until_thawed() -> int:
+        """Full collections of 200,000 survivors each until one thaws; how many froze."""
+        before = len(fake.calls)
+        while True:
+            gc_pauses._after_collection("stop", {"generation": 2})
+            if fake.calls[-1] == "unfreeze":
+                return len(fake.calls) - before - 1
+            assert len(fake.calls) - before < 100
+
+    assert frozen_until_thawed() == 2  # more than once the heap (200,000) frozen since
+    fake.survivors = 400_000
+    gc_pauses._after_collection("stop", {"generation": 2, "collected": 9})  # the thawed heap
+    assert gc_pauses._state["wait"] == 2  # 9 of 400,009: not worth its pause
+    fake.survivors = 200_000
+    assert frozen_until_thawed() == 5  # more than twice the heap (800,000) frozen since
+    fake.survivors = 400_000
+    gc_pauses._after_collection("stop", {"generation": 2, "collected": 50_000})
+    assert gc_pauses._state["wait"] == 1  # it found cyclic garbage: once the heap again
+    fake.survivors = 200_000
+    assert frozen_until_thawed() == 3  # more than once the heap (400,000)
 
 
 def test_in_a_process_long_lived_objects_leave_the_collections() -> None:
