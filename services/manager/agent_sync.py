@@ -58,11 +58,11 @@ from services.transport.tasks import Tasks, every
 log = logging.getLogger(__name__)
 
 S = KernelStatus
-# A reconciliation round works at most _SLICE_S at a time, then pauses _PAUSE_S: a round after
-# a burst visits hundreds of agents (100-130 ms of work at 21,000 live), and slices that
-# yielded only to what was ready at that moment took half the loop while the round lasted, so
-# every create in flight then waited 200-500 ms (bench/lifecycle.py --scale).  At most a fifth
-# of the loop: a round of 130 ms of work ends within a second of its 5 s interval.
+# A reconciliation round pauses _PAUSE_S after the agent that takes its slice past _SLICE_S: a
+# round after a burst visits hundreds of agents (100-130 ms of work at 21,000 live), and slices
+# that yielded only to what was ready at that moment took half the loop while the round lasted,
+# so every create in flight then waited 200-500 ms (bench/lifecycle.py --scale).  About a fifth
+# of the loop: a round of 130 ms of work takes about 0.7 s of its 5 s interval.
 _SLICE_S = 0.002
 _PAUSE_S = 0.008
 # The kernels an agent is expected to run or to be about to: what reconciliation compares.
@@ -97,6 +97,9 @@ class AgentSync:
         # Agents that agreed with their last beat and have not changed since (reconcile)
         self._agreed: set[str] = set()
         self.visited = 0  # agents the last reconciliation round visited (tests, stats)
+        # Told the seconds each round worked, its pauses left out (the manager's stats)
+        self.on_round: Callable[[float], None] | None = None
+        self._paused_s = 0.0  # the current round's pauses so far
         self._tasks = Tasks()
 
     def start(self) -> None:
@@ -232,13 +235,22 @@ class AgentSync:
         visited again until its kernels, registration or liveness change in the view or its
         beat lists other containers: time alone cannot make it differ, so a round costs what
         changed, not every live kernel."""
+        began = time.perf_counter()
+        self._paused_s = 0.0
+        try:
+            return await self._round()
+        finally:
+            if self.on_round is not None:
+                self.on_round(time.perf_counter() - began - self._paused_s)
+
+    async def _round(self) -> list[str]:
         now = datetime.now(UTC)
         changed = self.fleet.changed_agents | self.liveness.changed_beats
         self.fleet.changed_agents.clear()
         self.liveness.changed_beats.clear()
         self._agreed -= changed
         drifted: dict[str, set[str]] = {}
-        pins = []
+        expecting: list[tuple[str, frozenset[str]]] = []  # agent -> the images it must pin
         agreeing: dict[str, frozenset[str]] = {}  # agent -> the images it must have pinned
         visited = 0
         slice_end = time.perf_counter() + _SLICE_S
@@ -246,17 +258,18 @@ class AgentSync:
             if agent_id in self._agreed:
                 continue
             visited += 1
-            if time.perf_counter() > slice_end:
+            if (spent := time.perf_counter()) > slice_end:
                 await asyncio.sleep(_PAUSE_S)  # let creates through: an agent costs its kernels
-                slice_end = time.perf_counter() + _SLICE_S
+                resumed = time.perf_counter()
+                self._paused_s += resumed - spent
+                slice_end = resumed + _SLICE_S
             if not state.live:
                 await self._end_on_lost(agent_id, now)
                 continue
             beat = self.liveness.last_beat.get(agent_id)
             kernels = self._kernels_on(agent_id)
             expected = frozenset(s.image for s, k in kernels if k.status in ABOUT_TO_USE)
-            if self._expected_sent.get(agent_id) != expected:  # else a task that does nothing
-                pins.append(self._pin_expected(agent_id, expected))
+            expecting.append((agent_id, expected))
             if beat is None:
                 continue
             drift, agrees = self._drift(agent_id, beat, kernels)
@@ -265,7 +278,15 @@ class AgentSync:
             elif agrees:
                 agreeing[agent_id] = expected
         self.visited = visited
-        await asyncio.gather(*pins)
+        # Pinned where the images changed, as known now (a re-registration meanwhile forgets
+        # what was pinned); a task per agent whose pins did not change would do nothing.
+        await asyncio.gather(
+            *(
+                self._pin_expected(agent_id, expected)
+                for agent_id, expected in expecting
+                if self._expected_sent.get(agent_id) != expected
+            )
+        )
         for agent_id, expected in agreeing.items():
             if self._expected_sent.get(agent_id) == expected:  # else the pin failed: again
                 self._agreed.add(agent_id)  # a change meanwhile is taken out next round

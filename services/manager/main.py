@@ -224,7 +224,7 @@ class Manager:
         self.stats = Stats(self.fleet)
         self.stats.time(self.scheduler, "run_pass", self.stats.scheduling_passes)
         self.stats.time(self.liveness, "_on_heartbeat", self.stats.heartbeats)
-        self.stats.time(self.sync, "reconcile", self.stats.reconciliation_passes)
+        self.sync.on_round = self.stats.reconciliation_passes.add  # its work, not its pauses
         self.metrics = ManagerMetrics(self.fleet, self._read_seq)
         self.stats.scheduling_passes.observe = self.metrics.scheduler_pass.observe
         self.metrics_server: MetricsServer | None = None

@@ -3,6 +3,7 @@ command, and drift repaired from heartbeats alone."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -158,22 +159,52 @@ async def test_running_kernels_of_a_lost_agent_end_agent_lost(
 async def test_a_reconciliation_round_pauses_when_its_slice_is_spent(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A round works at most _SLICE_S, then sleeps _PAUSE_S: creates get the loop meanwhile,
-    instead of waiting behind a round over hundreds of agents."""
+    """A round pauses _PAUSE_S once its slice passed _SLICE_S, and the loop runs other work
+    meanwhile, instead of creates waiting behind a round over hundreds of agents; the stats
+    get its work, not its pauses; images are pinned once, not again while they do not change."""
     disks = {f"a{i}": 10 * GB for i in range(6)}
     async with fleet(nc, store, disks), manager(nc, **NO_RECONCILE) as m:
         await wait_for(lambda: len(m.fleet.agents) == 6, 10, "six agents registered")
+        await m.sync.reconcile()  # pins the (no) expected images once
+        pins: list[str] = []
+        real_pin = m.sync._pin_expected
+
+        async def pin(agent_id: str, expected: frozenset[str]) -> None:
+            pins.append(agent_id)
+            await real_pin(agent_id, expected)
+
+        monkeypatch.setattr(m.sync, "_pin_expected", pin)
+        worked: list[float] = []
+        monkeypatch.setattr(m.sync, "on_round", worked.append)
         monkeypatch.setattr(agent_sync, "_PAUSE_S", 0.2)
-        monkeypatch.setattr(agent_sync, "_SLICE_S", 0.0)  # spent after every agent
+        monkeypatch.setattr(agent_sync, "_SLICE_S", 0.0)  # spent at every agent
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:  # other work, as a create's steps would be
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.05)
+
+        other = asyncio.create_task(ticker())
         m.sync._agreed.clear()
         began = time.monotonic()
         await m.sync.reconcile()
+        took = time.monotonic() - began
+        stop.set()
+        await other
         assert m.sync.visited == 6
-        assert time.monotonic() - began >= 5 * 0.2  # a pause between each two agents
+        assert took >= 6 * 0.2  # a pause before each agent
+        assert ticks >= 6 * 2  # and the loop ran meanwhile (about 4 ticks a pause)
+        assert len(worked) == 1 and worked[0] < took - 6 * 0.2 + 0.05  # the pauses left out
+        assert pins == []  # nothing changed: no pin, no task
         monkeypatch.setattr(agent_sync, "_PAUSE_S", 2.0)
         monkeypatch.setattr(agent_sync, "_SLICE_S", 60.0)  # never spent: no pause
         m.sync._agreed.clear()
+        m.sync._expected_sent.pop("a0")  # as a re-registration forgets what was pinned
         began = time.monotonic()
         await m.sync.reconcile()
         assert m.sync.visited == 6
         assert time.monotonic() - began < 2.0
+        assert pins == ["a0"]
