@@ -28,7 +28,9 @@ create, five appends to the event log, two agent round trips).
    row and folds the whole log (its own timing, and the time until it printed 'manager ready'),
    and the cores the manager, nats-server and the agents' processes used at the steady rate
    (/proc/<pid>/stat over that phase). The ``--agents`` dummy agents run in ``--agent-procs``
-   processes.
+   processes. With ``--steps``, each row is preceded by where the steady creates' time went:
+   p50 and p99 of each step (one event to the next, as they reach this client, then the last
+   to the RUNNING reply), and the start times of the slowest creates (they come in bursts).
 5. Side by side (``--nats-nodes N``, ``--managers M``, ``--sync-compare``): phases 1 and 2 on
    two fresh stacks in one invocation, the second's sessions/s and p99 as ratios to the
    first's: one nats-server against an N-node cluster (R3), one manager against M (one leads),
@@ -47,7 +49,7 @@ create, five appends to the event log, two agent round trips).
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
                               [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
-                              [--profile-manager FILE] [--verify]
+                              [--profile-manager FILE] [--verify] [--steps]
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ async def run_agents(url: str, count: int, first: int = 0, heartbeat_s: float = 
     await nc.close()
 
 
-async def create(nc: Client, i: int, tag: str) -> float:
+async def create(nc: Client, i: int, tag: str, steps: Steps | None = None) -> float:
     payload = {
         "owner": f"user-{i % 97}",
         "image": IMAGE,
@@ -134,7 +136,48 @@ async def create(nc: Client, i: int, tag: str) -> float:
     took = time.perf_counter() - start
     if reply.get("status") != "RUNNING":
         raise RuntimeError(f"session {i} ended {reply.get('status')}: {reply}")
+    if steps is not None:
+        steps.asked[str(reply["session_id"])] = (start, start + took)
     return took
+
+
+class Steps:
+    """Where the steady creates' time went: when each event of theirs reached this client (a
+    core subscription on the session subjects sees every append), one step to the next."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[tuple[str, float]]] = {}  # session id -> (event, arrived)
+        self.asked: dict[str, tuple[float, float]] = {}  # session id -> (sent, replied)
+
+    async def on_msg(self, msg: Msg) -> None:
+        if name := (msg.headers or {}).get("Hoist-Event"):
+            sid = msg.subject.rsplit(".", 1)[-1]
+            self.seen.setdefault(sid, []).append((name, time.perf_counter()))
+
+    def report(self, live: int) -> str:
+        took: dict[str, list[float]] = {}  # step -> seconds, in the order steps first came
+        slowest = sorted(self.asked.items(), key=lambda kv: kv[1][0] - kv[1][1])[:10]
+        for sid, (sent, replied) in self.asked.items():
+            step, at = "request", sent
+            for name, arrived in self.seen.get(sid, []):
+                if arrived > replied:
+                    break
+                took.setdefault(f"{step}→{name}", []).append(arrived - at)
+                step, at = name, arrived
+            took.setdefault(f"{step}→reply", []).append(replied - at)
+        cells = [
+            f"{k} {pct(v, 0.5) * 1000:.1f}/{pct(v, 0.99) * 1000:.1f}"
+            for k, v in took.items()
+            if len(v) >= len(self.asked) // 10  # a path most creates took
+        ]
+        first = min((sent for sent, _ in self.asked.values()), default=0.0)
+        starts = ", ".join(
+            f"{sent - first:.2f} ({(end - sent) * 1000:.0f})" for _, (sent, end) in slowest
+        )
+        return (
+            f"steps at {live:,} live, p50/p99 ms: {'; '.join(cells)}\n"
+            f"  the 10 slowest creates left at (s into the steady phase; their ms): {starts}"
+        )
 
 
 class Ends:
@@ -228,7 +271,9 @@ async def steady(nc: Client, rate: float, seconds: float) -> list[float]:
     return await steady_tagged(nc, rate, seconds, "steady")
 
 
-async def steady_tagged(nc: Client, rate: float, seconds: float, tag: str) -> list[float]:
+async def steady_tagged(
+    nc: Client, rate: float, seconds: float, tag: str, steps: Steps | None = None
+) -> list[float]:
     tasks = []
     start = time.perf_counter()
     for i in range(int(rate * seconds)):
@@ -236,7 +281,7 @@ async def steady_tagged(nc: Client, rate: float, seconds: float, tag: str) -> li
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(create(nc, i, tag)))
+        tasks.append(asyncio.create_task(create(nc, i, tag, steps)))
     return list(await asyncio.gather(*tasks))
 
 
@@ -545,14 +590,22 @@ async def scale_row(
     row.add(f"{rate:.0f}" if more else "-")
     watched = {"manager": [manager.pid], **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
+    steps = Steps() if args.steps else None
+    sub = await nc.subscribe(f"{EVENTS}.session.>", cb=steps.on_msg) if steps else None
     began = time.perf_counter()
-    latencies = await steady_tagged(nc, args.rate, args.seconds, f"steady-{size}")
+    try:
+        latencies = await steady_tagged(nc, args.rate, args.seconds, f"steady-{size}", steps)
+    finally:
+        if sub is not None:
+            await sub.unsubscribe()
     steady_s = time.perf_counter() - began
     cores = " / ".join(
         f"{(sum(cpu_s(pid) for pid in pids) - before[name]) / steady_s:.2f}"
         for name, pids in watched.items()
     )
     live += len(latencies)
+    if steps is not None:
+        print(steps.report(live), flush=True)
     row.add(f"{pct(latencies, 0.5) * 1000:.1f}", f"{pct(latencies, 0.99) * 1000:.1f}")
     stats = await ask(nc, MANAGER_STATS, {})
     head = await store.head()
@@ -655,6 +708,11 @@ def parser() -> argparse.ArgumentParser:
         "--verify",
         action="store_true",
         help="(--scale) after each row, the live read models against a rebuild (hoist verify)",
+    )
+    p.add_argument(
+        "--steps",
+        action="store_true",
+        help="(--scale) before each row, p50/p99 of each step of the steady creates",
     )
     p.add_argument(
         "--profile-manager",

@@ -1,6 +1,7 @@
 """A smoke run of ``bench/lifecycle.py --scale`` at tiny sizes: it must print one full row per
 size (no failure cell), with the live count the manager agrees with (the bench checks that),
-and, with ``--verify``, the read models matching a rebuild after each row."""
+and, with ``--verify``, the read models matching a rebuild after each row; with ``--steps``,
+each row's steady creates broken into steps."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_scale_mode_prints_one_row_per_size() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["--scale", "--agents", "20", "--agent-procs", "2", "--live", "60,100"]
-    args += ["--rate", "20", "--seconds", "1", "--verify"]
+    args += ["--rate", "20", "--seconds", "1", "--verify", "--steps"]
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "lifecycle.py"), *args],
         env=env,
@@ -40,3 +41,12 @@ def test_scale_mode_prints_one_row_per_size() -> None:
     assert [c[1].strip() for c in cells] == ["80", "120"], out
     assert "in 2 processes" in out, out
     assert "hoist verify at 80 live: match" in out and "at 120 live: match" in out, out
+    # --steps: where each row's steady creates spent their time, from the request to the reply
+    steps = [line for line in out.splitlines() if line.startswith("steps at ")]
+    assert [line.split(" live")[0] for line in steps] == ["steps at 80", "steps at 120"], out
+    for line in steps:
+        cells = line.split(": ", 1)[1].split("; ")
+        assert cells[0].startswith("request→SessionEnqueued "), line
+        assert cells[-1].split()[0].endswith("→reply"), line
+        assert all(float(x) >= 0 for c in cells for x in c.split()[-1].split("/")), line
+    assert out.count("the 10 slowest creates left at") == 2, out
