@@ -156,7 +156,7 @@ class Steps:
 
     def report(self, live: int) -> str:
         took: dict[str, list[float]] = {}  # step -> seconds, in the order steps first came
-        slowest = sorted(self.asked.items(), key=lambda kv: kv[1][0] - kv[1][1])[:10]
+        slowest = sorted(self.asked.values(), key=lambda a: a[1] - a[0], reverse=True)[:10]
         for sid, (sent, replied) in self.asked.items():
             step, at = "request", sent
             for name, arrived in self.seen.get(sid, []):
@@ -172,7 +172,7 @@ class Steps:
         ]
         first = min((sent for sent, _ in self.asked.values()), default=0.0)
         starts = ", ".join(
-            f"{sent - first:.2f} ({(end - sent) * 1000:.0f})" for _, (sent, end) in slowest
+            f"{sent - first:.2f} ({(end - sent) * 1000:.0f})" for sent, end in slowest
         )
         return (
             f"steps at {live:,} live, p50/p99 ms: {'; '.join(cells)}\n"

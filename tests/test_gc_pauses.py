@@ -40,7 +40,6 @@ def test_a_full_collection_freezes_and_a_doubled_frozen_set_is_thawed(
     monkeypatch.setitem(gc_pauses._state, "thawed_at", 200_000)
     monkeypatch.setitem(gc_pauses._state, "since", 0)
     monkeypatch.setitem(gc_pauses._state, "wait", 1)
-    monkeypatch.setitem(gc_pauses._state, "thawed", False)
     gc_pauses._after_collection("stop", {"generation": 1})
     gc_pauses._after_collection("start", {"generation": 2})
     assert fake.calls == []  # only the end of a full collection counts
@@ -62,7 +61,7 @@ def test_a_thaw_that_finds_next_to_nothing_makes_the_next_one_wait_twice_as_long
 ) -> None:
     fake = FakeGc(survivors=200_000)
     monkeypatch.setattr(gc_pauses, "gc", fake)
-    for key, value in {"thawed_at": 200_000, "since": 0, "wait": 1, "thawed": False}.items():
+    for key, value in {"thawed_at": 200_000, "since": 0, "wait": 1}.items():
         monkeypatch.setitem(gc_pauses._state, key, value)
 
     def frozen_until_thawed() -> int:

@@ -146,22 +146,20 @@ class DummyKernel:
     lines: int = 0  # lines written at DummyConfig.output_bps
     # Set by tests: not running, yet no exit (a container created but never started, or paused).
     stopped: bool = False
-    # The last container() and the (running, exit) it was built for: the agent lists every
+    # The last container(), kept while its running and exit still hold: the agent lists every
     # kernel at each heartbeat, and a process simulating hundreds of hosts spent a third of its
     # time building the same snapshots again (bench/lifecycle.py --scale).
-    _snapshot: tuple[tuple[bool, ExitInfo | None], KernelContainer] | None = field(
-        default=None, repr=False
-    )
+    _snapshot: KernelContainer | None = field(default=None, repr=False)
 
     @property
     def running(self) -> bool:
         return self.exit is None and not self.stopped
 
     def container(self) -> KernelContainer:
-        key = (self.running, self.exit)
-        if self._snapshot is None or self._snapshot[0] != key:
-            self._snapshot = (key, self._container())
-        return self._snapshot[1]
+        snap = self._snapshot
+        if snap is None or snap.running != self.running or snap.exit != self.exit:
+            self._snapshot = snap = self._container()
+        return snap
 
     def _container(self) -> KernelContainer:
         return KernelContainer(

@@ -27,7 +27,7 @@ _MIN_THAW = 100_000  # frozen objects below which a thaw is not worth its pause
 # finds more brings the wait back to once the heap.
 _WORTH = 0.01
 _MAX_WAIT = 64
-_state = {"thawed_at": 0, "since": 0, "installed": False, "wait": 1, "thawed": False}
+_state = {"thawed_at": 0, "since": 0, "installed": False, "wait": 1}
 
 
 def _freeze() -> int:
@@ -44,8 +44,7 @@ def _freeze() -> int:
 def _after_collection(phase: str, info: dict[str, Any]) -> None:
     if phase != "stop" or info.get("generation") != 2:
         return
-    if _state["thawed"]:  # this collection ran on the thawed heap
-        _state["thawed"] = False
+    if not _state["thawed_at"]:  # this collection ran on the thawed heap
         survivors = _freeze()
         found = int(info.get("collected", 0))
         worth = found >= _WORTH * (survivors + found)
@@ -56,7 +55,6 @@ def _after_collection(phase: str, info: dict[str, Any]) -> None:
         # collection runs on the thawed heap, and freezes what survives it).
         gc.unfreeze()
         _state["thawed_at"] = _state["since"] = 0
-        _state["thawed"] = True
         return
     _freeze()
 
