@@ -777,6 +777,7 @@ class EventStore:
         inbox = await self.nc.reply_inbox(on_msg)
         try:
             while True:
+                had = len(out)
                 want = PAGE if limit is None else min(PAGE, limit - len(out))
                 req = {**req, "batch": want}
                 await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
@@ -789,7 +790,10 @@ class EventStore:
                     raise self._no_direct_get()
                 if error is not None:
                     raise StoreError(f"direct get {req} from {self.stream}: {error}")
-                if not out or pending == 0 or (limit is not None and len(out) >= limit):
+                # A batch that brought nothing ends the read even if the one before said more
+                # was pending: nats-server's count can include messages whose TTL has expired
+                # (a lapsed lease), and asking on after them got 404 for ever, at full speed.
+                if len(out) == had or pending == 0 or (limit is not None and len(out) >= limit):
                     return out
                 # More than one batch (or the server capped its bytes): continue after the last.
                 done = asyncio.get_running_loop().create_future()

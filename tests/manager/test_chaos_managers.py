@@ -163,7 +163,7 @@ async def test_leadership_flipping_fast_never_double_books(
             end = time.monotonic() + 8
             while time.monotonic() < end:
                 p = create_payload(request_id=f"f{len(sids)}", resources={"cpu": 1, "mem": 64 * MB})
-                sids.append((await create_until_answered(nc, p))["session_id"])
+                sids.append((await create_until_answered(nc, p, log))["session_id"])
                 if len(sids) > 12 and rng.random() < 0.5:  # churn: room freed and taken again
                     victim = rng.choice(sids[:-12])
                     await request(nc, SESSION_DESTROY, {"session_id": victim}, within=5)

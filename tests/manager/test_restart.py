@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,12 +66,20 @@ def tail(path: Path) -> str:
     return path.read_text(errors="replace")[-2000:]
 
 
-async def create_until_answered(nc: Client, payload: dict[str, Any]) -> dict[str, Any]:
-    """A client retrying with the same request_id while the manager is down."""
+async def create_until_answered(
+    nc: Client, payload: dict[str, Any], log: Path | None = None, within_s: float = 60
+) -> dict[str, Any]:
+    """A client retrying with the same request_id while the manager is down; a create no
+    manager answers in ``within_s`` fails the test with the managers' ``log``, not its
+    timeout."""
+    end = time.monotonic() + within_s
     while True:
         try:
             reply = await request(nc, SESSION_CREATE, payload, within=1)
-        except (NatsTimeoutError, NoRespondersError):
+        except (NatsTimeoutError, NoRespondersError) as e:
+            if time.monotonic() > end:
+                seen = "" if log is None else tail(log)
+                raise AssertionError(f"create unanswered {within_s} s ({e!r}); {seen}") from None
             await asyncio.sleep(0.05)
             continue
         assert "error" not in reply, reply
