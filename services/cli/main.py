@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import signal
@@ -63,6 +64,17 @@ EXIT_WAIT_S = 30.0  # for the main kernel's exit to be recorded once its output 
 
 
 _SLOT = re.compile(SLOT_NAME)
+
+
+def _wait_seconds(text: str) -> float:
+    """--max-wait: seconds >= 0 (a negative or ``nan`` wait would mean nothing clear)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds >= 0 like 30 (0: no limit)")
+    return value
 
 
 def parse_resources(specs: list[str]) -> dict[str, float | int]:
@@ -635,7 +647,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--owner", default=_default_owner())
     run.add_argument("--resource-group", default="default")
     run.add_argument(
-        "--max-wait", type=float, default=0.0, help="stop watching after S seconds (0: no limit)"
+        "--max-wait",
+        type=_wait_seconds,
+        default=0.0,
+        help="stop watching after S seconds (0: no limit)",
     )
     run.add_argument("--detach", "-d", action="store_true", help="print the session id, no view")
     add_output_flags(run, "the created session (with -d)")
@@ -644,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     watch_p = sub.add_parser("watch", help="show a session live (again), from its current state")
     watch_p.add_argument("session_id", metavar="SESSION", help=_SESSION_HELP)
-    watch_p.add_argument("--max-wait", type=float, default=0.0)
+    watch_p.add_argument("--max-wait", type=_wait_seconds, default=0.0)
     watch_p.set_defaults(func=cmd_watch)
 
     destroy = sub.add_parser("destroy", help="end sessions")

@@ -27,6 +27,23 @@ def test_stack_not_running(tmp_path: Path) -> None:
     one_line_error(result, f"the Hoist stack in {tmp_path} is not running: start it with `hoist up")
 
 
+@pytest.mark.parametrize("cmd", [("run", "x:1"), ("watch", "abc")])
+@pytest.mark.parametrize("wait", ["-1", "nan", "inf", "soon"])
+def test_max_wait_takes_seconds_at_least_zero(
+    tmp_path: Path, cmd: tuple[str, ...], wait: str
+) -> None:
+    """Refused before anything is asked (a newcomer's trial ran ``--max-wait -1``)."""
+    result = subprocess.run(
+        [HOIST, "--data-dir", str(tmp_path), *cmd, "--max-wait", wait],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"--max-wait: '{wait}': give seconds >= 0 like 30 (0: no limit)"), last
+
+
 def test_nats_unreachable(hoist_stack: Stack) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     result = hoist_stack.hoist("sessions", env={"HOIST_NATS_URL": url}, timeout=30)
