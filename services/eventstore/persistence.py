@@ -930,12 +930,29 @@ class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
                 f"{self.NATS_LOCAL_COPY_MB} must be a number of megabytes >= 0 (0: no local"
                 f" copy), got {copy_mb!r}"
             )
-        self.datastore = JetStreamDatastore(
+        self._opening = (
             self.env.get(self.NATS_URL, DEFAULT_NATS_URL),
-            stream,
+            check_token(stream, self.NATS_STREAM),
             connect_timeout,
             local_copy_bytes,
         )
+        self._datastore: JetStreamDatastore | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def datastore(self) -> JetStreamDatastore:
+        """The stream's connection, opened at the first recorder: the library makes factories
+        it only takes a mapper from (``ProcessApplication.follow``) and never closes, and each
+        would hold a connection, a thread and a copy of the stream for the process's life."""
+        with self._lock:
+            if self._datastore is None:
+                if self._closed:
+                    raise RuntimeError(
+                        "the persistence factory is closed; construct a new Application/Factory"
+                    )
+                self._datastore = JetStreamDatastore(*self._opening)
+            return self._datastore
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         return JetStreamAggregateRecorder(self.datastore, purpose=purpose)
@@ -961,4 +978,8 @@ class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
         return JetStreamProcessRecorder(self.datastore)
 
     def close(self) -> None:
-        self.datastore.close()
+        with self._lock:
+            self._closed = True
+            datastore = self._datastore
+        if datastore is not None:
+            datastore.close()

@@ -293,9 +293,11 @@ def test_originator_id_tokens_are_reversible_subject_tokens() -> None:
 
 
 async def test_sync_call_from_a_running_event_loop_is_refused(nats_server: NatsServer) -> None:
-    factory = await asyncio.to_thread(Factory, {"NATS_URL": nats_server.url, "NATS_STREAM": "loop"})
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "loop"})
     try:
-        recorder = factory.application_recorder()
+        with pytest.raises(RuntimeError, match=r"asyncio\.to_thread"):
+            factory.application_recorder()  # the first connects: a blocking call
+        recorder = await asyncio.to_thread(factory.application_recorder)
         with pytest.raises(RuntimeError, match=r"asyncio\.to_thread"):
             recorder.max_notification_id()
         assert await asyncio.to_thread(recorder.max_notification_id) is None
@@ -315,14 +317,15 @@ def test_configuration_errors_name_the_setting(nats_server: NatsServer) -> None:
         Factory({"NATS_URL": nats_server.url})
     with pytest.raises(ValueError, match="NATS_STREAM"):
         Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "a.b"})
+    unreachable = Factory(
+        {
+            "NATS_URL": f"nats://127.0.0.1:{free_port()}",
+            "NATS_STREAM": "x",
+            "NATS_CONNECT_TIMEOUT": "0.5",
+        }
+    )
     with pytest.raises(OperationalError, match="NATS_URL"):
-        Factory(
-            {
-                "NATS_URL": f"nats://127.0.0.1:{free_port()}",
-                "NATS_STREAM": "x",
-                "NATS_CONNECT_TIMEOUT": "0.5",
-            }
-        )
+        unreachable.application_recorder()  # the first recorder connects
     with pytest.raises(ValueError, match="NATS_CONNECT_TIMEOUT"):
         Factory({"NATS_STREAM": "x", "NATS_CONNECT_TIMEOUT": "soon"})
 
@@ -330,11 +333,36 @@ def test_configuration_errors_name_the_setting(nats_server: NatsServer) -> None:
 def test_close_ends_the_private_loop(nats_server: NatsServer) -> None:
     before = {t.name for t in threading.enumerate()}
     factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "closing"})
+    factory.application_recorder()
     assert "eventsourcing-jetstream-closing" in {t.name for t in threading.enumerate()} - before
     factory.close()
     assert "eventsourcing-jetstream-closing" not in {t.name for t in threading.enumerate()}
     with pytest.raises(RuntimeError, match="closed"):
         factory.application_recorder().max_notification_id()
+
+
+def test_a_factory_used_for_its_mapper_alone_opens_nothing(nats_server: NatsServer) -> None:
+    """The library's ProcessApplication.follow makes a factory for the leader's mapper and never
+    closes it: each left a connection, a thread and a copy of the stream behind (a test's
+    leaked thread kept reconnecting to its stopped server for the rest of the CI run)."""
+    before = set(threading.enumerate())
+    system = System(pipes=[[DogSchool, Counted]])
+    env = {"PERSISTENCE_MODULE": "services.eventstore:Factory", "NATS_URL": nats_server.url}
+    runner: SingleThreadedRunner[UUID] = SingleThreadedRunner(
+        system, env={**env, "DOGSCHOOL_NATS_STREAM": "lead", "COUNTED_NATS_STREAM": "follow"}
+    )
+    runner.start()
+    try:
+        runner.get(DogSchool).register_dog("Fido")
+        assert runner.get(Counted).recorder.max_tracking_id("DogSchool") == 1
+    finally:
+        runner.stop()
+    left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert left == [], left
+    factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "unused"})
+    factory.close()  # never opened: nothing to close, and closed for good
+    with pytest.raises(RuntimeError, match="closed"):
+        factory.application_recorder()
 
 
 def test_an_application_never_closed_exits_quietly(nats_server: NatsServer) -> None:
