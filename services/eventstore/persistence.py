@@ -945,12 +945,12 @@ class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
         """The stream's connection, opened at the first recorder: the library makes factories
         it only takes a mapper from (``ProcessApplication.follow``) and never closes, and each
         would hold a connection, a thread and a copy of the stream for the process's life."""
-        with self._lock:
+        with self._lock:  # held while connecting: a close() meanwhile waits for it
+            if self._closed:
+                raise RuntimeError(
+                    "the persistence factory is closed; construct a new Application/Factory"
+                )
             if self._datastore is None:
-                if self._closed:
-                    raise RuntimeError(
-                        "the persistence factory is closed; construct a new Application/Factory"
-                    )
                 self._datastore = JetStreamDatastore(*self._opening)
             return self._datastore
 

@@ -107,6 +107,9 @@ _SETTLE = (0.002, 0.02, 0.1)
 # A read that came from a replica behind what the store knows is asked again after these pauses
 # (a follower applies a write milliseconds after the quorum acknowledged it); then StoreError.
 _LAG_PAUSES = (0.002, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# Pauses before a batched read asks again after a continuation that brought nothing, though the
+# batch before counted more pending (store._direct_pages): then it ends.
+_EMPTY_PAUSES = _LAG_PAUSES[:3]
 # An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
 # after these pauses: a cluster elects a new leader within seconds of a node's loss.
 _ELECTION_PAUSES = (0.1, 0.25, 0.5, 1.0, 1.0, 2.0, 2.0)
@@ -775,6 +778,7 @@ class EventStore:
                 done.set_exception(StoreError(f"bad direct get reply from {self.stream}: {e!r}"))
 
         inbox = await self.nc.reply_inbox(on_msg)
+        empty = 0  # continuations in a row that brought nothing
         try:
             while True:
                 had = len(out)
@@ -790,13 +794,22 @@ class EventStore:
                     raise self._no_direct_get()
                 if error is not None:
                     raise StoreError(f"direct get {req} from {self.stream}: {error}")
-                # A batch that brought nothing ends the read even if the one before said more
-                # was pending: nats-server's count can include messages whose TTL has expired
-                # (a lapsed lease), and asking on after them got 404 for ever, at full speed.
-                if len(out) == had or pending == 0 or (limit is not None and len(out) >= limit):
+                if not out or pending == 0 or (limit is not None and len(out) >= limit):
                     return out
-                # More than one batch (or the server capped its bytes): continue after the last.
                 done = asyncio.get_running_loop().create_future()
+                if len(out) == had:
+                    # Nothing, though the batch before counted more pending: a replica behind
+                    # the one that counted answered (asked again after a pause), or the count
+                    # included messages whose TTL expired but are not yet removed (a lapsed
+                    # lease: asking on got 404 for ever, at full speed).  A few tries, then the
+                    # read ends with what it has.
+                    if empty == len(_EMPTY_PAUSES):
+                        return out
+                    await asyncio.sleep(_EMPTY_PAUSES[empty])
+                    empty += 1
+                    continue
+                empty = 0
+                # More than one batch (or the server capped its bytes): continue after the last.
                 req = {**req, "seq": out[-1].seq + 1}
                 req.pop("start_time", None)
         finally:

@@ -2,7 +2,8 @@
 
 nats-server's Nats-Num-Pending can count messages whose TTL has expired but that are not yet
 removed (a lapsed manager lease at the stream's end): the reader used to ask on after them,
-get 404, and ask again at full speed for ever (a chaos test hung 300 s in CI).  A responder
+get 404, and ask again at full speed for ever (a chaos test hung 300 s in CI).  A replica behind
+the one that counted answers the same; asked again, it has the message.  A responder
 speaking the NATS protocol itself plays that server here, on a stream name JetStream does not
 hold, so the stale count is certain rather than a race with the TTL."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlparse
 
 import pytest
@@ -25,11 +27,16 @@ SUBJECT = "stale.a"
 
 class StaleResponder:
     """Answers direct gets of STREAM: from seq 1, one message that claims ``pending`` more,
-    then end of batch; from any later seq, 404.  ``asks`` counts the requests."""
+    then end of batch; from seq 2, 404 the first ``lagging`` times (a replica behind), then the
+    second message if ``second``, else 404 for ever (the stale count).  ``asks`` holds the
+    requests; ``ready`` is set once the responder is subscribed."""
 
-    def __init__(self, pending: int) -> None:
+    def __init__(self, pending: int, lagging: int = 0, second: bool = False) -> None:
         self.pending = pending
+        self.lagging = lagging
+        self.second = second
         self.asks: list[dict[str, object]] = []
+        self.ready = asyncio.Event()
         self._writer: asyncio.StreamWriter | None = None
 
     async def serve(self, url: str) -> None:
@@ -40,7 +47,9 @@ class StaleResponder:
         self._writer.write(f"SUB $JS.API.DIRECT.GET.{STREAM} 1\r\nPING\r\n".encode())
         await self._writer.drain()
         while line := await reader.readline():
-            if line.startswith(b"PING"):
+            if line.startswith(b"PONG"):  # the server has our SUB: it came before the PING
+                self.ready.set()
+            elif line.startswith(b"PING"):
                 self._writer.write(b"PONG\r\n")
             elif line.startswith(b"MSG "):
                 _, _, _, reply, size = line.split()
@@ -49,20 +58,27 @@ class StaleResponder:
 
     async def _answer(self, reply: str, ask: dict[str, object]) -> None:
         self.asks.append(ask)
-        if ask.get("seq") == 1:
-            self._hpub(
-                reply,
-                "NATS/1.0\r\n"
-                f"Nats-Stream: {STREAM}\r\nNats-Subject: {SUBJECT}\r\nNats-Sequence: 1\r\n"
-                "Nats-Time-Stamp: 2026-12-02T00:00:00Z\r\n"
-                f"Nats-Num-Pending: {self.pending}\r\n\r\n",
-                b"one",
-            )
+        seq = ask.get("seq")
+        if seq == 1:
+            self._stored(reply, 1, b"one", self.pending)
+            self._hpub(reply, "NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n", b"")
+        elif seq == 2 and self.second and len(self.asks) > 1 + self.lagging:
+            self._stored(reply, 2, b"two", 0)
             self._hpub(reply, "NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n", b"")
         else:
             self._hpub(reply, "NATS/1.0 404 Message Not Found\r\n\r\n", b"")
         assert self._writer is not None
         await self._writer.drain()
+
+    def _stored(self, reply: str, seq: int, data: bytes, pending: int) -> None:
+        self._hpub(
+            reply,
+            "NATS/1.0\r\n"
+            f"Nats-Stream: {STREAM}\r\nNats-Subject: {SUBJECT}\r\nNats-Sequence: {seq}\r\n"
+            "Nats-Time-Stamp: 2026-12-02T00:00:00Z\r\n"
+            f"Nats-Num-Pending: {pending}\r\n\r\n",
+            data,
+        )
 
     def _hpub(self, subject: str, headers: str, payload: bytes) -> None:
         block = headers.encode()
@@ -75,22 +91,39 @@ class StaleResponder:
         )
 
 
+@asynccontextmanager
+async def responding(url: str, stale: StaleResponder) -> AsyncIterator[StaleResponder]:
+    task = asyncio.create_task(stale.serve(url))
+    try:
+        await asyncio.wait_for(stale.ready.wait(), 10)
+        yield stale
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 @pytest.fixture
 async def responder(nats_server: NatsServer) -> AsyncIterator[StaleResponder]:
-    stale = StaleResponder(pending=3)
-    task = asyncio.create_task(stale.serve(nats_server.url))
-    await asyncio.sleep(0.2)  # subscribed
-    yield stale
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    async with responding(nats_server.url, StaleResponder(pending=3)) as stale:
+        yield stale
 
 
 async def test_a_stale_pending_count_ends_the_read(nc: Client, responder: StaleResponder) -> None:
     store = EventStore(nc, STREAM, ["stale.>"], timeout=2.0)
     records = await asyncio.wait_for(store.read(1, 1000), 5)
     assert [(r.seq, r.subject, r.data) for r in records] == [(1, SUBJECT, b"one")]
-    # One ask past the message (it found nothing), not one after another.
-    assert [a["seq"] for a in responder.asks] == [1, 2], responder.asks[:5]
+    # A few asks past the message (each found nothing), then the read ends.
+    assert [a["seq"] for a in responder.asks] == [1, 2, 2, 2, 2], responder.asks[:8]
+
+
+async def test_a_replica_behind_is_asked_again(nats_server: NatsServer, nc: Client) -> None:
+    """The count was true, the replica that answered next was behind: asked again, it has it."""
+    lagging = StaleResponder(pending=1, lagging=2, second=True)
+    async with responding(nats_server.url, lagging):
+        store = EventStore(nc, STREAM, ["stale.>"], timeout=2.0)
+        records = await asyncio.wait_for(store.read(1, 1000), 5)
+    assert [(r.seq, r.data) for r in records] == [(1, b"one"), (2, b"two")]
+    assert [a["seq"] for a in lagging.asks] == [1, 2, 2, 2], lagging.asks
 
 
 async def test_a_stale_pending_count_ends_a_replay(nc: Client, responder: StaleResponder) -> None:
@@ -100,4 +133,4 @@ async def test_a_stale_pending_count_ends_a_replay(nc: Client, responder: StaleR
         return [r.seq async for r in store.replay()]
 
     assert await asyncio.wait_for(replayed(), 5) == [1]
-    assert len(responder.asks) <= 3, responder.asks[:5]
+    assert len(responder.asks) == 5, responder.asks[:8]

@@ -394,12 +394,13 @@ def test_an_application_never_closed_exits_quietly(nats_server: NatsServer) -> N
 def test_close_on_the_private_loop_itself_ends_it(nats_server: NatsServer) -> None:
     """A GC can drop the last reference to an application on any thread, the loop's too."""
     factory = Factory({"NATS_URL": nats_server.url, "NATS_STREAM": "closing"})
-    factory.datastore._loop.loop.call_soon_threadsafe(factory.close)
+    datastore = factory.datastore  # opened
+    datastore._loop.loop.call_soon_threadsafe(factory.close)
     deadline = time.monotonic() + 10
     while "eventsourcing-jetstream-closing" in {t.name for t in threading.enumerate()}:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert factory.datastore._loop.loop.is_closed()
+    assert datastore._loop.loop.is_closed()
     factory.close()  # again, from here: nothing left to do
 
 

@@ -99,7 +99,7 @@ async def test_sigkill_the_leader_repeatedly_under_load(
             for i in range(200)
         ]
 
-        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.01))
+        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.01, log))
         takeovers = []
         try:
             for _ in range(5):

@@ -87,13 +87,17 @@ async def create_until_answered(
 
 
 async def create_all(
-    nc: Client, payloads: list[dict[str, Any]], rng: random.Random, pause_s: float
+    nc: Client,
+    payloads: list[dict[str, Any]],
+    rng: random.Random,
+    pause_s: float,
+    log: Path | None = None,
 ) -> list[dict[str, Any]]:
     """A client creating sessions one after the other, a random pause up to ``pause_s``
     between them, each retried until answered."""
     out = []
     for p in payloads:
-        out.append(await create_until_answered(nc, p))
+        out.append(await create_until_answered(nc, p, log))
         await asyncio.sleep(rng.uniform(0, pause_s))
     return out
 
@@ -127,7 +131,7 @@ async def test_sigkill_at_random_moments_converges(
             for i in range(SESSIONS)
         ]
 
-        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.03))
+        creating = asyncio.create_task(create_all(nc, payloads, rng, 0.03, log))
         try:
             for _ in range(KILLS):
                 await asyncio.sleep(rng.uniform(0.05, 0.5))
