@@ -265,7 +265,10 @@ def _stranger(
         route, authorization = f"nats-route://127.0.0.1:{route_port}", ""
     else:
         route = auth.route_url(route_port)
-        authorization = f"  authorization {{ user: {auth.user}, password: {auth.password} }}\n"
+        # Quoted, as the stack's own configs are: a random password like "3X..." parses as a
+        # number unquoted (nats-server: "Expected a digit but got 'X'").
+        user, password = json.dumps(auth.user), json.dumps(auth.password)
+        authorization = f"  authorization {{ user: {user}, password: {password} }}\n"
     config = home / "stranger.conf"
     config.write_text(
         f"server_name: {home.name}\nhttp: 127.0.0.1:{monitor}\n"
