@@ -61,16 +61,15 @@ class StaleResponder:
         seq = ask.get("seq")
         if seq == 1:
             self._stored(reply, 1, b"one", self.pending)
-            self._hpub(reply, "NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n", b"")
         elif seq == 2 and self.second and len(self.asks) > 1 + self.lagging:
             self._stored(reply, 2, b"two", 0)
-            self._hpub(reply, "NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n", b"")
         else:
             self._hpub(reply, "NATS/1.0 404 Message Not Found\r\n\r\n", b"")
         assert self._writer is not None
         await self._writer.drain()
 
     def _stored(self, reply: str, seq: int, data: bytes, pending: int) -> None:
+        """A batch of one stored message, then its end."""
         self._hpub(
             reply,
             "NATS/1.0\r\n"
@@ -79,6 +78,7 @@ class StaleResponder:
             f"Nats-Num-Pending: {pending}\r\n\r\n",
             data,
         )
+        self._hpub(reply, "NATS/1.0 204 EOB\r\nNats-Num-Pending: 0\r\n\r\n", b"")
 
     def _hpub(self, subject: str, headers: str, payload: bytes) -> None:
         block = headers.encode()
