@@ -156,15 +156,19 @@ class Steps:
 
     def report(self, live: int) -> str:
         took: dict[str, list[float]] = {}  # step -> seconds, in the order steps first came
-        slowest = sorted(self.asked.values(), key=lambda a: a[1] - a[0], reverse=True)[:10]
+        by_time = sorted(self.asked.items(), key=lambda a: a[1][1] - a[1][0], reverse=True)
+        slowest = [asked for _, asked in by_time[:10]]
+        paths: dict[str, list[str]] = {}  # session id -> its steps' ms, in order
         for sid, (sent, replied) in self.asked.items():
             step, at = "request", sent
             for name, arrived in self.seen.get(sid, []):
                 if arrived > replied:
                     break
                 took.setdefault(f"{step}→{name}", []).append(arrived - at)
+                paths.setdefault(sid, []).append(f"{(arrived - at) * 1000:.0f}")
                 step, at = name, arrived
             took.setdefault(f"{step}→reply", []).append(replied - at)
+            paths.setdefault(sid, []).append(f"{(replied - at) * 1000:.0f}")
         cells = [
             f"{k} {pct(v, 0.5) * 1000:.1f}/{pct(v, 0.99) * 1000:.1f}"
             for k, v in took.items()
@@ -176,7 +180,9 @@ class Steps:
         )
         return (
             f"steps at {live:,} live, p50/p99 ms: {'; '.join(cells)}\n"
-            f"  the 10 slowest creates left at (s into the steady phase; their ms): {starts}"
+            f"  the 10 slowest creates left at (s into the steady phase; their ms): {starts}\n"
+            f"  the 3 slowest, step by step (ms): "
+            + "; ".join("/".join(paths.get(sid, [])) for sid, _ in by_time[:3])
         )
 
 
@@ -588,6 +594,7 @@ async def scale_row(
     rate = await windowed_burst(nc, more, f"burst-{size}", args.window) if more else 0.0
     live += more
     row.add(f"{rate:.0f}" if more else "-")
+    await asyncio.sleep(args.settle)
     watched = {"manager": [manager.pid], **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
     steps = Steps() if args.steps else None

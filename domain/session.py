@@ -390,8 +390,8 @@ class Session(BaseAggregate[str]):
 
     def start_preparing(self) -> None:
         """Check-and-pull is about to be asked of the placed kernels' agents: SCHEDULED kernels
-        go PREPARING (its own append: an atomic batch with SessionScheduled would cost the
-        server about ten times a single append)."""
+        go PREPARING (the scheduler records it with SessionScheduled, in the batch it stores
+        anyway; the reactor does it for a kernel still SCHEDULED, from a log written before)."""
         for k in self.kernels.values():
             if k.status is S.SCHEDULED:
                 detail = f"asking {k.agent_id} for the image"

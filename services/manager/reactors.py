@@ -15,8 +15,10 @@ Steps, in order of precedence (each decision is a method of the Session aggregat
    -> destroy-kernel (``container_removed``); kernels cancelled while PULLING -> pull-cancel
    (the agent stops the pull when no other kernel nor a preload waits for it; nothing is
    recorded);
-4. SCHEDULED kernels -> PREPARING (``start_preparing``), then one check-and-pull per agent
-   -> PULLING or PREPARED (``image_checked``), naming the kernels that wait for the pull;
+4. PREPARING kernels (the scheduler records PREPARING with the placement; a kernel still
+   SCHEDULED, from an older log, goes PREPARING first: ``start_preparing``) -> one
+   check-and-pull per agent -> PULLING or PREPARED (``image_checked``), naming the kernels
+   that wait for the pull;
 5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``), CANCELLED
    ``image-pull-failed`` when their pull failed (``pull_ended``);
 6. all kernels PREPARED -> CREATING -> create-kernel -> RUNNING, or ERROR ``failed-to-start``

@@ -10,9 +10,10 @@ that room as reserved and two sessions never get the same capacity, however many
 enqueued at once.
 
 Against other managers (and a paused ex-leader), the log decides: a pass's placements go in
-one atomic batch, each SessionScheduled with a CapacityReserved on each chosen agent's
-reservation subject (domain.reservation), every subject expecting the sequence the view has
-(and the leader's fence, services.manager.leadership).  Two managers deciding on the same room
+one atomic batch, each SessionScheduled (and its kernels' KernelPreparing) with a
+CapacityReserved on each chosen agent's reservation subject (domain.reservation), every
+subject expecting the sequence the view has (and the leader's fence,
+services.manager.leadership).  Two managers deciding on the same room
 get one stored batch and one refused; the refused one reloads and decides again.  Ended
 kernels' room is released on the same subjects in the next batch.  A batch costs nats-server
 several times a single append, so a pass puts all its decisions in one.
@@ -126,7 +127,9 @@ class SchedulerLoop:
                 on_agents = _by_agent(decision)
                 if any(booked.busy(a) for a in on_agents):
                     continue  # the end of that append wakes the next pass
-                if 1 + len(on_agents) > room:
+                # SessionScheduled, a KernelPreparing per kernel, a reservation per agent
+                messages = 1 + len(decision.placements) + len(on_agents)
+                if messages > room:
                     self.wake()  # the rest in the next pass's batch
                     break
                 if not self._room_held(decision, on_agents):
@@ -149,7 +152,7 @@ class SchedulerLoop:
                     )
                     booked.by_agent[agent_id] = touched[agent_id]
                 sessions.append(session)
-                room -= 1 + len(on_agents)
+                room -= messages
                 placed += 1
         for agent_id in touched:
             booked.recount(agent_id)
@@ -244,7 +247,14 @@ def _by_agent(decision: Scheduled) -> dict[str, list[str]]:
 
 
 def _decided(decision: Scheduled | Unschedulable) -> Callable[[Session], None]:
-    """What a scheduling decision records on its session."""
+    """What a scheduling decision records on its session: placed, its kernels go PREPARING in
+    the same batch (the reactor asks their agents at once; an append of their own was one
+    more round trip and one more step per session)."""
     if isinstance(decision, Scheduled):
-        return lambda s: s.schedule(decision.placements, Reason.SCHEDULED)
+
+        def place(s: Session) -> None:
+            s.schedule(decision.placements, Reason.SCHEDULED)
+            s.start_preparing()
+
+        return place
     return lambda s: s.scheduling_failed(decision.status_info)

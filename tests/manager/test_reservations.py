@@ -26,13 +26,13 @@ async def test_reserved_with_the_schedule_and_released_when_ended(
         assert first["status"] == "RUNNING"
         records = await store.read_subject(reservation_events("a1"))
         assert [r.headers[TYPE_HEADER] for r in records] == ["CapacityReserved"]
-        scheduled = [
-            r
-            for r in await store.read_subject(f"hoist.events.session.{first['session_id']}")
-            if r.headers[TYPE_HEADER] == "SessionScheduled"
-        ]
-        # one atomic batch: the same batch id on the schedule and the reservation
-        assert scheduled[0].headers["Nats-Batch-Id"] == records[0].headers["Nats-Batch-Id"]
+        history = await store.read_subject(f"hoist.events.session.{first['session_id']}")
+        types = [r.headers[TYPE_HEADER] for r in history]
+        assert types[:3] == ["SessionEnqueued", "SessionScheduled", "KernelPreparing"]
+        # one atomic batch: the same batch id on the schedule, its kernel's PREPARING (no
+        # append of its own) and the reservation
+        batch = records[0].headers["Nats-Batch-Id"]
+        assert [r.headers.get("Nats-Batch-Id") for r in history[1:3]] == [batch, batch]
         second = await create(nc, resources={"cpu": 1, "mem": GB}, max_wait=0.3)
         assert second["status"] == "PENDING"
         await request(nc, SESSION_DESTROY, {"session_id": first["session_id"]})
