@@ -49,7 +49,7 @@ create, five appends to the event log, two agent round trips).
                               [--command 'sleep 0.1'] [--sync-always]
     python bench/lifecycle.py --scale [--agents 1000] [--live 1000,5000,20000] [--rate 50]
                               [--seconds 20] [--agent-procs 4] [--heartbeat-interval 2]
-                              [--profile-manager FILE] [--verify] [--steps]
+                              [--profile-manager FILE] [--verify] [--steps] [--settle 0]
 """
 
 from __future__ import annotations
@@ -594,7 +594,8 @@ async def scale_row(
     rate = await windowed_burst(nc, more, f"burst-{size}", args.window) if more else 0.0
     live += more
     row.add(f"{rate:.0f}" if more else "-")
-    await asyncio.sleep(args.settle)
+    if more:
+        await asyncio.sleep(args.settle)  # the burst's aftermath (read models, GC) settles
     watched = {"manager": [manager.pid], **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
     steps = Steps() if args.steps else None

@@ -27,6 +27,7 @@ MAX_AGENT_IMAGES = 100_000  # images one agent reports holding
 MAX_ARGS = 256  # argv items of a command
 MAX_ARG = 8 * 1024  # characters of one argv item or environment value
 MAX_ENV = 256  # environment variables of a kernel
+MAX_ENV_NAME = 256  # characters of one environment variable's name
 MAX_PATH = 1024  # a path inside a container
 MAX_PORTS = 32  # ports one kernel exposes
 MAX_MOUNTS = 32  # volumes one kernel mounts
@@ -71,7 +72,7 @@ ClusterSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_CLUSTER)]
 NO_NUL = r"^[^\x00]*\Z"
 Arg = Annotated[str, msgspec.Meta(max_length=MAX_ARG, pattern=NO_NUL)]
 Argv = Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=MAX_ARGS)]
-EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=ENV_NAME)]
+EnvName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ENV_NAME, pattern=ENV_NAME)]
 EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ARG, pattern=NO_NUL)]
 Env = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV)]
 AbsPath = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PATH, pattern=ABS_PATH)]

@@ -26,8 +26,18 @@ class NoMatch(CliError):
     """No id the caller may see starts with the prefix."""
 
 
+def _not_empty(kind: str, given: str) -> None:
+    """An empty prefix would match everything: refused before anything is asked."""
+    if not given.strip():
+        raise CliError(
+            f"{kind.upper()} is empty: give a {kind} id or a unique prefix of one"
+            f" (`hoist ps -a` lists them)"
+        )
+
+
 async def session_id(conn: Connection, given: str) -> str:
     """The one session id starting with ``given``."""
+    _not_empty("session", given)
     if FULL_ID.match(given):
         return given
     reply = await conn.request(
@@ -40,6 +50,7 @@ async def session_id(conn: Connection, given: str) -> str:
 async def kernel_id(conn: Connection, given: str, session: str | None = None) -> str:
     """The one kernel id starting with ``given`` (in ``session`` when given); a hostname
     (``main1``, ``sub2``) of a session's kernel goes through, its session resolves it."""
+    _not_empty("kernel", given)
     if FULL_ID.match(given) or (session is not None and HOSTNAME.match(given)):
         return given
     request: dict[str, Any] = {"kernel_id_prefix": given, "limit": SHOWN}

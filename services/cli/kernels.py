@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from domain.limits import ABS_PATH, ENV_NAME, TOKEN
+from domain.limits import ABS_PATH, ENV_NAME, MAX_ENV_NAME, TOKEN
 from domain.subjects import SESSION_EXEC, SESSION_LOGS, VOLUME_LIST, VOLUME_REMOVE
 from services.cli import ids, output
 from services.cli.connection import CliError, Connection
@@ -54,6 +54,11 @@ def parse_env(specs: list[str], flag: str = "-e") -> dict[str, str]:
             raise CliError(
                 f"{flag} {spec}: {name!r} is not a variable name (letters, digits and '_',"
                 " not starting with a digit); write NAME=VALUE"
+            )
+        if len(name) > MAX_ENV_NAME:
+            raise CliError(
+                f"{flag} {name[:16]}...: a variable name is at most {MAX_ENV_NAME} characters,"
+                f" this one has {len(name)}"
             )
         if name.startswith("HOIST_"):
             raise CliError(f"{flag} {spec}: HOIST_* variables are set by Hoist (cluster info)")

@@ -791,15 +791,34 @@ def _main(argv: list[str]) -> int:
     if len(argv) > first and argv[first] in PROCESSES:
         os.execv(sys.executable, [sys.executable, "-m", PROCESSES[argv[first]], *argv[first + 1 :]])
     parser = build_parser()
-    head, command = kernel_cli.split_command(argv)
-    args = parser.parse_args(head if command is not None else argv)
+    # Only `run` and `exec` take a command after `--`; anywhere else `--` is argparse's own
+    # (`hoist destroy -- -x`: a SESSION that starts with a dash).
+    takes_command = _command_word(argv) in ("run", "exec")
+    head, command = kernel_cli.split_command(argv) if takes_command else (argv, None)
+    args = parser.parse_args(head)
     if command is not None:
-        if args.command in ("run", "exec"):
-            args.cmd = command
-        else:  # `--` meant nothing special here: argparse's own reading of it
-            args = parser.parse_args(argv)
+        args.cmd = command
     args.data_dir = str(stack_home.resolve_data_dir(args.data_dir))
     return run(args.func, args, command_parser(parser, args))
+
+
+_GLOBAL_VALUED = ("--data-dir", "--user")  # hoist's own options that take a value
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (what follows hoist's own options), if any."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return None
+        if word in _GLOBAL_VALUED:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return word
+    return None
 
 
 def command_parser(

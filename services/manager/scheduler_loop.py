@@ -91,8 +91,9 @@ class SchedulerLoop:
 
     async def run_pass(self) -> int:
         """Plan one pass on the fleet view and store it in one atomic batch: each placed
-        session's SessionScheduled with its agents' reservations, and the releases of ended
-        kernels, each expecting its subject's last sequence (plus the leader's fence).
+        session's SessionScheduled and KernelPreparing with its agents' reservations, and the
+        releases of ended kernels, each expecting its subject's last sequence (plus the
+        leader's fence).
 
         The batch is not awaited: the next pass may go on with other agents meanwhile, while
         a decision on an agent whose subject is still being appended to waits for the next

@@ -82,10 +82,15 @@ class SessionCommands:
         )
         if never is not None:
             field, why = never
+            # A resource no agent offers is not asked for "less" (domain.scheduling's wording)
+            if why.endswith(f" offers {field.removeprefix('resources.')}"):
+                advice = f"leave {field} out, or use a resource group whose agents offer it"
+            else:
+                advice = "ask for less, or use a resource group with bigger agents"
             raise RequestError(
                 "invalid-request",
-                f"{field}: {why}: this session could never start; ask for less, or use a"
-                " resource group with bigger agents (hoist agents lists them)",
+                f"{field}: {why}: this session could never start; {advice} (hoist agents"
+                " lists them)",
             )
         # Not the store's idempotency key: a retried append would come back with the
         # original's sequences while we hold other kernel ids. The derived session id and

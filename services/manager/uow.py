@@ -171,8 +171,10 @@ class UnitOfWork:
         try:
             change(session)
         except Exception:
-            session.collect_events()
+            applied = session.collect_events()
             self.fleet.release_now(session_id)
+            if applied:  # an earlier command of ``change`` moved the cached session: reload it
+                self.fleet.mark_stale(session_id)
             raise
         if not session.pending_events:
             self.fleet.release_now(session_id)

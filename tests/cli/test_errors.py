@@ -44,6 +44,20 @@ def test_max_wait_takes_seconds_at_least_zero(
     assert last.endswith(f"--max-wait: '{wait}': give seconds >= 0 like 30 (0: no limit)"), last
 
 
+def test_an_overlong_variable_name_is_refused_in_the_clis_words(tmp_path: Path) -> None:
+    """Not the wire validator's `$.env` text (a newcomer's trial), and before connecting."""
+    result = subprocess.run(
+        [HOIST, "--data-dir", str(tmp_path), "run", "x:1", "-e", "A" * 300 + "=1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    one_line_error(
+        result,
+        "-e AAAAAAAAAAAAAAAA...: a variable name is at most 256 characters, this one has 300",
+    )
+
+
 def test_nats_unreachable(hoist_stack: Stack) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     result = hoist_stack.hoist("sessions", env={"HOIST_NATS_URL": url}, timeout=30)
@@ -84,6 +98,11 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
             ("admin", "cancel-kernel", "nope"),
             "unknown kernel nope: list kernels with `hoist ps -a`",
         ),
+        # An empty prefix would match any session: refused by the CLI, not the query's field.
+        (("destroy", ""), "SESSION is empty: give a session id or a unique prefix of one"),
+        (("admin", "cancel-kernel", " "), "KERNEL is empty: give a kernel id or a unique prefix"),
+        # After `--` a SESSION may start with a dash (argparse's own `--`, not run's command).
+        (("destroy", "--", "-x"), "unknown session -x: list sessions with `hoist sessions`"),
         (
             ("run", "test/image-0:1", "-r", "mem=lots"),
             "-r mem=lots: mem takes a size like 512m or 2g",

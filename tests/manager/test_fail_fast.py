@@ -37,6 +37,14 @@ async def test_a_session_no_live_agent_could_hold_is_refused_naming_the_largest(
         )
         reply = await request(nc, SESSION_CREATE, single)
         assert "ask 9 cpu on one agent but the largest" in reply["error"]["message"], reply
+        # A slot no agent offers: leave it out (not "ask for less").
+        unknown = create_payload(resources={"cpu": 1, "mem": 256 * MB, "foo": 1})
+        reply = await request(nc, SESSION_CREATE, unknown)
+        assert reply["error"]["message"] == (
+            "resources.foo: asks 1 foo but no live agent of resource group 'default' offers"
+            " foo: this session could never start; leave resources.foo out, or use a resource"
+            " group whose agents offer it (hoist agents lists them)"
+        ), reply
         assert await store.last_seq(SESSIONS) == before  # nothing appended
         assert small["a1"].runtime.pull_attempts == {}
         # What fits when the agents are idle is taken (and waits for room if need be).

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+
 from domain.codec import TYPE_HEADER
 from domain.session import Session
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, reservation_events
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
+from services.manager import scheduler_loop
 from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.booking_check import overbooked
@@ -41,6 +44,37 @@ async def test_reserved_with_the_schedule_and_released_when_ended(
         assert types == ["CapacityReserved", "CapacityReleased", "CapacityReserved"]
         held = m.fleet.reservations.by_agent["a1"].held
         assert set(held) == {k["kernel_id"] for k in second["kernels"]}
+    assert (await overbooked(store))[0] == []
+
+
+async def test_a_pass_never_puts_more_in_its_batch_than_a_batch_holds(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A placed session costs its batch a SessionScheduled, a KernelPreparing per kernel and a
+    CapacityReserved per agent (plus the pass's fence): with room for 12 messages, ten
+    three-kernel sessions created at once go in several passes, every batch within 12, and
+    every session is placed."""
+    monkeypatch.setattr(scheduler_loop, "MAX_BATCH", 12)
+    async with agents(nc, store, ["a1", "a2", "a3"], cpu=16, mem=64 * GB), manager(nc):
+        payload = create_payload(cluster_size=3, cluster_mode="multi-node")
+        created = await asyncio.gather(*(request(nc, SESSION_CREATE, payload) for _ in range(10)))
+        for reply in created:
+            assert (await until(nc, reply["session_id"]))["status"] == "RUNNING", reply
+        records = await store.read(1, 10_000)
+        batches = Counter(
+            r.headers["Nats-Batch-Id"] for r in records if "Nats-Batch-Id" in r.headers
+        )
+        scheduling = [
+            n
+            for batch, n in batches.items()
+            if any(
+                r.headers.get("Nats-Batch-Id") == batch
+                and r.headers[TYPE_HEADER] == "SessionScheduled"
+                for r in records
+            )
+        ]
+        assert len(scheduling) >= 4, batches  # 10 sessions, at most 2 a pass (1 + 3 + 1..3)
+        assert max(scheduling) <= 12, batches
     assert (await overbooked(store))[0] == []
 
 
