@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from domain.errors import unknown_kernel, unknown_session
+from domain.limits import MAX_ID
 from domain.subjects import query_subject
 from services.cli.connection import CliError, Connection
 
@@ -26,18 +27,24 @@ class NoMatch(CliError):
     """No id the caller may see starts with the prefix."""
 
 
-def _not_empty(kind: str, given: str) -> None:
-    """An empty prefix would match everything: refused before anything is asked."""
+def _check_given(kind: str, given: str) -> None:
+    """Refused before anything is asked, in the command line's words: an empty prefix (it
+    would match everything) and one longer than any id."""
     if not given.strip():
         raise CliError(
             f"{kind.upper()} is empty: give a {kind} id or a unique prefix of one"
+            f" (`hoist ps -a` lists them)"
+        )
+    if len(given) > MAX_ID:
+        raise CliError(
+            f"{kind.upper()} has {len(given)} characters: a {kind} id has at most {MAX_ID}"
             f" (`hoist ps -a` lists them)"
         )
 
 
 async def session_id(conn: Connection, given: str) -> str:
     """The one session id starting with ``given``."""
-    _not_empty("session", given)
+    _check_given("session", given)
     if FULL_ID.match(given):
         return given
     reply = await conn.request(
@@ -50,7 +57,7 @@ async def session_id(conn: Connection, given: str) -> str:
 async def kernel_id(conn: Connection, given: str, session: str | None = None) -> str:
     """The one kernel id starting with ``given`` (in ``session`` when given); a hostname
     (``main1``, ``sub2``) of a session's kernel goes through, its session resolves it."""
-    _not_empty("kernel", given)
+    _check_given("kernel", given)
     if FULL_ID.match(given) or (session is not None and HOSTNAME.match(given)):
         return given
     request: dict[str, Any] = {"kernel_id_prefix": given, "limit": SHOWN}

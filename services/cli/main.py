@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from domain.limits import MAX_SLOT, SLOT_NAME
+from domain.limits import MAX_CPU, MAX_SLOT, SLOT_NAME
 from domain.status import TERMINAL, KernelStatus
 from domain.subjects import (
     KERNEL_CANCEL,
@@ -91,8 +91,11 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
                 cpu = float(value)
             except ValueError:
                 cpu = 0.0
-            if not cpu > 0:
-                raise CliError(f"-r {spec}: cpu takes a number of cores > 0 like 1 or 0.5")
+            if not 0 < cpu <= MAX_CPU:  # inf and nan too (JSON has neither)
+                raise CliError(
+                    f"-r {spec}: cpu takes a number of cores > 0 like 1 or 0.5"
+                    f" (at most {MAX_CPU:g})"
+                )
             out["cpu"] = cpu
         elif key == "mem":
             m = _SIZE.match(value)
@@ -105,8 +108,10 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
                 amount = float(value)
             except ValueError:
                 amount = -1.0
-            if not 0 <= amount <= MAX_SLOT:
-                raise CliError(f"-r {spec}: {key} takes an amount >= 0 like 1 or 0.5")
+            if not 0 <= amount <= MAX_SLOT:  # inf and nan too
+                raise CliError(
+                    f"-r {spec}: {key} takes an amount >= 0 like 1 or 0.5 (at most {MAX_SLOT:,.0f})"
+                )
             out[key] = amount
     return out
 

@@ -112,6 +112,10 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
             "-r cpu=-1: cpu takes a number of cores > 0",
         ),
         (("run", "test/image-0:1", "-r", "gpu=x"), "-r gpu=x: gpu takes an amount >= 0"),
+        # JSON has no infinity: refused here, not as the wire's "Expected `float`, got `null`"
+        (("run", "test/image-0:1", "-r", "cpu=inf"), "-r cpu=inf: cpu takes a number of cores"),
+        (("run", "test/image-0:1", "-r", "gpu=1e400"), "-r gpu=1e400: gpu takes an amount >= 0"),
+        (("destroy", "a" * 129), "SESSION has 129 characters: a session id has at most 128"),
         (("run", "test/image-0:1", "-r", "Gpu!=1"), "-r Gpu!=1: write cpu=CORES, mem=SIZE"),
         (("run", "test/image-0:1", "--cluster-size", "0"), "-n/--cluster-size must be at least 1"),
     ],
