@@ -798,7 +798,7 @@ def _main(argv: list[str]) -> int:
     parser = build_parser()
     # Only `run` and `exec` take a command after `--`; anywhere else `--` is argparse's own
     # (`hoist destroy -- -x`: a SESSION that starts with a dash).
-    takes_command = _command_word(argv) in ("run", "exec")
+    takes_command = _command_word(parser, argv) in ("run", "exec")
     head, command = kernel_cli.split_command(argv) if takes_command else (argv, None)
     args = parser.parse_args(head)
     if command is not None:
@@ -807,17 +807,17 @@ def _main(argv: list[str]) -> int:
     return run(args.func, args, command_parser(parser, args))
 
 
-_GLOBAL_VALUED = ("--data-dir", "--user")  # hoist's own options that take a value
-
-
-def _command_word(argv: list[str]) -> str | None:
+def _command_word(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """The subcommand named in ``argv`` (what follows hoist's own options), if any."""
+    valued = {  # hoist's own options that take a value (--data-dir, --user)
+        s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings
+    }
     i = 0
     while i < len(argv):
         word = argv[i]
         if word == "--":
             return None
-        if word in _GLOBAL_VALUED:
+        if word in valued:
             i += 2
         elif word.startswith("-"):
             i += 1
