@@ -473,13 +473,24 @@ async def ask(
     return dict(reply)
 
 
+def children(pid: int) -> list[int]:
+    """A process's child processes (the manager's: its read models process)."""
+    return [
+        int(c)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for c in (task / "children").read_text().split()
+    ]
+
+
 async def start_manager(
-    url: str, log: Path, profile: str | None = None
+    url: str, log: Path, profile: str | None = None, in_process: bool = False
 ) -> tuple[asyncio.subprocess.Process, float]:
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
-    whole log, its subscriptions); under cProfile if ``profile`` names a stats file."""
+    whole log, its subscriptions); under cProfile if ``profile`` names a stats file; its read
+    models in its own process if ``in_process``."""
     start = time.perf_counter()
-    proc = await manager(url, "bench-manager-1", log, profile=profile)
+    extra = ["--read-models-in-process"] if in_process else []
+    proc = await manager(url, "bench-manager-1", log, *extra, profile=profile)
     return proc, time.perf_counter() - start
 
 
@@ -490,7 +501,7 @@ class Row:
         "| agents | live sessions | burst sessions/s | p50 ms | p99 ms | KiB/session (live,"
         " after restart) | scheduling pass ms (mean/max) | heartbeat us/agent | reconciliation"
         " us/agent | fold s (own, to ready) | read-model lag (events) | cores at the steady rate"
-        " (manager / nats-server / agents) |"
+        " (manager / read models / nats-server / agents) |"
     )
 
     def __init__(self, agents: int, size: int) -> None:
@@ -524,7 +535,9 @@ async def run_scale(args: argparse.Namespace) -> None:
                 starting.append(agents)
             agent_procs = await asyncio.gather(*starting)
             try:  # profiled: the first manager, i.e. the first row until its restart
-                manager, _ = await start_manager(server.url, log, args.profile_manager)
+                manager, _ = await start_manager(
+                    server.url, log, args.profile_manager, args.read_models_in_process
+                )
             except BaseException:
                 for proc in agent_procs:  # no orphans when the manager does not start
                     await stop(proc)
@@ -596,7 +609,8 @@ async def scale_row(
     row.add(f"{rate:.0f}" if more else "-")
     if more:
         await asyncio.sleep(args.settle)  # the burst's aftermath (read models, GC) settles
-    watched = {"manager": [manager.pid], **others}
+    # The read models' process (none with --read-models-in-process): the manager's child.
+    watched = {"manager": [manager.pid], "read models": children(manager.pid), **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
     steps = Steps() if args.steps else None
     sub = await nc.subscribe(f"{EVENTS}.session.>", cb=steps.on_msg) if steps else None
@@ -628,7 +642,7 @@ async def scale_row(
             flush=True,
         )
     await stop(manager)
-    manager, to_ready = await start_manager(url, log)
+    manager, to_ready = await start_manager(url, log, None, args.read_models_in_process)
     restarted = await ask(nc, MANAGER_STATS, {})
     restart_kib = rss_kib(manager.pid)
     counted = int(stats["live_sessions"])
@@ -721,6 +735,11 @@ def parser() -> argparse.ArgumentParser:
         "--steps",
         action="store_true",
         help="(--scale) before each row, p50/p99 of each step of the steady creates",
+    )
+    p.add_argument(
+        "--read-models-in-process",
+        action="store_true",
+        help="(--scale) run the manager's read models in its own process (as before issue 16)",
     )
     p.add_argument(
         "--profile-manager",

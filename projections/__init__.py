@@ -5,6 +5,7 @@ from projections.base import Projection
 from projections.policies import PoliciesProjection
 from projections.quarantine import QuarantineProjection
 from projections.sessions import SessionsProjection
+from projections.users import UsersProjection
 
 # Every read model the manager keeps, in the order their views are created (a view may read
 # the tables of the projections before it).
@@ -15,4 +16,5 @@ ALL: tuple[type[Projection], ...] = (
     PullsProjection,
     PoliciesProjection,
     QuarantineProjection,
+    UsersProjection,  # who may read what (services.manager.queries)
 )

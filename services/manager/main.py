@@ -61,6 +61,7 @@ from services.manager.pulling_loop import PullingLoop
 from services.manager.quotas import Quotas
 from services.manager.reactors import Reactors
 from services.manager.read_models import IN_MEMORY, ReadModels
+from services.manager.read_models_process import ReadModelsProcess
 from services.manager.scheduler_loop import Plan, SchedulerLoop
 from services.manager.server import CommandServer
 from services.manager.sessions import SessionCommands
@@ -110,6 +111,9 @@ class ManagerConfig:
     prepull_parallelism: int = 16  # agents asked to converge at a time
     lifetime_check_interval_s: float = 5.0  # how often max_lifetime_s, idle_timeout_s are checked
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
+    # NATS URL (with credentials) of a child process that runs the read models
+    # (services.manager.read_models_process); None: they run in this process (tests)
+    read_models_url: str | None = None
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
     # Freeze long-lived objects for the garbage collector (services.transport.gc_pauses): the
@@ -239,14 +243,11 @@ class Manager:
             leader_only=LEADER_ONLY,
         )
         self.history = History(nc, self.store, self._owner_of, self._user_enabled, self._user_admin)
-        self.read_models = ReadModels(
-            nc,
-            self.store,
-            config.read_models or IN_MEMORY,
-            bulk=bulk,
-            last_heartbeat=self.liveness.last_heartbeat_at,
-            user_enabled=self._user_enabled,
-            user_admin=self._user_admin,
+        path = str(config.read_models or IN_MEMORY)
+        self.read_models: ReadModels | ReadModelsProcess = (
+            ReadModels(nc, self.store, path, bulk, last_heartbeat=self.liveness.last_heartbeat_at)
+            if config.read_models_url is None
+            else ReadModelsProcess(config.read_models_url, path, bulk=bulk is not None)
         )
 
     def leads(self) -> bool:
@@ -291,6 +292,8 @@ class Manager:
 
     def _read_seq(self) -> int | None:
         """The sequence every read model reflects (None before they run): their lag's base."""
+        if isinstance(self.read_models, ReadModelsProcess):
+            return self.read_models.seq
         runner = self.read_models.runner
         return None if runner is None else runner.seq
 
@@ -516,6 +519,12 @@ def parser() -> argparse.ArgumentParser:
         " else in memory)",
     )
     p.add_argument(
+        "--read-models-in-process",
+        action="store_true",
+        help="run the read models in the manager's own process, not in a child of it (one"
+        " process fewer; under load, creates wait longer)",
+    )
+    p.add_argument(
         "--no-bulk-read",
         action="store_true",
         help="catch up the read models in this process only, without a reader child process"
@@ -571,6 +580,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         prepull_interval_s=args.prepull_interval,
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
+        read_models_url=None if args.read_models_in_process else _url(args),
         bulk_read_url=None if args.no_bulk_read else _url(args),
         short_gc_pauses=True,
         manager_id=args.manager_id,

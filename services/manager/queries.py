@@ -52,7 +52,9 @@ from domain.user import not_enabled
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
+from projections.users import UsersProjection
 from projections.verify import verify
+from services.eventstore.store import StoreError
 from services.manager import admin_sql
 from services.transport.client import Client
 from services.transport.tasks import Tasks
@@ -60,6 +62,8 @@ from services.transport.tasks import Tasks
 log = logging.getLogger(__name__)
 
 QUEUE_GROUP = "hoist-queries"
+# How long a per-user query waits for the users model to fold its user's latest record.
+USER_WAIT_S = 2.0
 LastHeartbeat = Callable[[str], datetime | None]  # agent id -> its latest heartbeat's time
 # Checked field by field below, once rpc.decode has bounded its size and depth.
 Request = dict[str, Any]
@@ -123,17 +127,15 @@ async def serve_queries(
     queue: str = QUEUE_GROUP,
     tasks: Tasks | None = None,
     last_heartbeat: LastHeartbeat = no_heartbeats,
-    user_enabled: Callable[[str], bool] | None = None,
-    user_admin: Callable[[str], bool] | None = None,
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
     ``min_seq`` holds up no other.  ``last_heartbeat`` (the liveness watcher's
     ``last_heartbeat_at``) gives the agents query's ``last_heartbeat_at``: not an event, so
-    no part of the models.  ``user_enabled`` (the fleet's users): a per-user query of a user
-    never added, or disabled, is refused ``forbidden``; ``user_admin``: an admin user's is
-    answered with every owner's rows, and only they have the admin queries on their own
-    subjects (``hoist.admin.<user>.query.sql``, ``.verify``)."""
+    no part of the models.  Who may read what comes from the users model (projections.users):
+    a per-user query of a user never added, or disabled, is refused ``forbidden``; an admin
+    user's is answered with every owner's rows, and only they have the admin queries on their
+    own subjects (``hoist.admin.<user>.query.sql``, ``.verify``)."""
     handlers = tasks if tasks is not None else Tasks()
 
     def serving(
@@ -149,9 +151,9 @@ async def serve_queries(
             try:
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
                 if user is not None:
-                    if user_enabled is not None and not user_enabled(user):
+                    enabled, is_admin = await _standing(runner, user)
+                    if not enabled:
                         raise RequestError("forbidden", not_enabled(user))
-                    is_admin = user_admin is not None and user_admin(user)
                     if admin_only and not is_admin:
                         raise RequestError(
                             "forbidden",
@@ -208,6 +210,24 @@ async def serve_queries(
 
 
 # -- requests ------------------------------------------------------------------------------------
+
+
+async def _standing(runner: Runner, user: str) -> tuple[bool, bool]:
+    """(enabled, admin) of ``user`` from the users model, once it has folded the user's latest
+    record (up to USER_WAIT_S): a user added, disabled or made admin a moment ago is judged as
+    they are now, though the model may be behind the rest of the log."""
+    try:
+        seq = await runner.store.last_seq(subjects.aggregate_subject(subjects.USER, user))
+    except StoreError:
+        seq = 0  # judged on what the model knows
+    if seq > _users(runner).seq:
+        await runner.wait_for(seq, USER_WAIT_S, (UsersProjection.name,))
+    return _users(runner).standing(user)
+
+
+def _users(runner: Runner) -> UsersProjection:
+    # looked up each time: the runner makes its projections again when it reopens
+    return next(p for p in runner.projections if isinstance(p, UsersProjection))
 
 
 def _owned_by(user: str, request: dict[str, Any], subject: str) -> dict[str, Any]:

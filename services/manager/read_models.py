@@ -6,7 +6,6 @@ query's ``last_heartbeat_at`` comes from the liveness watcher (``last_heartbeat`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -40,16 +39,12 @@ class ReadModels:
         bulk: BulkReader | None = None,
         *,
         last_heartbeat: LastHeartbeat = no_heartbeats,
-        user_enabled: Callable[[str], bool] | None = None,
-        user_admin: Callable[[str], bool] | None = None,
     ) -> None:
         self.nc = nc
         self.store = store
         self.bulk = bulk
         self.path = str(path)
         self.last_heartbeat = last_heartbeat
-        self.user_enabled = user_enabled
-        self.user_admin = user_admin
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -80,8 +75,6 @@ class ReadModels:
             self.runner,
             tasks=self._tasks,
             last_heartbeat=self.last_heartbeat,
-            user_enabled=self.user_enabled,
-            user_admin=self.user_admin,
         )
 
     async def stop(self) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from services.stack.natsserver import free_port
-from services.stack.pdeathsig import NoParentDeathSignal, die_with_parent
 from services.stack.up import LOCK_WAIT_S, _running
+from services.transport.pdeathsig import NoParentDeathSignal, die_with_parent
 from tests.cli.stack_harness import HOIST, Stack, Terminal, start_stack, stop_stack, wait_for
 
 
@@ -226,5 +226,5 @@ def test_die_with_parent_refuses_what_it_cannot_keep(monkeypatch: pytest.MonkeyP
     thread.join()
     assert errors and "spawn from the main thread" in str(errors[0])
     monkeypatch.setattr(sys, "platform", "darwin")
-    with pytest.raises(NoParentDeathSignal, match="hoist up needs Linux"):
+    with pytest.raises(NoParentDeathSignal, match="this needs Linux"):
         die_with_parent(signal.SIGKILL)

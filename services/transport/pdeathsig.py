@@ -43,14 +43,15 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
 def _prctl() -> Callable[..., int]:
     if not sys.platform.startswith("linux"):
         raise NoParentDeathSignal(
-            f"hoist up needs Linux (prctl PR_SET_PDEATHSIG) so that its processes end with it;"
-            f" this is {sys.platform}: run the stack's processes under a supervisor instead"
+            f"this needs Linux (prctl PR_SET_PDEATHSIG) so that child processes end with their"
+            f" parent; this is {sys.platform}: run the processes under a supervisor instead"
         )
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError) as e:
         raise NoParentDeathSignal(
-            f"this C library has no prctl ({e}): hoist up cannot make its processes end with it"
+            f"this C library has no prctl ({e}): child processes cannot be made to end with"
+            " their parent"
         ) from None
     prctl.restype = ctypes.c_int
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]

@@ -1,0 +1,120 @@
+"""The read models in the manager's child process (services.manager.read_models_process): they
+answer queries as in-process ones do, judge users from the log, hear heartbeats themselves, are
+started again when they die, and die with the manager."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+
+from domain.subjects import QUERY, USER_ADD, USER_DISABLE
+from services.eventstore.store import EventStore
+from services.manager.read_models_process import ReadModelsProcess
+from services.stack.natsserver import NatsServer
+from services.transport.client import Client
+from tests.agent.agent_harness import wait_for
+from tests.manager.harness import agents, create, manager, request, until
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+async def _rows(nc: Client, name: str, user: str | None = None, **req: Any) -> Any:
+    subject = f"{QUERY}.{user}.{name}" if user else f"{QUERY}.{name}"
+    return await request(nc, subject, req, user=user)
+
+
+async def test_queries_users_and_heartbeats_are_answered_from_the_child(
+    nats_server: NatsServer, nc: Client, store: EventStore
+) -> None:
+    async with agents(nc, store, ["a1"]), manager(nc, read_models_url=nats_server.url) as m:
+        assert isinstance(m.read_models, ReadModelsProcess)
+        sid = (await create(nc))["session_id"]
+        await until(nc, sid, lambda s: s["status"] == "RUNNING")
+        seq = await store.head()
+        rows = await _rows(nc, "sessions", min_seq=seq, timeout=10)
+        assert [r["session_id"] for r in rows["rows"]] == [sid], rows
+
+        # A user added a moment ago is not refused because the model is behind the command.
+        for name in ("alice", "root"):
+            added = await request(nc, USER_ADD, {"name": name, "admin": name == "root"})
+            assert "error" not in added, added
+        mine = await _rows(nc, "sessions", user="alice")
+        assert [r["session_id"] for r in mine["rows"]] == [sid], mine
+        fleet = await _rows(nc, "agents", user="root")  # fleet-wide: an admin user's only
+        assert [r["agent_id"] for r in fleet["rows"]] == ["a1"], fleet
+        refused = await _rows(nc, "agents", user="alice")
+        assert refused["error"]["code"] == "forbidden", refused
+        await request(nc, USER_DISABLE, {"name": "alice"})
+        gone = await _rows(nc, "sessions", user="alice")
+        assert gone["error"]["code"] == "forbidden", gone
+        never = await _rows(nc, "sessions", user="mallory")
+        assert "not an enabled Hoist user" in never["error"]["message"], never
+
+        # The agents query's last_heartbeat_at: heard by the child itself.
+        async def heard() -> bool:
+            rows = (await _rows(nc, "agents"))["rows"]
+            return bool(rows) and rows[0]["last_heartbeat_at"] is not None
+
+        await wait_for(heard, 20, "a heartbeat in the agents query")
+
+        # /metrics' lag base: the sequence the child reports.
+        await wait_for(lambda: (m._read_seq() or 0) >= seq, 10, "the child's sequence")
+
+
+async def test_a_child_that_dies_is_started_again(
+    nats_server: NatsServer, nc: Client, store: EventStore
+) -> None:
+    async with manager(nc, read_models_url=nats_server.url) as m:
+        assert isinstance(m.read_models, ReadModelsProcess)
+        first = m.read_models._proc
+        assert first is not None
+        first.send_signal(signal.SIGKILL)
+
+        async def answered_again() -> bool:
+            proc = m.read_models._proc
+            if proc is first or proc is None or proc.returncode is not None:
+                return False
+            try:
+                return "rows" in await _rows(nc, "agents")
+            except (TimeoutError, nats.errors.NoRespondersError):
+                return False
+
+        await wait_for(answered_again, 30, "the read models answering again")
+
+
+def test_the_child_dies_with_a_killed_manager(nats_server: NatsServer, tmp_path: Path) -> None:
+    argv = ["-m", "services.manager", "--nats-url", nats_server.url, "--lease-ttl", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, *argv, "--read-models", str(tmp_path / "rm.duckdb")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "manager ready" in line:
+                break
+        children = _children(proc.pid)
+        assert children, "the manager started no read models process"
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            return not any(os.path.exists(f"/proc/{c}") for c in children)
+
+        asyncio.run(wait_for(gone, 20, "the read models process ending"))
+    finally:
+        proc.kill()
+        proc.wait()
