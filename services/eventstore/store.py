@@ -113,6 +113,10 @@ _EMPTY_PAUSES = _LAG_PAUSES[:3]
 # An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
 # after these pauses: a cluster elects a new leader within seconds of a node's loss.
 _ELECTION_PAUSES = (0.1, 0.25, 0.5, 1.0, 1.0, 2.0, 2.0)
+# A direct get answered "no responders" (503) is asked again after these pauses: a node that
+# just restarted or rejoined knows its peers' replicas a moment after it answers clients (CI
+# once read through one in that moment).  Then StoreUnavailable.
+_UNSERVED_PAUSES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 _UNAVAILABLE = 503  # JetStream's answer while a stream (or the meta layer) has no leader
 _FLOORS_KEPT = 100_000  # subjects whose floor is remembered; the oldest go first
 _WRONG_LAST = re.compile(r"wrong last sequence: (\d+)")
@@ -188,6 +192,10 @@ class StoreUnavailable(StoreError):
         super().__init__(f"{reason}; {advice}")
         self.reason = reason
         self.stored = stored
+
+
+class _Unserved(StoreUnavailable):
+    """No replica answered a direct get (503): asked again a while before it is raised."""
 
 
 class LimitError(ValueError):
@@ -573,8 +581,19 @@ class EventStore:
         ``urgent``: not queued behind the requests in flight.  ``expiring``: the subject's
         messages have a TTL (a lease), so a read below an earlier one is no lag: no floor."""
         if expiring:
-            return await self._last(subject, urgent)
-        return await self._fresh(subject, lambda: self._last(subject, urgent), _seq_or_zero)
+            return await self._served(lambda: self._last(subject, urgent))
+        return await self._fresh(
+            subject, lambda: self._served(lambda: self._last(subject, urgent)), _seq_or_zero
+        )
+
+    async def _served(self, read: Callable[[], Awaitable[_T]]) -> _T:
+        """``read()``, asked again a few times while no replica serves direct gets (503)."""
+        for pause in _UNSERVED_PAUSES:
+            try:
+                return await read()
+            except _Unserved:
+                await asyncio.sleep(pause)
+        return await read()
 
     async def _last(self, subject: str, urgent: bool = False) -> Recorded | None:
         # Raw, like the batches: the header block is read whole (see _stored).
@@ -619,7 +638,7 @@ class EventStore:
 
     def _no_direct_get(self) -> StoreUnavailable:
         """A direct get answered "no responders" (503)."""
-        return StoreUnavailable(
+        return _Unserved(
             f"stream {self.stream} does not answer direct gets: no replica of it serves them now"
             " (a cluster electing a leader, or without a quorum of its nodes), or there is no"
             " such stream",
@@ -631,7 +650,7 @@ class EventStore:
         replica), and only where that says it did not move, the stream's leader (a lagging
         replica answers from before the write this one lost to)."""
         subject = write.expected_subject or write.subject
-        last = await self._last(subject)
+        last = await self._served(lambda: self._last(subject))
         if last is not None and last.seq > (write.expected_last_seq or 0):
             return last.seq  # moved on: a replica has it, so the leader has at least as much
         return await self._leader_last_seq(subject)
@@ -729,6 +748,9 @@ class EventStore:
         )
 
     async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
+        return await self._served(lambda: self._direct_get_once(req))
+
+    async def _direct_get_once(self, req: dict[str, Any]) -> Recorded | None:
         try:
             async with self._slots:
                 msg = await self.nc.request(
@@ -750,8 +772,11 @@ class EventStore:
     async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
         """The messages a batched direct get request selects, in order, at most ``limit``
         (server 2.11+)."""
-        async with self._slots:
-            return await self._direct_pages(req, limit)
+        async def read() -> list[Recorded]:
+            async with self._slots:
+                return await self._direct_pages(req, limit)
+
+        return await self._served(read)
 
     async def _direct_pages(self, req: dict[str, Any], limit: int | None) -> list[Recorded]:
         out: list[Recorded] = []

@@ -153,7 +153,8 @@ def test_a_server_without_the_route_credentials_cannot_join_the_stack(tmp_path: 
                 assert joined == 0, f"{refused.server.store_dir.name} joined: {joined} routes"
                 assert asyncio.run(_stream_info(refused.url)) is None
             assert _joined_or_refused(friend) > 0, friend.log()[-2000:]
-            assert asyncio.run(_stream_info(friend.url)) is not None
+            # Its routes are up before the nodes' subscriptions reach it: asked again a while.
+            assert asyncio.run(_stream_info(friend.url, within_s=10)) is not None
             # A reload (users changed) keeps the routes and their authorization.
             added = stack.hoist("user", "add", "bob")
             assert added.returncode == 0, added.stderr
@@ -302,13 +303,19 @@ def _joined_or_refused(stranger: _Stranger, within_s: float = 10) -> int:
     raise TimeoutError(f"the stranger neither joined nor was refused:\n{stranger.log()[-2000:]}")
 
 
-async def _stream_info(url: str) -> dict[str, object] | None:
-    """What a no-password client of ``url`` learns of the event stream (None: no answer)."""
+async def _stream_info(url: str, within_s: float = 0) -> dict[str, object] | None:
+    """What a no-password client of ``url`` learns of the event stream (None: no answer),
+    asked again until ``within_s`` has passed."""
     nc = await nats.connect(url)
+    deadline = time.monotonic() + within_s
     try:
-        reply = await nc.request(f"$JS.API.STREAM.INFO.{EVENT_STREAM}", b"", timeout=2)
-        return dict(json.loads(reply.data))
-    except (NoRespondersError, NatsTimeoutError):
-        return None
+        while True:
+            try:
+                reply = await nc.request(f"$JS.API.STREAM.INFO.{EVENT_STREAM}", b"", timeout=2)
+                return dict(json.loads(reply.data))
+            except (NoRespondersError, NatsTimeoutError):
+                if time.monotonic() >= deadline:
+                    return None
+                await asyncio.sleep(0.2)
     finally:
         await nc.close()

@@ -50,9 +50,15 @@ def test_down_stops_every_process_and_up_brings_the_data_back(tmp_path: Path) ->
         run = stack.hoist("run", "-d", stack.next_image())
         assert run.returncode == 0, run.stderr
         session_id = run.stdout.split()[1]
-        # A dead agent is a problem `hoist status` names, with its log.
-        os.kill(pids["agent-2"], signal.SIGKILL)
-        code, checks = _status(elsewhere, data_dir)
+        # A dead agent is a problem `hoist status` names, with its log. `hoist up` starts a
+        # dead child again after a second, sooner than a loaded CI starts `hoist status`
+        # (which then saw the new pid alive): it is paused until the status is read.
+        os.kill(stack.proc.pid, signal.SIGSTOP)
+        try:
+            os.kill(pids["agent-2"], signal.SIGKILL)
+            code, checks = _status(elsewhere, data_dir)
+        finally:
+            os.kill(stack.proc.pid, signal.SIGCONT)
         assert code == 1
         assert not checks["agent-2"]["ok"] and "gone" in str(checks["agent-2"]["detail"])
         assert f"{data_dir}/logs/agent-2.log" in str(checks["agent-2"]["next"])
