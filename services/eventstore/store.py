@@ -772,6 +772,7 @@ class EventStore:
     async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
         """The messages a batched direct get request selects, in order, at most ``limit``
         (server 2.11+)."""
+
         async def read() -> list[Recorded]:
             async with self._slots:
                 return await self._direct_pages(req, limit)
