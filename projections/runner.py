@@ -21,8 +21,9 @@ batch is then written event by event to find it), is quarantined: logged once, g
 gatekeeper (a row in the ``quarantine`` model), skipped; the runner goes on.  A runner without
 a gatekeeper checks no versions.
 
-One process owns the DuckDB file (DuckDB allows one writer process): the manager runs the
-runner and the query handlers, which read through cursors of the same connection.
+One process owns the DuckDB file (DuckDB allows one writer process): the manager's read models
+process (services/manager/read_models_process.py) runs the runner and the query handlers, which
+read through cursors of the same connection.
 """
 
 from __future__ import annotations

@@ -130,10 +130,11 @@ async def serve_queries(
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
-    ``min_seq`` holds up no other.  ``last_heartbeat`` (the liveness watcher's
-    ``last_heartbeat_at``) gives the agents query's ``last_heartbeat_at``: not an event, so
-    no part of the models.  Who may read what comes from the users model (projections.users):
-    a per-user query of a user never added, or disabled, is refused ``forbidden``; an admin
+    ``min_seq`` holds up no other.  ``last_heartbeat`` (the heartbeats the read models' process
+    hears) gives the agents query's ``last_heartbeat_at``: not an event, so no part of the
+    models.  Who may read what comes from the users model (projections.users), once it has
+    folded the user's latest record (else ``unavailable``, retry): a per-user query of a user
+    never added, or disabled, is refused ``forbidden``; an admin
     user's is answered with every owner's rows, and only they have the admin queries on their
     own subjects (``hoist.admin.<user>.query.sql``, ``.verify``)."""
     handlers = tasks if tasks is not None else Tasks()
@@ -216,12 +217,22 @@ async def _standing(runner: Runner, user: str) -> tuple[bool, bool]:
     """(enabled, admin) of ``user`` from the users model, once it has folded the user's latest
     record (up to USER_WAIT_S): a user added, disabled or made admin a moment ago is judged as
     they are now, though the model may be behind the rest of the log."""
+    # Never judged on a model that may be behind the user's record: it could still hold an
+    # admin demoted or a user disabled a moment ago (fail closed, with a retry).
     try:
         seq = await runner.store.last_seq(subjects.aggregate_subject(subjects.USER, user))
-    except StoreError:
-        seq = 0  # judged on what the model knows
-    if seq > _users(runner).seq:
-        await runner.wait_for(seq, USER_WAIT_S, (UsersProjection.name,))
+    except StoreError as e:
+        raise RequestError(
+            "unavailable", f"could not read user {user!r}'s record to check it: {e}"
+        ) from None
+    if seq > _users(runner).seq and not await runner.wait_for(
+        seq, USER_WAIT_S, (UsersProjection.name,)
+    ):
+        raise RequestError(
+            "unavailable",
+            f"the read models have not yet folded user {user!r}'s latest record (after"
+            f" {USER_WAIT_S:g}s; they are catching up with the log): retry in a few seconds",
+        )
     return _users(runner).standing(user)
 
 

@@ -1,7 +1,9 @@
-"""The read models in the manager process: the projection runner over the event log and the
-query handlers, on one DuckDB file (DuckDB has one writer per file, so the process that writes
-the models also answers the queries).  The models come from the event log only; the agents
-query's ``last_heartbeat_at`` comes from the liveness watcher (``last_heartbeat``)."""
+"""The read models: the projection runner over the event log and the query handlers, on one
+DuckDB file (DuckDB has one writer per file, so the process that writes the models also answers
+the queries).  They run in the manager's child process (read_models_process), or in the
+manager's own with ``--read-models-in-process``.  The models come from the event log only; the
+agents query's ``last_heartbeat_at`` comes from ``last_heartbeat`` (the heartbeats the child
+hears, or the manager's liveness watcher)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ services.manager.read_models.ReadModels there, and the manager only supervises i
   manager's start with the child's own message;
 - a child that ends while the manager runs is started again, after a pause that grows while it
   keeps failing; queries go unanswered meanwhile (a CLI says no manager answered);
-- the child dies with the manager however that ends (PR_SET_PDEATHSIG), so a restarted manager
-  never finds its read models file held by an orphan.
+- the child is killed with the manager however that ends (PR_SET_PDEATHSIG, SIGKILL: the runner
+  commits its rows and checkpoint together, so a kill loses nothing it acknowledged), so a
+  restarted manager does not find its read models file held by an orphan still stopping.
 
 The child writes its log on stderr, which the manager copies to its own; on stdout it writes
 the ready line, then ``seq N`` whenever the sequence its models reflect moved (the manager's
@@ -62,6 +63,8 @@ READY = "read models ready"
 REPORT_S = 0.5
 RESTART_S = (1.0, 30.0)  # the first pause before a restart, and the longest
 STOP_S = 30.0  # a child's own stop commits its batch and closes DuckDB: then it is killed
+READY_S = 60.0  # from its start to its ready line (it connects and subscribes; no catch-up)
+LINE_LIMIT = 1 << 20  # the longest line read from the child (asyncio's default is 64 KiB)
 
 
 class ReadModelsProcess:
@@ -74,6 +77,7 @@ class ReadModelsProcess:
         self.bulk = bulk
         self.seq: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._log_copied: asyncio.Task[None] | None = None  # ends at the child's stderr's end
         self._last_error = ""
         self._stopping = False
         self._tasks = Tasks()
@@ -84,8 +88,9 @@ class ReadModelsProcess:
 
     async def stop(self) -> None:
         self._stopping = True
+        await self._end_child()  # first: its last log lines are still copied
         await self._tasks.stop()
-        await self._end_child()
+        await self._end_child()  # one the supervisor was starting meanwhile
 
     async def _start_child(self) -> None:
         """Start the child and return once it is ready; ValueError (what it said) if it ended
@@ -95,7 +100,7 @@ class ReadModelsProcess:
         if not self.bulk:
             args.append("--no-bulk-read")
         try:
-            dies_with_us = {"preexec_fn": die_with_parent(signal.SIGTERM)}
+            dies_with_us = {"preexec_fn": die_with_parent(signal.SIGKILL)}
         except NoParentDeathSignal as e:
             log.warning("%s: the read models process may outlive the manager", e)
             dies_with_us = {}
@@ -108,24 +113,47 @@ class ReadModelsProcess:
             # Its own session: a terminal's Ctrl-C reaches the manager, which stops the child
             # in order, not both at once.
             start_new_session=True,
+            limit=LINE_LIMIT,
             **dies_with_us,  # type: ignore[arg-type]
         )
         assert proc.stdout is not None and proc.stderr is not None
-        self._tasks.spawn(self._copy_log(proc.stderr), name="read models log")
-        while (line := await proc.stdout.readline()) and line.decode().strip() != READY:
-            pass
-        if not line:  # it ended before it was ready
-            await proc.wait()
-            await asyncio.sleep(0.05)  # its last log line, still being copied
+        self._log_copied = self._tasks.spawn(self._copy_log(proc.stderr), name="read models log")
+        try:
+            async with asyncio.timeout(READY_S):
+                while (line := await proc.stdout.readline()) and line.decode().strip() != READY:
+                    pass
+        except TimeoutError:
+            line = b""
+            log.warning("the read models process was not ready in %gs: killed", READY_S)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if not line:  # it ended (or was killed) before it was ready
+            await self._ended(proc)
             raise ValueError(
                 self._last_error
                 or f"the read models process ended (exit code {proc.returncode}) before it was"
                 " ready; see its log above"
             )
 
+    async def _ended(self, proc: asyncio.subprocess.Process) -> int:
+        """The child's exit code, once its last log line is copied."""
+        code = await proc.wait()
+        if self._log_copied is not None:
+            with contextlib.suppress(TimeoutError):  # a grandchild holding the pipe: not waited
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._log_copied)
+        return code
+
     async def _copy_log(self, stderr: asyncio.StreamReader) -> None:
         """The child's log lines onto this process's stderr, the last one kept for errors."""
-        while line := await stderr.readline():
+        while True:
+            try:
+                line = await stderr.readline()
+            except ValueError:  # a line over LINE_LIMIT: what was read of it is dropped
+                print(f"{_PROG}: (a log line over {LINE_LIMIT} bytes left out)", file=sys.stderr)
+                continue
+            if not line:
+                return
             text = line.decode(errors="replace").rstrip("\n")
             if text.startswith(f"{_PROG}: "):  # its last word (run_process): said once, by us
                 self._last_error = text.removeprefix(f"{_PROG}: ")
@@ -142,8 +170,7 @@ class ReadModelsProcess:
                 if word == "seq" and value.strip().isdigit():
                     self.seq = int(value)
                     pause = RESTART_S[0]  # it ran: the next failure starts the pauses over
-            code = await proc.wait()
-            await asyncio.sleep(0.05)  # its last log line, still being copied
+            code = await self._ended(proc)
             why = f": {self._last_error}" if self._last_error else ""
             while not self._stopping:
                 log.warning(
@@ -159,7 +186,7 @@ class ReadModelsProcess:
                 try:
                     await self._start_child()
                     break
-                except (ValueError, OSError) as e:
+                except Exception as e:  # whatever it was, the supervisor tries again
                     log.warning("the read models process did not start: %s", e)
 
     async def _end_child(self) -> None:
@@ -170,7 +197,7 @@ class ReadModelsProcess:
             proc.terminate()
         try:
             async with asyncio.timeout(STOP_S):
-                await proc.wait()
+                await self._ended(proc)
         except TimeoutError:
             log.warning("the read models process did not stop in %gs: killed", STOP_S)
             with contextlib.suppress(ProcessLookupError):

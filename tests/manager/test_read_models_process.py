@@ -118,3 +118,23 @@ def test_the_child_dies_with_a_killed_manager(nats_server: NatsServer, tmp_path:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_users_model_behind_the_users_record_refuses_with_a_retry(
+    nc: Client, store: EventStore
+) -> None:
+    """A per-user query is never judged on a model that has not folded the user's latest record:
+    it could still hold an admin demoted or a user disabled a moment ago (a child catching up
+    from the start after a restart). The answer is ``unavailable``, not the stale standing."""
+    async with manager(nc) as m:  # in-process: its runner can be stopped here
+        assert not isinstance(m.read_models, ReadModelsProcess)
+        await request(nc, USER_ADD, {"name": "alice", "admin": True})
+        fleet = await _rows(nc, "agents", user="alice")
+        assert "rows" in fleet, fleet  # judged on the folded record: an admin
+        [folding] = [t for t in m.read_models._tasks._tasks if t.get_name() == "projections"]
+        folding.cancel()  # the model stops where it is: alice an admin
+        await asyncio.gather(folding, return_exceptions=True)
+        await request(nc, USER_DISABLE, {"name": "alice"})
+        stale = await _rows(nc, "agents", user="alice")
+        assert stale["error"]["code"] == "unavailable", stale
+        assert "retry" in stale["error"]["message"], stale
