@@ -30,6 +30,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from domain import subjects
 from domain.user import RESERVED
 from services.transport.client import Client, connect, server_list
 
@@ -45,6 +46,10 @@ class NoReply(CliError):
 
 
 AGAIN_PAUSE_S = 1.0  # between the askings of an idempotent request (Connection.request)
+# A read-model query answered ``unavailable`` (the manager's read models restarting, or behind a
+# user's latest record) is asked again for this long: a read changes nothing.
+READ_AGAIN_FOR_S = 15.0
+_READS = (f"{subjects.QUERY}.", subjects.SQL_SUBJECT, subjects.VERIFY_SUBJECT)
 
 
 class ReplyError(CliError):
@@ -155,16 +160,21 @@ class Connection:
         ``again_for_s``: an idempotent request (it carries a ``request_id``) is asked again,
         saying so, after no reply, no responder or an ``unavailable`` reply, until that long
         has passed: a manager failing over or a stream electing its leader answers the same
-        request once, and never does it twice."""
+        request once, and never does it twice.  A read-model query is asked again after an
+        ``unavailable`` reply for READ_AGAIN_FOR_S at least."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + again_for_s
+        reads_until = loop.time() + (READ_AGAIN_FOR_S if subject.startswith(_READS) else 0)
         while True:
             try:
                 return await self._request_once(subject, payload, wait_s)
             except (NoReply, ReplyError) as e:
-                if isinstance(e, ReplyError) and e.code != "unavailable":
+                unavailable = isinstance(e, ReplyError) and e.code == "unavailable"
+                if isinstance(e, ReplyError) and not unavailable:
                     raise
-                if loop.time() + AGAIN_PAUSE_S > deadline:
+                if loop.time() + AGAIN_PAUSE_S > (
+                    max(deadline, reads_until) if unavailable else deadline
+                ):
                     raise
                 print(f"{e}; asking again (the same request)", file=sys.stderr, flush=True)
                 await asyncio.sleep(AGAIN_PAUSE_S)

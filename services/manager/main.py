@@ -247,7 +247,7 @@ class Manager:
         self.read_models: ReadModels | ReadModelsProcess = (
             ReadModels(nc, self.store, path, bulk, last_heartbeat=self.liveness.last_heartbeat_at)
             if config.read_models_url is None
-            else ReadModelsProcess(config.read_models_url, path, bulk=bulk is not None)
+            else ReadModelsProcess(nc, config.read_models_url, path, bulk=bulk is not None)
         )
 
     def leads(self) -> bool:

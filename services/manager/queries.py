@@ -200,14 +200,53 @@ async def serve_queries(
     }
     for subject, answer in admin_queries.items():
         subs.append(await nc.subscribe(subject, queue=queue, cb=serving(answer)))
-        # an admin user's own: hoist.admin.<user>.query.sql, hoist.admin.<user>.verify
-        scoped = subject.replace(f"{subjects.ADMIN}.", f"{subjects.ADMIN}.*.", 1)
         subs.append(
             await nc.subscribe(
-                scoped, queue=queue, cb=serving(answer, scoped=True, admin_only=True)
+                _admin_scoped(subject),
+                queue=queue,
+                cb=serving(answer, scoped=True, admin_only=True),
             )
         )
     return subs
+
+
+def _admin_scoped(subject: str) -> str:
+    """An admin user's own: hoist.admin.<user>.query.sql, hoist.admin.<user>.verify."""
+    return subject.replace(f"{subjects.ADMIN}.", f"{subjects.ADMIN}.*.", 1)
+
+
+def served_subjects() -> list[str]:
+    """Every subject serve_queries subscribes (a user's own with ``*`` in the user's place)."""
+    out = []
+    for name in QUERIES:
+        out += [f"{subjects.QUERY}.{name}", f"{subjects.QUERY}.*.{name}"]
+    for subject in (SQL_SUBJECT, VERIFY_SUBJECT):
+        out += [subject, _admin_scoped(subject)]
+    return out
+
+
+async def answer_unavailable(
+    nc: Client, why: Callable[[], str], *, queue: str = QUEUE_GROUP
+) -> list[Subscription]:
+    """Answer every query ``unavailable`` with ``why()`` (and a retry) until the returned
+    subscriptions are unsubscribed: the manager, while its read models' process is down, so
+    a client hears that rather than no responders (which reads as no manager at all).  Like
+    serve_queries, only inboxes get an answer, on a user's subject only that user's."""
+
+    def on(pattern: str) -> Callable[[Msg], Any]:
+        scoped = ".*." in pattern
+
+        async def handle(msg: Msg) -> None:
+            if not subjects.is_inbox(msg.reply):
+                return
+            if scoped and not subjects.is_inbox_of(msg.reply, msg.subject.split(".")[2]):
+                return
+            error = RequestError("unavailable", f"{why()}; retry in a few seconds")
+            await msg.respond(rpc.encode_reply(error.reply()))
+
+        return handle
+
+    return [await nc.subscribe(s, queue=queue, cb=on(s)) for s in served_subjects()]
 
 
 # -- requests ------------------------------------------------------------------------------------
@@ -223,14 +262,14 @@ async def _standing(runner: Runner, user: str) -> tuple[bool, bool]:
         seq = await runner.store.last_seq(subjects.aggregate_subject(subjects.USER, user))
     except StoreError as e:
         raise RequestError(
-            "unavailable", f"could not read user {user!r}'s record to check it: {e}"
+            "unavailable", f"could not read the record of user {user!r} to check it: {e}"
         ) from None
     if seq > _users(runner).seq and not await runner.wait_for(
         seq, USER_WAIT_S, (UsersProjection.name,)
     ):
         raise RequestError(
             "unavailable",
-            f"the read models have not yet folded user {user!r}'s latest record (after"
+            f"the read models have not yet folded the latest record of user {user!r} (after"
             f" {USER_WAIT_S:g}s; they are catching up with the log): retry in a few seconds",
         )
     return _users(runner).standing(user)

@@ -12,7 +12,8 @@ services.manager.read_models.ReadModels there, and the manager only supervises i
   it is ready itself; a child that fails first (its file held by another process) fails the
   manager's start with the child's own message;
 - a child that ends while the manager runs is started again, after a pause that grows while it
-  keeps failing; queries go unanswered meanwhile (a CLI says no manager answered);
+  keeps failing; meanwhile the manager answers every query ``unavailable``, saying why (no
+  answer at all would read as no manager running);
 - the child is killed with the manager however that ends (PR_SET_PDEATHSIG, SIGKILL: the runner
   commits its rows and checkpoint together, so a kill loses nothing it acknowledged), so a
   restarted manager does not find its read models file held by an orphan still stopping.
@@ -45,6 +46,7 @@ from domain.events import AwareTime
 from domain.rpc import is_beat
 from services.eventstore.bulk import bulk_reader
 from services.eventstore.store import event_store
+from services.manager.queries import answer_unavailable
 from services.manager.read_models import ReadModels
 from services.transport.client import Client
 from services.transport.connection import (
@@ -68,10 +70,12 @@ LINE_LIMIT = 1 << 20  # the longest line read from the child (asyncio's default 
 
 
 class ReadModelsProcess:
-    """``await ReadModelsProcess(url, path).start()`` ... ``await stop()``; ``seq``: what the
-    child said its models reflect (None before it said)."""
+    """``await ReadModelsProcess(nc, url, path).start()`` ... ``await stop()``; ``seq``: what the
+    child said its models reflect (None before it said).  ``nc``: the manager's connection,
+    which answers the queries while the child is down; ``url``: the child's."""
 
-    def __init__(self, url: str, path: str, *, bulk: bool = True) -> None:
+    def __init__(self, nc: Client, url: str, path: str, *, bulk: bool = True) -> None:
+        self.nc = nc
         self.url = url
         self.path = path
         self.bulk = bulk
@@ -79,6 +83,8 @@ class ReadModelsProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._log_copied: asyncio.Task[None] | None = None  # ends at the child's stderr's end
         self._last_error = ""
+        self._down: list[Subscription] = []  # answering the queries meanwhile
+        self._down_since = ""  # why and since when, as answered
         self._stopping = False
         self._tasks = Tasks()
 
@@ -91,6 +97,7 @@ class ReadModelsProcess:
         await self._end_child()  # first: its last log lines are still copied
         await self._tasks.stop()
         await self._end_child()  # one the supervisor was starting meanwhile
+        await unsubscribe_all(self._down)
 
     async def _start_child(self) -> None:
         """Start the child and return once it is ready; ValueError (what it said) if it ended
@@ -172,10 +179,14 @@ class ReadModelsProcess:
                     pause = RESTART_S[0]  # it ran: the next failure starts the pauses over
             code = await self._ended(proc)
             why = f": {self._last_error}" if self._last_error else ""
+            if not self._stopping:
+                clock = datetime.now().astimezone().strftime("%H:%M:%S")
+                self._down_since = f"exit code {code} at {clock}"
+                self._down = await answer_unavailable(self.nc, self._why_down)
             while not self._stopping:
                 log.warning(
                     "the read models process ended (exit code %s%s): starting it again in %gs;"
-                    " queries go unanswered meanwhile",
+                    " queries are answered 'unavailable' meanwhile",
                     code,
                     why,
                     pause,
@@ -185,9 +196,19 @@ class ReadModelsProcess:
                 pause = min(pause * 2, RESTART_S[1])
                 try:
                     await self._start_child()
-                    break
                 except Exception as e:  # whatever it was, the supervisor tries again
                     log.warning("the read models process did not start: %s", e)
+                    continue
+                await unsubscribe_all(self._down)  # it answers now
+                self._down = []
+                log.info("the read models process runs again: queries are answered")
+                break
+
+    def _why_down(self) -> str:
+        return (
+            f"the manager's read models process ended ({self._down_since}) and is being started"
+            " again; see the manager's log"
+        )
 
     async def _end_child(self) -> None:
         proc = self._proc

@@ -12,7 +12,7 @@ import sys
 import pytest
 from nats.aio.msg import Msg
 
-from domain.subjects import SESSION_CREATE
+from domain.subjects import SESSION_CREATE, query_subject
 from services.cli import connection
 from services.cli.connection import Connection, NoReply, ReplyError
 from services.stack.natsserver import NatsServer
@@ -96,3 +96,39 @@ async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
     assert b"session s1 PENDING queued" in out
     assert len(heard) == 2 and heard[0] == heard[1], heard
     assert isinstance(heard[0]["request_id"], str) and len(heard[0]["request_id"]) == 32
+
+
+async def test_a_query_answered_unavailable_is_asked_again(
+    nats_server: NatsServer, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-model query changes nothing: ``unavailable`` (the manager's read models
+    restarting) is asked again for READ_AGAIN_FOR_S without being told to, no responders is
+    not (no manager: said at once), and another query's refusal is not."""
+    monkeypatch.setattr(connection, "READ_AGAIN_FOR_S", 5.0)
+    heard: list[bytes] = []
+
+    async def restarting(msg: Msg) -> None:
+        heard.append(msg.data)
+        if len(heard) < 3:
+            await msg.respond(b'{"error": {"code": "unavailable", "message": "restarting"}}')
+        else:
+            await msg.respond(b'{"rows": [], "seq": 0}')
+
+    await nc.subscribe(query_subject("kernels"), cb=restarting)
+    await nc.flush()
+    conn = await Connection.open(nats_server.url)
+    try:
+        assert await conn.request(query_subject("kernels"), {}, wait_s=0.3) == {
+            "rows": [],
+            "seq": 0,
+        }
+        assert len(heard) == 3
+        with pytest.raises(NoReply, match="nothing answers"):
+            await conn.request(query_subject("sessions"), {}, wait_s=0.3)  # at once
+        monkeypatch.setattr(connection, "READ_AGAIN_FOR_S", 0.0)
+        heard.clear()
+        with pytest.raises(ReplyError, match="restarting"):
+            await conn.request(query_subject("kernels"), {}, wait_s=0.3)
+        assert len(heard) == 1
+    finally:
+        await conn.close()

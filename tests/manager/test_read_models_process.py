@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import pytest
 
 from domain.subjects import QUERY, USER_ADD, USER_DISABLE
 from services.eventstore.store import EventStore
+from services.manager.queries import served_subjects
 from services.manager.read_models_process import ReadModelsProcess
 from services.stack.natsserver import NatsServer
 from services.transport.client import Client
@@ -30,9 +32,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-async def _rows(nc: Client, name: str, user: str | None = None, **req: Any) -> Any:
+async def _rows(
+    nc: Client, name: str, user: str | None = None, within: float = 10, **req: Any
+) -> Any:
     subject = f"{QUERY}.{user}.{name}" if user else f"{QUERY}.{name}"
-    return await request(nc, subject, req, user=user)
+    return await request(nc, subject, req, within=within, user=user)
 
 
 async def test_queries_users_and_heartbeats_are_answered_from_the_child(
@@ -80,7 +84,31 @@ async def test_a_child_that_dies_is_started_again(
         assert isinstance(m.read_models, ReadModelsProcess)
         first = m.read_models._proc
         assert first is not None
+        await request(nc, USER_ADD, {"name": "alice"})
         first.send_signal(signal.SIGKILL)
+
+        # Meanwhile the manager answers every query itself: unavailable, and why (no answer
+        # at all read as no manager running); a user's own only on their inboxes.
+        async def said_why() -> bool:
+            try:
+                return "error" in await _rows(nc, "agents", within=1)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                # the moment between the child's end and the manager's stand-in (a request
+                # routed to the killed child before nats-server saw it gone is lost)
+                return False
+
+        await wait_for(said_why, 10, "the manager's answer while the child is down")
+        down = await _rows(nc, "agents")
+        assert down["error"]["code"] == "unavailable", down
+        assert "read models process ended (exit code -9" in down["error"]["message"], down
+        assert "retry" in down["error"]["message"], down
+        mine = await _rows(nc, "sessions", user="alice")
+        assert mine["error"]["code"] == "unavailable", mine
+        # Not on another user's inbox (the subject names alice).
+        stolen = await nc.subscribe("_INBOX.bob.steal")
+        await nc.publish(f"{QUERY}.alice.sessions", b"{}", reply="_INBOX.bob.steal")
+        with pytest.raises(nats.errors.TimeoutError):
+            await stolen.next_msg(timeout=0.5)
 
         async def answered_again() -> bool:
             proc = m.read_models._proc
@@ -138,3 +166,11 @@ async def test_a_users_model_behind_the_users_record_refuses_with_a_retry(
         stale = await _rows(nc, "agents", user="alice")
         assert stale["error"]["code"] == "unavailable", stale
         assert "retry" in stale["error"]["message"], stale
+
+
+async def test_the_manager_stands_in_on_every_subject_the_queries_take(nc: Client) -> None:
+    """answer_unavailable covers what serve_queries subscribes: one list, checked here."""
+    async with manager(nc) as m:
+        assert not isinstance(m.read_models, ReadModelsProcess)
+        served = sorted(sub.subject for sub in m.read_models._subs)
+    assert served == sorted(served_subjects())
