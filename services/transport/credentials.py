@@ -90,8 +90,9 @@ def user_url(base_url: str, name: str, creds: Credentials) -> str:
     user = creds.users.get(name)
     if user is None:
         raise KeyError(
-            f"no NATS user for Hoist user {name!r} in this stack: add it with"
-            f" `hoist user add {name}` (on the stack's host, with its data dir)"
+            f"no NATS user for Hoist user {name!r} in this stack (never added, or disabled):"
+            f" an admin adds them, or enables them again, with `hoist user add {name}` (on the"
+            " stack's host, with its data dir)"
         )
     return logged_in(base_url, name, user.password)
 
