@@ -154,6 +154,7 @@ class Connection:
         wait_s: float = 10.0,
         *,
         again_for_s: float = 0.0,
+        read_again: bool = True,
     ) -> Any:
         """Send a request; the decoded JSON reply, or CliError for an error reply.
 
@@ -161,10 +162,13 @@ class Connection:
         saying so, after no reply, no responder or an ``unavailable`` reply, until that long
         has passed: a manager failing over or a stream electing its leader answers the same
         request once, and never does it twice.  A read-model query is asked again after an
-        ``unavailable`` reply for READ_AGAIN_FOR_S at least."""
+        ``unavailable`` reply for READ_AGAIN_FOR_S at least, unless ``read_again`` is False (a
+        caller that asks again on its own, or shows why at once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + again_for_s
-        reads_until = loop.time() + (READ_AGAIN_FOR_S if subject.startswith(_READS) else 0)
+        reads_until = loop.time() + (
+            READ_AGAIN_FOR_S if read_again and subject.startswith(_READS) else 0
+        )
         while True:
             try:
                 return await self._request_once(subject, payload, wait_s)

@@ -18,7 +18,7 @@ from typing import Any
 
 from domain import subjects
 from domain.admission import lease_holder
-from services.cli.connection import CliError, Connection
+from services.cli.connection import CliError, Connection, ReplyError
 from services.eventstore.store import EventStore, StoreError, event_store
 from services.stack import up as stack
 from services.stack.home import start_command
@@ -168,9 +168,14 @@ async def _over_nats(
     try:
         head = await event_store(conn.nc).head()
         try:
-            reply = await conn.request(f"{subjects.QUERY}.agents", {}, wait_s=CATCH_UP_S)
+            reply = await conn.request(
+                f"{subjects.QUERY}.agents", {}, wait_s=CATCH_UP_S, read_again=False
+            )
         except CliError as e:
-            checks.append(Check("queries", False, str(e), f"see {manager_log}; `{restart}`"))
+            advice = f"see {manager_log}; `{restart}`"
+            if isinstance(e, ReplyError) and e.code == "unavailable":  # read models restarting
+                advice = f"the manager starts them again itself: ask again soon (see {manager_log})"
+            checks.append(Check("queries", False, str(e), advice))
             return checks, runtimes
         checks.append(Check("queries", True, "the manager answers"))
         checks.append(await _leader(event_store(conn.nc), manager_log))
@@ -210,6 +215,7 @@ async def _lag(conn: Connection, head: int, reply: dict[str, Any], log: Path) ->
             f"{subjects.QUERY}.agents",
             {"min_seq": head, "timeout": CATCH_UP_S},
             wait_s=CATCH_UP_S + 2,
+            read_again=False,
         )
     except CliError:
         return Check(

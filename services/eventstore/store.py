@@ -580,11 +580,15 @@ class EventStore:
         never older than what this store wrote or read of the subject (read-after-write).
         ``urgent``: not queued behind the requests in flight.  ``expiring``: the subject's
         messages have a TTL (a lease), so a read below an earlier one is no lag: no floor."""
+
+        def read() -> Awaitable[Recorded | None]:
+            if urgent:  # its caller asks again on its own clock (the managers' lease)
+                return self._last(subject, urgent)
+            return self._served(lambda: self._last(subject, urgent))
+
         if expiring:
-            return await self._served(lambda: self._last(subject, urgent))
-        return await self._fresh(
-            subject, lambda: self._served(lambda: self._last(subject, urgent)), _seq_or_zero
-        )
+            return await read()
+        return await self._fresh(subject, read, _seq_or_zero)
 
     async def _served(self, read: Callable[[], Awaitable[_T]]) -> _T:
         """``read()``, asked again a few times while no replica serves direct gets (503)."""

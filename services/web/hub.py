@@ -281,7 +281,8 @@ class Hub:
         return dict(zip(names, replies, strict=True))
 
     async def _ask(self, subject: str, payload: dict[str, Any]) -> Any:
-        return await self.conn.request(subject, dict(payload), wait_s=5)
+        # Not asked again: the next refresh asks anyway, and shows why meanwhile.
+        return await self.conn.request(subject, dict(payload), wait_s=5, read_again=False)
 
     async def _late_progress(self) -> None:
         """The progress stream's last message of each pull under way the hub has not heard

@@ -24,6 +24,7 @@ from services.transport.client import Client
 
 STREAM = "STALE"
 SUBJECT = "stale.a"
+LAST = f"$JS.API.DIRECT.GET.{STREAM}."  # + the subject: a request for its last message
 
 
 class StaleResponder:
@@ -49,7 +50,8 @@ class StaleResponder:
         reader, self._writer = await asyncio.open_connection(parsed.hostname, parsed.port)
         await reader.readline()  # INFO
         self._writer.write(b'CONNECT {"verbose":false,"headers":true,"no_responders":true}\r\n')
-        self._writer.write(f"SUB $JS.API.DIRECT.GET.{STREAM} 1\r\nPING\r\n".encode())
+        self._writer.write(f"SUB $JS.API.DIRECT.GET.{STREAM} 1\r\n".encode())
+        self._writer.write(f"SUB $JS.API.DIRECT.GET.{STREAM}.> 2\r\nPING\r\n".encode())
         await self._writer.drain()
         while line := await reader.readline():
             if line.startswith(b"PONG"):  # the server has our SUB: it came before the PING
@@ -57,16 +59,18 @@ class StaleResponder:
             elif line.startswith(b"PING"):
                 self._writer.write(b"PONG\r\n")
             elif line.startswith(b"MSG "):
-                _, _, _, reply, size = line.split()
-                body = await reader.readexactly(int(size) + 2)
-                await self._answer(reply.decode(), json.loads(body[:-2]))
+                _, subject, _, reply, size = line.split()
+                body = (await reader.readexactly(int(size) + 2))[:-2]
+                # a last message's subject is in the request's own (store.last)
+                ask = json.loads(body) if body else {"last_by_subj": subject.decode()[len(LAST) :]}
+                await self._answer(reply.decode(), ask)
 
     async def _answer(self, reply: str, ask: dict[str, object]) -> None:
         self.asks.append(ask)
         seq = ask.get("seq")
         if len(self.asks) <= self.unserved:
             self._hpub(reply, "NATS/1.0 503\r\n\r\n", b"")
-        elif seq == 1:
+        elif seq == 1 or "last_by_subj" in ask:
             self._stored(reply, 1, b"one", self.pending)
         elif seq == 2 and self.second and len(self.asks) > 1 + self.lagging:
             self._stored(reply, 2, b"two", 0)
@@ -165,3 +169,21 @@ async def test_no_serving_replica_for_seconds_is_unavailable(
         with pytest.raises(StoreUnavailable, match="no replica of it serves them now"):
             await asyncio.wait_for(store.read_subject(SUBJECT), 15)
     assert len(never.asks) == len(_UNSERVED_PAUSES) + 1, never.asks
+
+
+async def test_an_urgent_read_is_not_held_up_by_503(nats_server: NatsServer, nc: Client) -> None:
+    """The managers' lease is read ``urgent``: its loop asks again on its own clock (a renewal
+    every TTL/4), so a read of it fails at once rather than riding 503 out past the TTL; a
+    plain read of the last message rides it out."""
+    never = StaleResponder(pending=0, unserved=1_000)
+    async with responding(nats_server.url, never):
+        store = EventStore(nc, STREAM, ["stale.>"], timeout=2.0)
+        with pytest.raises(StoreUnavailable, match="no replica of it serves them now"):
+            await asyncio.wait_for(store.last(SUBJECT, urgent=True, expiring=True), 1)
+        assert len(never.asks) == 1, never.asks
+    twice = StaleResponder(pending=0, unserved=2)
+    async with responding(nats_server.url, twice):
+        store = EventStore(nc, STREAM, ["stale.>"], timeout=2.0)
+        last = await asyncio.wait_for(store.last(SUBJECT), 10)
+    assert last is not None and last.data == b"one"
+    assert twice.asks == [{"last_by_subj": SUBJECT}] * 3, twice.asks

@@ -17,6 +17,7 @@ import pytest
 
 from domain.subjects import QUERY, USER_ADD, USER_DISABLE
 from services.eventstore.store import EventStore
+from services.manager import read_models_process
 from services.manager.queries import served_subjects
 from services.manager.read_models_process import ReadModelsProcess
 from services.stack.natsserver import NatsServer
@@ -78,8 +79,10 @@ async def test_queries_users_and_heartbeats_are_answered_from_the_child(
 
 
 async def test_a_child_that_dies_is_started_again(
-    nats_server: NatsServer, nc: Client, store: EventStore
+    nats_server: NatsServer, nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Down for 5 s, not 1: the checks of the manager's answers meanwhile fit on a loaded CI.
+    monkeypatch.setattr(read_models_process, "RESTART_S", (5.0, 30.0))
     async with manager(nc, read_models_url=nats_server.url) as m:
         assert isinstance(m.read_models, ReadModelsProcess)
         first = m.read_models._proc
