@@ -166,6 +166,7 @@ class Connection:
         caller that asks again on its own, or shows why at once)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + again_for_s
+        said = ""
         reads_until = loop.time() + (
             READ_AGAIN_FOR_S if read_again and subject.startswith(_READS) else 0
         )
@@ -180,7 +181,9 @@ class Connection:
                     max(deadline, reads_until) if unavailable else deadline
                 ):
                     raise
-                print(f"{e}; asking again (the same request)", file=sys.stderr, flush=True)
+                if str(e) != said:  # once, and again only when the answer changes
+                    said = str(e)
+                    print(f"{e}; asking again (the same request)", file=sys.stderr, flush=True)
                 await asyncio.sleep(AGAIN_PAUSE_S)
 
     async def _request_once(self, subject: str, payload: dict[str, Any], wait_s: float) -> Any:

@@ -180,8 +180,7 @@ class ReadModelsProcess:
             code = await self._ended(proc)
             why = f": {self._last_error}" if self._last_error else ""
             if not self._stopping:
-                clock = datetime.now().astimezone().strftime("%H:%M:%S")
-                self._down_since = f"exit code {code} at {clock}"
+                self._down_since = f"exit code {code} at {_clock()}"
                 self._down = await answer_unavailable(self.nc, self._why_down)
             while not self._stopping:
                 log.warning(
@@ -198,6 +197,10 @@ class ReadModelsProcess:
                     await self._start_child()
                 except Exception as e:  # whatever it was, the supervisor tries again
                     log.warning("the read models process did not start: %s", e)
+                    code = self._proc.returncode if self._proc else None
+                    self._down_since = (
+                        f"exit code {code} at {_clock()}, a restart failing; next in {pause:g}s"
+                    )
                     continue
                 await unsubscribe_all(self._down)  # it answers now
                 self._down = []
@@ -224,6 +227,10 @@ class ReadModelsProcess:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+
+
+def _clock() -> str:
+    return datetime.now().astimezone().strftime("%H:%M:%S")
 
 
 # -- the child --------------------------------------------------------------------------------

@@ -99,7 +99,10 @@ async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
 
 
 async def test_a_query_answered_unavailable_is_asked_again(
-    nats_server: NatsServer, nc: Client, monkeypatch: pytest.MonkeyPatch
+    nats_server: NatsServer,
+    nc: Client,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A read-model query changes nothing: ``unavailable`` (the manager's read models
     restarting) is asked again for READ_AGAIN_FOR_S without being told to, no responders is
@@ -123,6 +126,8 @@ async def test_a_query_answered_unavailable_is_asked_again(
             "seq": 0,
         }
         assert len(heard) == 3
+        # Two answers alike: said once, not at every asking.
+        assert capsys.readouterr().err.count("restarting (unavailable); asking again") == 1
         with pytest.raises(NoReply, match="nothing answers"):
             await conn.request(query_subject("sessions"), {}, wait_s=0.3)  # at once
         monkeypatch.setattr(connection, "READ_AGAIN_FOR_S", 0.0)
