@@ -3,8 +3,9 @@ bounded output buffer its logs and execs are read from.
 
 Understood: ``sleep N|infinity``, ``echo [-n] ...``, ``exit N``, ``true``, ``false``, ``:``,
 ``printenv NAME``, and ``sh -c 'a; b && c'`` (sequences of those joined by ``;`` or ``&&``, with
-``$NAME``/``${NAME}`` from the environment).  Anything else writes ``<cmd>: not found`` and
-exits 127, as a shell does.
+``$NAME``/``${NAME}`` from the environment).  Anything else writes ``<cmd>: not found`` (with
+what a dummy kernel runs, for a newcomer whose first ``python -c`` met it) and exits 127, as a
+shell does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 Step = tuple[str, list[str]]  # (the operator before it: ";" or "&&", argv)
 Write = Callable[[bytes], None]
+NOT_FOUND_HINT = (
+    " (a dummy kernel runs only sleep, echo, exit, true, false, printenv and sh -c of those;"
+    " real commands need an agent with --runtime docker)"
+)
 _SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash"}
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
@@ -185,5 +190,5 @@ async def _step(
             return 1
         write(f"{env[args[0]]}\n".encode())
         return 0
-    write(f"{argv[0]}: not found\n".encode())
+    write(f"{argv[0]}: not found{NOT_FOUND_HINT}\n".encode())
     return 127

@@ -28,6 +28,7 @@ from agent.runtime.base import (
     VolumeMount,
 )
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime, PullFailure
+from agent.runtime.dummy_shell import NOT_FOUND_HINT
 
 MiB = 1024 * 1024
 HUB = "docker.io/library/"  # Docker Hub official images, canonical (domain.image_ref)
@@ -198,8 +199,8 @@ async def _logs(rt: DummyRuntime, kernel_id: str, tail: int | None = None) -> by
         (["sh", "-c", "echo a; exit 3; echo b"], 3, b"a\n"),
         (["sh", "-c", "false && echo no; echo yes"], 0, b"yes\n"),
         (["sh", "-c", "echo $GREETING ${GREETING}!"], 0, b"hi hi!\n"),
-        (["python", "train.py"], 127, b"python: not found\n"),
-        (["sh", "-c", "echo x && nope"], 127, b"x\nnope: not found\n"),
+        (["python", "train.py"], 127, f"python: not found{NOT_FOUND_HINT}\n".encode()),
+        (["sh", "-c", "echo x && nope"], 127, f"x\nnope: not found{NOT_FOUND_HINT}\n".encode()),
     ],
 )
 async def test_a_kernel_runs_its_command_and_reports_its_exit(
