@@ -580,15 +580,9 @@ class EventStore:
         never older than what this store wrote or read of the subject (read-after-write).
         ``urgent``: not queued behind the requests in flight.  ``expiring``: the subject's
         messages have a TTL (a lease), so a read below an earlier one is no lag: no floor."""
-
-        def read() -> Awaitable[Recorded | None]:
-            if urgent:  # its caller asks again on its own clock (the managers' lease)
-                return self._last(subject, urgent)
-            return self._served(lambda: self._last(subject, urgent))
-
         if expiring:
-            return await read()
-        return await self._fresh(subject, read, _seq_or_zero)
+            return await self._last(subject, urgent)
+        return await self._fresh(subject, lambda: self._last(subject, urgent), _seq_or_zero)
 
     async def _served(self, read: Callable[[], Awaitable[_T]]) -> _T:
         """``read()``, asked again a few times while no replica serves direct gets (503)."""
@@ -600,6 +594,11 @@ class EventStore:
         return await read()
 
     async def _last(self, subject: str, urgent: bool = False) -> Recorded | None:
+        if urgent:  # its caller asks again on its own clock (the managers' lease): no 503 ride
+            return await self._last_once(subject, urgent)
+        return await self._served(lambda: self._last_once(subject))
+
+    async def _last_once(self, subject: str, urgent: bool = False) -> Recorded | None:
         # Raw, like the batches: the header block is read whole (see _stored).
         reply: asyncio.Future[tuple[bytes | None, bytes]] = (
             asyncio.get_running_loop().create_future()
@@ -654,7 +653,7 @@ class EventStore:
         replica), and only where that says it did not move, the stream's leader (a lagging
         replica answers from before the write this one lost to)."""
         subject = write.expected_subject or write.subject
-        last = await self._served(lambda: self._last(subject))
+        last = await self._last(subject)
         if last is not None and last.seq > (write.expected_last_seq or 0):
             return last.seq  # moved on: a replica has it, so the leader has at least as much
         return await self._leader_last_seq(subject)

@@ -143,11 +143,9 @@ async def serve_queries(
         answer: Callable[[dict[str, Any]], Any], scoped: bool = False, admin_only: bool = False
     ) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
-            if not subjects.is_inbox(msg.reply):
-                return  # a reply subject is the requester's to choose: only inboxes answered
+            if not _answerable(msg, scoped):
+                return
             user = msg.subject.split(".")[2] if scoped else None
-            if user is not None and not subjects.is_inbox_of(msg.reply, user):
-                return  # answered only on the user's own inboxes
             reply: object
             try:
                 request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
@@ -210,6 +208,15 @@ async def serve_queries(
     return subs
 
 
+def _answerable(msg: Msg, scoped: bool) -> bool:
+    """Whether a query may be answered where it asks: a reply subject is the requester's to
+    choose, so only inboxes; on a user's own subject (hoist.query.<user>.…,
+    hoist.admin.<user>.…), only that user's inboxes."""
+    if not subjects.is_inbox(msg.reply):
+        return False
+    return not scoped or subjects.is_inbox_of(msg.reply, msg.subject.split(".")[2])
+
+
 def _admin_scoped(subject: str) -> str:
     """An admin user's own: hoist.admin.<user>.query.sql, hoist.admin.<user>.verify."""
     return subject.replace(f"{subjects.ADMIN}.", f"{subjects.ADMIN}.*.", 1)
@@ -237,9 +244,7 @@ async def answer_unavailable(
         scoped = ".*." in pattern
 
         async def handle(msg: Msg) -> None:
-            if not subjects.is_inbox(msg.reply):
-                return
-            if scoped and not subjects.is_inbox_of(msg.reply, msg.subject.split(".")[2]):
+            if not _answerable(msg, scoped):
                 return
             error = RequestError("unavailable", f"{why()}; retry in a few seconds")
             await msg.respond(rpc.encode_reply(error.reply()))
