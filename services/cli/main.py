@@ -385,6 +385,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     # Its terminal closed: stop the stack in order, as on Ctrl-C (the default would kill).
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, stop.set)
     runtime = args.runtime
+    fallback = ""  # said once the stack started: a refused `hoist up` says only why
     if runtime != "dummy":
         reachable, where = await asyncio.to_thread(stack.docker_reachable, args.docker_host)
         if runtime == "docker" and not reachable:
@@ -395,10 +396,9 @@ async def cmd_up(args: argparse.Namespace) -> int:
         if runtime is None:
             runtime = "docker" if reachable else "dummy"
             if not reachable:
-                print(
+                fallback = (
                     f"no Docker Engine reachable at {where}: using the dummy runtime"
-                    " (simulated pulls)",
-                    flush=True,
+                    " (simulated pulls)"
                 )
     data_dir = Path(args.data_dir)
     local = stack.Stack(
@@ -418,6 +418,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     )
     try:
         await local.start()
+        if fallback:
+            print(fallback, flush=True)
         _print_started(local, data_dir)
         code = 0
         if not args.no_demo and local.agent_ids and not stop.is_set():

@@ -172,11 +172,15 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
         columns = (*columns, *dict.fromkeys(extra))
         if not console.is_terminal:  # piped: every column in full on one line per row
             console.width = 10_000
-    shown = [
-        c
-        for c in columns
-        if any(c in r and (c not in _SPARSE_COLUMNS or r[c] is not None) for r in rows)
-    ] or sorted({k for r in rows for k in r})
+    shown = (
+        [
+            c
+            for c in columns
+            if any(c in r and (c not in _SPARSE_COLUMNS or r[c] is not None) for r in rows)
+        ]
+        or sorted({k for r in rows for k in r})
+        or [c for c in columns if c not in _SPARSE_COLUMNS]  # no row: the header says what
+    )
     console.print(_table(shown, [[r.get(c) for c in shown] for r in rows], whole_ids=wide))
     _footer(console, reply, len(rows))
 

@@ -167,6 +167,8 @@ async def _over_nats(
     manager_log = data_dir / "logs" / "manager.log"
     try:
         head = await event_store(conn.nc).head()
+        # The lease is read from the log itself: said even while the read models are down.
+        checks.append(await _leader(event_store(conn.nc), manager_log))
         try:
             reply = await conn.request(
                 f"{subjects.QUERY}.agents", {}, wait_s=CATCH_UP_S, read_again=False
@@ -178,7 +180,6 @@ async def _over_nats(
             checks.append(Check("queries", False, str(e), advice))
             return checks, runtimes
         checks.append(Check("queries", True, "the manager answers"))
-        checks.append(await _leader(event_store(conn.nc), manager_log))
         checks.append(await _lag(conn, head, reply, manager_log))
         rows = reply.get("rows", [])
         checks.append(_agents(data_dir, info, rows))

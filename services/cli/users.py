@@ -59,9 +59,17 @@ def user_text(user: dict[str, Any]) -> str:
 async def cmd_add(args: argparse.Namespace) -> None:
     request = {"name": args.name} | ({} if args.admin is None else {"admin": args.admin})
     reply = await _ask(USER_ADD, request, args)
-    done = "added" if reply["recorded"] else "unchanged"
-    print(f"user {done}: {user_text(reply['user'])}")
+    print(f"user {_what_add_did(reply)}: {user_text(reply['user'])}")
     print(_apply_to_local_stack(args, args.name, reply["user"]["admin"]))
+
+
+def _what_add_did(reply: dict[str, Any]) -> str:
+    before = reply.get("before")  # None from a manager before it was sent, too
+    if not reply["recorded"]:
+        return "unchanged"
+    if before is None:
+        return "added"
+    return "enabled again" if not before["enabled"] else "changed"
 
 
 async def cmd_disable(args: argparse.Namespace) -> None:

@@ -38,7 +38,9 @@ class Users:
         recorded = bool(user.pending_events)
         if recorded:
             await self._save(user)
-        return {"user": user_view(user), "recorded": recorded}
+        # ``before``: so a client says added, enabled again or changed, not "added" for all
+        before = None if existing is None else user_view(existing)
+        return {"user": user_view(user), "recorded": recorded, "before": before}
 
     async def disable(self, req: DisableUser) -> dict[str, Any]:
         existing = self.fleet.users.get(req.name)

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 MIN_INTERVAL_S = 0.3  # between two refreshes of the queries
 IDLE_REFRESH_S = 2.0  # at least this often while watched (heartbeats move no event)
 USER_REFRESH_S = 1.0  # a Hoist user may not watch the event subjects: the timer alone
+# A query's longest answer: a per-user one may ride out a restarting stream node (~4 s) and
+# wait for the users model (2 s, services.manager.queries) before it answers.
+ASK_S = 8.0
 PROGRESS_FLUSH_S = 0.2  # progress messages are batched to the pages this often
 MAX_PULLS_KEPT = 500  # finished pulls' last progress kept for the page (oldest dropped)
 
@@ -282,7 +285,7 @@ class Hub:
 
     async def _ask(self, subject: str, payload: dict[str, Any]) -> Any:
         # Not asked again: the next refresh asks anyway, and shows why meanwhile.
-        return await self.conn.request(subject, dict(payload), wait_s=5, read_again=False)
+        return await self.conn.request(subject, dict(payload), wait_s=ASK_S, read_again=False)
 
     async def _late_progress(self) -> None:
         """The progress stream's last message of each pull under way the hub has not heard

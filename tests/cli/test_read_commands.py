@@ -71,6 +71,11 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     code, out, _ = await hoist(hoist_stack, "sessions", "--owner", "ann")
     assert code == 0 and session_id[:12] in out and "RUNNING" in out
 
+    # No row: the header still says what a row would hold (not a blank line).
+    code, out, _ = await hoist(hoist_stack, "sessions", "--owner", "nobody-at-all")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["session_id", "owner", "image"], out
+    assert out.splitlines()[1].startswith("0 row(s) as of event"), out
+
     code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-1")
     assert code == 0 and image in out and "240.0 MiB" in out
 

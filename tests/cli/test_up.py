@@ -37,8 +37,11 @@ def test_up_stop_and_restart(tmp_path: Path) -> None:
         assert "manager and 1 dummy agent(s): agent-1" in up_log
 
         # One stack per data dir; a port in use is said plainly.
-        again = stack.hoist("up", "--runtime", "dummy", "--no-demo", timeout=30)
+        # (No engine there: the dummy fallback is not said either, only why it is refused.)
+        nowhere = f"unix://{tmp_path}/no-docker.sock"
+        again = stack.hoist("up", "--docker-host", nowhere, "--no-demo", timeout=30)
         assert again.returncode == 1 and "a stack already runs in" in again.stderr
+        assert again.stdout == "", again.stdout
         port = info["url"].rsplit(":", 1)[1]
         up_args = ["up", "--runtime", "dummy", "--no-demo", "--nats-port", port]
         other = subprocess.run(

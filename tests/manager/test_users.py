@@ -93,6 +93,17 @@ async def test_user_cli(
         await _run("user", "add", "bob", "--admin")
         await _run("user", "disable", "alice")
         capsys.readouterr()
+        # What an add did to a user already there: said as such, not "added".
+        await _run("user", "add", "bob", "--admin")
+        assert capsys.readouterr().out.startswith("user unchanged: bob: admin, enabled")
+        await _run("user", "add", "bob", "--no-admin")
+        assert capsys.readouterr().out.startswith("user changed: bob: user, enabled")
+        await _run("user", "add", "bob", "--admin")
+        assert capsys.readouterr().out.startswith("user changed: bob: admin, enabled")
+        await _run("user", "add", "alice")
+        assert capsys.readouterr().out.startswith("user enabled again: alice: user, enabled")
+        await _run("user", "disable", "alice")
+        capsys.readouterr()
         await _run("user", "list")
         assert capsys.readouterr().out.splitlines() == [
             "alice: user, disabled (by admin)",
