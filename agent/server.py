@@ -134,6 +134,7 @@ class AgentServer:
         # Beats carry the kernels' changes once the manager acknowledged a full one (a new
         # epoch per process: a restarted agent starts with full beats)
         self.beats = BeatSender(secrets.token_hex(8))
+        self.pace_s = 0.0  # the floor under the interval the leading manager asked (BeatPace)
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -145,6 +146,7 @@ class AgentServer:
             rpc.PULL_CANCEL: self.pull_cancel,
             rpc.PIN_IMAGES: self.pin_images,
             rpc.BEATS_ACKED: self.beats_acked,
+            rpc.BEAT_PACE: self.beat_pace,
             rpc.IMAGE_GC: self.image_gc,
             rpc.LOGS: self.logs,
             rpc.EXEC: self.exec,
@@ -196,7 +198,7 @@ class AgentServer:
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = self._tasks.spawn(
-            every(cfg.heartbeat_interval_s, self._beat, f"agent {self.id}: heartbeat"),
+            every(self.beat_interval_s, self._beat, f"agent {self.id}: heartbeat"),
             name="heartbeats",
         )
         self._tasks.spawn(
@@ -271,6 +273,7 @@ class AgentServer:
             pulls={image: task.task_id for image, task in self.pulls.active.items()},
             address=self.config.address,
             volumes=await self._volumes_held(),
+            pace_s=self.pace_s,
         )
         await self.nc.publish(heartbeat(self.id), rpc.encode(beat), headers=_BEAT)
         if fresh:
@@ -486,6 +489,19 @@ class AgentServer:
 
     async def beats_acked(self, request: rpc.BeatsAcked) -> rpc.BeatBase:
         return rpc.BeatBase(base=self.beats.acked(request))
+
+    def beat_interval_s(self) -> float:
+        """Its own interval, or the manager's floor when that is longer (the next beat waits
+        the new one; the wait under way is not cut)."""
+        return max(self.config.heartbeat_interval_s, self.pace_s)
+
+    async def beat_pace(self, request: rpc.BeatPace) -> rpc.BeatPaced:
+        if request.floor_s != self.pace_s:
+            log.info(
+                "agent %s: beats at least every %gs (the manager's pace)", self.id, request.floor_s
+            )
+        self.pace_s = request.floor_s
+        return rpc.BeatPaced(interval_s=self.beat_interval_s())
 
     async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:
         if request.policy is not None:

@@ -75,9 +75,11 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import Capacity
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
+from domain.beats import pace_floor
 from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
 from services.eventstore.store import EventStore, event_store
 from services.manager.leadership import DEFAULT_TTL_S
+from services.manager.liveness import DEFAULT_BEATS_PER_S
 from services.stack.natsserver import NatsServer
 from services.transport import progress
 from services.transport.client import Client, connect
@@ -483,13 +485,20 @@ def children(pid: int) -> list[int]:
 
 
 async def start_manager(
-    url: str, log: Path, profile: str | None = None, in_process: bool = False
+    url: str,
+    log: Path,
+    profile: str | None = None,
+    in_process: bool = False,
+    beats_per_s: float | None = None,
 ) -> tuple[asyncio.subprocess.Process, float]:
     """The manager, and the seconds from its start to 'manager ready' (imports, the fold of the
     whole log, its subscriptions); under cProfile if ``profile`` names a stats file; its read
-    models in its own process if ``in_process``."""
+    models in its own process if ``in_process``; the fleet's heartbeats a second at most
+    ``beats_per_s`` (None: the manager's default)."""
     start = time.perf_counter()
     extra = ["--read-models-in-process"] if in_process else []
+    if beats_per_s is not None:
+        extra += ["--heartbeats-per-second", str(beats_per_s)]
     proc = await manager(url, "bench-manager-1", log, *extra, profile=profile)
     return proc, time.perf_counter() - start
 
@@ -536,20 +545,27 @@ async def run_scale(args: argparse.Namespace) -> None:
             agent_procs = await asyncio.gather(*starting)
             try:  # profiled: the first manager, i.e. the first row until its restart
                 manager, _ = await start_manager(
-                    server.url, log, args.profile_manager, args.read_models_in_process
+                    server.url,
+                    log,
+                    args.profile_manager,
+                    args.read_models_in_process,
+                    args.heartbeats_per_second,
                 )
             except BaseException:
                 for proc in agent_procs:  # no orphans when the manager does not start
                     await stop(proc)
                 raise
             base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
+            floor = pace_floor(args.agents, args.heartbeats_per_second or DEFAULT_BEATS_PER_S)
+            paced = " (the manager's pace)" if floor > args.heartbeat_interval else ""
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
             store = event_store(nc)
             print(
                 f"{args.agents} dummy agents in {len(agent_procs)} processes, heartbeat every"
-                f" {args.heartbeat_interval:g} s; steady {args.rate:g} sessions/s for"
-                f" {args.seconds:g} s a row; burst target >= {BURST_TARGET:.0f} sessions/s,"
-                f" {args.window or 'all'} creates waiting at a time",
+                f" {max(args.heartbeat_interval, floor):g} s{paced}; steady {args.rate:g}"
+                f" sessions/s for {args.seconds:g} s a row; burst target >="
+                f" {BURST_TARGET:.0f} sessions/s, {args.window or 'all'} creates waiting at a"
+                " time",
                 flush=True,
             )
             print(Row.HEADER)
@@ -642,7 +658,9 @@ async def scale_row(
             flush=True,
         )
     await stop(manager)
-    manager, to_ready = await start_manager(url, log, None, args.read_models_in_process)
+    manager, to_ready = await start_manager(
+        url, log, None, args.read_models_in_process, args.heartbeats_per_second
+    )
     restarted = await ask(nc, MANAGER_STATS, {})
     restart_kib = rss_kib(manager.pid)
     counted = int(stats["live_sessions"])
@@ -719,6 +737,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--first", type=int, default=0, help="(agents role) the first agent's number")
     p.add_argument(
         "--heartbeat-interval", type=float, default=2.0, help="the agents' (their default: 2 s)"
+    )
+    p.add_argument(
+        "--heartbeats-per-second",
+        type=float,
+        help="(--scale) the manager's --heartbeats-per-second (its default: 100, so 1,000 agents"
+        " beat every 10 s; a large value leaves them at --heartbeat-interval)",
     )
     p.add_argument(
         "--settle",

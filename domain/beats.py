@@ -16,11 +16,12 @@ acknowledged; a manager that never acknowledges (one before this change) always 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
 
-from domain.rpc import BeatsAcked, Heartbeat, LiveKernel
+from domain.rpc import MAX_BEAT_FLOOR_S, BeatsAcked, Heartbeat, LiveKernel
 
 # Changes a beat may carry before a full beat is cheaper (and resets the base), at the least.
 MIN_CHANGES = 8
@@ -105,3 +106,33 @@ class BeatReceiver:
 
     def forget(self, agent_id: str) -> None:
         self._bases.pop(agent_id, None)
+
+
+# -- the pace: a fleet's beats per second bounded (as Nomad's max_heartbeats_per_second) ------
+#
+# At a fixed interval the beats grow with the fleet: 1,000 agents beating every 2 s send the
+# manager, its read models and nats-server 500 messages a second, whatever the sessions do.
+# The leading manager keeps them under ``beats_per_s``: past ``beats_per_s * FREE_PACE_S``
+# agents it asks each agent for a floor under its interval (``pace_floor``), and judges an
+# agent silent only after a deadline that leaves room for that interval (``silence_deadline``).
+
+FREE_PACE_S = 2.0  # the agents' default interval: a fleet that fits at it is not paced
+MISSED_BEATS = 4  # beats a paced agent may miss before it is judged silent, plus the grace
+GRACE_S = 5.0
+
+
+def pace_floor(agents: int, beats_per_s: float) -> float:
+    """The least interval (whole seconds) that keeps ``agents`` within ``beats_per_s``; 0 while
+    they fit at FREE_PACE_S (no floor: each agent beats at its own interval)."""
+    if not beats_per_s > 0:
+        raise ValueError(f"beats_per_s must be > 0, got {beats_per_s!r}")
+    need = agents / beats_per_s
+    if need <= FREE_PACE_S:
+        return 0.0
+    return float(min(math.ceil(need), MAX_BEAT_FLOOR_S))
+
+
+def silence_deadline(floor_s: float, deadline_s: float) -> float:
+    """How long an agent may be silent before it is lost: the manager's ``deadline_s``, or
+    MISSED_BEATS floors and the grace when the fleet is paced."""
+    return max(deadline_s, MISSED_BEATS * floor_s + GRACE_S) if floor_s > 0 else deadline_s

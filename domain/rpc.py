@@ -63,6 +63,7 @@ STREAM_READ = "stream-read"
 VOLUMES = "volumes"
 VOLUME_REMOVE = "volume-remove"
 BEATS_ACKED = "beats-acked"
+BEAT_PACE = "beat-pace"
 # A notice, never a request: the manager wrote on the agent's liveness subject (it marked the
 # agent lost), so the agent reads that subject at its next beat.  It carries nothing to trust.
 LIVENESS_CHANGED = "liveness-changed"
@@ -83,6 +84,7 @@ VERBS = (
     VOLUMES,
     VOLUME_REMOVE,
     BEATS_ACKED,
+    BEAT_PACE,
 )
 
 ERROR_CODES = (
@@ -99,6 +101,8 @@ KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
 BeatEpoch = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
 BeatSeq = Annotated[int, msgspec.Meta(ge=0)]
+MAX_BEAT_FLOOR_S = 60.0  # the longest interval a manager may ask of an agent (domain.beats)
+BeatFloor = Annotated[float, msgspec.Meta(ge=0, le=MAX_BEAT_FLOOR_S)]
 
 
 class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -239,6 +243,17 @@ class BeatsAcked(_Request, kw_only=True):
 
     epoch: BeatEpoch
     seq: BeatSeq | None = None
+
+
+class BeatPace(_Request, kw_only=True):
+    """Beat at least every ``floor_s`` seconds (0: at the agent's own interval): the leading
+    manager keeps a large fleet's beats per second bounded (domain.beats.pace_floor)."""
+
+    floor_s: BeatFloor
+
+
+class BeatPaced(_Reply, kw_only=True):
+    interval_s: float  # the agent's interval now: the larger of its own and the floor
 
 
 class BeatBase(_Reply, kw_only=True):
@@ -412,6 +427,7 @@ REQUESTS: dict[str, type[_Request]] = {
     VOLUMES: ListVolumes,
     VOLUME_REMOVE: RemoveVolume,
     BEATS_ACKED: BeatsAcked,
+    BEAT_PACE: BeatPace,
 }
 
 
@@ -458,6 +474,9 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     seq: BeatSeq = 0
     base: BeatSeq | None = None
     gone: list[str] = []  # kernels removed since ``base``
+    # The floor under its interval the manager asked for (BeatPace); None: an agent that
+    # takes no pace (one before it), never asked.
+    pace_s: BeatFloor | None = None
 
 
 # --- progress: hoist.progress.<agent id>.<task id> (stream HOIST_PROGRESS, last per subject) --

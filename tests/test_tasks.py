@@ -116,6 +116,25 @@ async def test_every_waits_an_interval_first_unless_now() -> None:
     assert (later, first) == ([], [1])
 
 
+async def test_an_interval_asked_of_a_function_is_asked_again_at_each_wait() -> None:
+    interval = [0.01]
+    calls = 0
+
+    def call() -> None:
+        nonlocal calls
+        calls += 1
+
+    tasks = Tasks()
+    tasks.spawn(every(lambda: interval[0], call, "paced"))
+    await until(lambda: calls >= 3)
+    interval[0] = 60.0  # the next wait is the new one
+    await asyncio.sleep(0.05)
+    seen = calls
+    await asyncio.sleep(0.1)
+    await tasks.stop()
+    assert calls == seen, "no call within the new interval"
+
+
 async def test_wake_calls_at_once_and_again_if_woken_during_the_call() -> None:
     wake = asyncio.Event()
     calls = 0
@@ -157,5 +176,7 @@ async def test_wake_calls_at_once_and_again_if_woken_during_the_call() -> None:
 async def test_every_refuses_a_loop_that_would_never_call() -> None:
     with pytest.raises(ValueError, match="interval_s"):
         await every(0, lambda: None, "x")
+    with pytest.raises(ValueError, match="interval_s"):
+        await every(lambda: -1.0, lambda: None, "x")
     with pytest.raises(ValueError, match="wake"):
         await every(None, lambda: None, "x")

@@ -29,7 +29,7 @@ from nats.aio.subscription import Subscription
 
 from domain import rpc
 from domain.agent import Agent
-from domain.beats import BeatReceiver
+from domain.beats import BeatReceiver, pace_floor, silence_deadline
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import Heartbeat, is_beat
@@ -45,6 +45,9 @@ from services.transport.tasks import Tasks, every
 log = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE_S = 15.0  # several missed beats at the agent's default 2 s interval
+# A fleet's beats per second, at most (domain.beats.pace_floor): 1,000 agents beat every 10 s.
+DEFAULT_BEATS_PER_S = 100.0
+RETELL_S = 30.0  # an agent whose beats still show another floor is told again after this
 _ATTEMPTS = 10
 
 
@@ -55,6 +58,7 @@ class LivenessWatcher:
         repository: Repository,
         *,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        beats_per_s: float = DEFAULT_BEATS_PER_S,
         check_interval_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         acts: Callable[[], bool] = lambda: True,
@@ -65,7 +69,9 @@ class LivenessWatcher:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         self.nc = nc
         self.repository = repository
+        pace_floor(0, beats_per_s)  # a bad value refused here, not at the first beat
         self.deadline_s = deadline_s
+        self.beats_per_s = beats_per_s
         self.check_interval_s = check_interval_s or min(1.0, deadline_s / 4)
         self.clock = clock
         self.acts = acts  # whether this manager marks agents lost now (it leads)
@@ -83,6 +89,7 @@ class LivenessWatcher:
         # first) since reconciliation last took them (services.manager.agent_sync)
         self.changed_beats: set[str] = set()
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
+        self._told: dict[str, tuple[float, float]] = {}  # agent id -> (floor, when) told
         self._decoder = msgspec.json.Decoder(Heartbeat)
         self._sub: Subscription | None = None
         self._tasks = Tasks()
@@ -132,6 +139,8 @@ class LivenessWatcher:
             return
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
+        if beat.pace_s is not None:
+            self._keep_pace(agent_id, beat.pace_s)
         if self.agents is not None:
             applied, ack = self.beats.receive(beat)
             if ack is not None:
@@ -143,6 +152,35 @@ class LivenessWatcher:
         if before is None or before.kernels != beat.kernels:
             self.changed_beats.add(agent_id)
         self.last_beat[agent_id] = beat
+
+    def floor_s(self) -> float:
+        """The floor under the agents' intervals for the fleet this watcher hears now."""
+        return pace_floor(len(self.last_seen) - len(self.marked), self.beats_per_s)
+
+    def silence_deadline_s(self) -> float:
+        return silence_deadline(self.floor_s(), self.deadline_s)
+
+    def _keep_pace(self, agent_id: str, pace_s: float) -> None:
+        """Tell an agent whose beat shows another floor than the fleet's now (the leader only;
+        again after RETELL_S while its beats still show another, a reply lost say)."""
+        floor = self.floor_s()
+        if pace_s == floor or self.agents is None or not self.acts():
+            return
+        now = self.clock()
+        told = self._told.get(agent_id)
+        if told is not None and told[0] == floor and now - told[1] < RETELL_S:
+            return
+        self._told[agent_id] = (floor, now)
+        self._tasks.spawn(self._tell_pace(agent_id, floor), f"pace of {agent_id}")
+
+    async def _tell_pace(self, agent_id: str, floor_s: float) -> None:
+        assert self.agents is not None
+        try:
+            await self.agents.call(
+                agent_id, rpc.BEAT_PACE, rpc.BeatPace(floor_s=floor_s), wait_s=5.0
+            )
+        except AgentCallFailed as e:  # its next beats show the old floor: told again later
+            log.info("agent %s: pace not told (%s)", agent_id, e)
 
     async def _acknowledge(self, agent_id: str, ack: rpc.BeatsAcked) -> None:
         assert self.agents is not None
@@ -169,15 +207,16 @@ class LivenessWatcher:
             return []
         if not self.acts():
             return []
+        deadline = self.silence_deadline_s()
         silent = [
             agent_id
             for agent_id, seen in self.last_seen.items()
-            if now - seen >= self.deadline_s and agent_id not in self.marked
+            if now - seen >= deadline and agent_id not in self.marked
         ]
         marked = []
         for agent_id in silent:
             try:
-                lost = await self.mark_lost(agent_id, f"no heartbeat for {self.deadline_s:g}s")
+                lost = await self.mark_lost(agent_id, f"no heartbeat for {deadline:g}s")
             except NotLeading:
                 return marked  # it stepped down meanwhile: the new leader judges
             if lost:

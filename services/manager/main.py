@@ -53,7 +53,7 @@ from services.manager.history import History
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.leadership import DEFAULT_TTL_S, Leadership
-from services.manager.liveness import DEFAULT_DEADLINE_S, LivenessWatcher
+from services.manager.liveness import DEFAULT_BEATS_PER_S, DEFAULT_DEADLINE_S, LivenessWatcher
 from services.manager.metrics import ManagerMetrics
 from services.manager.open_streams import OpenStreams
 from services.manager.prepull import PrepullLoop
@@ -101,6 +101,7 @@ class ManagerConfig:
     stall_timeout_s: float = 300.0
     pull_check_interval_s: float = 5.0
     liveness_deadline_s: float = DEFAULT_DEADLINE_S
+    heartbeats_per_s: float = DEFAULT_BEATS_PER_S  # the fleet's, at most (domain.beats)
     retry_s: float = 1.0  # an unreachable agent is asked again after this
     # Agent resource sync (seed 002): triggers, heartbeat reconciliation, lost agents' kernels.
     sync_triggers: frozenset[str] = DEFAULT_TRIGGERS
@@ -153,6 +154,7 @@ class Manager:
             nc,
             self.repository,
             deadline_s=config.liveness_deadline_s,
+            beats_per_s=config.heartbeats_per_s,
             acts=self.leads,
             agents=self.rpc,
             fence=self._fence,
@@ -495,6 +497,14 @@ def parser() -> argparse.ArgumentParser:
         "--pull-check-interval", type=float, default=5.0, help="seconds between checks"
     )
     p.add_argument("--heartbeat-deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds")
+    p.add_argument(
+        "--heartbeats-per-second",
+        type=float,
+        default=DEFAULT_BEATS_PER_S,
+        help="the fleet's heartbeats a second, at most: past this many agents at 2 s each, the"
+        " leader asks every agent to beat less often, and waits longer before it judges one"
+        " lost (4 of those beats and 5 s)",
+    )
     sync = p.add_argument_group("agent resource sync (seed 002)")
     sync.add_argument(
         "--agent-resource-sync-trigger",
@@ -574,6 +584,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         stall_timeout_s=args.stall_timeout,
         pull_check_interval_s=args.pull_check_interval,
         liveness_deadline_s=args.heartbeat_deadline,
+        heartbeats_per_s=args.heartbeats_per_second,
         sync_triggers=frozenset(args.agent_resource_sync_trigger or DEFAULT_TRIGGERS),
         reconcile_interval_s=args.reconcile_interval,
         lost_grace_s=args.lost_grace,

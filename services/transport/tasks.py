@@ -70,7 +70,7 @@ async def cancel_all(tasks: set[asyncio.Task[Any]] | list[asyncio.Task[Any]]) ->
 
 
 async def every(
-    interval_s: float | None,
+    interval_s: float | Callable[[], float] | None,
     fn: Callable[[], object],
     what: str,
     *,
@@ -79,22 +79,27 @@ async def every(
 ) -> NoReturn:
     """Call ``fn`` every ``interval_s`` seconds (the first call after one interval, or at once
     with ``now``) until cancelled.  ``wake.set()`` calls it at once (a wake while it runs calls
-    it again right after); ``interval_s`` None calls it only when woken.  An exception ``fn``
-    raises is logged as "``what`` failed" and the loop goes on."""
-    if interval_s is not None and not interval_s > 0:
-        raise ValueError(f"interval_s must be > 0 seconds, got {interval_s!r}")
+    it again right after); ``interval_s`` None calls it only when woken, a function is asked
+    for each wait (an interval that changes).  An exception ``fn`` raises is logged as
+    "``what`` failed" and the loop goes on."""
+
+    def interval() -> float | None:
+        return interval_s() if callable(interval_s) else interval_s
+
+    first = interval()
+    if first is not None and not first > 0:
+        raise ValueError(f"interval_s must be > 0 seconds, got {first!r}")
     if interval_s is None and wake is None:
         raise ValueError("every() without an interval needs a wake event")
     if now:
         await _call(fn, what)
     while True:
         if wake is None:
-            assert interval_s is not None  # checked above
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval() or 0)  # not None without a wake: checked above
         else:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_s):
+                async with asyncio.timeout(interval()):
                     await wake.wait()
             wake.clear()
         await _call(fn, what)

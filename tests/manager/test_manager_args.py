@@ -17,3 +17,10 @@ def test_the_order_of_pending_sessions_is_fifo_unless_drf_is_asked() -> None:
     assert config_from(parser().parse_args(["--nats-url", url])).policy.order == "fifo"
     drf = parser().parse_args(["--nats-url", url, "--order", "drf"])
     assert config_from(drf).policy.order == "drf"
+
+
+def test_the_fleets_heartbeats_a_second_reach_the_liveness_watcher() -> None:
+    url = "nats://manager:pw@127.0.0.1:4222"
+    assert config_from(parser().parse_args(["--nats-url", url])).heartbeats_per_s == 100.0
+    paced = parser().parse_args(["--nats-url", url, "--heartbeats-per-second", "50"])
+    assert config_from(paced).heartbeats_per_s == 50.0

@@ -1,0 +1,104 @@
+"""A large fleet's beats per second stay bounded (domain.beats): the leading manager asks each
+agent for a floor under its interval, and judges silence against a deadline that fits it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.runtime.dummy import DummyRuntime
+from domain import rpc
+from domain.beats import pace_floor, silence_deadline
+from services.eventstore.repository import Repository
+from services.eventstore.store import EventStore
+from services.manager.agent_rpc import AgentRpc
+from services.manager.liveness import LivenessWatcher
+from services.transport.client import Client
+from tests.agent.agent_harness import (
+    call,
+    config,
+    running,
+    store_fixture,  # noqa: F401 - the `store` fixture
+    wait_for,
+)
+
+
+def test_the_floor_keeps_the_fleet_within_its_beats_per_second() -> None:
+    assert pace_floor(0, 100) == 0 and pace_floor(200, 100) == 0  # fits at 2 s each: no floor
+    assert pace_floor(201, 100) == 3.0  # whole seconds, rounded up
+    assert pace_floor(1_000, 100) == 10.0 and pace_floor(1_000, 50) == 20.0
+    assert pace_floor(10**6, 100) == rpc.MAX_BEAT_FLOOR_S
+    with pytest.raises(ValueError, match="beats_per_s"):
+        pace_floor(10, 0)
+    # Silence is judged after 4 beats at the floor and 5 s, never sooner than the deadline.
+    assert silence_deadline(10.0, 15.0) == 45.0
+    assert silence_deadline(3.0, 15.0) == 17.0
+    assert silence_deadline(0.0, 1.0) == 1.0  # no floor: the manager's deadline as it is
+
+
+async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
+    nc: Client, store: EventStore
+) -> None:
+    leads = [False]
+    watcher = LivenessWatcher(
+        nc,
+        Repository(store),
+        deadline_s=1.0,
+        beats_per_s=0.5,  # two agents at most one beat a second: a floor of 4 s
+        check_interval_s=0.1,
+        acts=lambda: leads[0],
+        agents=AgentRpc(nc),
+    )
+    await watcher.start()
+    try:
+        async with (
+            running(nc, store, DummyRuntime("p1"), config("p1")) as one,
+            running(nc, store, DummyRuntime("p2"), config("p2")) as two,
+        ):
+            await wait_for(lambda: {"p1", "p2"} <= set(watcher.last_beat), 5, "their beats")
+            assert watcher.floor_s() == 4.0 and watcher.silence_deadline_s() == 21.0
+            await asyncio.sleep(0.5)
+            assert one.pace_s == 0.0, "only the leader tells the pace"
+
+            leads[0] = True
+            await wait_for(lambda: one.pace_s == two.pace_s == 4.0, 5, "the floor told")
+            assert one.beat_interval_s() == 4.0
+            await one.send_heartbeat()
+            await wait_for(lambda: watcher.last_beat["p1"].pace_s == 4.0, 5, "the floor beaten")
+            beats = _count(one, "send_heartbeat")
+            await asyncio.sleep(1.5)  # 7 beats at its own 0.2 s
+            assert beats[0] <= 1, beats
+            # Paced, an agent silent for the manager's own 1 s deadline is not lost.
+            assert not watcher.marked and await watcher.check() == []
+
+            # The fleet fits again (a larger budget here): told at the next beat, within 4 s.
+            watcher.beats_per_s = 100.0
+            await wait_for(lambda: one.pace_s == 0.0, 10, "the floor lifted")
+            assert one.beat_interval_s() == 0.2 and watcher.silence_deadline_s() == 1.0
+    finally:
+        await watcher.stop()
+
+
+async def test_a_floor_out_of_range_is_refused_naming_the_field(
+    nc: Client, store: EventStore
+) -> None:
+    async with running(nc, store, DummyRuntime("p3"), config("p3")) as agent:
+        for bad in (-1, rpc.MAX_BEAT_FLOOR_S + 1, "10"):
+            reply = await call(nc, "p3", rpc.BEAT_PACE, {"floor_s": bad})
+            assert reply["error"]["code"] == "invalid-request", reply
+            assert "floor_s" in reply["error"]["message"], reply
+        assert agent.pace_s == 0.0
+        assert await call(nc, "p3", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
+
+
+def _count(obj: object, name: str) -> list[int]:
+    calls = [0]
+    inner = getattr(obj, name)
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return await inner(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
