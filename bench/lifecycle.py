@@ -458,6 +458,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stolen_s() -> float:
+    """CPU seconds the hypervisor gave other guests so far, all cores (/proc/stat's steal): on
+    a shared VM, the time this run waited for a core it had."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def rss_kib(pid: int) -> int:
     """A process's resident memory (VmRSS) in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -510,7 +517,7 @@ class Row:
         "| agents | live sessions | burst sessions/s | p50 ms | p99 ms | KiB/session (live,"
         " after restart) | scheduling pass ms (mean/max) | heartbeat us/agent | reconciliation"
         " us/agent | fold s (own, to ready) | read-model lag (events) | cores at the steady rate"
-        " (manager / read models / nats-server / agents) |"
+        " (manager / read models / nats-server / agents; stolen by the host) |"
     )
 
     def __init__(self, agents: int, size: int) -> None:
@@ -628,6 +635,7 @@ async def scale_row(
     # The read models' process (none with --read-models-in-process): the manager's child.
     watched = {"manager": [manager.pid], "read models": children(manager.pid), **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
+    stolen_before = stolen_s()
     steps = Steps() if args.steps else None
     sub = await nc.subscribe(f"{EVENTS}.session.>", cb=steps.on_msg) if steps else None
     began = time.perf_counter()
@@ -641,6 +649,7 @@ async def scale_row(
         f"{(sum(cpu_s(pid) for pid in pids) - before[name]) / steady_s:.2f}"
         for name, pids in watched.items()
     )
+    cores += f"; stolen {(stolen_s() - stolen_before) / steady_s:.2f}"
     live += len(latencies)
     if steps is not None:
         print(steps.report(live), flush=True)

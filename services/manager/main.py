@@ -496,10 +496,12 @@ def parser() -> argparse.ArgumentParser:
     pulls.add_argument(
         "--pull-check-interval", type=float, default=5.0, help="seconds between checks"
     )
-    p.add_argument("--heartbeat-deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds")
+    p.add_argument(
+        "--heartbeat-deadline", type=_positive, default=DEFAULT_DEADLINE_S, help="seconds"
+    )
     p.add_argument(
         "--heartbeats-per-second",
-        type=float,
+        type=_positive,
         default=DEFAULT_BEATS_PER_S,
         help="the fleet's heartbeats a second, at most: past this many agents at 2 s each, the"
         " leader asks every agent to beat less often, and waits longer before it judges one"
@@ -564,6 +566,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _positive(text: str) -> float:
+    """A number > 0 (refused before anything connects, with what was given)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def config_from(args: argparse.Namespace) -> ManagerConfig:

@@ -34,9 +34,11 @@ def test_scale_mode_prints_one_row_per_size() -> None:
     cells = [row.strip("|").split("|") for row in rows]
     assert all(len(c) == 12 for c in cells), out
     # cores at the steady rate (manager / read models / nats-server / agents): four shares,
-    # each a number of cores this machine has
-    shares = [[float(x) for x in c[11].split("/")] for c in cells]
+    # each a number of cores this machine has; then the share the host's other guests took
+    used, stolen = zip(*(c[11].split("; stolen ") for c in cells), strict=True)
+    shares = [[float(x) for x in u.split("/")] for u in used]
     assert all(len(s) == 4 and all(0 <= x <= (os.cpu_count() or 1) for x in s) for s in shares)
+    assert all(0 <= float(x) <= (os.cpu_count() or 1) for x in stolen), out
     assert all(s[0] > 0 for s in shares), out  # the manager worked at the steady rate
     assert all(s[1] > 0 for s in shares), out  # ... and its read models' child process
     # live: the size, plus the steady sessions (20/s for 1 s) that stay live

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.manager.main import config_from, parser
 
 
@@ -24,3 +26,13 @@ def test_the_fleets_heartbeats_a_second_reach_the_liveness_watcher() -> None:
     assert config_from(parser().parse_args(["--nats-url", url])).heartbeats_per_s == 100.0
     paced = parser().parse_args(["--nats-url", url, "--heartbeats-per-second", "50"])
     assert config_from(paced).heartbeats_per_s == 50.0
+
+
+@pytest.mark.parametrize("flag", ["--heartbeats-per-second", "--heartbeat-deadline"])
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "soon"])
+def test_a_rate_or_deadline_that_is_no_positive_number_is_refused_before_connecting(
+    flag: str, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--nats-url", "nats://127.0.0.1:4222", flag, bad])
+    assert f"argument {flag}: " in capsys.readouterr().err
