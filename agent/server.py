@@ -73,10 +73,11 @@ LISTING_WAIT_S = 5.0
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
 # Whether the manager marked this agent lost is read from the log after the manager's notice
-# (rpc.LIVENESS_CHANGED), when the connection came back, and at least every this many beats (a
-# notice is at most once: one lost in a network blip is found here).  Reading it at every beat
-# cost the stream a read per agent per beat, 500/s for 1,000 agents.
-LOOK_EVERY_BEATS = 15
+# (rpc.LIVENESS_CHANGED), when the connection came back, and at the first beat this long after
+# the last read (a notice is at most once: one lost in a network blip is found here; seconds,
+# not beats, so a paced agent finds it as soon).  Reading it at every beat cost the stream a
+# read per agent per beat, 500/s for 1,000 agents.
+LOOK_EVERY_S = 30.0
 
 
 class AgentServer:
@@ -114,7 +115,7 @@ class AgentServer:
         self._sub: Subscription | None = None
         self._look = True  # read the liveness subject at the next beat
         self._liveness_notice = f"{AGENT_RPC}.{self.id}.{rpc.LIVENESS_CHANGED}"
-        self._beats_unlooked = 0
+        self._looked_at = time.monotonic()
         self._reconnects = 0  # the connection's count when the subject was last read
         self._heartbeats: asyncio.Task[None] | None = None
         self._tasks = Tasks()  # the loops, one per request in flight, preload follow-ups
@@ -135,6 +136,7 @@ class AgentServer:
         # epoch per process: a restarted agent starts with full beats)
         self.beats = BeatSender(secrets.token_hex(8))
         self.pace_s = 0.0  # the floor under the interval the leading manager asked (BeatPace)
+        self._repaced = asyncio.Event()  # a new floor: beat now (the manager sees it kept)
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -198,7 +200,9 @@ class AgentServer:
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
         self._heartbeats = self._tasks.spawn(
-            every(self.beat_interval_s, self._beat, f"agent {self.id}: heartbeat"),
+            every(
+                self.beat_interval_s, self._beat, f"agent {self.id}: heartbeat", wake=self._repaced
+            ),
             name="heartbeats",
         )
         self._tasks.spawn(
@@ -396,9 +400,9 @@ class AgentServer:
         # Marked lost while alive (e.g. a network partition): say we are back.  Only at a beat:
         # an agent whose beats do not go out is not back.
         reconnects = self.nc.stats["reconnects"]
-        self._beats_unlooked += 1
-        if self._look or reconnects != self._reconnects or self._beats_unlooked >= LOOK_EVERY_BEATS:
-            self._look, self._beats_unlooked, self._reconnects = False, 0, reconnects
+        now = time.monotonic()
+        if self._look or reconnects != self._reconnects or now - self._looked_at >= LOOK_EVERY_S:
+            self._look, self._looked_at, self._reconnects = False, now, reconnects
             try:
                 await self.facts.refresh()
             except BaseException:
@@ -491,16 +495,21 @@ class AgentServer:
         return rpc.BeatBase(base=self.beats.acked(request))
 
     def beat_interval_s(self) -> float:
-        """Its own interval, or the manager's floor when that is longer (the next beat waits
-        the new one; the wait under way is not cut)."""
+        """Its own interval, or the manager's floor when that is longer."""
         return max(self.config.heartbeat_interval_s, self.pace_s)
 
     async def beat_pace(self, request: rpc.BeatPace) -> rpc.BeatPaced:
         if request.floor_s != self.pace_s:
+            self.pace_s = request.floor_s
+            # A beat at once, not after the wait under way: the manager judges this agent by
+            # the floor its last beat kept until it sees the new one.
+            self._repaced.set()
             log.info(
-                "agent %s: beats at least every %gs (the manager's pace)", self.id, request.floor_s
+                "agent %s: beats every %gs (%s)",
+                self.id,
+                self.beat_interval_s(),
+                "the manager's pace" if self.pace_s else "its own interval again",
             )
-        self.pace_s = request.floor_s
         return rpc.BeatPaced(interval_s=self.beat_interval_s())
 
     async def pin_images(self, request: rpc.PinImages) -> rpc.ImagesPinned:

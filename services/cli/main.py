@@ -385,6 +385,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     # Its terminal closed: stop the stack in order, as on Ctrl-C (the default would kill).
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, stop.set)
     runtime = args.runtime
+    if busy := stack.already_running(Path(args.data_dir)):  # not the Docker Engine's absence
+        raise CliError(busy)
     fallback = ""  # said once the stack started: a refused `hoist up` says only why
     if runtime != "dummy":
         reachable, where = await asyncio.to_thread(stack.docker_reachable, args.docker_host)

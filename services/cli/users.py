@@ -69,7 +69,11 @@ def _what_add_did(reply: dict[str, Any]) -> str:
         return "unchanged"
     if before is None:
         return "added"
-    return "enabled again" if not before["enabled"] else "changed"
+    if before["enabled"]:
+        return "changed"
+    return "enabled again" + (
+        ", admin flag changed" if before["admin"] != reply["user"]["admin"] else ""
+    )
 
 
 async def cmd_disable(args: argparse.Namespace) -> None:

@@ -90,6 +90,9 @@ class LivenessWatcher:
         self.changed_beats: set[str] = set()
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
         self._told: dict[str, tuple[float, float]] = {}  # agent id -> (floor, when) told
+        # agent id -> the floor its last beat kept: it is judged by the longer of that and the
+        # fleet's (a floor lowered reaches it only at its next beat, after the old interval)
+        self._kept: dict[str, float] = {}
         self._decoder = msgspec.json.Decoder(Heartbeat)
         self._sub: Subscription | None = None
         self._tasks = Tasks()
@@ -140,6 +143,7 @@ class LivenessWatcher:
         self.last_seen[agent_id] = self.clock()
         self.marked.discard(agent_id)
         if beat.pace_s is not None:
+            self._kept[agent_id] = beat.pace_s
             self._keep_pace(agent_id, beat.pace_s)
         if self.agents is not None:
             applied, ack = self.beats.receive(beat)
@@ -157,8 +161,13 @@ class LivenessWatcher:
         """The floor under the agents' intervals for the fleet this watcher hears now."""
         return pace_floor(len(self.last_seen) - len(self.marked), self.beats_per_s)
 
-    def silence_deadline_s(self) -> float:
-        return silence_deadline(self.floor_s(), self.deadline_s)
+    def silence_deadline_s(self, agent_id: str) -> float:
+        """How long ``agent_id`` may be silent: by the longer of the fleet's floor and the one
+        its last beat kept."""
+        return self._deadline_of(agent_id, self.floor_s())
+
+    def _deadline_of(self, agent_id: str, fleet_floor: float) -> float:
+        return silence_deadline(max(fleet_floor, self._kept.get(agent_id, 0.0)), self.deadline_s)
 
     def _keep_pace(self, agent_id: str, pace_s: float) -> None:
         """Tell an agent whose beat shows another floor than the fleet's now (the leader only;
@@ -207,14 +216,14 @@ class LivenessWatcher:
             return []
         if not self.acts():
             return []
-        deadline = self.silence_deadline_s()
-        silent = [
-            agent_id
-            for agent_id, seen in self.last_seen.items()
-            if now - seen >= deadline and agent_id not in self.marked
-        ]
+        floor = self.floor_s()
+        silent = {}
+        for agent_id, seen in self.last_seen.items():
+            deadline = self._deadline_of(agent_id, floor)
+            if now - seen >= deadline and agent_id not in self.marked:
+                silent[agent_id] = deadline
         marked = []
-        for agent_id in silent:
+        for agent_id, deadline in silent.items():
             try:
                 lost = await self.mark_lost(agent_id, f"no heartbeat for {deadline:g}s")
             except NotLeading:
@@ -226,7 +235,7 @@ class LivenessWatcher:
 
     async def _tell(self, agent_id: str) -> None:
         """Tell the agent its liveness subject changed: alive after all, it reads the subject
-        at its next beat and re-registers (a notice lost, it reads it within 15 beats)."""
+        at its next beat and re-registers (a notice lost, it reads it within 30 s and a beat)."""
         try:
             await self.nc.publish(agent_rpc(agent_id, rpc.LIVENESS_CHANGED), b"")
         except Exception as e:  # the connection is going: the agent's own look finds it

@@ -503,9 +503,9 @@ def parser() -> argparse.ArgumentParser:
         "--heartbeats-per-second",
         type=_positive,
         default=DEFAULT_BEATS_PER_S,
-        help="the fleet's heartbeats a second, at most: past this many agents at 2 s each, the"
-        " leader asks every agent to beat less often, and waits longer before it judges one"
-        " lost (4 of those beats and 5 s)",
+        help="the fleet's heartbeats a second, at most (default 100): past twice this many"
+        " agents (2 s each), the leader asks every agent to beat less often, in whole seconds up"
+        " to 60, and waits longer before it judges one lost (4 such beats and 5 s)",
     )
     sync = p.add_argument_group("agent resource sync (seed 002)")
     sync.add_argument(

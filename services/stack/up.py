@@ -403,6 +403,24 @@ def is_manager(name: str) -> bool:
     return name == "manager" or name.startswith("manager-")
 
 
+def already_running(data_dir: Path) -> str | None:
+    """Why a `hoist up` in ``data_dir`` is refused, said before anything slower is checked (a
+    Docker Engine): a stack runs there; None if none does (the lock still decides at start)."""
+    data_dir = data_dir.resolve()
+    info = StackInfo.read(data_dir)
+    if info is None or not info.alive() or info.stopping:
+        return None
+    return _runs_here(data_dir, info)
+
+
+def _runs_here(data_dir: Path, info: StackInfo) -> str:
+    return (
+        f"a stack already runs in {data_dir} (hoist up pid {info.pid}, {info.url}):"
+        f" stop it with `hoist down --data-dir {data_dir}` (or Ctrl-C in its"
+        f" terminal, or `kill {info.pid}`), or use another --data-dir"
+    )
+
+
 class Stack:
     """nats-server, the manager and the agents of one data dir."""
 
@@ -610,11 +628,7 @@ class Stack:
         info = StackInfo.read(self.data_dir)
         holder = self.lock.holder()
         if info is not None and info.alive():
-            return (
-                f"a stack already runs in {self.data_dir} (hoist up pid {info.pid}, {info.url}):"
-                f" stop it with `hoist down --data-dir {self.data_dir}` (or Ctrl-C in its"
-                f" terminal, or `kill {info.pid}`), or use another --data-dir"
-            )
+            return _runs_here(self.data_dir, info)
         left = sorted(p for p in (info.pids.values() if info else ()) if _running(p))
         if left:
             pids = " ".join(map(str, left))

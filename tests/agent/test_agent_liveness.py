@@ -54,7 +54,7 @@ async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
 async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_beat(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 10**6)  # no backstop: only the notice
+    monkeypatch.setattr(server, "LOOK_EVERY_S", 10.0**6)  # no backstop: only the notice
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
     async with running(nc, store, DummyRuntime("a5"), config("a5")) as agent:
         reads, beats = _count_calls(agent.facts, "refresh"), _count_calls(agent, "send_heartbeat")
@@ -70,7 +70,7 @@ async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_b
 async def test_an_agent_that_missed_the_notice_finds_its_loss_within_a_few_beats(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "LOOK_EVERY_BEATS", 3)
+    monkeypatch.setattr(server, "LOOK_EVERY_S", 0.6)  # 3 beats at 0.2 s
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
 
     async def lost_notice(agent_id: str) -> None:

@@ -57,7 +57,7 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
             running(nc, store, DummyRuntime("p2"), config("p2")) as two,
         ):
             await wait_for(lambda: {"p1", "p2"} <= set(watcher.last_beat), 5, "their beats")
-            assert watcher.floor_s() == 4.0 and watcher.silence_deadline_s() == 21.0
+            assert watcher.floor_s() == 4.0 and watcher.silence_deadline_s("p1") == 21.0
             await asyncio.sleep(0.5)
             assert one.pace_s == 0.0, "only the leader tells the pace"
 
@@ -74,8 +74,31 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
 
             # The fleet fits again (a larger budget here): told at the next beat, within 4 s.
             watcher.beats_per_s = 100.0
-            await wait_for(lambda: one.pace_s == 0.0, 10, "the floor lifted")
-            assert one.beat_interval_s() == 0.2 and watcher.silence_deadline_s() == 1.0
+            await wait_for(lambda: watcher.silence_deadline_s("p1") == 1.0, 10, "floor lifted")
+            assert one.pace_s == 0.0 and one.beat_interval_s() == 0.2
+    finally:
+        await watcher.stop()
+
+
+async def test_an_agent_is_judged_by_the_floor_its_last_beat_kept_and_beats_at_a_new_one(
+    nc: Client, store: EventStore
+) -> None:
+    # No manager tells a pace here (no agents RPC): the test does, as a manager would.
+    watcher = LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+    await watcher.start()
+    try:
+        async with running(nc, store, DummyRuntime("p4"), config("p4")) as agent:
+            assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
+            await wait_for(lambda: watcher.silence_deadline_s("p4") == 17.0, 5, "3 s kept")
+            # The fleet's floor is 0 (one agent): its own 1 s deadline would find it silent.
+            await asyncio.sleep(2.5)
+            assert "p4" not in watcher.marked and watcher.floor_s() == 0.0
+
+            # A lower floor is beaten at once, not after the 3 s wait under way.
+            beats = _count(agent, "send_heartbeat")
+            assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 0}) == {"interval_s": 0.2}
+            await wait_for(lambda: beats[0] >= 1, 1.0, "a beat at the new floor")
+            await wait_for(lambda: watcher.silence_deadline_s("p4") == 1.0, 2, "0 kept")
     finally:
         await watcher.stop()
 

@@ -39,9 +39,10 @@ def test_up_stop_and_restart(tmp_path: Path) -> None:
         # One stack per data dir; a port in use is said plainly.
         # (No engine there: the dummy fallback is not said either, only why it is refused.)
         nowhere = f"unix://{tmp_path}/no-docker.sock"
-        again = stack.hoist("up", "--docker-host", nowhere, "--no-demo", timeout=30)
-        assert again.returncode == 1 and "a stack already runs in" in again.stderr
-        assert again.stdout == "", again.stdout
+        for runtime in ([], ["--runtime", "docker"]):  # not "no Docker Engine reachable" first
+            again = stack.hoist("up", "--docker-host", nowhere, "--no-demo", *runtime, timeout=30)
+            assert again.returncode == 1 and "a stack already runs in" in again.stderr, runtime
+            assert again.stdout == "", again.stdout
         port = info["url"].rsplit(":", 1)[1]
         up_args = ["up", "--runtime", "dummy", "--no-demo", "--nats-port", port]
         other = subprocess.run(

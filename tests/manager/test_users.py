@@ -103,6 +103,11 @@ async def test_user_cli(
         await _run("user", "add", "alice")
         assert capsys.readouterr().out.startswith("user enabled again: alice: user, enabled")
         await _run("user", "disable", "alice")
+        await _run("user", "add", "alice", "--admin")
+        out = capsys.readouterr().out.splitlines()[2]  # after the disable's two lines
+        assert out == "user enabled again, admin flag changed: alice: admin, enabled (by admin)"
+        await _run("user", "add", "alice", "--no-admin")
+        await _run("user", "disable", "alice")
         capsys.readouterr()
         await _run("user", "list")
         assert capsys.readouterr().out.splitlines() == [
