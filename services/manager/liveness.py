@@ -89,6 +89,7 @@ class LivenessWatcher:
         # first) since reconciliation last took them (services.manager.agent_sync)
         self.changed_beats: set[str] = set()
         self.marked: set[str] = set()  # marked lost by this watcher since its last heartbeat
+        self._floor = 0.0  # the floor asked last (floor_s)
         self._told: dict[str, tuple[float, float]] = {}  # agent id -> (floor, when) told
         # agent id -> the floor its last beat kept: it is judged by the longer of that and the
         # fleet's (a floor lowered reaches it only at its next beat, after the old interval)
@@ -158,8 +159,15 @@ class LivenessWatcher:
         self.last_beat[agent_id] = beat
 
     def floor_s(self) -> float:
-        """The floor under the agents' intervals for the fleet this watcher hears now."""
-        return pace_floor(len(self.last_seen) - len(self.marked), self.beats_per_s)
+        """The floor under the agents' intervals for the fleet this watcher hears now.  It
+        rises at once, and comes down only once the fleet is a tenth below what needs it: a
+        fleet going back and forth across a step (200 and 201 agents) re-tells nobody."""
+        live = len(self.last_seen) - len(self.marked)
+        floor = pace_floor(live, self.beats_per_s)
+        if floor < self._floor and pace_floor(live * 11 // 10, self.beats_per_s) >= self._floor:
+            return self._floor
+        self._floor = floor
+        return floor
 
     def silence_deadline_s(self, agent_id: str) -> float:
         """How long ``agent_id`` may be silent: by the longer of the fleet's floor and the one
@@ -207,7 +215,7 @@ class LivenessWatcher:
         if before is not None and now - before >= self.stall_s:
             log.warning(
                 "liveness: no round for %.1fs (this process was paused or starved): every"
-                " agent gets %gs from now",
+                " agent gets its full deadline (%gs unpaced) from now",
                 now - before,
                 self.deadline_s,
             )

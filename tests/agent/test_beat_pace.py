@@ -37,6 +37,22 @@ def test_the_floor_keeps_the_fleet_within_its_beats_per_second() -> None:
     assert silence_deadline(0.0, 1.0) == 1.0  # no floor: the manager's deadline as it is
 
 
+def test_the_floor_comes_down_only_once_the_fleet_is_a_tenth_below_its_step(nc: Client) -> None:
+    watcher = LivenessWatcher(nc, None, beats_per_s=100)  # type: ignore[arg-type]  # unused
+    watcher.last_seen = {f"a{n}": 0.0 for n in range(201)}
+    assert watcher.floor_s() == 3.0
+    watcher.marked = {"a0"}  # 200 live: a fleet that fits, but back and forth across 200/201
+    assert watcher.floor_s() == 3.0
+    watcher.marked = set()
+    assert watcher.floor_s() == 3.0
+    watcher.marked = {f"a{n}" for n in range(18)}  # 183: 201 with a tenth more, still 3 s
+    assert watcher.floor_s() == 3.0
+    watcher.marked = {f"a{n}" for n in range(19)}  # 182: 200 with a tenth more, fits
+    assert watcher.floor_s() == 0.0
+    watcher.last_seen.update({f"b{n}": 0.0 for n in range(1_000)})  # rises at once
+    assert watcher.floor_s() == 12.0
+
+
 async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
     nc: Client, store: EventStore
 ) -> None:
