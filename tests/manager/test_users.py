@@ -36,9 +36,10 @@ async def test_users_are_events(nc: Client, store: EventStore) -> None:
         assert added == {
             "user": {"name": "alice", "admin": False, "enabled": True, "by": "admin"},
             "recorded": True,
+            "before": None,  # a new user
         }
         again = await request(nc, USER_ADD, {"name": "alice"})
-        assert again["recorded"] is False
+        assert again["recorded"] is False and again["before"] == added["user"]
         await request(nc, USER_ADD, {"name": "bob", "admin": True})
         disabled = await request(nc, USER_DISABLE, {"name": "alice"})
         assert disabled["user"]["enabled"] is False
@@ -59,6 +60,7 @@ async def test_users_are_events(nc: Client, store: EventStore) -> None:
         ]
         enabled = await request(nc, USER_ADD, {"name": "alice"})
         assert (enabled["recorded"], enabled["user"]["enabled"]) == (True, True)
+        assert enabled["before"]["enabled"] is False  # what the CLI says "enabled again" of
     assert await _events(nc, store, "alice") == ["UserAdded", "UserDisabled", "UserAdded"]
 
 
