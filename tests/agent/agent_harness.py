@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from domain import rpc, subjects
 from domain.codec import decode
 from domain.image_ref import canonical
 from services.eventstore.store import EventStore
+from services.manager.liveness import LivenessWatcher
 from services.transport import progress
 from services.transport.client import Client
 
@@ -58,6 +59,31 @@ async def running(
         yield agent
     finally:
         await agent.stop()
+
+
+@asynccontextmanager
+async def watching(
+    watcher: LivenessWatcher, known_agents: Sequence[str] = ()
+) -> AsyncIterator[LivenessWatcher]:
+    """``watcher`` started (``known_agents`` with a deadline from now), stopped after."""
+    await watcher.start(known_agents)
+    try:
+        yield watcher
+    finally:
+        await watcher.stop()
+
+
+def count_calls(owner: object, name: str) -> list[int]:
+    """Count the calls of ``owner``'s async method ``name`` from now on: [calls]."""
+    count = [0]
+    method = getattr(owner, name)
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        count[0] += 1
+        return await method(*args, **kwargs)
+
+    setattr(owner, name, counted)
+    return count
 
 
 async def call(nc: Client, agent_id: str, verb: str, payload: object, within: float = 10) -> Any:

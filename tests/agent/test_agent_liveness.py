@@ -18,18 +18,20 @@ from services.transport.client import Client
 from tests.agent.agent_harness import (
     agent_events,
     config,
+    count_calls,
     running,
     store_fixture,  # noqa: F401 - the `store` fixture
     wait_for,
+    watching,
 )
 
 
 async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
     nc: Client, store: EventStore
 ) -> None:
-    watcher = LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
-    await watcher.start()
-    try:
+    async with watching(
+        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+    ) as watcher:
         async with running(nc, store, DummyRuntime("a1"), config("a1")) as agent:
             await wait_for(lambda: "a1" in watcher.last_beat, 5, "a heartbeat")
             await asyncio.sleep(1.5)  # beating every 0.2 s: not lost
@@ -47,8 +49,6 @@ async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
             assert [type(e) for e in events[-2:]] == [ev.AgentRegistered, ev.AgentReregistered]
             await agent.send_heartbeat()
             await wait_for(lambda: "a1" not in watcher.marked, 5, "the watch re-armed")
-    finally:
-        await watcher.stop()
 
 
 async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_beat(
@@ -57,7 +57,7 @@ async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_b
     monkeypatch.setattr(server, "LOOK_EVERY_S", 10.0**6)  # no backstop: only the notice
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
     async with running(nc, store, DummyRuntime("a5"), config("a5")) as agent:
-        reads, beats = _count_calls(agent.facts, "refresh"), _count_calls(agent, "send_heartbeat")
+        reads, beats = count_calls(agent.facts, "refresh"), count_calls(agent, "send_heartbeat")
         await asyncio.sleep(2.0)  # about 10 beats at 0.2 s
         assert beats[0] >= 5 and reads[0] <= 1, (beats, reads)  # it read at every beat once
 
@@ -82,19 +82,6 @@ async def test_an_agent_that_missed_the_notice_finds_its_loss_within_a_few_beats
         await _reregistered(store, "a6", within=5)
 
 
-def _count_calls(owner: object, name: str) -> list[int]:
-    """Count the calls of ``owner``'s async method ``name`` from now on: [calls]."""
-    count = [0]
-    method = getattr(owner, name)
-
-    async def counted() -> object:
-        count[0] += 1
-        return await method()
-
-    setattr(owner, name, counted)
-    return count
-
-
 async def _reregistered(store: EventStore, agent_id: str, within: float) -> None:
     deadline = asyncio.get_running_loop().time() + within
     while True:
@@ -111,17 +98,16 @@ async def test_a_known_agent_that_never_beats_again_is_lost_once(
     async with running(nc, store, DummyRuntime("a2"), config("a2")) as agent:
         pass  # registered, then gone for good
     assert agent.first_registration
-    watcher = LivenessWatcher(nc, Repository(store), deadline_s=0.3, check_interval_s=0.05)
-    await watcher.start(known_agents=["a2"])
-    try:
+    async with watching(
+        LivenessWatcher(nc, Repository(store), deadline_s=0.3, check_interval_s=0.05),
+        known_agents=["a2"],
+    ) as watcher:
         await _lost_event(store, "a2", within=5)
         await asyncio.sleep(0.5)
         assert await watcher.check() == []  # one loss is one fact
         kinds = [type(e) for e in await agent_events(store, "a2")]
         assert kinds == [ev.AgentRegistered]  # the loss is on the manager's liveness subject
         assert len(await store.read_subject(liveness_events("a2"))) == 1
-    finally:
-        await watcher.stop()
 
 
 async def test_only_a_well_formed_beat_of_the_agent_keeps_it_alive(
@@ -132,9 +118,10 @@ async def test_only_a_well_formed_beat_of_the_agent_keeps_it_alive(
     async with running(nc, store, DummyRuntime("a3"), config("a3")) as agent:
         pass
     assert agent.first_registration
-    watcher = LivenessWatcher(nc, Repository(store), deadline_s=0.5, check_interval_s=0.05)
-    await watcher.start(known_agents=["a3"])
-    try:
+    async with watching(
+        LivenessWatcher(nc, Repository(store), deadline_s=0.5, check_interval_s=0.05),
+        known_agents=["a3"],
+    ) as watcher:
         other = (
             b'{"agent_id": "a4", "sent_at": "2026-01-01T00:00:00Z", "kernels": [],'
             b' "free": {"cpu": 1, "mem": 1, "disk": 1}, "images": [], "pulls": {}}'
@@ -146,8 +133,6 @@ async def test_only_a_well_formed_beat_of_the_agent_keeps_it_alive(
         lost = await _lost_event(store, "a3", within=5)
         assert lost.status_info.startswith("heartbeat-timeout")
         assert "a3" not in watcher.last_beat
-    finally:
-        await watcher.stop()
 
 
 async def _lost_event(store: EventStore, agent_id: str, within: float) -> ev.AgentLost:

@@ -18,9 +18,11 @@ from services.transport.client import Client
 from tests.agent.agent_harness import (
     call,
     config,
+    count_calls,
     running,
     store_fixture,  # noqa: F401 - the `store` fixture
     wait_for,
+    watching,
 )
 
 
@@ -66,8 +68,7 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
         acts=lambda: leads[0],
         agents=AgentRpc(nc),
     )
-    await watcher.start()
-    try:
+    async with watching(watcher):
         async with (
             running(nc, store, DummyRuntime("p1"), config("p1")) as one,
             running(nc, store, DummyRuntime("p2"), config("p2")) as two,
@@ -82,7 +83,7 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
             assert one.beat_interval_s() == 4.0
             await one.send_heartbeat()
             await wait_for(lambda: watcher.last_beat["p1"].pace_s == 4.0, 5, "the floor beaten")
-            beats = _count(one, "send_heartbeat")
+            beats = count_calls(one, "send_heartbeat")
             await asyncio.sleep(1.5)  # 7 beats at its own 0.2 s
             assert beats[0] <= 1, beats
             # Paced, an agent silent for the manager's own 1 s deadline is not lost.
@@ -92,17 +93,15 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
             watcher.beats_per_s = 100.0
             await wait_for(lambda: watcher.silence_deadline_s("p1") == 1.0, 10, "floor lifted")
             assert one.pace_s == 0.0 and one.beat_interval_s() == 0.2
-    finally:
-        await watcher.stop()
 
 
 async def test_an_agent_is_judged_by_the_floor_its_last_beat_kept_and_beats_at_a_new_one(
     nc: Client, store: EventStore
 ) -> None:
     # No manager tells a pace here (no agents RPC): the test does, as a manager would.
-    watcher = LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
-    await watcher.start()
-    try:
+    async with watching(
+        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+    ) as watcher:
         async with running(nc, store, DummyRuntime("p4"), config("p4")) as agent:
             assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
             await wait_for(lambda: watcher.silence_deadline_s("p4") == 17.0, 5, "3 s kept")
@@ -111,12 +110,10 @@ async def test_an_agent_is_judged_by_the_floor_its_last_beat_kept_and_beats_at_a
             assert "p4" not in watcher.marked and watcher.floor_s() == 0.0
 
             # A lower floor is beaten at once, not after the 3 s wait under way.
-            beats = _count(agent, "send_heartbeat")
+            beats = count_calls(agent, "send_heartbeat")
             assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 0}) == {"interval_s": 0.2}
             await wait_for(lambda: beats[0] >= 1, 1.0, "a beat at the new floor")
             await wait_for(lambda: watcher.silence_deadline_s("p4") == 1.0, 2, "0 kept")
-    finally:
-        await watcher.stop()
 
 
 async def test_a_floor_out_of_range_is_refused_naming_the_field(
@@ -129,15 +126,3 @@ async def test_a_floor_out_of_range_is_refused_naming_the_field(
             assert "floor_s" in reply["error"]["message"], reply
         assert agent.pace_s == 0.0
         assert await call(nc, "p3", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
-
-
-def _count(obj: object, name: str) -> list[int]:
-    calls = [0]
-    inner = getattr(obj, name)
-
-    async def counted(*args: object, **kwargs: object) -> object:
-        calls[0] += 1
-        return await inner(*args, **kwargs)
-
-    setattr(obj, name, counted)
-    return calls
