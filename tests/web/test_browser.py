@@ -244,9 +244,13 @@ async def test_the_dashboard_shows_fleet_occupancy_pulls_policies_and_filters(
     card = f"#fleet .card[data-agent='{gpu_agent}']"
     await p.wait_for_selector(f"{card} .row[data-slot='gpu'] .bar[aria-valuenow='50']")
     assert "1 free" in await p.inner_text(f"{card} .row[data-slot='gpu']")
+    assert page.errors == []  # a stylesheet that failed to load would be named here
     for agent in ("agent-1", "agent-2"):
-        rows_text = await p.locator(f"#fleet .card[data-agent='{agent}'] .row").all_inner_texts()
-        assert [r.split("\n")[0] for r in rows_text] == ["cpu", "mem", "disk", "gpu"], rows_text
+        rows = p.locator(f"#fleet .card[data-agent='{agent}'] .row")
+        labels = await rows.locator(".label").all_text_contents()
+        assert labels == ["cpu", "mem", "disk", "gpu"], labels
+        # Laid out as a label, a bar and what is free (the stylesheet applies).
+        assert await rows.first.evaluate("r => getComputedStyle(r).display") == "grid"
     used = await p.locator(f"{card} .row").first.locator(".bar").get_attribute("aria-valuenow")
     assert int(used or 0) > 0  # gil's kernel holds a cpu there
 

@@ -196,12 +196,12 @@ function fleet() {
       el("h3", {}, a.agent_id, " ", el("span", { class: a.alive ? "s-RUNNING" : "s-ERROR" }, a.alive ? "alive" : "lost"),
         el("span", { class: "dim" }, `  ${a.resource_group} · ${a.runtime} · ${a.kernels} kernel(s)`)),
       a.alive ? null : el("div", { class: "error" }, a.status_info),
-      el("div", { class: "row" }, "cpu", bar(a.cpu ? usedCpu / a.cpu : 0, `${usedCpu.toFixed(2)} / ${a.cpu} used`, "used"), `${a.free_cpu} free`),
-      el("div", { class: "row" }, "mem", bar(a.mem ? usedMem / a.mem : 0, `${bytes(usedMem)} / ${bytes(a.mem)} used`, "used"), `${bytes(a.free_mem)} free`),
-      el("div", { class: "row" }, "disk", bar(a.disk ? (a.disk - a.free_disk) / a.disk : 0, `${bytes(a.disk - a.free_disk)} / ${bytes(a.disk)}`, "used"), `${bytes(a.free_disk)} free`),
+      el("div", { class: "row" }, el("span", { class: "label" }, "cpu"), bar(a.cpu ? usedCpu / a.cpu : 0, `${usedCpu.toFixed(2)} / ${a.cpu} used`, "used"), `${a.free_cpu} free`),
+      el("div", { class: "row" }, el("span", { class: "label" }, "mem"), bar(a.mem ? usedMem / a.mem : 0, `${bytes(usedMem)} / ${bytes(a.mem)} used`, "used"), `${bytes(a.free_mem)} free`),
+      el("div", { class: "row" }, el("span", { class: "label" }, "disk"), bar(a.disk ? (a.disk - a.free_disk) / a.disk : 0, `${bytes(a.disk - a.free_disk)} / ${bytes(a.disk)}`, "used"), `${bytes(a.free_disk)} free`),
       Object.entries(a.slot_amounts || {}).sort().map(([slot, cap]) => {
         const free = (a.free_slots || {})[slot] ?? cap, used = cap - free;
-        return el("div", { class: "row", "data-slot": slot }, slot, bar(cap ? used / cap : 0, `${amount(used)} / ${amount(cap)} used`, "used"), `${amount(free)} free`);
+        return el("div", { class: "row", "data-slot": slot }, el("span", { class: "label" }, slot), bar(cap ? used / cap : 0, `${amount(used)} / ${amount(cap)} used`, "used"), `${amount(free)} free`);
       }),
       el("table", { class: "images" }, held.map((i) => el("tr", { "data-image": i.image },
         el("td", { class: "mono" }, i.image, i.preloaded ? el("span", { class: "mark" }, "preloaded") : null,
