@@ -636,6 +636,12 @@ async def scale_row(
     watched = {"manager": [manager.pid], "read models": children(manager.pid), **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}
     stolen_before = stolen_s()
+    if args.on_steady:  # a profiler beside the steady phase, told the pids
+        pids = {
+            f"HOIST_{n.upper().replace(' ', '_').replace('-', '_')}_PIDS": " ".join(map(str, p))
+            for n, p in watched.items()
+        }
+        await asyncio.create_subprocess_shell(args.on_steady, env={**os.environ, **pids})
     steps = Steps() if args.steps else None
     sub = await nc.subscribe(f"{EVENTS}.session.>", cb=steps.on_msg) if steps else None
     began = time.perf_counter()
@@ -778,6 +784,12 @@ def parser() -> argparse.ArgumentParser:
         "--profile-manager",
         metavar="FILE",
         help="run the manager under cProfile, stats to FILE (--scale: the first row's)",
+    )
+    p.add_argument(
+        "--on-steady",
+        metavar="CMD",
+        help="(--scale) a shell command started with each steady phase (e.g. a profiler), with"
+        " HOIST_MANAGER_PIDS, HOIST_READ_MODELS_PIDS, HOIST_NATS_SERVER_PIDS, HOIST_AGENTS_PIDS",
     )
     p.add_argument(
         "--nats-nodes",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import duckdb
 
@@ -227,6 +227,14 @@ async def test_a_trickle_is_committed_at_the_pace_and_a_waiting_query_is_not_kep
             commits.append(loop.time())
 
     runner.fault = counted
+    reads: list[float] = []
+    read = store.read
+
+    async def counted_read(*args: Any, **kwargs: Any) -> Any:
+        reads.append(loop.time())
+        return await read(*args, **kwargs)
+
+    store.read = counted_read  # type: ignore[method-assign]
     task = asyncio.create_task(runner.run(follow=True))
     try:
         sessions = []
@@ -243,6 +251,9 @@ async def test_a_trickle_is_committed_at_the_pace_and_a_waiting_query_is_not_kep
         paced = [t for t in commits if t >= started]
         # unpaced, each append is its own commit (20); paced, a commit of a few ms pauses ~1 s
         assert len(paced) <= 8, (len(paced), took)
+        # and the reads wait out the pause too: what arrived meanwhile comes in one read, not
+        # in one or more per append (at least 20 without it)
+        assert len([t for t in reads if t >= started]) <= 2 * len(paced) + 4, (reads, paced)
         assert rows(con, "SELECT count(*) AS n FROM sessions") == [{"n": 20}]
         # a waiting query is answered without waiting out the pace
         session = Session.enqueue(
