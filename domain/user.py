@@ -56,6 +56,8 @@ class User(BaseAggregate[str]):
         if not isinstance(admin, bool):
             raise InvalidField("admin", f"must be true or false, got {admin!r}")
         if existing is None:
+            if name.startswith("-"):  # `hoist user add -x` reads it as an option
+                raise InvalidField("name", f"must not start with '-', got {name!r}")
             return User._create(ev.UserAdded, id=check_name(name), admin=admin, by=by)
         if not existing.disabled and existing.admin == admin:
             return existing  # already so: nothing new to record

@@ -94,9 +94,11 @@ def _apply_to_local_stack(args: argparse.Namespace, name: str, admin: bool | Non
             " on the stack's host with its --data-dir"
         )
     if admin is None:
-        stack.remove_hoist_user(data_dir, info, name)
+        if not stack.remove_hoist_user(data_dir, info, name):
+            return "NATS user: none to remove"
         return "NATS user: removed, nats-server reloaded (its connections are closed)"
-    stack.set_hoist_user(data_dir, info, name, admin)
+    if not stack.set_hoist_user(data_dir, info, name, admin):
+        return f"NATS user: unchanged (already so); its URL: hoist creds user {name}"
     return f"NATS user: written, nats-server reloaded; its URL: hoist creds user {name}"
 
 

@@ -44,6 +44,7 @@ def test_add_disable_and_add_again() -> None:
         "quota",
         "history",
         "default",
+        "-x",  # a new name reads as an option on the command line
     ],
 )
 def test_names_are_subject_tokens_and_no_roles_user(name: str) -> None:
