@@ -32,7 +32,7 @@ from domain.agent import Agent
 from domain.beats import BeatReceiver, pace_floor, silence_deadline
 from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
-from domain.rpc import Heartbeat, is_beat
+from domain.rpc import MAX_BEAT_FLOOR_S, Heartbeat, is_beat
 from domain.subjects import HEARTBEAT, agent_rpc, manager_term
 from services.eventstore.repository import NotFound, Repository, loaded_seq
 from services.eventstore.store import ConcurrencyError, Write
@@ -166,8 +166,20 @@ class LivenessWatcher:
         floor = pace_floor(live, self.beats_per_s)
         if floor < self._floor and pace_floor(live * 11 // 10, self.beats_per_s) >= self._floor:
             return self._floor
+        if floor != self._floor:
+            self._say_floor(live, floor)
         self._floor = floor
         return floor
+
+    def _say_floor(self, live: int, floor: float) -> None:
+        if floor >= MAX_BEAT_FLOOR_S and live / floor > self.beats_per_s:
+            log.warning(
+                "%d agents beat every %.0f s: %.1f heartbeats/s, over --heartbeats-per-second"
+                " %g (the floor stops at %.0f s, so a lost agent is found within minutes)",
+                live, floor, live / floor, self.beats_per_s, MAX_BEAT_FLOOR_S,
+            )  # fmt: skip
+        else:
+            log.info("heartbeat floor for %d agents: %.0f s (0: none)", live, floor)
 
     def silence_deadline_s(self, agent_id: str) -> float:
         """How long ``agent_id`` may be silent: by the longer of the fleet's floor and the one

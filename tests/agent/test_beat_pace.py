@@ -55,6 +55,29 @@ def test_the_floor_comes_down_only_once_the_fleet_is_a_tenth_below_its_step(nc: 
     assert watcher.floor_s() == 12.0
 
 
+def test_a_floor_that_stops_at_its_most_says_so(
+    nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --heartbeats-per-second the fleet cannot keep (the floor stops at 60 s) is a warning
+    in the manager's log, not silence; a floor that holds is one line of information."""
+    watcher = LivenessWatcher(nc, None, beats_per_s=0.5)  # type: ignore[arg-type]  # unused
+    watcher.last_seen = {f"a{n}": 0.0 for n in range(40)}
+    with caplog.at_level("INFO", logger="services.manager.liveness"):
+        assert watcher.floor_s() == rpc.MAX_BEAT_FLOOR_S  # 40 agents would need 80 s
+        assert watcher.floor_s() == rpc.MAX_BEAT_FLOOR_S  # said once, not at every look
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "40 agents beat every 60 s: 0.7 heartbeats/s, over --heartbeats-per-second 0.5" in (
+        warning.getMessage()
+    )
+    caplog.clear()
+    with caplog.at_level("INFO", logger="services.manager.liveness"):
+        watcher.last_seen = {f"a{n}": 0.0 for n in range(20)}  # 40 s: within the budget
+        assert watcher.floor_s() == 40.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "heartbeat floor for 20 agents: 40 s (0: none)"
+    ]
+
+
 async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
     nc: Client, store: EventStore
 ) -> None:
