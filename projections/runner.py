@@ -5,7 +5,8 @@ in memory, and writes the batch's rows together with each projection's checkpoin
 stream sequence it folded) in ONE DuckDB transaction: a crash anywhere before the commit loses
 the whole batch (it is read again), a crash after it loses nothing, so no event is lost or
 applied twice.  While catching up the batches are big (what has arrived, up to ``max_batch``);
-when live, an event is committed as soon as the previous commit is done.
+when live, a commit waits out a pause after the previous one (COMMIT_SHARE), and so do the
+reads, so what arrives meanwhile is read and committed together.
 
 A projection whose ``version`` differs from the stored one is rebuilt from the first event into
 ``<table>__build`` tables (its progress checkpointed too); when it has caught up with the
@@ -94,6 +95,7 @@ class Runner:
         bulk: BulkReader | None = None,
         bulk_min: int = BULK_MIN,  # this far behind, the bulk reader reads up to the head
         commit_share: float = COMMIT_SHARE,
+        share: bool = True,  # follow through the store's shared tail (other followers read it)
         fault: Fault | None = None,
     ) -> None:
         if max_batch < 1:
@@ -107,6 +109,7 @@ class Runner:
         self.bulk = bulk
         self.bulk_min = bulk_min
         self.commit_share = commit_share
+        self.share = share
         self.fault = fault or (lambda point: None)
         self.projections: list[Projection] = []
         self.names: dict[str, dict[str, str]] = {}  # projection -> base table -> physical table
@@ -333,16 +336,20 @@ class Runner:
                     if until_seq is not None and from_seq > until_seq:
                         await queue.put(None)
                         return
-            # Following, the next read waits out the commit's pause: what arrived meanwhile
-            # comes in one read, not in one per append (400 direct gets a second at 50
-            # sessions/s).  Not the shared tail, which reads at the appends' pace whoever waits.
+            # Following, the read after a short page (caught up) waits out the commit's
+            # pause: what arrived meanwhile comes in one read, not in one per append (400
+            # direct gets a second at 50 sessions/s).  A full page: more waits, read on.  The
+            # read starts READ_EARLY_S before the pause ends, to join the next commit; one
+            # that takes longer joins the commit after (the models are up to two pauses
+            # behind, a query waiting for a sequence ends both waits).  Through the shared
+            # tail (``share``) the tail reads at the appends' pace for its other followers.
             pages = self.store.replay_pages(
-                from_seq=from_seq, until_seq=until_seq, follow=follow, share=False
+                from_seq=from_seq, until_seq=until_seq, follow=follow, share=self.share
             )
             async with contextlib.aclosing(pages):
                 async for page in pages:
                     await queue.put(page)
-                    if follow:  # the read lands before the pause ends and joins the batch
+                    if follow and len(page) < PAGE:
                         await self._pause_over(early=READ_EARLY_S)
             await queue.put(None)
         except asyncio.CancelledError:

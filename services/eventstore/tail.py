@@ -1,10 +1,12 @@
 """One reader of the log's tail for every follower of a store that caught up.
 
-A manager follows the whole log twice: its fleet folds every event, and its read models
-project every event. Each follow read every page itself and had its own signal subscription,
-so each appended event cost the server and the manager two signals, two reads' worth of
-replies and about two read requests. Followers of one store that have caught up now share one
-follow (``SharedTail``): it reads each page once and hands it to all of them.
+A manager that runs its read models on its own loop (``--read-models-in-process``) follows the
+whole log twice: its fleet folds every event, and its read models project every event. Each
+follow read every page itself and had its own signal subscription, so each appended event cost
+the server and the manager two signals, two reads' worth of replies and about two read
+requests. Followers of one store that have caught up now share one follow (``SharedTail``): it
+reads each page once and hands it to all of them.  (The read models' child process follows
+alone: its reads wait out its commits' pause, projections.runner.)
 
 A follower takes the shared pages from the sequence it is at; if the tail is ahead of it, it
 reads the gap on its own first. A follower that falls behind by more than ``MAX_RECORDS``

@@ -31,7 +31,8 @@ _DROPPED = ("agent_heartbeats",)
 class ReadModels:
     """``await ReadModels(nc, store, path).start()`` ... ``await read_models.stop()``;
     ``last_heartbeat``: the liveness watcher's ``last_heartbeat_at`` (without it the agents
-    query says null)."""
+    query says null); ``share_tail``: follow the log through the store's shared tail (in the
+    manager's process, whose fleet follows it too), not alone (the child's, projections.runner)."""
 
     def __init__(
         self,
@@ -41,8 +42,10 @@ class ReadModels:
         bulk: BulkReader | None = None,
         *,
         last_heartbeat: LastHeartbeat = no_heartbeats,
+        share_tail: bool = True,
     ) -> None:
         self.nc = nc
+        self.share_tail = share_tail
         self.store = store
         self.bulk = bulk
         self.path = str(path)
@@ -70,7 +73,7 @@ class ReadModels:
         # failed as DuckDB found "Time zone 'Etc/UTC' not available to Python's zoneinfo": a
         # lazy import racing another thread's is the likely cause. Have it done here, once.
         self._con.execute("SELECT TIMESTAMPTZ '2000-01-01 00:00:00+00'").fetchall()
-        self.runner = Runner(self._con, self.store, ALL, bulk=self.bulk)
+        self.runner = Runner(self._con, self.store, ALL, bulk=self.bulk, share=self.share_tail)
         self._tasks.spawn(self.runner.serve(), name="projections")
         self._subs = await serve_queries(
             self.nc,

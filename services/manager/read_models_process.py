@@ -281,7 +281,10 @@ class _Child:
         self.beats = HeartbeatTimes()
         bulk = bulk_reader(bulk_url) if bulk_url else None
         store = event_store(nc)
-        self.read_models = ReadModels(nc, store, path, bulk, last_heartbeat=self.beats.last)
+        # Alone in this process: its reads wait out its commits' pause (projections.runner).
+        self.read_models = ReadModels(
+            nc, store, path, bulk, last_heartbeat=self.beats.last, share_tail=False
+        )
         self.out = out
         self._subs: list[Subscription] = []
         self._tasks = Tasks()
