@@ -20,7 +20,7 @@ from rich.text import Text
 from domain import subjects
 from domain.image_ref import familiar
 from domain.status import TERMINAL, KernelStatus
-from services.cli.connection import Connection
+from services.cli.connection import CliError, Connection
 from services.cli.output import (
     add_output_flags,
     human_bytes,
@@ -183,6 +183,19 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
     )
     console.print(_table(shown, [[r.get(c) for c in shown] for r in rows], whole_ids=wide))
     _footer(console, reply, len(rows))
+    agent = getattr(args, "agent", None)
+    if not rows and agent and not await _agent_known(conn, agent):
+        console.print(f"no agent {agent!r} is known: `hoist agents` lists them")
+
+
+async def _agent_known(conn: Connection, agent_id: str) -> bool:
+    """Whether the read models know ``agent_id`` (an empty ``--agent`` filter says why)."""
+    query, _ = COMMANDS["agents"]
+    try:
+        reply = await conn.request(f"{subjects.QUERY}.{query}", {"agent_id": agent_id, "limit": 1})
+    except CliError:
+        return True  # not known to be unknown: the rows said what there is
+    return bool(reply.get("rows"))
 
 
 def _table(columns: list[str], rows: list[list[Any]], whole_ids: bool = False) -> Table:

@@ -94,11 +94,9 @@ def _apply_to_local_stack(args: argparse.Namespace, name: str, admin: bool | Non
             " on the stack's host with its --data-dir"
         )
     if admin is None:
-        if not stack.remove_hoist_user(data_dir, info, name):
-            return "NATS user: none to remove"
+        stack.remove_hoist_user(data_dir, info, name)
         return "NATS user: removed, nats-server reloaded (its connections are closed)"
-    if not stack.set_hoist_user(data_dir, info, name, admin):
-        return f"NATS user: unchanged (already so); its URL: hoist creds user {name}"
+    stack.set_hoist_user(data_dir, info, name, admin)
     return f"NATS user: written, nats-server reloaded; its URL: hoist creds user {name}"
 
 

@@ -173,27 +173,24 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     return creds
 
 
-def set_hoist_user(data_dir: Path, info: StackInfo, name: str, admin: bool) -> bool:
+def set_hoist_user(
+    data_dir: Path, info: StackInfo, name: str, admin: bool
+) -> credentials.Credentials:
     """Give Hoist user ``name`` (domain.user) its NATS user on the running stack, or change its
-    admin grants, and have nats-server reload its users (no restart); False if it had them
-    already (nothing written, no reload)."""
-    held = natsauth.generate_credentials(data_dir).users.get(name)
-    if held is not None and held.admin == admin:
-        return False
-    natsauth.set_user(data_dir, name, admin)
+    admin grants, and have nats-server reload its users (no restart).  Written and reloaded
+    even when nothing changed: running it again repairs what a crash between the writes and
+    the reload left behind."""
+    creds = natsauth.set_user(data_dir, name, admin)
     reload_nats(data_dir, info)
-    return True
+    return creds
 
 
-def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> bool:
+def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> credentials.Credentials:
     """Remove Hoist user ``name``'s NATS user from the running stack and reload: nats-server
-    closes the user's open connections when it reloads (they no longer authenticate); False if
-    it had none (nothing written, no reload)."""
-    if name not in natsauth.generate_credentials(data_dir).users:
-        return False
-    natsauth.remove_user(data_dir, name)
+    closes the user's open connections when it reloads (they no longer authenticate)."""
+    creds = natsauth.remove_user(data_dir, name)
     reload_nats(data_dir, info)
-    return True
+    return creds
 
 
 def reload_nats(data_dir: Path, info: StackInfo) -> None:

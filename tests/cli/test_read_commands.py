@@ -77,7 +77,10 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     assert out.splitlines()[1].startswith("0 row(s) as of event"), out
 
     code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-1")
-    assert code == 0 and image in out and "240.0 MiB" in out
+    assert code == 0 and image in out and "240.0 MiB" in out and "is known" not in out
+    # An agent that is not there: said so, not just no row.
+    code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-9")
+    assert code == 0 and "no agent 'agent-9' is known: `hoist agents` lists them" in out, out
 
     code, out, _ = await hoist(hoist_stack, "pulls", "--json")
     # --json gives the canonical reference; tables show the short one.
