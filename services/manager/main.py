@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -569,13 +570,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _positive(text: str) -> float:
-    """A number > 0 (refused before anything connects, with what was given)."""
+    """A finite number > 0 (refused before anything connects, with what was given)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value < math.inf:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

@@ -29,7 +29,7 @@ def test_the_fleets_heartbeats_a_second_reach_the_liveness_watcher() -> None:
 
 
 @pytest.mark.parametrize("flag", ["--heartbeats-per-second", "--heartbeat-deadline"])
-@pytest.mark.parametrize("bad", ["0", "-1", "nan", "soon"])
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
 def test_a_rate_or_deadline_that_is_no_positive_number_is_refused_before_connecting(
     flag: str, bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
