@@ -31,6 +31,7 @@ from agent.runtime.base import (
     ContainerSpec,
     ExecRun,
     ImageInUse,
+    ImageMissing,
     KernelContainer,
     KernelCreateError,
     KernelExists,
@@ -61,6 +62,8 @@ from services.transport.connection import subscriptions_ready, unsubscribe_all
 from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
+# The ImageRemoved an agent records when a create finds an image the log says it holds gone.
+MISSING_AT_CREATE = "missing: not on this host when a kernel was created (removed outside Hoist)"
 _BEAT = {rpc.BEAT_HEADER: "1"}
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
@@ -611,6 +614,10 @@ class AgentServer:
             except KernelExists as e:
                 self._release(kernel_id)
                 return rpc.KernelCreated(container_id=e.container_id, existed=True)
+            except ImageMissing as e:
+                self._release(kernel_id)
+                await self._record_missing(request.image)
+                raise rpc.RequestError(rpc.IMAGE_MISSING, e.reason) from None
             except KernelCreateError as e:
                 self._release(kernel_id)
                 raise rpc.RequestError("create-failed", e.reason) from None
@@ -624,6 +631,15 @@ class AgentServer:
             made = await self._container(kernel_id)
             ports = _ports(made) if made is not None else []
             return rpc.KernelCreated(container_id=container_id, ports=ports)
+
+    async def _record_missing(self, image: str) -> None:
+        """The log says this agent holds ``image`` but the engine has it no more (removed
+        outside Hoist): record ImageRemoved before the manager hears of it, so it stops
+        placing kernels here as if it were (best effort: the reply goes anyway)."""
+        try:
+            await self.facts.image_removed(image, MISSING_AT_CREATE)
+        except Exception as e:
+            log.warning("agent %s: could not record %s gone (%r)", self.id, image, e)
 
     def _check_fits(self, kernel_id: str, res: ev.Resources) -> None:
         free = self._free()

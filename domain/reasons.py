@@ -19,6 +19,7 @@ class Reason(StrEnum):
     IMAGE_PRESENT = "image-present"
     IMAGE_PULLING = "image-pulling"
     IMAGE_PULLED = "image-pulled"
+    IMAGE_MISSING = "image-missing"
     CREATING = "creating"
     RUNNING = "running"
     # Why a session waits (the kernels stay PENDING).
@@ -54,9 +55,12 @@ TEXT: dict[Reason, str] = {
     Reason.ENQUEUED: "the session was accepted and waits for the scheduler",
     Reason.SCHEDULED: "the scheduler placed the kernel on an agent",
     Reason.PREPARING: "the agent is asked whether it holds the image (check-and-pull)",
-    Reason.IMAGE_PRESENT: "the agent already holds the image",
+    Reason.IMAGE_PRESENT: "the agent already holds the image (it said so at check-and-pull, or"
+    " its last report says so and the scheduler asked nothing)",
     Reason.IMAGE_PULLING: "the agent pulls the image; the kernel occupies no user quota meanwhile",
     Reason.IMAGE_PULLED: "the agent's pull of the image finished",
+    Reason.IMAGE_MISSING: "the create found the image gone from the agent: it is checked and"
+    " pulled again",
     Reason.CREATING: "the agent is asked to create the container",
     Reason.RUNNING: "the container runs",
     Reason.PREDICATE_CHECKS_FAILED: "a limit refuses the session (too large, too many sessions)",

@@ -87,9 +87,13 @@ VERBS = (
     BEAT_PACE,
 )
 
+# create-kernel's refusal when the image is not on the agent: the manager sends the kernel
+# back to check-and-pull (its other refusals fail the kernel).
+IMAGE_MISSING = "image-missing"
 ERROR_CODES = (
     "invalid-request",  # the payload does not match the verb's schema (message names the field)
     "create-failed",  # the runtime could not create or start the container
+    IMAGE_MISSING,  # create-kernel: the image is not on this agent (check-and-pull it)
     "insufficient-resources",  # the kernel does not fit in the agent's free capacity
     "not-found",  # no such kernel container, stream or volume on this agent
     "conflict",  # e.g. a volume in use, or owned by another user

@@ -32,6 +32,8 @@ S = KernelStatus
 
 # How far a live kernel has got: a session is only as far along as its slowest kernel.
 _PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING]
+# Not yet known to have its image on its agent: no container is asked for while one is.
+_WAITING_FOR_IMAGE = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING})
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
@@ -388,12 +390,20 @@ class Session(BaseAggregate[str]):
                     k.kernel_id, Reason.FORCE_TERMINATED, "forced: not confirmed by the agent"
                 )
 
-    def start_preparing(self) -> None:
-        """Check-and-pull is about to be asked of the placed kernels' agents: SCHEDULED kernels
-        go PREPARING (the scheduler records it with SessionScheduled, in the batch it stores
-        anyway; the reactor does it for a kernel still SCHEDULED, from a log written before)."""
+    def start_preparing(self, holding: Collection[str] = ()) -> None:
+        """The placed kernels' images: SCHEDULED kernels on an agent of ``holding`` (the log
+        shows the image there) are PREPARED at once, with no check-and-pull asked; the others
+        go PREPARING, and check-and-pull is about to be asked of their agents.  The scheduler
+        records this with SessionScheduled, in the batch it stores anyway; the reactor does it
+        for a kernel still SCHEDULED, from a log written before.  A create that finds the image
+        gone after all sends its kernel back to PREPARING (``image_missing``)."""
         for k in self.kernels.values():
-            if k.status is S.SCHEDULED:
+            if k.status is not S.SCHEDULED:
+                continue
+            if k.agent_id in holding:
+                detail = f"{k.agent_id} has it, by its last report"
+                self.mark_prepared(k.kernel_id, info(Reason.IMAGE_PRESENT, detail))
+            else:
                 detail = f"asking {k.agent_id} for the image"
                 self.mark_preparing(k.kernel_id, info(Reason.PREPARING, detail))
 
@@ -502,11 +512,22 @@ class Session(BaseAggregate[str]):
                 self.cancel(k.kernel_id, status_info)
 
     def start_creating(self) -> None:
-        """Every kernel is PREPARED (or already CREATING): ask for the containers."""
-        if all(k.status in (S.PREPARED, S.CREATING) for k in self.kernels.values()):
-            for k in self.kernels.values():
+        """No kernel waits for its image any more: the PREPARED ones are asked for their
+        containers (CREATING).  Its siblings may be CREATING or, after one went back for its
+        image (``image_missing``), RUNNING already."""
+        kernels = self.kernels.values()
+        if not any(k.status in _WAITING_FOR_IMAGE for k in kernels):
+            for k in kernels:
                 if k.status is S.PREPARED:
                     self.mark_creating(k.kernel_id, Reason.CREATING)
+
+    def image_missing(self, kernel_id: str, detail: str) -> None:
+        """The agent answered create-kernel that it does not hold the image (placed where the
+        log showed it, then removed outside Hoist or by its GC): the kernel goes back to
+        PREPARING, and check-and-pull is asked (it may pull).  Nothing when it is no longer
+        CREATING."""
+        if self.kernel(kernel_id).status is S.CREATING:
+            self.mark_preparing(kernel_id, info(Reason.IMAGE_MISSING, detail))
 
     def created(
         self,

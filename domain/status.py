@@ -45,8 +45,9 @@ TRANSITIONS: Mapping[KernelStatus, frozenset[KernelStatus]] = {
     # Image on the agent: the manager asks for the container, or it is cancelled first.
     S.PREPARED: frozenset({S.CREATING, S.CANCELLED}),
     # The agent creates the container: it runs, fails to start (ERROR), or is cancelled
-    # (a stray container is removed by the agent's reconciliation).
-    S.CREATING: frozenset({S.RUNNING, S.ERROR, S.CANCELLED}),
+    # (a stray container is removed by the agent's reconciliation); the agent no longer holds
+    # the image (PREPARING: a kernel placed where the log showed it goes to check-and-pull).
+    S.CREATING: frozenset({S.RUNNING, S.ERROR, S.CANCELLED, S.PREPARING}),
     # Running: asked to stop (TERMINATING), or the agent reports it gone (exited, agent lost).
     S.RUNNING: frozenset({S.TERMINATING, S.TERMINATED}),
     # Stopping: the agent confirms the container is gone.

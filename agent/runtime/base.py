@@ -190,6 +190,15 @@ class KernelCreateError(Exception):
         self.reason = reason
 
 
+class ImageMissing(KernelCreateError):
+    """The image is not on this host (removed since the manager last heard of it): nothing was
+    created; check-and-pull brings it back."""
+
+    def __init__(self, kernel_id: str, image: str) -> None:
+        super().__init__(kernel_id, f"image {image} is not on this host: pull it")
+        self.image = image
+
+
 class KernelExists(KernelCreateError):
     """This agent already has a container for the kernel (a repeated create)."""
 

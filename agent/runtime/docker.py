@@ -58,6 +58,7 @@ from agent.runtime.base import (
     ExitCallback,
     ExitInfo,
     ImageInUse,
+    ImageMissing,
     KernelContainer,
     KernelCreateError,
     KernelExists,
@@ -514,7 +515,7 @@ class DockerRuntime:
                 name=self._name(kernel_id),
             )
         except docker.errors.ImageNotFound as e:
-            raise KernelCreateError(kernel_id, f"image {image} is not on this host: pull it") from e
+            raise ImageMissing(kernel_id, image) from e
         except docker.errors.APIError as e:
             if e.status_code == 409 and (existing := await self._containers(kernel_id)):
                 raise KernelExists(kernel_id, existing[0]["Id"]) from e

@@ -35,6 +35,7 @@ from agent.runtime.base import (
     ExitCallback,
     ExitInfo,
     ImageInUse,
+    ImageMissing,
     ImageNotFound,
     KernelContainer,
     KernelCreateError,
@@ -375,7 +376,7 @@ class DummyRuntime:
         if kernel_id in self.kernels:
             raise KernelExists(kernel_id, self.kernels[kernel_id].container_id)
         if _engine_name(image) not in self.images:
-            raise KernelCreateError(kernel_id, f"image {image} is not on this host: pull it")
+            raise ImageMissing(kernel_id, image)
         await asyncio.sleep(self.config.create_delay_s)
         if _configured(self.config.create_failures, image) or (
             self.config.create_failure_rate and self.rng.random() < self.config.create_failure_rate

@@ -101,6 +101,8 @@ class AgentSync:
         self.on_round: Callable[[float], None] | None = None
         self._paused_s = 0.0  # the current round's pauses so far
         self._tasks = Tasks()
+        # agent id -> the after-scheduling sync of it in flight, which its creates wait for
+        self._after_scheduling: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         self._tasks.spawn(every(self.interval_s, self.reconcile, "agent reconciliation"))
@@ -109,14 +111,36 @@ class AgentSync:
         await self._tasks.stop()
 
     def trigger(self, name: str) -> Callable[[set[str]], Awaitable[None]] | None:
-        """The sync the reactors call at trigger ``name``, or None when it is off."""
-        return self.sync_agents if name in self.triggers else None
+        """The sync the reactors call at trigger ``name``, or None when it is off.  Before a
+        create without before-kernel-creation but with after-scheduling, the create waits
+        for the after-scheduling sync of its agents (a session placed where its image is
+        known goes straight to its create, which would otherwise race that sync)."""
+        if name in self.triggers:
+            return self.sync_agents
+        if name == "before-kernel-creation" and "after-scheduling" in self.triggers:
+            return self.after_scheduling_done
+        return None
 
     def scheduled(self, event: ev.SessionScheduled) -> None:
         """A bus handler: sync the placed agents when the after-scheduling trigger is on."""
         if "after-scheduling" in self.triggers:
             agents = set(event.placements.values())
-            self._tasks.spawn(self.sync_agents(agents), "sync after scheduling")
+            task = self._tasks.spawn(self.sync_agents(agents), "sync after scheduling")
+            for agent_id in agents:
+                self._after_scheduling[agent_id] = task
+            task.add_done_callback(lambda _: self._forget(agents, task))
+
+    def _forget(self, agent_ids: set[str], task: asyncio.Task[None]) -> None:
+        for agent_id in agent_ids:
+            if self._after_scheduling.get(agent_id) is task:
+                del self._after_scheduling[agent_id]
+
+    async def after_scheduling_done(self, agent_ids: set[str]) -> None:
+        """Wait for the after-scheduling syncs of these agents in flight (their outcome is
+        theirs to log: a create goes on either way)."""
+        pending = {t for a in agent_ids if (t := self._after_scheduling.get(a)) is not None}
+        if pending:
+            await asyncio.wait(pending)
 
     def agent_registered(self, event: ev.AgentRegistered | ev.AgentReregistered) -> None:
         """A bus handler: the agent (re)started and forgot the images it was told of."""

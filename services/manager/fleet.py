@@ -84,6 +84,9 @@ class AgentState:
     reserved_slots: dict[str, float] = field(default_factory=dict)  # e.g. gpu held
     # image -> (task id, reason) of its last failed pull, until a new pull starts or succeeds
     failed_pulls: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # image -> task id of its last finished pull (what a kernel sent back for its image waits
+    # for: the image in ``agent.images`` may be the stale one it was sent back from)
+    pulled: dict[str, str] = field(default_factory=dict)
     registered_seq: int = 0  # stream sequence of its latest (re)registration
     liveness: AgentLiveness | None = None  # its losses (the manager's subject)
 
@@ -425,6 +428,8 @@ class Fleet:
             state.failed_pulls[image] = (event.task_id, event.reason)
         elif isinstance(event, ev.ImagePullStarted | ev.ImagePulled):
             state.failed_pulls.pop(image, None)
+            if isinstance(event, ev.ImagePulled):
+                state.pulled[image] = event.task_id
         elif isinstance(event, ev.AgentReregistered):
             state.failed_pulls.clear()
         if self.caught_up.is_set():

@@ -84,6 +84,12 @@ def _may_wait_for_a_pull(kernel: Kernel) -> bool:
     return len(history) >= 2 and history[-2].status in (S.PULLING, S.PREPARING)
 
 
+def _sent_back(kernel: Kernel) -> bool:
+    """A create found its image gone from its agent: until the pull it waits for is seen
+    finished, the image the view shows there may be the one that was gone."""
+    return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)
+
+
 def _force_terminated(kernel: Kernel) -> bool:
     return (
         kernel.status is S.TERMINATED and reason_of(kernel.status_info) == Reason.FORCE_TERMINATED
@@ -264,9 +270,11 @@ class Reactors:
             return await self._check_and_pull(session)
         if any(k.status is S.PULLING for k in kernels):
             return await self._pull_outcomes(session)
-        if kernels and all(k.status in (S.PREPARED, S.CREATING) for k in kernels):
-            if any(k.status is S.PREPARED for k in kernels):
-                return await self._change(sid, Session.start_creating)
+        # No kernel waits for its image here (those returned above): ask for the containers.
+        # A sibling may run already (one sent back for its image, or a create asked again).
+        if any(k.status is S.PREPARED for k in kernels):
+            return await self._change(sid, Session.start_creating)
+        if any(k.status is S.CREATING for k in kernels):
             return await self._create(session)
         return False
 
@@ -358,6 +366,7 @@ class Reactors:
                     s.image_checked(agent_id, None, error=str(answer))
                 else:
                     s.image_checked(agent_id, answer)
+            s.start_creating()  # in the same append when that made every kernel PREPARED
 
         return await self._change(session.id, decide)
 
@@ -370,7 +379,9 @@ class Reactors:
             state = self.fleet.agents.get(k.agent_id)
             if state is None:
                 continue
-            if session.image in state.agent.images:
+            if session.image in state.agent.images and (
+                not _sent_back(k) or state.pulled.get(session.image) in self.fleet.pull_tasks_of(k)
+            ):
                 ready.append(k.agent_id)
                 continue
             failure = state.failed_pulls.get(session.image)
@@ -385,6 +396,7 @@ class Reactors:
                 s.image_ready(agent_id)
             for agent_id, (why, kernel_ids) in failed.items():
                 s.pull_ended(agent_id, why, kernel_ids)
+            s.start_creating()  # in the same append when that made every kernel PREPARED
 
         return await self._change(session.id, decide)
 
@@ -441,6 +453,8 @@ class Reactors:
                     s.created(kid, container_id=result.container_id, ports=result.ports)
                     if (early := self._early_exits.get(kid)) is not None:
                         s.process_ended(early.originator_id, kid, early)
+                elif isinstance(result, AgentRefused) and result.code == rpc.IMAGE_MISSING:
+                    s.image_missing(kid, result.message)  # check-and-pull, maybe a pull, again
                 elif isinstance(result, AgentRefused):
                     s.created(kid, error=str(result), detail=result.message or str(result))
 

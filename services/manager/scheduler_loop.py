@@ -10,7 +10,8 @@ that room as reserved and two sessions never get the same capacity, however many
 enqueued at once.
 
 Against other managers (and a paused ex-leader), the log decides: a pass's placements go in
-one atomic batch, each SessionScheduled (and its kernels' KernelPreparing) with a
+one atomic batch, each SessionScheduled (and its kernels' KernelPreparing, or KernelPrepared
+and KernelCreating where the log shows the image on the agent) with a
 CapacityReserved on each chosen agent's reservation subject (domain.reservation), every
 subject expecting the sequence the view has (and the leader's fence,
 services.manager.leadership).  Two managers deciding on the same room
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from domain.errors import DomainError
 from domain.placement_index import plan_indexed
@@ -128,15 +129,18 @@ class SchedulerLoop:
                 on_agents = _by_agent(decision)
                 if any(booked.busy(a) for a in on_agents):
                     continue  # the end of that append wakes the next pass
-                # SessionScheduled, a KernelPreparing per kernel, a reservation per agent
-                messages = 1 + len(decision.placements) + len(on_agents)
+                holding = self._holding(decision.session_id, on_agents)
+                # SessionScheduled, a KernelPreparing or KernelPrepared per kernel (and its
+                # KernelCreating when every agent holds the image), a reservation per agent
+                per_kernel = 2 if len(holding) == len(on_agents) else 1
+                messages = 1 + per_kernel * len(decision.placements) + len(on_agents)
                 if messages > room:
                     self.wake()  # the rest in the next pass's batch
                     break
                 if not self._room_held(decision, on_agents):
                     continue
                 try:
-                    session = self.uow.claim(decision.session_id, _decided(decision))
+                    session = self.uow.claim(decision.session_id, _decided(decision, holding))
                 except DomainError as e:
                     log.warning("session %s: %s", decision.session_id, e)
                     continue
@@ -210,6 +214,15 @@ class SchedulerLoop:
                 return False
         return True
 
+    def _holding(self, session_id: str, agent_ids: Collection[str]) -> frozenset[str]:
+        """The agents the log shows holding the session's image (its ImagePulled, the images
+        it registered with, no ImageRemoved since): no check-and-pull is asked of them."""
+        session = self.fleet.sessions.get(session_id)
+        if session is None:
+            return frozenset()
+        agents = self.fleet.agents
+        return frozenset(a for a in agent_ids if session.image in agents[a].agent.images)
+
     def _save_alone(self, decision: Unschedulable) -> None:
         """Record why a session waits (its own append: it reserves nothing)."""
         try:
@@ -247,15 +260,20 @@ def _by_agent(decision: Scheduled) -> dict[str, list[str]]:
     return out
 
 
-def _decided(decision: Scheduled | Unschedulable) -> Callable[[Session], None]:
-    """What a scheduling decision records on its session: placed, its kernels go PREPARING in
-    the same batch (the reactor asks their agents at once; an append of their own was one
-    more round trip and one more step per session)."""
+def _decided(
+    decision: Scheduled | Unschedulable, holding: Collection[str] = ()
+) -> Callable[[Session], None]:
+    """What a scheduling decision records on its session, in the batch it is stored in
+    anyway (each append of its own was one more round trip and one more step per session):
+    placed, its kernels go PREPARING (the reactor asks their agents at once), or PREPARED on
+    the agents ``holding`` the image; when all are PREPARED, CREATING (the reactor asks for
+    the containers at once; a create that finds the image gone sends the kernel back)."""
     if isinstance(decision, Scheduled):
 
         def place(s: Session) -> None:
             s.schedule(decision.placements, Reason.SCHEDULED)
-            s.start_preparing()
+            s.start_preparing(holding)
+            s.start_creating()
 
         return place
     return lambda s: s.scheduling_failed(decision.status_info)

@@ -120,7 +120,7 @@ async def test_create_kernel_is_idempotent_and_destroy_removes_it(
     nc: Client, store: EventStore
 ) -> None:
     runtime = dummy()
-    async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
+    async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)) as server:
         replies = await asyncio.gather(
             *(call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL}) for _ in range(5))
         )
@@ -133,8 +133,9 @@ async def test_create_kernel_is_idempotent_and_destroy_removes_it(
         assert refused["error"]["code"] == "insufficient-resources"
         no_image = {**KERNEL, "image": "absent:1"}
         failed = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k3", **no_image})
-        assert failed["error"]["code"] == "create-failed"
+        assert failed["error"]["code"] == "image-missing"  # the manager pulls it and asks again
         assert "pull it" in failed["error"]["message"]
+        assert "k3" not in runtime.kernels and "k3" not in server.reserved
 
         assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": True}
         assert runtime.kernels == {}

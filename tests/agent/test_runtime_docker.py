@@ -26,6 +26,7 @@ from agent.runtime.base import (
     SLEEP_FOREVER,
     ContainerSpec,
     ImageInUse,
+    ImageMissing,
     ImageNotFound,
     ImageProgress,
     KernelContainer,
@@ -240,7 +241,7 @@ async def test_kernels_are_listed_per_agent_and_survive_a_new_runtime(
 async def test_create_needs_the_image_and_valid_resources(
     runtime: DockerRuntime, registry: Registry
 ) -> None:
-    with pytest.raises(KernelCreateError, match="not on this host"):
+    with pytest.raises(ImageMissing, match="not on this host"):
         await runtime.create("k3", "s3", f"{registry.host}/hoist/absent:1", 1, 64 * MiB)
     with pytest.raises(ValueError, match="cpu"):
         await runtime.create("k3", "s3", "x:1", 0, 64 * MiB)

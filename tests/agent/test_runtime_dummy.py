@@ -13,6 +13,7 @@ from agent.runtime import dummy_state
 from agent.runtime.base import (
     ContainerSpec,
     ImageInUse,
+    ImageMissing,
     ImageNotFound,
     ImageProgress,
     KernelContainer,
@@ -133,7 +134,7 @@ async def test_random_failures_repeat_with_the_seed() -> None:
 async def test_kernels_create_destroy_and_survive_a_restart() -> None:
     host = DummyHost()
     rt = DummyRuntime("a", DummyConfig(bandwidth_bps=None, create_delay_s=0.01), host)
-    with pytest.raises(KernelCreateError, match="not on this host"):
+    with pytest.raises(ImageMissing, match="not on this host"):
         await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB)
     await rt.pull("img:1", lambda p: None)
     cid = await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB)

@@ -42,6 +42,45 @@ def test_start_preparing_marks_the_scheduled_kernels_preparing_with_their_agent(
     assert len(session.pending_events) == before
 
 
+def test_kernels_on_an_agent_holding_the_image_are_prepared_without_asking() -> None:
+    session = new_session(cluster_size=2)
+    k1, k2 = session.kernels
+    session.schedule({k1: "a1", k2: "a2"})
+    session.start_preparing(holding={"a1"})
+    assert statuses(session) == [S.PREPARED, S.PREPARING]
+    assert session.kernels[k1].status_info == "image-present: a1 has it, by its last report"
+    session.start_creating()  # k2 still waits for its image: nothing asked for yet
+    assert statuses(session) == [S.PREPARED, S.PREPARING]
+    everywhere = new_session(cluster_size=2)
+    e1, e2 = everywhere.kernels
+    everywhere.schedule({e1: "a1", e2: "a2"})
+    everywhere.start_preparing(holding={"a1", "a2"})
+    everywhere.start_creating()
+    assert statuses(everywhere) == [S.CREATING, S.CREATING]
+
+
+def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs() -> None:
+    session = new_session(cluster_size=2)
+    k1, k2 = session.kernels
+    session.schedule({k1: "a1", k2: "a2"})
+    session.start_preparing(holding={"a1", "a2"})
+    session.start_creating()
+    session.created(k1, container_id="c1")
+    session.image_missing(k2, "image py:3 is not on this host: pull it")
+    assert statuses(session) == [S.RUNNING, S.PREPARING]
+    assert session.kernels[k2].status_info == (
+        "image-missing: image py:3 is not on this host: pull it"
+    )
+    session.image_missing(k2, "again")  # not CREATING any more: nothing recorded
+    assert len(session.kernels[k2].status_history) == 5
+    session.image_checked("a2", "task-2")
+    session.start_creating()  # k2 waits for its pull: nothing asked
+    assert statuses(session) == [S.RUNNING, S.PULLING]
+    session.image_ready("a2")
+    session.start_creating()  # the running sibling does not hold k2 back
+    assert statuses(session) == [S.RUNNING, S.CREATING]
+
+
 @pytest.mark.parametrize("status", list(S))
 def test_destroy_from_every_status(status: S) -> None:
     session, kid = session_at(status)

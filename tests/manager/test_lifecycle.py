@@ -36,17 +36,72 @@ async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventSto
             kernel["kernel_id"]
         }
         session = m.fleet.sessions[created["session_id"]]
-        # Every change has its status_info; the image was there, so no PULLING.
+        # Every change has its status_info; the log showed the image on a1 (it registered
+        # with it), so no check-and-pull was asked and nothing pulled.
         history = session.kernels[kernel["kernel_id"]].status_history
-        assert statuses(history) == [
-            "PENDING",
-            "SCHEDULED",
-            "PREPARING",
-            "PREPARED",
-            "CREATING",
-            "RUNNING",
-        ]
+        assert statuses(history) == ["PENDING", "SCHEDULED", "PREPARED", "CREATING", "RUNNING"]
+        assert history[2].status_info == "image-present: a1 has it, by its last report"
         assert all(c.status_info for c in history)
+        assert running["a1"].leases == {}  # what a check-and-pull leaves
+        assert running["a1"].runtime.pull_attempts == {}
+
+
+async def test_an_image_gone_from_its_agent_is_pulled_again_and_the_kernel_runs(
+    nc: Client, store: EventStore
+) -> None:
+    """The log shows the image on a1, but it was removed there outside Hoist (no
+    ImageRemoved): the create finds it missing, the kernel goes back to PREPARING, its image
+    is pulled, and it runs."""
+    async with agents(nc, store, ["a1"]) as running, manager(nc) as m:
+        assert await running["a1"].runtime.remove_image("base:1")
+        created = await create(nc, max_wait=5)
+        assert created["status"] == "RUNNING", created
+        [kernel] = m.fleet.sessions[created["session_id"]].kernels.values()
+        assert statuses(kernel.status_history) == [
+            "PENDING", "SCHEDULED", "PREPARED", "CREATING",
+            "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
+        ]  # fmt: skip
+        missing = kernel.status_history[4].status_info
+        assert missing.startswith("image-missing: image ") and "not on this host" in missing
+        assert running["a1"].runtime.pull_attempts == {"base:1": 1}
+        agent_log = [r.headers["Hoist-Event"] for r in await store.read_subject(
+            "hoist.events.agent.a1")]  # fmt: skip
+        assert agent_log[-3:] == ["ImageRemoved", "ImagePullStarted", "ImagePulled"], agent_log
+        # The pull put it back in the log: the next session on a1 asks nothing.
+        second = await create(nc, max_wait=5)
+        [k2] = m.fleet.sessions[second["session_id"]].kernels.values()
+        assert statuses(k2.status_history)[2:] == ["PREPARED", "CREATING", "RUNNING"]
+
+
+async def test_a_kernel_sent_back_for_its_image_runs_beside_its_running_sibling(
+    nc: Client, store: EventStore
+) -> None:
+    """Two kernels placed where the log shows the image; a2 lost it outside Hoist: k1 runs,
+    k2 goes back for its image (pulled slowly, so k1 is seen running meanwhile) and then runs
+    too, without k1 being touched."""
+    async with (
+        agents(nc, store, ["a1", "a2"], bandwidth_bps=100 * MB, default_size=40 * MB) as running,
+        manager(nc) as m,
+    ):
+        assert await running["a2"].runtime.remove_image("base:1")
+        created = await create(nc, cluster_size=2, cluster_mode="multi-node", max_wait=0)
+        sid = created["session_id"]
+        await until(
+            nc,
+            sid,
+            lambda s: sorted(k["status"] for k in s["kernels"]) == ["PULLING", "RUNNING"],
+            5,
+            "one running, one pulling",
+        )
+        done = await until(nc, sid, within=10)
+        assert done["status"] == "RUNNING", done
+        by_agent = {k.agent_id: k for k in m.fleet.sessions[sid].kernels.values()}
+        assert statuses(by_agent["a1"].status_history)[2:] == ["PREPARED", "CREATING", "RUNNING"]
+        assert statuses(by_agent["a2"].status_history)[2:] == [
+            "PREPARED", "CREATING", "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING"
+        ]  # fmt: skip
+        assert running["a2"].runtime.pull_attempts == {"base:1": 1}
+        assert len(running["a1"].runtime.kernels) == len(running["a2"].runtime.kernels) == 1
 
 
 async def test_an_image_to_pull_goes_pulling_then_running_for_both_kernels(
