@@ -116,6 +116,8 @@ class ManagerConfig:
     # NATS URL (with credentials) of a child process that runs the read models
     # (services.manager.read_models_process); None: they run in this process (tests)
     read_models_url: str | None = None
+    # DuckDB's threads for the read models and admin SQL (services.manager.read_models)
+    read_models_threads: int = 1
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
     # Freeze long-lived objects for the garbage collector (services.transport.gc_pauses): the
@@ -248,9 +250,22 @@ class Manager:
         self.history = History(nc, self.store, self._owner_of, self._user_enabled, self._user_admin)
         path = str(config.read_models or IN_MEMORY)
         self.read_models: ReadModels | ReadModelsProcess = (
-            ReadModels(nc, self.store, path, bulk, last_heartbeat=self.liveness.last_heartbeat_at)
+            ReadModels(
+                nc,
+                self.store,
+                path,
+                bulk,
+                last_heartbeat=self.liveness.last_heartbeat_at,
+                threads=config.read_models_threads,
+            )
             if config.read_models_url is None
-            else ReadModelsProcess(nc, config.read_models_url, path, bulk=bulk is not None)
+            else ReadModelsProcess(
+                nc,
+                config.read_models_url,
+                path,
+                bulk=bulk is not None,
+                threads=config.read_models_threads,
+            )
         )
 
     def leads(self) -> bool:
@@ -532,6 +547,14 @@ def parser() -> argparse.ArgumentParser:
         " else in memory)",
     )
     p.add_argument(
+        "--read-models-threads",
+        type=_count,
+        default=1,
+        help="DuckDB threads for the read models and admin SQL (default 1: their writes are"
+        " small, and more threads take every core at each commit from the manager and"
+        " nats-server; more make large admin SQL queries quicker)",
+    )
+    p.add_argument(
         "--read-models-in-process",
         action="store_true",
         help="run the read models in the manager's own process, not in a child of it (one"
@@ -580,6 +603,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """A whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
 def config_from(args: argparse.Namespace) -> ManagerConfig:
     return ManagerConfig(
         limits=Limits(
@@ -606,6 +640,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         read_models_url=None if args.read_models_in_process else _url(args),
+        read_models_threads=args.read_models_threads,
         bulk_read_url=None if args.no_bulk_read else _url(args),
         short_gc_pauses=True,
         manager_id=args.manager_id,

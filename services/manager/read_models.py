@@ -43,6 +43,7 @@ class ReadModels:
         *,
         last_heartbeat: LastHeartbeat = no_heartbeats,
         share_tail: bool = True,
+        threads: int = 1,
     ) -> None:
         self.nc = nc
         self.share_tail = share_tail
@@ -50,6 +51,7 @@ class ReadModels:
         self.bulk = bulk
         self.path = str(path)
         self.last_heartbeat = last_heartbeat
+        self.threads = threads
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -59,7 +61,9 @@ class ReadModels:
         if self.path != IN_MEMORY:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._con = duckdb.connect(self.path)
+            # DuckDB takes every core by default, at each commit too: on a host shared with
+            # nats-server and the manager, the creates in flight wait (bench/lifecycle.py).
+            self._con = duckdb.connect(self.path, config={"threads": self.threads})
         except duckdb.IOException as e:  # another process holds its lock
             raise ValueError(
                 f"the read models file {self.path} is in use ({str(e).splitlines()[0]}): is another"

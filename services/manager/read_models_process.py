@@ -74,11 +74,14 @@ class ReadModelsProcess:
     child said its models reflect (None before it said).  ``nc``: the manager's connection,
     which answers the queries while the child is down; ``url``: the child's."""
 
-    def __init__(self, nc: Client, url: str, path: str, *, bulk: bool = True) -> None:
+    def __init__(
+        self, nc: Client, url: str, path: str, *, bulk: bool = True, threads: int = 1
+    ) -> None:
         self.nc = nc
         self.url = url
         self.path = path
         self.bulk = bulk
+        self.threads = threads
         self.seq: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._log_copied: asyncio.Task[None] | None = None  # ends at the child's stderr's end
@@ -104,6 +107,7 @@ class ReadModelsProcess:
         first."""
         args = [sys.executable, "-m", __name__, self.path]
         args += ["--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
+        args += ["--threads", str(self.threads)]
         if not self.bulk:
             args.append("--no-bulk-read")
         try:
@@ -276,14 +280,16 @@ class HeartbeatTimes:
 class _Child:
     """The service the child runs: heartbeat times, the read models, and its reports."""
 
-    def __init__(self, nc: Client, path: str, bulk_url: str | None, out: IO[str]) -> None:
+    def __init__(
+        self, nc: Client, path: str, bulk_url: str | None, out: IO[str], threads: int = 1
+    ) -> None:
         self.nc = nc
         self.beats = HeartbeatTimes()
         bulk = bulk_reader(bulk_url) if bulk_url else None
         store = event_store(nc)
         # Alone in this process: its reads wait out its commits' pause (projections.runner).
         self.read_models = ReadModels(
-            nc, store, path, bulk, last_heartbeat=self.beats.last, share_tail=False
+            nc, store, path, bulk, last_heartbeat=self.beats.last, share_tail=False, threads=threads
         )
         self.out = out
         self._subs: list[Subscription] = []
@@ -309,12 +315,13 @@ class _Child:
                 print(f"seq {said}", file=self.out, flush=True)
 
 
-async def _run(path: str, bulk: bool) -> None:
+async def _run(path: str, bulk: bool, threads: int) -> None:
     url = os.environ.pop(URL_ENV, "")
     if not url:
         raise ValueError(f"{URL_ENV} is not set: the manager passes the NATS URL there")
     nc = await connect_for_ever(url, "hoist-read-models", log)
-    await serve_until_signalled(nc, _Child(nc, path, url if bulk else None, sys.stdout), READY)
+    child = _Child(nc, path, url if bulk else None, sys.stdout, threads)
+    await serve_until_signalled(nc, child, READY)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -323,10 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("path", help="the DuckDB file, or :memory:")
     p.add_argument("--no-bulk-read", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="DuckDB's threads")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     hint = "check the manager's --nats-url and that nats-server runs"
-    return run_process(_PROG, args.log_level, _run(args.path, not args.no_bulk_read), hint)
+    serve = _run(args.path, not args.no_bulk_read, args.threads)
+    return run_process(_PROG, args.log_level, serve, hint)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 import nats.errors
 import pytest
 
-from domain.subjects import QUERY, USER_ADD, USER_DISABLE
+from domain.subjects import QUERY, SQL_SUBJECT, USER_ADD, USER_DISABLE
 from services.eventstore.store import EventStore
 from services.manager import read_models_process
 from services.manager.queries import served_subjects
@@ -43,8 +43,13 @@ async def _rows(
 async def test_queries_users_and_heartbeats_are_answered_from_the_child(
     nats_server: NatsServer, nc: Client, store: EventStore
 ) -> None:
-    async with agents(nc, store, ["a1"]), manager(nc, read_models_url=nats_server.url) as m:
+    async with (
+        agents(nc, store, ["a1"]),
+        manager(nc, read_models_url=nats_server.url, read_models_threads=2) as m,
+    ):
         assert isinstance(m.read_models, ReadModelsProcess)
+        threads = await request(nc, SQL_SUBJECT, {"sql": "SELECT current_setting('threads')"})
+        assert threads["rows"] == [[2]], threads  # --read-models-threads reaches the child
         sid = (await create(nc))["session_id"]
         await until(nc, sid, lambda s: s["status"] == "RUNNING")
         seq = await store.head()

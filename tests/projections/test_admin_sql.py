@@ -131,6 +131,12 @@ async def test_every_other_statement_is_refused(
     await session_visible(nc, repo)
 
 
+async def test_one_duckdb_thread_unless_told(nc: Client, models: ReadModels) -> None:
+    """DuckDB would take every core at each commit, from the manager and nats-server."""
+    reply = await sql(nc, "SELECT current_setting('threads')")
+    assert reply["rows"] == [[1]], reply
+
+
 async def test_time_limit_and_row_cap(nc: Client, repo: Repository, models: ReadModels) -> None:
     started = time.monotonic()
     slow = await sql(
