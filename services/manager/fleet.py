@@ -44,6 +44,7 @@ from domain.liveness import AgentLiveness, is_lost
 from domain.placement_index import AgentIndex
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
+from domain.reasons import Reason, reason_of
 from domain.reservation import AgentReservations
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
@@ -686,6 +687,15 @@ class Fleet:
             )
         return out
 
+    def image_there_for(self, kernel: Kernel, image: str) -> bool:
+        """The view shows ``kernel``'s agent holding ``image``, for this kernel: one a create
+        sent back for its image (``image-missing``) waits until the view has seen the pull it
+        waits for finish, as the image the view shows may be the one that was gone."""
+        state = self.agents.get(kernel.agent_id or "")
+        if state is None or image not in state.agent.images:
+            return False
+        return not _sent_back(kernel) or state.pulled.get(image) in self.pull_tasks_of(kernel)
+
     def pull_tasks_of(self, kernel: Kernel) -> set[str]:
         """The pulls a PULLING kernel may be waiting for: the one its KernelPulling named, and
         the one check-and-pull started instead after its agent restarted."""
@@ -890,3 +900,8 @@ def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
 def _all_pending(session: Session) -> bool:
     """Whether every kernel of ``session`` is PENDING (it waits in the queue)."""
     return all(k.status is S.PENDING for k in session.kernels.values())
+
+
+def _sent_back(kernel: Kernel) -> bool:
+    """A create found the kernel's image gone from its agent (it went back to PREPARING)."""
+    return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)

@@ -2,7 +2,8 @@
 so a pull the reactors cannot see finish still ends.
 
 For each PULLING kernel:
-- the agent holds the image (view) -> PREPARED;
+- the agent holds the image (view; for a kernel a create sent back for its image, once the
+  view saw the pull it waits for finish: Fleet.image_there_for) -> PREPARED;
 - PULLING longer than the pull timeout -> CANCELLED ``pull-timeout: ...``;
 - otherwise its agent is asked ``pull-status`` for the task (once per task):
   done -> PREPARED (its ImagePulled was lost); failed -> CANCELLED ``image-pull-failed``;
@@ -77,10 +78,14 @@ class PullingLoop:
         pulls: defaultdict[Pull, list[tuple[str, str]]] = defaultdict(list)
         pulling: set[str] = set()
         for agent_id, sids in list(self.fleet.pulling_on_agent.items()):
-            state = self.fleet.agents.get(agent_id)
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
-                if state is not None and session.image in state.agent.images:
+                waiting = [
+                    k
+                    for k in session.kernels.values()
+                    if k.status is S.PULLING and k.agent_id == agent_id
+                ]
+                if waiting and all(self.fleet.image_there_for(k, session.image) for k in waiting):
                     await self.uow.try_change(sid, lambda s, a=agent_id: s.image_ready(a))
                     continue
                 for k in session.kernels.values():

@@ -84,12 +84,6 @@ def _may_wait_for_a_pull(kernel: Kernel) -> bool:
     return len(history) >= 2 and history[-2].status in (S.PULLING, S.PREPARING)
 
 
-def _sent_back(kernel: Kernel) -> bool:
-    """A create found its image gone from its agent: until the pull it waits for is seen
-    finished, the image the view shows there may be the one that was gone."""
-    return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)
-
-
 def _force_terminated(kernel: Kernel) -> bool:
     return (
         kernel.status is S.TERMINATED and reason_of(kernel.status_info) == Reason.FORCE_TERMINATED
@@ -379,9 +373,7 @@ class Reactors:
             state = self.fleet.agents.get(k.agent_id)
             if state is None:
                 continue
-            if session.image in state.agent.images and (
-                not _sent_back(k) or state.pulled.get(session.image) in self.fleet.pull_tasks_of(k)
-            ):
+            if self.fleet.image_there_for(k, session.image):
                 ready.append(k.agent_id)
                 continue
             failure = state.failed_pulls.get(session.image)

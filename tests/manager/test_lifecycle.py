@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from agent.server import AgentServer
 from domain import subjects
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
@@ -102,6 +105,33 @@ async def test_a_kernel_sent_back_for_its_image_runs_beside_its_running_sibling(
         ]  # fmt: skip
         assert running["a2"].runtime.pull_attempts == {"base:1": 1}
         assert len(running["a1"].runtime.kernels) == len(running["a2"].runtime.kernels) == 1
+
+
+async def test_a_kernel_sent_back_waits_for_its_pull_though_the_view_shows_the_image(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's ImageRemoved did not make it (or is not folded yet): the view still shows
+    the image on a1 while the kernel waits for its pull.  Neither the reactor nor the
+    check-pulling-kernels loop (every 0.2 s here, over a 0.8 s pull) takes the stale image for
+    the pulled one: the kernel goes back once, and runs once its pull is seen finished."""
+
+    async def lost(self: AgentServer, image: str) -> None:
+        return None
+
+    monkeypatch.setattr(AgentServer, "_record_missing", lost)
+    async with (
+        agents(nc, store, ["a1"], bandwidth_bps=50 * MB, default_size=40 * MB) as running,
+        manager(nc) as m,
+    ):
+        assert await running["a1"].runtime.remove_image("base:1")
+        created = await create(nc, max_wait=10)
+        assert created["status"] == "RUNNING", created
+        [kernel] = m.fleet.sessions[created["session_id"]].kernels.values()
+        assert statuses(kernel.status_history) == [
+            "PENDING", "SCHEDULED", "PREPARED", "CREATING",
+            "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
+        ]  # fmt: skip
+        assert running["a1"].runtime.pull_attempts == {"base:1": 1}
 
 
 async def test_an_image_to_pull_goes_pulling_then_running_for_both_kernels(
