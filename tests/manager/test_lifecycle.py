@@ -9,8 +9,10 @@ import pytest
 
 from agent.server import AgentServer
 from domain import subjects
+from domain.status import Kernel
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
+from services.manager.main import Manager
 from services.transport.client import Client
 from tests.manager.harness import (
     MB,
@@ -26,6 +28,22 @@ from tests.manager.harness import (
 
 def statuses(history: list[Any]) -> list[str]:
     return [c.status.value for c in history]
+
+
+async def _runs_after_going_back(
+    nc: Client, m: Manager, agent: AgentServer, within: float
+) -> Kernel:
+    """Remove base:1 from ``agent`` outside Hoist, create a session there: its kernel is sent
+    back from its create, pulls, and runs."""
+    assert await agent.runtime.remove_image("base:1")
+    created = await create(nc, max_wait=within)
+    assert created["status"] == "RUNNING", created
+    [kernel] = m.fleet.sessions[created["session_id"]].kernels.values()
+    assert statuses(kernel.status_history) == [
+        "PENDING", "SCHEDULED", "PREPARED", "CREATING",
+        "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
+    ]  # fmt: skip
+    return kernel
 
 
 async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventStore) -> None:
@@ -56,14 +74,7 @@ async def test_an_image_gone_from_its_agent_is_pulled_again_and_the_kernel_runs(
     ImageRemoved): the create finds it missing, the kernel goes back to PREPARING, its image
     is pulled, and it runs."""
     async with agents(nc, store, ["a1"]) as running, manager(nc) as m:
-        assert await running["a1"].runtime.remove_image("base:1")
-        created = await create(nc, max_wait=5)
-        assert created["status"] == "RUNNING", created
-        [kernel] = m.fleet.sessions[created["session_id"]].kernels.values()
-        assert statuses(kernel.status_history) == [
-            "PENDING", "SCHEDULED", "PREPARED", "CREATING",
-            "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
-        ]  # fmt: skip
+        kernel = await _runs_after_going_back(nc, m, running["a1"], within=5)
         missing = kernel.status_history[4].status_info
         assert missing.startswith("image-missing: image ") and "not on this host" in missing
         assert running["a1"].runtime.pull_attempts == {"base:1": 1}
@@ -123,14 +134,7 @@ async def test_a_kernel_sent_back_waits_for_its_pull_though_the_view_shows_the_i
         agents(nc, store, ["a1"], bandwidth_bps=50 * MB, default_size=40 * MB) as running,
         manager(nc) as m,
     ):
-        assert await running["a1"].runtime.remove_image("base:1")
-        created = await create(nc, max_wait=10)
-        assert created["status"] == "RUNNING", created
-        [kernel] = m.fleet.sessions[created["session_id"]].kernels.values()
-        assert statuses(kernel.status_history) == [
-            "PENDING", "SCHEDULED", "PREPARED", "CREATING",
-            "PREPARING", "PULLING", "PREPARED", "CREATING", "RUNNING",
-        ]  # fmt: skip
+        await _runs_after_going_back(nc, m, running["a1"], within=10)
         assert running["a1"].runtime.pull_attempts == {"base:1": 1}
 
 
