@@ -635,9 +635,12 @@ class AgentServer:
     async def _record_missing(self, image: str) -> None:
         """The log says this agent holds ``image`` but the engine has it no more (removed
         outside Hoist): record ImageRemoved before the manager hears of it, so it stops
-        placing kernels here as if it were (best effort: the reply goes anyway)."""
+        placing kernels here as if it were (best effort: the reply goes anyway).  Not when a
+        pull of it is running or brought it back meanwhile: its ImagePulled says so."""
+        if image in self.pulls.active or await self.runtime.has_image(image) is not None:
+            return
         try:
-            await self.facts.image_removed(image, MISSING_AT_CREATE)
+            await self.facts.image_removed(canonical_or_same(image), MISSING_AT_CREATE)
         except Exception as e:
             log.warning("agent %s: could not record %s gone (%r)", self.id, image, e)
 

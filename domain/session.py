@@ -24,7 +24,7 @@ from domain.errors import (
 )
 from domain.image_ref import canonical, canonical_or_same
 from domain.limits import MAX_DETAIL, MAX_REASON, clip
-from domain.reasons import Reason, exit_reason, info
+from domain.reasons import Reason, exit_reason, info, reason_of
 from domain.status import PRE_RUNNING, TERMINAL, Kernel, KernelStatus, check_transition
 from domain.subjects import check_token
 
@@ -43,6 +43,11 @@ _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
 CLUSTER_ENV_PREFIX = "HOIST_"
 # Paths the container engine itself mounts into every container: no volume may replace them.
 _KERNEL_PATHS = ("/proc", "/sys", "/dev")
+
+
+def sent_back(kernel: Kernel) -> bool:
+    """A create found the kernel's image gone from its agent (it went back to PREPARING)."""
+    return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)
 
 
 def hostname_of(index: int) -> str:
@@ -524,9 +529,16 @@ class Session(BaseAggregate[str]):
     def image_missing(self, kernel_id: str, detail: str) -> None:
         """The agent answered create-kernel that it does not hold the image (placed where the
         log showed it, then removed outside Hoist or by its GC): the kernel goes back to
-        PREPARING, and check-and-pull is asked (it may pull).  Nothing when it is no longer
-        CREATING."""
-        if self.kernel(kernel_id).status is S.CREATING:
+        PREPARING, and check-and-pull is asked (it may pull).  Once: a kernel sent back before
+        (its agent said it held the image, then had none at create, twice) fails to start
+        instead of going round for ever.  Nothing when it is no longer CREATING."""
+        kernel = self.kernel(kernel_id)
+        if kernel.status is not S.CREATING:
+            return
+        if sent_back(kernel):
+            why = info(Reason.FAILED_TO_START, f"{Reason.IMAGE_MISSING} again: {detail}")
+            self.creation_failed(kernel_id, detail, why)
+        else:
             self.mark_preparing(kernel_id, info(Reason.IMAGE_MISSING, detail))
 
     def created(

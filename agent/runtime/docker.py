@@ -515,7 +515,10 @@ class DockerRuntime:
                 name=self._name(kernel_id),
             )
         except docker.errors.ImageNotFound as e:
-            raise ImageMissing(kernel_id, image) from e
+            # Also a 404 for an image of another platform: only a missing one is pulled again.
+            if "no such image" in str(e.explanation or e).lower():
+                raise ImageMissing(kernel_id, image) from e
+            raise KernelCreateError(kernel_id, str(e.explanation or e)) from e
         except docker.errors.APIError as e:
             if e.status_code == 409 and (existing := await self._containers(kernel_id)):
                 raise KernelExists(kernel_id, existing[0]["Id"]) from e

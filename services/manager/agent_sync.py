@@ -111,13 +111,17 @@ class AgentSync:
         await self._tasks.stop()
 
     def trigger(self, name: str) -> Callable[[set[str]], Awaitable[None]] | None:
-        """The sync the reactors call at trigger ``name``, or None when it is off.  Before a
-        create without before-kernel-creation but with after-scheduling, the create waits
-        for the after-scheduling sync of its agents (a session placed where its image is
-        known goes straight to its create, which would otherwise race that sync)."""
-        if name in self.triggers:
+        """The sync the reactors call at trigger ``name``, or None when it is off."""
+        return self.sync_agents if name in self.triggers else None
+
+    def before_create(self) -> Callable[[set[str]], Awaitable[None]] | None:
+        """What the reactors await before a session's creates: the before-kernel-creation
+        sync; else, with after-scheduling on, that sync of its agents in flight (it removes
+        stray containers so the kernels fit, and a session placed where its image is known
+        goes to its creates at once); else nothing."""
+        if "before-kernel-creation" in self.triggers:
             return self.sync_agents
-        if name == "before-kernel-creation" and "after-scheduling" in self.triggers:
+        if "after-scheduling" in self.triggers:
             return self.after_scheduling_done
         return None
 

@@ -44,12 +44,11 @@ from domain.liveness import AgentLiveness, is_lost
 from domain.placement_index import AgentIndex
 from domain.prepull import PrepullPolicy
 from domain.quota import ResourcePolicy, Usage
-from domain.reasons import Reason, reason_of
 from domain.reservation import AgentReservations
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
 from domain.scheduling import AgentView, IdleRoom, PendingSession, Policy
-from domain.session import Session
+from domain.session import Session, sent_back
 from domain.status import (
     AGENT_RESOURCE_OCCUPYING,
     TERMINAL,
@@ -694,7 +693,7 @@ class Fleet:
         state = self.agents.get(kernel.agent_id or "")
         if state is None or image not in state.agent.images:
             return False
-        return not _sent_back(kernel) or state.pulled.get(image) in self.pull_tasks_of(kernel)
+        return not sent_back(kernel) or state.pulled.get(image) in self.pull_tasks_of(kernel)
 
     def pull_tasks_of(self, kernel: Kernel) -> set[str]:
         """The pulls a PULLING kernel may be waiting for: the one its KernelPulling named, and
@@ -900,8 +899,3 @@ def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
 def _all_pending(session: Session) -> bool:
     """Whether every kernel of ``session`` is PENDING (it waits in the queue)."""
     return all(k.status is S.PENDING for k in session.kernels.values())
-
-
-def _sent_back(kernel: Kernel) -> bool:
-    """A create found the kernel's image gone from its agent (it went back to PREPARING)."""
-    return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)

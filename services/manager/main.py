@@ -177,7 +177,7 @@ class Manager:
             self.uow,
             self.rpc,
             retry_s=config.retry_s,
-            sync_before_create=self.sync.trigger("before-kernel-creation"),
+            sync_before_create=self.sync.before_create(),
             sync_after_refusal=self.sync.trigger("on-creation-failure"),
             address_of=self.liveness.address_of,
         )

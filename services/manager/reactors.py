@@ -15,14 +15,19 @@ Steps, in order of precedence (each decision is a method of the Session aggregat
    -> destroy-kernel (``container_removed``); kernels cancelled while PULLING -> pull-cancel
    (the agent stops the pull when no other kernel nor a preload waits for it; nothing is
    recorded);
-4. PREPARING kernels (the scheduler records PREPARING with the placement; a kernel still
+4. PREPARING kernels (the scheduler records PREPARING with the placement, or PREPARED and
+   CREATING where the log shows the image on every agent of the session; a kernel still
    SCHEDULED, from an older log, goes PREPARING first: ``start_preparing``) -> one
    check-and-pull per agent -> PULLING or PREPARED (``image_checked``), naming the kernels
    that wait for the pull;
-5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``), CANCELLED
-   ``image-pull-failed`` when their pull failed (``pull_ended``);
-6. all kernels PREPARED -> CREATING -> create-kernel -> RUNNING, or ERROR ``failed-to-start``
-   (``start_creating``, ``created``); each create tells the kernel its command, env (with the
+5. PULLING kernels -> PREPARED when the agent holds the image (``image_ready``; a kernel sent
+   back for its image once its own pull is seen finished), CANCELLED ``image-pull-failed``
+   when their pull failed (``pull_ended``);
+6. no kernel waiting for its image: PREPARED -> CREATING (``start_creating``, in the same
+   append as the last PREPARED); CREATING kernels -> create-kernel (at once, even while a
+   sibling sent back for its image pulls) -> RUNNING, ERROR ``failed-to-start``
+   (``created``), or back to PREPARING when the agent no longer holds the image
+   (``image_missing``, once); each create tells the kernel its command, env (with the
    cluster's ``HOIST_*``), ports, mounts, hostname and, multi-node, the other kernels'
    agents' addresses (from their heartbeats).
 A kernel's process that ends is an agent's fact (KernelExited), not a state of the session:
@@ -262,11 +267,12 @@ class Reactors:
             return await self._change(sid, Session.start_preparing)
         if any(k.status is S.PREPARING for k in kernels):
             return await self._check_and_pull(session)
-        if any(k.status is S.PULLING for k in kernels):
-            return await self._pull_outcomes(session)
-        # No kernel waits for its image here (those returned above): ask for the containers.
-        # A sibling may run already (one sent back for its image, or a create asked again).
-        if any(k.status is S.PREPARED for k in kernels):
+        pulling = any(k.status is S.PULLING for k in kernels)
+        if pulling and await self._pull_outcomes(session):
+            return True
+        # Ask for the containers: of PREPARED kernels once none waits for its image, of
+        # CREATING ones at once (a sibling sent back for its image may pull meanwhile, or run).
+        if not pulling and any(k.status is S.PREPARED for k in kernels):
             return await self._change(sid, Session.start_creating)
         if any(k.status is S.CREATING for k in kernels):
             return await self._create(session)
@@ -365,7 +371,7 @@ class Reactors:
         return await self._change(session.id, decide)
 
     async def _pull_outcomes(self, session: Session) -> bool:
-        ready: list[str] = []
+        ready: dict[str, bool] = {}  # agent -> its image is there for all its PULLING kernels
         failed: dict[str, tuple[str, list[str]]] = {}  # agent -> (reason, kernels of that pull)
         for k in session.kernels.values():
             if k.status is not S.PULLING or k.agent_id is None:
@@ -374,17 +380,19 @@ class Reactors:
             if state is None:
                 continue
             if self.fleet.image_there_for(k, session.image):
-                ready.append(k.agent_id)
+                ready.setdefault(k.agent_id, True)
                 continue
+            ready[k.agent_id] = False
             failure = state.failed_pulls.get(session.image)
             if failure is not None and failure[0] in self.fleet.pull_tasks_of(k):
                 why = info(Reason.IMAGE_PULL_FAILED, failure[1])
                 failed.setdefault(k.agent_id, (why, []))[1].append(k.kernel_id)
-        if not ready and not failed:
+        there = [agent_id for agent_id, all_there in ready.items() if all_there]
+        if not there and not failed:
             return False
 
         def decide(s: Session) -> None:
-            for agent_id in dict.fromkeys(ready):
+            for agent_id in there:
                 s.image_ready(agent_id)
             for agent_id, (why, kernel_ids) in failed.items():
                 s.pull_ended(agent_id, why, kernel_ids)

@@ -130,9 +130,9 @@ class SchedulerLoop:
                 if any(booked.busy(a) for a in on_agents):
                     continue  # the end of that append wakes the next pass
                 holding = self._holding(decision.session_id, on_agents)
-                # SessionScheduled, a KernelPreparing or KernelPrepared per kernel (and its
-                # KernelCreating when every agent holds the image), a reservation per agent
-                per_kernel = 2 if len(holding) == len(on_agents) else 1
+                # SessionScheduled, a KernelPreparing per kernel (or KernelPrepared and
+                # KernelCreating when its agents hold the image), a reservation per agent
+                per_kernel = 2 if holding else 1
                 messages = 1 + per_kernel * len(decision.placements) + len(on_agents)
                 if messages > room:
                     self.wake()  # the rest in the next pass's batch
@@ -215,13 +215,17 @@ class SchedulerLoop:
         return True
 
     def _holding(self, session_id: str, agent_ids: Collection[str]) -> frozenset[str]:
-        """The agents the log shows holding the session's image (its ImagePulled, the images
-        it registered with, no ImageRemoved since): no check-and-pull is asked of them."""
+        """``agent_ids`` if the log shows each holding the session's image (its ImagePulled,
+        the images it registered with, no ImageRemoved since), else none: no check-and-pull
+        is asked, and the kernels are created at once.  All or none: a kernel left PREPARED
+        while a sibling pulls would hold no lease on its image (check-and-pull's) meanwhile."""
         session = self.fleet.sessions.get(session_id)
         if session is None:
             return frozenset()
         agents = self.fleet.agents
-        return frozenset(a for a in agent_ids if session.image in agents[a].agent.images)
+        if all(session.image in agents[a].agent.images for a in agent_ids):
+            return frozenset(agent_ids)
+        return frozenset()
 
     def _save_alone(self, decision: Unschedulable) -> None:
         """Record why a session waits (its own append: it reserves nothing)."""

@@ -81,6 +81,22 @@ def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs
     assert statuses(session) == [S.RUNNING, S.CREATING]
 
 
+def test_an_image_missing_twice_fails_the_kernel_instead_of_going_round() -> None:
+    session = new_session()
+    [k] = session.kernels
+    session.schedule({k: "a1"})
+    session.start_preparing(holding={"a1"})
+    session.start_creating()
+    session.image_missing(k, "image py:3 is not on this host: pull it")
+    session.image_checked("a1", None)  # the agent says it holds it after all
+    session.start_creating()
+    session.image_missing(k, "image py:3 is not on this host: pull it")
+    assert (session.kernels[k].status, session.kernels[k].status_info) == (
+        S.ERROR,
+        "failed-to-start: image-missing again: image py:3 is not on this host: pull it",
+    )
+
+
 @pytest.mark.parametrize("status", list(S))
 def test_destroy_from_every_status(status: S) -> None:
     session, kid = session_at(status)

@@ -49,7 +49,7 @@ async def test_a_session_no_live_agent_could_hold_is_refused_naming_the_largest(
         assert small["a1"].runtime.pull_attempts == {}
         # What fits when the agents are idle is taken (and waits for room if need be).
         fits = await create(nc, resources={"cpu": 3, "mem": 256 * MB}, cluster_size=3)
-        assert fits["status"] in ("PENDING", "SCHEDULED", "PREPARING", "RUNNING"), fits
+        assert fits["status"] not in ("ERROR", "CANCELLED"), fits
 
 
 async def test_with_no_live_agent_yet_a_big_session_waits(nc: Client, store: EventStore) -> None:

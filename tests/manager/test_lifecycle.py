@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from agent.server import AgentServer
-from domain import subjects
+from domain import rpc, subjects
 from domain.status import Kernel
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
 from services.eventstore.store import EventStore
+from services.manager.agent_rpc import AgentRpc, AgentUnreachable
 from services.manager.main import Manager
 from services.transport.client import Client
 from tests.manager.harness import (
@@ -116,6 +117,61 @@ async def test_a_kernel_sent_back_for_its_image_runs_beside_its_running_sibling(
         ]  # fmt: skip
         assert running["a2"].runtime.pull_attempts == {"base:1": 1}
         assert len(running["a1"].runtime.kernels) == len(running["a2"].runtime.kernels) == 1
+
+
+async def test_an_agent_records_an_image_gone_only_when_it_is(
+    nc: Client, store: EventStore
+) -> None:
+    async with agents(nc, store, ["a1"]) as running:
+        a1 = running["a1"]
+
+        async def agent_log() -> list[Any]:
+            return await store.read_subject("hoist.events.agent.a1")
+
+        before = len(await agent_log())
+        await a1._record_missing("base:1")  # the engine holds it (a pull brought it back)
+        assert len(await agent_log()) == before
+        assert await a1.runtime.remove_image("base:1")
+        await a1._record_missing("base:1")
+        [*_, removed] = await agent_log()
+        assert removed.headers["Hoist-Event"] == "ImageRemoved"
+        assert a1.facts.aggregate is not None and "base:1" not in a1.facts.aggregate.images
+
+
+async def test_a_create_asked_again_does_not_wait_for_a_siblings_pull(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """k1's first create gets no answer while k2 goes back for its image and pulls it (2 s):
+    k1's create is asked again at once (retry 0.2 s), not after k2's pull."""
+    real_call = AgentRpc.call
+    unanswered: list[str] = []
+
+    async def call(self: AgentRpc, agent_id: str, verb: str, request: object, **kw: Any) -> Any:
+        if agent_id == "a1" and verb == rpc.CREATE_KERNEL and not unanswered:
+            unanswered.append(agent_id)
+            raise AgentUnreachable("agent a1 create-kernel: TimeoutError")
+        return await real_call(self, agent_id, verb, request, **kw)
+
+    monkeypatch.setattr(AgentRpc, "call", call)
+    async with (
+        agents(nc, store, ["a1", "a2"], bandwidth_bps=20 * MB, default_size=40 * MB) as running,
+        manager(nc),
+    ):
+        assert await running["a2"].runtime.remove_image("base:1")
+        created = await create(nc, cluster_size=2, cluster_mode="multi-node", max_wait=0)
+        by_agent = await until(
+            nc,
+            created["session_id"],
+            lambda s: sorted(k["status"] for k in s["kernels"]) == ["PULLING", "RUNNING"],
+            1.5,
+            "k1 running while k2 pulls",
+        )
+        assert {k["agent_id"]: k["status"] for k in by_agent["kernels"]} == {
+            "a1": "RUNNING", "a2": "PULLING"
+        }  # fmt: skip
+        assert unanswered == ["a1"]
+        done = await until(nc, created["session_id"], within=10)
+        assert done["status"] == "RUNNING", done
 
 
 async def test_a_kernel_sent_back_waits_for_its_pull_though_the_view_shows_the_image(
