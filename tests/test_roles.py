@@ -429,6 +429,12 @@ def test_role_url_errors_name_the_field(stack: Stack, tmp_path: Path) -> None:
     assert role_url(stack.url, "admin", stack.creds).startswith(
         f"nats://admin:{stack.creds.admin}@127.0.0.1:"
     )
+    # --user with a role's name: no Hoist user can have it, so adding one is no advice.
+    with pytest.raises(KeyError, match="role's NATS user") as refused:
+        user_url(stack.url, "admin", stack.creds)
+    assert "hoist user add" not in str(refused.value)
+    with pytest.raises(KeyError, match="hoist user add ann"):
+        user_url(stack.url, "ann", stack.creds)
 
 
 async def _synced(nc: Client) -> None:

@@ -185,7 +185,8 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
     _footer(console, reply, len(rows))
     agent = getattr(args, "agent", None)
     if not rows and agent and not await _agent_known(conn, agent):
-        console.print(f"no agent {agent!r} is known: `hoist agents` lists them")
+        # An error (exit 1), not an empty answer: a script asking about a typo learns it.
+        raise CliError(f"no agent {agent!r} is known: `hoist agents` lists them")
 
 
 async def _agent_known(conn: Connection, agent_id: str) -> bool:

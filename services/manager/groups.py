@@ -48,7 +48,7 @@ class Groups:
             raise RequestError(
                 "not-found",
                 f"name: no resource group {req.name!r} is defined (an undefined group is open to"
-                " everyone already); see them with group list",
+                " everyone already); `hoist group list` shows them",
             )
         await self.fleet.change_admin(existing, RESOURCE_GROUP, "group", ResourceGroup.remove)
         return {"group": req.name, "recorded": True}

@@ -103,7 +103,7 @@ class Quotas:
         existing = self.fleet.resource_policies.get(req.name)
         if existing is None or existing.removed:
             raise RequestError(
-                "not-found", f"name: no resource policy {req.name!r}; see them with quota show"
+                "not-found", f"name: no resource policy {req.name!r}; `hoist quota show` shows them"
             )
         await self.fleet.change_admin(existing, RESOURCE_POLICY, "policy", ResourcePolicy.remove)
         return {"policy": req.name, "recorded": True}

@@ -45,7 +45,9 @@ class Users:
     async def disable(self, req: DisableUser) -> dict[str, Any]:
         existing = self.fleet.users.get(req.name)
         if existing is None:
-            raise RequestError("not-found", f"name: no user {req.name!r}; see them with user list")
+            raise RequestError(
+                "not-found", f"name: no user {req.name!r}; `hoist user list` shows them"
+            )
         user = await self.fleet.change_admin(
             existing, USER, "user", lambda u: u.disable(by=requester("admin"))
         )

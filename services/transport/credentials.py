@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from domain.errors import InvalidField
 from domain.subjects import check_token
+from domain.user import check_name
 
 ROLES = ("manager", "agent", "client", "admin")
 CREDENTIALS_FILE = "credentials.json"
@@ -89,6 +91,13 @@ def user_url(base_url: str, name: str, creds: Credentials) -> str:
     """``base_url`` carrying Hoist user ``name``'s NATS user and password."""
     user = creds.users.get(name)
     if user is None:
+        try:
+            check_name(name)
+        except InvalidField as e:  # e.g. a role's name: no Hoist user can have it
+            raise KeyError(
+                f"--user {e}: no Hoist user has that name; leave --user out to act as the"
+                " client role"
+            ) from None
         raise KeyError(
             f"no NATS user for Hoist user {name!r} in this stack (never added, or disabled):"
             f" an admin adds them, or enables them again, with `hoist user add {name}` (on the"

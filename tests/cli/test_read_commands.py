@@ -79,8 +79,8 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-1")
     assert code == 0 and image in out and "240.0 MiB" in out and "is known" not in out
     # An agent that is not there: said so, not just no row.
-    code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-9")
-    assert code == 0 and "no agent 'agent-9' is known: `hoist agents` lists them" in out, out
+    code, out, err = await hoist(hoist_stack, "images", "--agent", "agent-9")
+    assert code == 1 and "no agent 'agent-9' is known: `hoist agents` lists them" in err, err
 
     code, out, _ = await hoist(hoist_stack, "pulls", "--json")
     # --json gives the canonical reference; tables show the short one.
