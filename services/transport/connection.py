@@ -87,6 +87,8 @@ async def serve_until_signalled(nc: Client, service: Service, ready: str) -> Non
         loop.add_signal_handler(sig, stop.set)
     try:
         await service.start()
+        # Ready means answering: a request sent on the line's word finds the subscriptions.
+        await subscriptions_ready(nc)
         print(ready, flush=True)
         await stop.wait()
     finally:
