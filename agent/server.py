@@ -748,7 +748,7 @@ class AgentServer:
                 )
             if kid in self.terminating:
                 busy.append(kid)
-            elif (lock := self._kernel_locks.get(kid)) is not None and lock.locked():
+            elif kid in known and self._in_flight(kid):
                 # A create-kernel is in flight: the manager asked for it, its view lags.
                 running.append(kid)
             elif kid in to_end:
@@ -761,6 +761,11 @@ class AgentServer:
                 destroy.append(kid)  # never started, or paused: not the kernel running
             else:
                 running.append(kid)
+        # A create in flight for a kernel the manager no longer has (cancelled meanwhile): its
+        # room is free in the manager's view, so what it makes goes at once (_destroy waits
+        # for the create), or a kernel placed there next is refused for want of that room.
+        gone = {k.kernel_id for k in kernels} | known
+        unknown += [kid for kid in self._kernel_locks if kid not in gone and self._in_flight(kid)]
         self._housekeep(kernels, listed_after)
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
@@ -776,6 +781,11 @@ class AgentServer:
             destroyed=sorted(unknown),
             exits={k: exits[k] for k in terminated if k in exits},
         )
+
+    def _in_flight(self, kernel_id: str) -> bool:
+        """A create (or destroy) of the kernel holds its lock now."""
+        lock = self._kernel_locks.get(kernel_id)
+        return lock is not None and lock.locked()
 
     async def unload(self, request: rpc.Unload) -> dict[str, rpc.UnloadResult]:
         out: dict[str, rpc.UnloadResult] = {}

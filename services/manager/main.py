@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -548,7 +549,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--read-models-threads",
-        type=_count,
+        type=_threads,
         default=1,
         help="DuckDB threads for the read models and admin SQL (default 1: their writes are"
         " small, and more threads take every core at each commit from the manager and"
@@ -603,14 +604,17 @@ def _positive(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    """A whole number >= 1."""
+def _threads(text: str) -> int:
+    """A whole number from 1 to this host's cores (more only cost memory and switches)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    cores = os.cpu_count() or 1
+    if not 1 <= value <= cores:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {cores} (this host's cores), got {text}"
+        )
     return value
 
 

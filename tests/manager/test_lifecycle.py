@@ -119,6 +119,25 @@ async def test_a_kernel_sent_back_for_its_image_runs_beside_its_running_sibling(
         assert len(running["a1"].runtime.kernels) == len(running["a2"].runtime.kernels) == 1
 
 
+async def test_a_session_destroyed_while_its_create_runs_leaves_room_for_the_next(
+    nc: Client, store: EventStore
+) -> None:
+    """A's create takes 0.5 s on a1 (2 cpu); A is destroyed meanwhile, so its room is free in
+    the log while the agent still creates it.  B, placed there, is refused at first; the sync
+    that follows waits for A's create and removes its container, and B runs."""
+    async with agents(nc, store, ["a1"], cpu=2, create_delay_s=0.5) as running, manager(nc):
+        big = {"cpu": 2, "mem": 256 * MB}
+        first = await create(nc, resources=big, max_wait=0)
+        await until(nc, first["session_id"], lambda s: s["status"] == "CREATING", 2, "creating")
+        gone = await request(nc, SESSION_DESTROY, {"session_id": first["session_id"]})
+        assert gone["status"] == "CANCELLED", gone
+        second = await create(nc, resources=big, max_wait=5)
+        assert second["status"] == "RUNNING", second
+        assert [k.session_id for k in running["a1"].runtime.kernels.values()] == [
+            second["session_id"]
+        ]
+
+
 async def test_an_agent_records_an_image_gone_only_when_it_is(
     nc: Client, store: EventStore
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from services.manager.main import config_from, parser
@@ -36,3 +38,14 @@ def test_a_rate_or_deadline_that_is_no_positive_number_is_refused_before_connect
     with pytest.raises(SystemExit):
         parser().parse_args(["--nats-url", "nats://127.0.0.1:4222", flag, bad])
     assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_the_read_models_threads_reach_the_config_within_the_hosts_cores(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "nats://manager:pw@127.0.0.1:4222"
+    assert config_from(parser().parse_args(["--nats-url", url])).read_models_threads == 1
+    for bad in ("0", "-1", "1.5", "abc", str((os.cpu_count() or 1) + 1), "100000"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--nats-url", url, "--read-models-threads", bad])
+        assert "argument --read-models-threads: " in capsys.readouterr().err
