@@ -399,7 +399,7 @@ class PlainPrinter:
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
-        self.seen: dict[str, tuple[str, str, str]] = {}
+        self.printed: dict[str, int] = {}  # kernel id -> its status changes printed
         self.quarter = -1
 
     def update(self, state: SessionState) -> None:
@@ -407,10 +407,17 @@ class PlainPrinter:
             return
         stamp = datetime.now().strftime("%H:%M:%S")
         for kernel in state.session.kernels.values():
-            now = (kernel.agent_id or "-", kernel.status.value, kernel_info(kernel))
-            if self.seen.get(kernel.kernel_id) != now:
-                self.seen[kernel.kernel_id] = now
-                print(f"{stamp} kernel {kernel.kernel_id[:12]} {' '.join(now)}", file=self.out)
+            # From its history, not its status now: changes made together (PREPARED and
+            # CREATING in one batch) or between two updates each get their line.
+            history = kernel.status_history
+            for i in range(self.printed.get(kernel.kernel_id, 0), len(history)):
+                change = history[i]
+                agent = "-" if change.status is KernelStatus.PENDING else kernel.agent_id or "-"
+                why = kernel_info(kernel) if i == len(history) - 1 else change.status_info
+                at = change.at.astimezone().strftime("%H:%M:%S")
+                line = f"{at} kernel {kernel.kernel_id[:12]} {agent} {change.status.value} {why}"
+                print(line, file=self.out)
+            self.printed[kernel.kernel_id] = len(history)
         fraction = state.fraction()
         current, total, _ = state.totals()
         if fraction is not None and total and int(fraction * 4) > self.quarter:

@@ -402,6 +402,7 @@ class Reactors:
 
     async def _create(self, session: Session) -> bool:
         creating = [k for k in session.kernels.values() if k.status is S.CREATING]
+        agents = {k.kernel_id: k.agent_id for k in creating}
 
         # A loopback address names the container itself from inside it: no use to a peer.
         addresses = {
@@ -454,7 +455,8 @@ class Reactors:
                     if (early := self._early_exits.get(kid)) is not None:
                         s.process_ended(early.originator_id, kid, early)
                 elif isinstance(result, AgentRefused) and result.code == rpc.IMAGE_MISSING:
-                    s.image_missing(kid, result.message)  # check-and-pull, maybe a pull, again
+                    # check-and-pull, maybe a pull, again
+                    s.image_missing(kid, f"{agents[kid]} had no {session.image} at the create")
                 elif isinstance(result, AgentRefused):
                     s.created(kid, error=str(result), detail=result.message or str(result))
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+import io
 
 from rich.console import Console
 
 from domain.rpc import LayerProgress, PullProgress
 from domain.session import Session
 from domain.status import KernelStatus
-from services.cli.progress_view import SessionState, render
+from services.cli.progress_view import PlainPrinter, SessionState, render
 
 MiB = 1024**2
 
@@ -148,3 +149,32 @@ def test_columns_keep_their_place_from_frame_to_frame() -> None:
     assert places(frames[0]) == places(frames[1]) == places(frames[2]), "\n".join(
         "\n".join(f) for f in frames
     )
+
+
+def test_status_lines_print_every_change_even_those_made_together() -> None:
+    """The scheduler records SCHEDULED, PREPARED and CREATING in one batch: a pipe still gets a
+    line for each, once, with the agent from SCHEDULED on."""
+    session = Session.enqueue(
+        owner="ann", image="img:1", resources={"cpu": 1, "mem": MiB}, resource_group="default"
+    )
+    [kernel] = session.kernels
+    state = SessionState(session.id)
+    out = io.StringIO()
+    printer = PlainPrinter(out)
+    for event in session.collect_events():
+        state.apply_event(event)  # type: ignore[arg-type]
+    printer.update(state)
+    session.schedule({kernel: "a1"})
+    session.start_preparing(holding={"a1"})
+    session.start_creating()
+    for event in session.collect_events():
+        state.apply_event(event)  # type: ignore[arg-type]
+    printer.update(state)
+    printer.update(state)  # nothing new: nothing printed
+    lines = [line.split(" ", 2)[2] for line in out.getvalue().splitlines()]
+    assert lines == [
+        f"{kernel[:12]} - PENDING enqueued",
+        f"{kernel[:12]} a1 SCHEDULED scheduled",
+        f"{kernel[:12]} a1 PREPARED image-present: the log shows it on a1",
+        f"{kernel[:12]} a1 CREATING creating",
+    ]

@@ -48,7 +48,7 @@ def test_kernels_on_an_agent_holding_the_image_are_prepared_without_asking() -> 
     session.schedule({k1: "a1", k2: "a2"})
     session.start_preparing(holding={"a1"})
     assert statuses(session) == [S.PREPARED, S.PREPARING]
-    assert session.kernels[k1].status_info == "image-present: a1 has it, by its last report"
+    assert session.kernels[k1].status_info == "image-present: the log shows it on a1"
     session.start_creating()  # k2 still waits for its image: nothing asked for yet
     assert statuses(session) == [S.PREPARED, S.PREPARING]
     everywhere = new_session(cluster_size=2)
@@ -66,10 +66,10 @@ def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs
     session.start_preparing(holding={"a1", "a2"})
     session.start_creating()
     session.created(k1, container_id="c1")
-    session.image_missing(k2, "image py:3 is not on this host: pull it")
+    session.image_missing(k2, "a2 had no py:3 at the create")
     assert statuses(session) == [S.RUNNING, S.PREPARING]
     assert session.kernels[k2].status_info == (
-        "image-missing: image py:3 is not on this host: pull it"
+        "image-missing: a2 had no py:3 at the create; asking it again, to pull it if need be"
     )
     session.image_missing(k2, "again")  # not CREATING any more: nothing recorded
     assert len(session.kernels[k2].status_history) == 5
@@ -87,13 +87,13 @@ def test_an_image_missing_twice_fails_the_kernel_instead_of_going_round() -> Non
     session.schedule({k: "a1"})
     session.start_preparing(holding={"a1"})
     session.start_creating()
-    session.image_missing(k, "image py:3 is not on this host: pull it")
+    session.image_missing(k, "a1 had no py:3 at the create")
     session.image_checked("a1", None)  # the agent says it holds it after all
     session.start_creating()
-    session.image_missing(k, "image py:3 is not on this host: pull it")
+    session.image_missing(k, "a1 had no py:3 at the create")
     assert (session.kernels[k].status, session.kernels[k].status_info) == (
         S.ERROR,
-        "failed-to-start: image-missing again: image py:3 is not on this host: pull it",
+        "failed-to-start: image-missing again: a1 had no py:3 at the create",
     )
 
 
