@@ -794,7 +794,8 @@ class AgentServer:
             users = sorted(k.kernel_id for k in kernels if k.image == image)
             task = self.pulls.active.get(image)
             if users:
-                out[image] = rpc.UnloadResult(removed=False, reason=f"in-use: kernels {users}")
+                why = f"in-use: kernels {_first(users)}"  # ended ones' are kept for their logs
+                out[image] = rpc.UnloadResult(removed=False, reason=why)
                 continue
             if task is not None:
                 out[image] = rpc.UnloadResult(removed=False, reason=f"pulling: task {task.task_id}")
@@ -1016,6 +1017,12 @@ def _spec(request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = ()) -> Container
 
 def _ports(k: KernelContainer) -> list[ev.PublishedPort]:
     return [ev.PublishedPort(port=p.port, host=p.host, host_port=p.host_port) for p in k.ports]
+
+
+def _first(ids: list[str], shown: int = 3) -> str:
+    """``a, b, c and 18 more``: a reason stays one readable line."""
+    head = ", ".join(ids[:shown])
+    return head if len(ids) <= shown else f"{head} and {len(ids) - shown} more"
 
 
 def _check_id(value: str, field: str) -> None:

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
+from agent.server import _first
 from domain import events as ev
 from domain import rpc, subjects
 from services.eventstore.store import EventStore
@@ -173,7 +174,7 @@ async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
         reply = await call(nc, "a1", rpc.UNLOAD, {"images": ["base:1", "extra:1", "none:1"]})
         assert reply == {
-            "base:1": {"removed": False, "reason": "in-use: kernels ['k1']"},
+            "base:1": {"removed": False, "reason": "in-use: kernels k1"},
             "extra:1": {"removed": True},
             "none:1": {"removed": False, "reason": "not-present"},
         }
@@ -248,3 +249,8 @@ async def test_a_restarted_agent_reports_what_it_has_and_forgets_old_tasks(
         # The new process pulls the image again, as a new task.
         reply = await call(nc, "a1", rpc.CHECK_AND_PULL, {"images": ["big:1"]})
         assert reply["big:1"]["task_id"] != old_task
+
+
+def test_a_reason_names_at_most_three_kernels() -> None:
+    assert _first(["k1"]) == "k1"
+    assert _first([f"k{i}" for i in range(21)]) == "k0, k1, k2 and 18 more"

@@ -108,7 +108,7 @@ async def test_unload_is_refused_for_an_image_a_container_uses(
         direct = await call(nc, agent_id, rpc.UNLOAD, {"images": [small_image]})
         assert direct[small_image] == {
             "removed": False,
-            "reason": f"in-use: kernels ['{kernel['kernel_id']}']",
+            "reason": f"in-use: kernels {kernel['kernel_id']}",
         }
         assert await runtime.has_image(small_image) is not None
         await admin(nc, SESSION_DESTROY, {"session_id": created["session_id"]})
