@@ -74,10 +74,12 @@ def in_flag_terms(
     if action.option_strings and args is not None and getattr(args, action.dest, None) is None:
         return str(error)  # the flag was left out: the field was not the user's
     detail = _words(detail)
+    # "IMAGE must not be empty", "SESSION is empty: ...", but "IMAGE: invalid reference ..."
+    joiner = " " if detail.startswith(("must ", "takes ", "is ", "has ")) else ": "
     if not action.option_strings:  # a positional (SESSION, IMAGE): the detail names it
         if error.code == "not-found":
             return detail
-        return f"{(action.metavar or action.dest).upper()} {detail}"  # type: ignore[union-attr]
+        return f"{(action.metavar or action.dest).upper()}{joiner}{detail}"  # type: ignore[union-attr]
     flag = "/".join(sorted(action.option_strings, key=len))
     # What in the flag's value: -r's key as typed (-r mem), else the innermost field named
     # (mounts[0].path: -v/--volume path).
@@ -86,7 +88,6 @@ def in_flag_terms(
         flag = f"-r {names[0]}"
     elif names:
         flag = f"{flag} {names[-1]}"
-    joiner = " " if detail.startswith(("must ", "takes ")) else ": "
     return f"{flag}{joiner}{detail}"
 
 

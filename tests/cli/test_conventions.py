@@ -201,6 +201,10 @@ def test_nested_and_renamed_fields_name_their_flags() -> None:
     )
     empty = "hoist.api.session.create request: Expected `str` of length >= 1 - at `$.image`"
     assert said(["run", "i"], empty) == "IMAGE must not be empty"
+    bad = "image: invalid reference format (got 'A B'); use a reference like python:3.12"
+    assert said(["run", "i"], bad) == (
+        "IMAGE: invalid reference format (got 'A B'); use a reference like python:3.12"
+    )
     quota = "hoist.admin.quota.set request: Expected `float` >= 0.0 - at `$.max_cpu`"
     assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0.0"
     # A field the command has no flag for, or no field: as it came, with its code.
