@@ -62,6 +62,10 @@ from services.transport.connection import subscriptions_ready, unsubscribe_all
 from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
+# A create that does not fit waits this long for other kernels' creates and destroys in flight
+# (agent.server._room_for), looking again every ROOM_POLL_S.
+ROOM_WAIT_S = 5.0
+ROOM_POLL_S = 0.02
 # The ImageRemoved an agent records when a create finds an image the log says it holds gone.
 MISSING_AT_CREATE = "missing: not on this host when a kernel was created (removed outside Hoist)"
 _BEAT = {rpc.BEAT_HEADER: "1"}
@@ -593,7 +597,7 @@ class AgentServer:
                 )
             res = request.resources
             gpus = _whole_gpus(res)
-            self._check_fits(kernel_id, res)
+            await self._room_for(kernel_id, res)
             gpu_ids = self._pick_gpus(kernel_id, gpus)
             # Reserved before the create: a concurrent create sees it, and an exit reported
             # while the create returns frees it.
@@ -643,6 +647,22 @@ class AgentServer:
             await self.facts.image_removed(canonical_or_same(image), MISSING_AT_CREATE)
         except Exception as e:
             log.warning("agent %s: could not record %s gone (%r)", self.id, image, e)
+
+    async def _room_for(self, kernel_id: str, res: ev.Resources) -> None:
+        """``_check_fits``, waiting up to ROOM_WAIT_S while another kernel's create or destroy
+        is in flight: a kernel cancelled while its create ran has its room free in the log
+        already, and the manager's destroy of it follows the create here, so the kernel
+        placed in that room next waits for it instead of failing for want of room."""
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            try:
+                self._check_fits(kernel_id, res)
+                return
+            except rpc.RequestError:
+                others = any(self._in_flight(k) for k in self._kernel_locks if k != kernel_id)
+                if not others or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(ROOM_POLL_S)
 
     def _check_fits(self, kernel_id: str, res: ev.Resources) -> None:
         free = self._free()
@@ -748,7 +768,7 @@ class AgentServer:
                 )
             if kid in self.terminating:
                 busy.append(kid)
-            elif kid in known and self._in_flight(kid):
+            elif self._in_flight(kid):
                 # A create-kernel is in flight: the manager asked for it, its view lags.
                 running.append(kid)
             elif kid in to_end:
@@ -761,11 +781,6 @@ class AgentServer:
                 destroy.append(kid)  # never started, or paused: not the kernel running
             else:
                 running.append(kid)
-        # A create in flight for a kernel the manager no longer has (cancelled meanwhile): its
-        # room is free in the manager's view, so what it makes goes at once (_destroy waits
-        # for the create), or a kernel placed there next is refused for want of that room.
-        gone = {k.kernel_id for k in kernels} | known
-        unknown += [kid for kid in self._kernel_locks if kid not in gone and self._in_flight(kid)]
         self._housekeep(kernels, listed_after)
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:

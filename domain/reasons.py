@@ -56,7 +56,7 @@ TEXT: dict[Reason, str] = {
     Reason.SCHEDULED: "the scheduler placed the kernel on an agent",
     Reason.PREPARING: "the agent is asked whether it holds the image (check-and-pull)",
     Reason.IMAGE_PRESENT: "the agent already holds the image (it said so at check-and-pull, or"
-    " its last report says so and the scheduler asked nothing)",
+    " the event log says so and the scheduler asked nothing)",
     Reason.IMAGE_PULLING: "the agent pulls the image; the kernel occupies no user quota meanwhile",
     Reason.IMAGE_PULLED: "the agent's pull of the image finished",
     Reason.IMAGE_MISSING: "the create found the image gone from the agent: it is checked and"

@@ -406,7 +406,7 @@ class Session(BaseAggregate[str]):
             if k.status is not S.SCHEDULED:
                 continue
             if k.agent_id in holding:
-                detail = f"the log shows it on {k.agent_id}"
+                detail = f"{k.agent_id} holds it, by the event log"
                 self.mark_prepared(k.kernel_id, info(Reason.IMAGE_PRESENT, detail))
             else:
                 detail = f"asking {k.agent_id} for the image"
@@ -539,7 +539,7 @@ class Session(BaseAggregate[str]):
             why = info(Reason.FAILED_TO_START, f"{Reason.IMAGE_MISSING} again: {detail}")
             self.creation_failed(kernel_id, detail, why)
         else:
-            why = info(Reason.IMAGE_MISSING, f"{detail}; asking it again, to pull it if need be")
+            why = info(Reason.IMAGE_MISSING, f"{detail}; checking again, pulling it if need be")
             self.mark_preparing(kernel_id, why)
 
     def created(

@@ -162,6 +162,10 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
 async def run_read(conn: Connection, args: argparse.Namespace, console: Console) -> None:
     query, columns = COMMANDS[args.read]
     reply = await conn.request(f"{subjects.QUERY}.{query}", request_of(args))
+    agent = getattr(args, "agent", None)
+    if not reply.get("rows") and agent and not await _agent_known(conn, agent):
+        # An error (exit 1), not an empty answer: a script asking about a typo learns it.
+        raise CliError(f"no agent {agent!r} is known: `hoist agents` lists them")
     if wants_json(args):
         print_json(reply)
         return
@@ -183,10 +187,6 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
     )
     console.print(_table(shown, [[r.get(c) for c in shown] for r in rows], whole_ids=wide))
     _footer(console, reply, len(rows))
-    agent = getattr(args, "agent", None)
-    if not rows and agent and not await _agent_known(conn, agent):
-        # An error (exit 1), not an empty answer: a script asking about a typo learns it.
-        raise CliError(f"no agent {agent!r} is known: `hoist agents` lists them")
 
 
 async def _agent_known(conn: Connection, agent_id: str) -> bool:

@@ -94,10 +94,8 @@ def user_url(base_url: str, name: str, creds: Credentials) -> str:
         try:
             check_name(name)
         except InvalidField as e:  # e.g. a role's name: no Hoist user can have it
-            raise KeyError(
-                f"--user {e}: no Hoist user has that name; leave --user out to act as the"
-                " client role"
-            ) from None
+            reason = str(e).removeprefix("name: ")
+            raise KeyError(f"{name!r} cannot be a Hoist user's name ({reason})") from None
         raise KeyError(
             f"no NATS user for Hoist user {name!r} in this stack (never added, or disabled):"
             f" an admin adds them, or enables them again, with `hoist user add {name}` (on the"

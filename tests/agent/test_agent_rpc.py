@@ -143,6 +143,43 @@ async def test_create_kernel_is_idempotent_and_destroy_removes_it(
         assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": False}
 
 
+async def test_a_create_in_flight_is_kept_by_a_sync_that_does_not_list_it_yet(
+    nc: Client, store: EventStore
+) -> None:
+    """A sync built before the manager placed k1 (its view lags) arrives while k1's create
+    runs: k1 is the manager's, and stays."""
+    runtime = dummy(create_delay_s=0.3)
+    async with running(nc, store, runtime, config("a1")):
+        creating = asyncio.create_task(
+            call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        )
+        await asyncio.sleep(0.1)
+        synced = await call(nc, "a1", rpc.SYNC_KERNELS, {})
+        assert "container_id" in await creating
+        assert "error" not in synced and not synced.get("destroyed"), synced
+        assert list(runtime.kernels) == ["k1"]
+
+
+async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
+    nc: Client, store: EventStore
+) -> None:
+    """k1 (all 2 cpu) is cancelled while its 0.3 s create runs, so the manager places k2 in
+    its room and destroys k1 after its create: k2's create waits for that, and fits."""
+    runtime = dummy(create_delay_s=0.3)
+    big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
+    async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
+        first = asyncio.create_task(call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **big}))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(
+            call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k2", **big}, within=10)
+        )
+        destroyed = await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
+        assert "container_id" in await first and destroyed == {"destroyed": True}
+        made = await second
+        assert "container_id" in made, made
+        assert list(runtime.kernels) == ["k2"]
+
+
 async def test_sync_kernels_reconciles_with_the_managers_truth(
     nc: Client, store: EventStore
 ) -> None:

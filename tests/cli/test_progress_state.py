@@ -175,6 +175,6 @@ def test_status_lines_print_every_change_even_those_made_together() -> None:
     assert lines == [
         f"{kernel[:12]} - PENDING enqueued",
         f"{kernel[:12]} a1 SCHEDULED scheduled",
-        f"{kernel[:12]} a1 PREPARED image-present: the log shows it on a1",
+        f"{kernel[:12]} a1 PREPARED image-present: a1 holds it, by the event log",
         f"{kernel[:12]} a1 CREATING creating",
     ]

@@ -81,6 +81,8 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     # An agent that is not there: said so, not just no row.
     code, out, err = await hoist(hoist_stack, "images", "--agent", "agent-9")
     assert code == 1 and "no agent 'agent-9' is known: `hoist agents` lists them" in err, err
+    code, out, err = await hoist(hoist_stack, "pulls", "--agent", "agent-9", "--json")
+    assert code == 1 and "no agent 'agent-9' is known" in err and not out, (out, err)
 
     code, out, _ = await hoist(hoist_stack, "pulls", "--json")
     # --json gives the canonical reference; tables show the short one.

@@ -48,7 +48,7 @@ def test_kernels_on_an_agent_holding_the_image_are_prepared_without_asking() -> 
     session.schedule({k1: "a1", k2: "a2"})
     session.start_preparing(holding={"a1"})
     assert statuses(session) == [S.PREPARED, S.PREPARING]
-    assert session.kernels[k1].status_info == "image-present: the log shows it on a1"
+    assert session.kernels[k1].status_info == "image-present: a1 holds it, by the event log"
     session.start_creating()  # k2 still waits for its image: nothing asked for yet
     assert statuses(session) == [S.PREPARED, S.PREPARING]
     everywhere = new_session(cluster_size=2)
@@ -69,7 +69,7 @@ def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs
     session.image_missing(k2, "a2 had no py:3 at the create")
     assert statuses(session) == [S.RUNNING, S.PREPARING]
     assert session.kernels[k2].status_info == (
-        "image-missing: a2 had no py:3 at the create; asking it again, to pull it if need be"
+        "image-missing: a2 had no py:3 at the create; checking again, pulling it if need be"
     )
     session.image_missing(k2, "again")  # not CREATING any more: nothing recorded
     assert len(session.kernels[k2].status_history) == 5

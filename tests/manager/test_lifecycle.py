@@ -62,7 +62,7 @@ async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventSto
         # with it), so no check-and-pull was asked and nothing pulled.
         history = session.kernels[kernel["kernel_id"]].status_history
         assert statuses(history) == ["PENDING", "SCHEDULED", "PREPARED", "CREATING", "RUNNING"]
-        assert history[2].status_info == "image-present: the log shows it on a1"
+        assert history[2].status_info == "image-present: a1 holds it, by the event log"
         assert all(c.status_info for c in history)
         assert running["a1"].leases == {}  # what a check-and-pull leaves
         assert running["a1"].runtime.pull_attempts == {}
@@ -78,8 +78,8 @@ async def test_an_image_gone_from_its_agent_is_pulled_again_and_the_kernel_runs(
         kernel = await _runs_after_going_back(nc, m, running["a1"], within=5)
         missing = kernel.status_history[4].status_info
         assert missing == (
-            "image-missing: a1 had no docker.io/library/base:1 at the create; asking it again,"
-            " to pull it if need be"
+            "image-missing: a1 had no docker.io/library/base:1 at the create; checking"
+            " again, pulling it if need be"
         )
         assert running["a1"].runtime.pull_attempts == {"base:1": 1}
         agent_log = [r.headers["Hoist-Event"] for r in await store.read_subject(
