@@ -118,6 +118,7 @@ class AgentServer:
         # One lock per kernel with a create or destroy in flight, with how many hold or wait for
         # it: the entry goes with the last of them (an agent sees kernels without end).
         self._kernel_locks: dict[str, asyncio.Lock] = {}
+        self._waiting_for_room: set[str] = set()  # creates in _room_for
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._sub: Subscription | None = None
         self._look = True  # read the liveness subject at the next beat
@@ -654,15 +655,24 @@ class AgentServer:
         already, and the manager's destroy of it follows the create here, so the kernel
         placed in that room next waits for it instead of failing for want of room."""
         deadline = time.monotonic() + ROOM_WAIT_S
-        while True:
-            try:
-                self._check_fits(kernel_id, res)
-                return
-            except rpc.RequestError:
-                others = any(self._in_flight(k) for k in self._kernel_locks if k != kernel_id)
-                if not others or time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(ROOM_POLL_S)
+        self._waiting_for_room.add(kernel_id)
+        try:
+            while True:
+                try:
+                    self._check_fits(kernel_id, res)
+                    return
+                except rpc.RequestError:
+                    # Only work under way frees room: creates waiting here too do not.
+                    others = any(
+                        self._in_flight(k)
+                        for k in self._kernel_locks
+                        if k not in self._waiting_for_room
+                    )
+                    if not others or time.monotonic() >= deadline:
+                        raise
+                await asyncio.sleep(ROOM_POLL_S)
+        finally:
+            self._waiting_for_room.discard(kernel_id)
 
     def _check_fits(self, kernel_id: str, res: ev.Resources) -> None:
         free = self._free()

@@ -180,6 +180,30 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
         assert list(runtime.kernels) == ["k2"]
 
 
+async def test_creates_that_do_not_fit_are_refused_without_waiting_for_each_other(
+    nc: Client, store: EventStore
+) -> None:
+    """k2 and k3 (2 cpu each) do not fit beside k1 (2 of 3 cpu) and wait while k0's create
+    (1 cpu, 0.5 s) runs; once it is done, neither waits for the other, which frees nothing
+    (ROOM_WAIT_S is 5 s; the calls allow 3)."""
+    runtime = dummy(create_delay_s=0.5)
+    big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
+    async with running(nc, store, runtime, config("a1", cpu=3, mem=GB)):
+        assert "container_id" in await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **big})
+        small = asyncio.create_task(
+            call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k0", **KERNEL})
+        )
+        await asyncio.sleep(0.1)
+        refused = await asyncio.gather(
+            *(
+                call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": k, **big}, within=3)
+                for k in ("k2", "k3")
+            )
+        )
+        assert [r["error"]["code"] for r in refused] == ["insufficient-resources"] * 2
+        assert "container_id" in await small
+
+
 async def test_sync_kernels_reconciles_with_the_managers_truth(
     nc: Client, store: EventStore
 ) -> None:
