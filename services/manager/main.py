@@ -20,7 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from domain import events as ev
@@ -593,12 +593,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+_Number = TypeVar("_Number", int, float)
+
+
+def _parsed(text: str, kind: type[_Number], noun: str) -> _Number:
+    """`text` as `kind`, or the argparse error naming what was given."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a {noun}: {text!r}") from None
+
+
 def _positive(text: str) -> float:
     """A finite number > 0 (refused before anything connects, with what was given)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _parsed(text, float, "number")
     if not 0 < value < math.inf:  # also NaN
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
@@ -606,10 +614,7 @@ def _positive(text: str) -> float:
 
 def _threads(text: str) -> int:
     """A whole number from 1 to this host's cores (more only cost memory and switches)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    value = _parsed(text, int, "whole number")
     cores = os.cpu_count() or 1
     if not 1 <= value <= cores:
         raise argparse.ArgumentTypeError(
