@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 # (agent.server._room_for), looking again every ROOM_POLL_S.
 ROOM_WAIT_S = 5.0
 ROOM_POLL_S = 0.02
+# After the last create or destroy in flight ended, the manager's destroy of a kernel cancelled
+# while its create ran is still on its way (it is sent once that create's reply is recorded).
+ROOM_GRACE_S = 0.2
 # The ImageRemoved an agent records when a create finds an image the log says it holds gone.
 MISSING_AT_CREATE = "missing: not on this host when a kernel was created (removed outside Hoist)"
 _BEAT = {rpc.BEAT_HEADER: "1"}
@@ -118,8 +121,8 @@ class AgentServer:
         # One lock per kernel with a create or destroy in flight, with how many hold or wait for
         # it: the entry goes with the last of them (an agent sees kernels without end).
         self._kernel_locks: dict[str, asyncio.Lock] = {}
-        self._waiting_for_room: set[str] = set()  # creates in _room_for
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
+        self._waiting_for_room: set[str] = set()  # creates in _room_for
         self._sub: Subscription | None = None
         self._look = True  # read the liveness subject at the next beat
         self._liveness_notice = f"{AGENT_RPC}.{self.id}.{rpc.LIVENESS_CHANGED}"
@@ -642,9 +645,9 @@ class AgentServer:
         outside Hoist): record ImageRemoved before the manager hears of it, so it stops
         placing kernels here as if it were (best effort: the reply goes anyway).  Not when a
         pull of it is running or brought it back meanwhile: its ImagePulled says so."""
-        if image in self.pulls.active or await self.runtime.has_image(image) is not None:
-            return
         try:
+            if image in self.pulls.active or await self.runtime.has_image(image) is not None:
+                return
             await self.facts.image_removed(canonical_or_same(image), MISSING_AT_CREATE)
         except Exception as e:
             log.warning("agent %s: could not record %s gone (%r)", self.id, image, e)
@@ -655,6 +658,7 @@ class AgentServer:
         already, and the manager's destroy of it follows the create here, so the kernel
         placed in that room next waits for it instead of failing for want of room."""
         deadline = time.monotonic() + ROOM_WAIT_S
+        quiet_until: float | None = None  # work ended: how long a destroy may take to follow
         self._waiting_for_room.add(kernel_id)
         try:
             while True:
@@ -662,13 +666,17 @@ class AgentServer:
                     self._check_fits(kernel_id, res)
                     return
                 except rpc.RequestError:
+                    now = time.monotonic()
                     # Only work under way frees room: creates waiting here too do not.
-                    others = any(
+                    if any(
                         self._in_flight(k)
                         for k in self._kernel_locks
                         if k not in self._waiting_for_room
-                    )
-                    if not others or time.monotonic() >= deadline:
+                    ):
+                        quiet_until = now + ROOM_GRACE_S
+                    elif quiet_until is None or now >= quiet_until:
+                        raise  # nothing was under way, or no destroy followed what was
+                    if now >= deadline:
                         raise
                 await asyncio.sleep(ROOM_POLL_S)
         finally:

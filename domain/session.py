@@ -34,6 +34,8 @@ S = KernelStatus
 _PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING]
 # Not yet known to have its image on its agent: no container is asked for while one is.
 _WAITING_FOR_IMAGE = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING})
+# A kernel that did not make it: its siblings wind down (``Session.wind_down``).
+_FAILED = frozenset({S.ERROR, S.CANCELLED})
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
@@ -471,9 +473,7 @@ class Session(BaseAggregate[str]):
 
     def wind_down(self) -> None:
         """A kernel ended in ERROR or CANCELLED: the others stop too (``sibling-failed``)."""
-        failed = next(
-            (k for k in self.kernels.values() if k.status in (S.ERROR, S.CANCELLED)), None
-        )
+        failed = next((k for k in self.kernels.values() if k.status in _FAILED), None)
         if failed is None:
             return
         detail = f"kernel {failed.kernel_id} {failed.status}: {failed.status_info}"
@@ -519,14 +519,15 @@ class Session(BaseAggregate[str]):
     def start_creating(self) -> None:
         """No kernel waits for its image any more: the PREPARED ones are asked for their
         containers (CREATING).  Its siblings may be CREATING or, after one went back for its
-        image (``image_missing``), RUNNING already."""
+        image (``image_missing``), RUNNING already.  Nothing once a sibling failed or was
+        cancelled: the session winds down (``wind_down``), no container is asked for."""
         kernels = self.kernels.values()
-        if not any(k.status in _WAITING_FOR_IMAGE for k in kernels):
+        if not any(k.status in _WAITING_FOR_IMAGE or k.status in _FAILED for k in kernels):
             for k in kernels:
                 if k.status is S.PREPARED:
                     self.mark_creating(k.kernel_id, Reason.CREATING)
 
-    def image_missing(self, kernel_id: str, detail: str) -> None:
+    def image_missing(self, kernel_id: str) -> None:
         """The agent answered create-kernel that it does not hold the image (placed where the
         log showed it, then removed outside Hoist or by its GC): the kernel goes back to
         PREPARING, and check-and-pull is asked (it may pull).  Once: a kernel sent back before
@@ -535,6 +536,7 @@ class Session(BaseAggregate[str]):
         kernel = self.kernel(kernel_id)
         if kernel.status is not S.CREATING:
             return
+        detail = f"{kernel.agent_id} had no {self.image} at the create"
         if sent_back(kernel):
             why = info(Reason.FAILED_TO_START, f"{Reason.IMAGE_MISSING} again: {detail}")
             self.creation_failed(kernel_id, detail, why)

@@ -695,6 +695,18 @@ class Fleet:
             return False
         return not sent_back(kernel) or state.pulled.get(image) in self.pull_tasks_of(kernel)
 
+    def pulling_there(self, session: Session, agent_id: str) -> list[Kernel]:
+        """The session's PULLING kernels on ``agent_id``."""
+        return [
+            k for k in session.kernels.values() if k.status is S.PULLING and k.agent_id == agent_id
+        ]
+
+    def image_there_on(self, session: Session, agent_id: str) -> bool:
+        """The session's PULLING kernels on ``agent_id`` (one at least) all see its image there
+        (``image_there_for``): they may be PREPARED."""
+        waiting = self.pulling_there(session, agent_id)
+        return bool(waiting) and all(self.image_there_for(k, session.image) for k in waiting)
+
     def pull_tasks_of(self, kernel: Kernel) -> set[str]:
         """The pulls a PULLING kernel may be waiting for: the one its KernelPulling named, and
         the one check-and-pull started instead after its agent restarted."""

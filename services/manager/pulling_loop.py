@@ -26,7 +26,7 @@ import msgspec
 
 from domain import rpc
 from domain.reasons import Reason, info
-from domain.status import KernelStatus
+from domain.session import Session
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
@@ -34,7 +34,6 @@ from services.transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 
-S = KernelStatus
 Pull = tuple[str, str]  # (agent id, task id)
 
 
@@ -80,17 +79,10 @@ class PullingLoop:
         for agent_id, sids in list(self.fleet.pulling_on_agent.items()):
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
-                waiting = [
-                    k
-                    for k in session.kernels.values()
-                    if k.status is S.PULLING and k.agent_id == agent_id
-                ]
-                if waiting and all(self.fleet.image_there_for(k, session.image) for k in waiting):
-                    await self.uow.try_change(sid, lambda s, a=agent_id: s.image_ready(a))
+                if self.fleet.image_there_on(session, agent_id):
+                    await self.uow.try_change(sid, lambda s, a=agent_id: _prepared(s, a))
                     continue
-                for k in session.kernels.values():
-                    if k.status is not S.PULLING or k.agent_id != agent_id:
-                        continue
+                for k in self.fleet.pulling_there(session, agent_id):
                     pulling.add(k.kernel_id)
                     waited = (now - k.status_history[-1].at).total_seconds()
                     if waited >= self.pull_timeout_s:
@@ -155,7 +147,7 @@ class PullingLoop:
 
     async def _ready(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         for sid in dict.fromkeys(sid for sid, _ in kernels):
-            await self.uow.try_change(sid, lambda s: s.image_ready(agent_id, why))
+            await self.uow.try_change(sid, lambda s: _prepared(s, agent_id, why))
 
     async def _end(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         by_session: defaultdict[str, list[str]] = defaultdict(list)
@@ -165,3 +157,10 @@ class PullingLoop:
             await self.uow.try_change(sid, lambda s, kids=kids: s.pull_ended(agent_id, why, kids))
             for kid in kids:
                 self.fleet.retasked(kid, None)
+
+
+def _prepared(session: Session, agent_id: str, why: str = Reason.IMAGE_PULLED) -> None:
+    """The image is on ``agent_id``: its PULLING kernels are PREPARED, and CREATING in the same
+    append when no sibling waits for its image any more."""
+    session.image_ready(agent_id, why)
+    session.start_creating()

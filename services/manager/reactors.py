@@ -371,23 +371,21 @@ class Reactors:
         return await self._change(session.id, decide)
 
     async def _pull_outcomes(self, session: Session) -> bool:
-        ready: dict[str, bool] = {}  # agent -> its image is there for all its PULLING kernels
+        pulling = [
+            k
+            for k in session.kernels.values()
+            if k.status is S.PULLING and k.agent_id in self.fleet.agents
+        ]
+        on_agents = dict.fromkeys(k.agent_id for k in pulling if k.agent_id is not None)
+        there = [a for a in on_agents if self.fleet.image_there_on(session, a)]
         failed: dict[str, tuple[str, list[str]]] = {}  # agent -> (reason, kernels of that pull)
-        for k in session.kernels.values():
-            if k.status is not S.PULLING or k.agent_id is None:
+        for k in pulling:
+            if k.agent_id is None or self.fleet.image_there_for(k, session.image):
                 continue
-            state = self.fleet.agents.get(k.agent_id)
-            if state is None:
-                continue
-            if self.fleet.image_there_for(k, session.image):
-                ready.setdefault(k.agent_id, True)
-                continue
-            ready[k.agent_id] = False
-            failure = state.failed_pulls.get(session.image)
+            failure = self.fleet.agents[k.agent_id].failed_pulls.get(session.image)
             if failure is not None and failure[0] in self.fleet.pull_tasks_of(k):
                 why = info(Reason.IMAGE_PULL_FAILED, failure[1])
                 failed.setdefault(k.agent_id, (why, []))[1].append(k.kernel_id)
-        there = [agent_id for agent_id, all_there in ready.items() if all_there]
         if not there and not failed:
             return False
 
@@ -402,7 +400,6 @@ class Reactors:
 
     async def _create(self, session: Session) -> bool:
         creating = [k for k in session.kernels.values() if k.status is S.CREATING]
-        agents = {k.kernel_id: k.agent_id for k in creating}
 
         # A loopback address names the container itself from inside it: no use to a peer.
         addresses = {
@@ -456,7 +453,7 @@ class Reactors:
                         s.process_ended(early.originator_id, kid, early)
                 elif isinstance(result, AgentRefused) and result.code == rpc.IMAGE_MISSING:
                     # check-and-pull, maybe a pull, again
-                    s.image_missing(kid, f"{agents[kid]} had no {session.image} at the create")
+                    s.image_missing(kid)
                 elif isinstance(result, AgentRefused):
                     s.created(kid, error=str(result), detail=result.message or str(result))
 

@@ -173,24 +173,20 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     return creds
 
 
-def set_hoist_user(
-    data_dir: Path, info: StackInfo, name: str, admin: bool
-) -> credentials.Credentials:
+def set_hoist_user(data_dir: Path, info: StackInfo, name: str, admin: bool) -> None:
     """Give Hoist user ``name`` (domain.user) its NATS user on the running stack, or change its
     admin grants, and have nats-server reload its users (no restart).  Written and reloaded
     even when nothing changed: running it again repairs what a crash between the writes and
     the reload left behind."""
-    creds = natsauth.set_user(data_dir, name, admin)
+    natsauth.set_user(data_dir, name, admin)
     reload_nats(data_dir, info)
-    return creds
 
 
-def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> credentials.Credentials:
+def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> None:
     """Remove Hoist user ``name``'s NATS user from the running stack and reload: nats-server
     closes the user's open connections when it reloads (they no longer authenticate)."""
-    creds = natsauth.remove_user(data_dir, name)
+    natsauth.remove_user(data_dir, name)
     reload_nats(data_dir, info)
-    return creds
 
 
 def reload_nats(data_dir: Path, info: StackInfo) -> None:

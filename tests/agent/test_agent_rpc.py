@@ -164,7 +164,8 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
     nc: Client, store: EventStore
 ) -> None:
     """k1 (all 2 cpu) is cancelled while its 0.3 s create runs, so the manager places k2 in
-    its room and destroys k1 after its create: k2's create waits for that, and fits."""
+    its room and destroys k1 once it has recorded k1's create reply (a few ms after the create
+    ended here): k2's create waits for that destroy (ROOM_GRACE_S), and fits."""
     runtime = dummy(create_delay_s=0.3)
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
@@ -173,8 +174,11 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
         second = asyncio.create_task(
             call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k2", **big}, within=10)
         )
+        assert "container_id" in await first
+        await asyncio.sleep(0.05)  # the manager records the reply, then asks for the destroy
+        assert not second.done()
         destroyed = await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
-        assert "container_id" in await first and destroyed == {"destroyed": True}
+        assert destroyed == {"destroyed": True}
         made = await second
         assert "container_id" in made, made
         assert list(runtime.kernels) == ["k2"]
@@ -184,8 +188,8 @@ async def test_creates_that_do_not_fit_are_refused_without_waiting_for_each_othe
     nc: Client, store: EventStore
 ) -> None:
     """k2 and k3 (2 cpu each) do not fit beside k1 (2 of 3 cpu) and wait while k0's create
-    (1 cpu, 0.5 s) runs; once it is done, neither waits for the other, which frees nothing
-    (ROOM_WAIT_S is 5 s; the calls allow 3)."""
+    (1 cpu, 0.5 s) runs; once it is done (and ROOM_GRACE_S passed without a destroy), neither
+    waits for the other, which frees nothing (ROOM_WAIT_S is 5 s; the calls allow 3)."""
     runtime = dummy(create_delay_s=0.5)
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=3, mem=GB)):

@@ -66,12 +66,13 @@ def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs
     session.start_preparing(holding={"a1", "a2"})
     session.start_creating()
     session.created(k1, container_id="c1")
-    session.image_missing(k2, "a2 had no py:3 at the create")
+    session.image_missing(k2)
     assert statuses(session) == [S.RUNNING, S.PREPARING]
     assert session.kernels[k2].status_info == (
-        "image-missing: a2 had no py:3 at the create; checking again, pulling it if need be"
+        f"image-missing: a2 had no {session.image} at the create;"
+        " checking again, pulling it if need be"
     )
-    session.image_missing(k2, "again")  # not CREATING any more: nothing recorded
+    session.image_missing(k2)  # not CREATING any more: nothing recorded
     assert len(session.kernels[k2].status_history) == 5
     session.image_checked("a2", "task-2")
     session.start_creating()  # k2 waits for its pull: nothing asked
@@ -81,19 +82,32 @@ def test_an_image_missing_at_create_sends_the_kernel_back_while_its_sibling_runs
     assert statuses(session) == [S.RUNNING, S.CREATING]
 
 
+def test_no_container_is_asked_for_beside_a_sibling_that_failed() -> None:
+    session = new_session(cluster_size=2)
+    k1, k2 = session.kernels
+    session.schedule({k1: "a1", k2: "a2"})
+    session.start_preparing(holding={"a1"})
+    session.image_checked("a2", None, error="no room for the image")
+    session.start_creating()  # k2 CANCELLED: k1 is not sent a create
+    assert statuses(session) == [S.PREPARED, S.CANCELLED]
+    session.wind_down()
+    assert statuses(session) == [S.CANCELLED, S.CANCELLED]
+    assert session.kernels[k1].status_info.startswith("sibling-failed: kernel ")
+
+
 def test_an_image_missing_twice_fails_the_kernel_instead_of_going_round() -> None:
     session = new_session()
     [k] = session.kernels
     session.schedule({k: "a1"})
     session.start_preparing(holding={"a1"})
     session.start_creating()
-    session.image_missing(k, "a1 had no py:3 at the create")
+    session.image_missing(k)
     session.image_checked("a1", None)  # the agent says it holds it after all
     session.start_creating()
-    session.image_missing(k, "a1 had no py:3 at the create")
+    session.image_missing(k)
     assert (session.kernels[k].status, session.kernels[k].status_info) == (
         S.ERROR,
-        "failed-to-start: image-missing again: a1 had no py:3 at the create",
+        f"failed-to-start: image-missing again: a1 had no {session.image} at the create",
     )
 
 

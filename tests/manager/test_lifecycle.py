@@ -126,8 +126,8 @@ async def test_a_session_destroyed_while_its_create_runs_leaves_room_for_the_nex
     nc: Client, store: EventStore
 ) -> None:
     """A's create takes 0.5 s on a1 (2 cpu); A is destroyed meanwhile, so its room is free in
-    the log while the agent still creates it.  B, placed there, is refused at first; the sync
-    that follows waits for A's create and removes its container, and B runs."""
+    the log while the agent still creates it.  B, placed there, waits on the agent for the
+    work in flight (A's create, then the destroy the manager sends after it), and runs."""
     async with agents(nc, store, ["a1"], cpu=2, create_delay_s=0.5) as running, manager(nc):
         big = {"cpu": 2, "mem": 256 * MB}
         first = await create(nc, resources=big, max_wait=0)
@@ -158,6 +158,24 @@ async def test_an_agent_records_an_image_gone_only_when_it_is(
         [*_, removed] = await agent_log()
         assert removed.headers["Hoist-Event"] == "ImageRemoved"
         assert a1.facts.aggregate is not None and "base:1" not in a1.facts.aggregate.images
+
+
+async def test_an_engine_error_while_recording_an_image_gone_is_only_logged(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Best effort: the create's reply stays image-missing (the kernel goes back for its
+    image) even when the engine cannot say whether it holds the image."""
+    async with agents(nc, store, ["a1"]) as running:
+        a1 = running["a1"]
+
+        async def broken(image: str) -> None:
+            raise RuntimeError("engine unreachable")
+
+        monkeypatch.setattr(a1.runtime, "has_image", broken)
+        before = await store.read_subject("hoist.events.agent.a1")
+        await a1._record_missing("base:1")
+        assert await store.read_subject("hoist.events.agent.a1") == before
+        assert "could not record base:1 gone" in caplog.text
 
 
 async def test_a_create_asked_again_does_not_wait_for_a_siblings_pull(
