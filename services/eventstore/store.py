@@ -137,12 +137,19 @@ class Write:
     ``expected_last_seq`` (0 = the subject is empty; None = no check).
 
     ``expected_subject``: the check is on that other subject of the stream instead (a fence:
-    the write is refused once a lease subject moved on)."""
+    the write is refused once a lease subject moved on).
+
+    ``rides``: the write is its check only (a fence's one message says nothing else): when the
+    append has a message that checks nothing itself (a subject's second, say), the check goes
+    in that message's headers and this message is not stored.  nats-server then stages and
+    stores one message less, and the log keeps no record that expires (each one an interior
+    delete that direct gets walk past); the term stays in the carrier's headers."""
 
     subject: str
     messages: Sequence[Message]
     expected_last_seq: int | None = None
     expected_subject: str | None = None
+    rides: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +333,7 @@ class EventStore:
         original sequences.  Raises ConcurrencyError on a sequence conflict.
         """
         out: list[tuple[str, bytes, dict[str, str]]] = []
+        rider: tuple[int, dict[str, str]] | None = None  # a riding check: where, its headers
         for i, write in enumerate(writes):
             if not write.messages:
                 raise ValueError(f"writes[{i}] ({write.subject}) has no messages")
@@ -341,9 +349,12 @@ class EventStore:
                     headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
                     if write.expected_subject is not None:
                         headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = write.expected_subject
+                if write.rides and rider is None and len(write.messages) == 1:
+                    rider = (len(out), headers)
                 out.append((write.subject, message.data, headers))
         if not out:
             return []
+        carried = _carry(out, rider)
         if len(out) > MAX_BATCH:
             raise LimitError(
                 f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
@@ -365,7 +376,7 @@ class EventStore:
             for (subject, _, headers), seq in zip(out, seqs, strict=True):
                 if MSG_TTL not in headers:  # an expiring message sets no floor: it may vanish
                     self._saw(subject, seq)
-            return seqs
+            return _with_carried(seqs, carried)
         code = error.get("err_code")
         moved = _WRONG_LAST.search(str(error.get("description", "")))
         if moved and len(writes) == 1 and writes[0].expected_subject is None:
@@ -376,7 +387,7 @@ class EventStore:
             if idempotency_key is not None:
                 original = await self._original_seqs(writes[0], idempotency_key, len(out))
                 if original is not None:
-                    return original
+                    return _with_carried(original, carried)
             if code in WRONG_LAST:
                 raise await self._conflict(writes, error.get("description", ""))
             raise StoreError(
@@ -983,6 +994,32 @@ class EventStore:
                 ahead.cancel()
                 await asyncio.wait([ahead])  # its inbox unsubscribed; raises nothing of its own
             await deaf()
+
+
+def _carry(
+    out: list[tuple[str, bytes, dict[str, str]]], rider: tuple[int, dict[str, str]] | None
+) -> tuple[int, int] | None:
+    """Move a riding write's check (``Write.rides``) onto a message that checks nothing
+    itself, dropping the rider's own message; (where the rider was, where its check went), or
+    None when no message can carry it (the rider is stored as it is)."""
+    if rider is None:
+        return None
+    at, headers = rider
+    check = {k: headers[k] for k in (EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT)}
+    for i, (_, _, carrier) in enumerate(out):
+        if EXPECTED_LAST_SUBJECT_SEQ not in carrier:  # the rider's own has its check
+            carrier.update(check)
+            del out[at]
+            return at, i - (i > at)
+    return None
+
+
+def _with_carried(seqs: list[int], carried: tuple[int, int] | None) -> list[int]:
+    """One sequence per message of the writes: a carried rider gets its carrier's."""
+    if carried is None:
+        return seqs
+    at, carrier = carried
+    return [*seqs[:at], seqs[carrier], *seqs[at:]]
 
 
 def _subject_matches(pattern: str, subject: str) -> bool:

@@ -114,6 +114,42 @@ async def test_multi_aggregate_append_is_one_batch_in_order(store: EventStore) -
     assert [r.seq for r in await store.read_subject(C)] == [3]
 
 
+TERM = aggregate_subject("lease", "term")
+FENCE = aggregate_subject("lease", "fence")
+
+
+def fence(term_seq: int) -> Write:
+    return Write(
+        FENCE, msgs("fence"), expected_last_seq=term_seq, expected_subject=TERM, rides=True
+    )
+
+
+async def test_a_riding_check_goes_on_a_spare_message_and_is_not_stored(store: EventStore) -> None:
+    [term] = await store.append([Write(TERM, msgs("term"))])
+    writes = [Write(A, msgs("a1", "a2"), expected_last_seq=0), Write(C, msgs("c1")), fence(term)]
+    assert await store.append(writes) == [2, 3, 4, 3]  # the fence's: its carrier's
+    assert await store.read_subject(FENCE) == []
+    first, carrier = await store.read_subject(A)
+    assert carrier.headers["Nats-Expected-Last-Subject-Sequence-Subject"] == TERM
+    assert carrier.headers["Nats-Expected-Last-Subject-Sequence"] == str(term)
+    assert first.headers["Nats-Expected-Last-Subject-Sequence"] == "0"  # its own check kept
+    await store.append([Write(TERM, msgs("next term"))])
+    with pytest.raises(ConcurrencyError) as caught:  # a paused ex-leader's batch
+        await store.append([Write(B, msgs("b1", "b2"), expected_last_seq=0), fence(term)])
+    assert caught.value.subject == TERM
+    assert await store.read_subject(B) == []
+
+
+async def test_a_riding_check_with_nothing_to_ride_on_is_stored(store: EventStore) -> None:
+    [term] = await store.append([Write(TERM, msgs("term"))])
+    assert await store.append([Write(A, msgs("a1"), expected_last_seq=0), fence(term)]) == [2, 3]
+    assert payloads(await store.read_subject(FENCE)) == ["fence"]
+    # each subject's first message checks its own sequence: none carries it
+    writes = [Write(B, msgs("b1"), expected_last_seq=0), Write(C, msgs("c1"), expected_last_seq=0)]
+    assert await store.append([*writes, fence(term)]) == [4, 5, 6]
+    assert len(await store.read_subject(FENCE)) == 2
+
+
 async def test_retried_single_message_appends_once(store: EventStore) -> None:
     await store.append([Write(A, msgs("a1"), expected_last_seq=0)])
     write = Write(A, msgs("a2"), expected_last_seq=1)

@@ -91,19 +91,22 @@ async def _taken_over(store: EventStore, old: Leadership) -> None:
     )
 
 
-async def test_a_paused_ex_leaders_fenced_batch_is_refused(nc: Client, store: EventStore) -> None:
+@pytest.mark.parametrize("messages", [1, 2], ids=["fence stored", "fence riding"])
+async def test_a_paused_ex_leaders_fenced_batch_is_refused(
+    nc: Client, store: EventStore, messages: int
+) -> None:
     await store.ensure_stream()
     old = await _leader(store)
     assert old.leading
     fence = old.fence()
     await _taken_over(store, old)  # the old one's lease lapsed while it was paused
-    reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
+    reservation = Write(reservation_events("a1"), [Message(b"{}")] * messages, expected_last_seq=0)
     with pytest.raises(ConcurrencyError) as refused:
         await store.append([reservation, *fence])
     assert refused.value.subject == manager_term()
     assert await store.last_seq(reservation_events("a1")) == 0  # nothing of the batch stored
     # Without the fence the same write would have gone in: the fence refused it.
-    assert len(await store.append([reservation])) == 1
+    assert len(await store.append([reservation])) == messages
 
 
 async def test_the_leaders_renewals_refuse_none_of_its_fenced_batches(
