@@ -46,6 +46,7 @@ from domain import events as ev
 from domain import limits, rpc
 from domain.beats import BeatSender
 from domain.image_ref import canonical_or_same
+from domain.quota import fmt_mem
 from domain.subjects import (
     AGENT_RPC,
     EVENT_STREAM,
@@ -690,8 +691,8 @@ class AgentServer:
             if amount > 0 and amount > free.slots.get(name, 0.0) + 1e-9
         ]
         if res.cpu > free.cpu + 1e-9 or res.mem > free.mem:
-            asked = f"cpu {res.cpu:g}, mem {res.mem}"
-            short.insert(0, f"{asked} (free cpu {free.cpu:g}, mem {free.mem})")
+            asked = f"cpu {res.cpu:g}, mem {fmt_mem(res.mem)}"
+            short.insert(0, f"{asked} (free cpu {free.cpu:g}, mem {fmt_mem(free.mem)})")
         if short:
             raise rpc.RequestError(
                 "insufficient-resources",

@@ -72,7 +72,7 @@ import msgspec
 
 from domain.errors import InvalidField
 from domain.events import Capacity, ClusterMode, Resources
-from domain.quota import Quota, Usage, quota_failures, totals
+from domain.quota import Quota, Usage, fmt_mem, quota_failures, totals
 from domain.reasons import Reason
 
 # Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
@@ -426,8 +426,8 @@ def _predicate_failures(
     mem = session.resources.mem * n
     if limits.max_mem_per_session is not None and mem > limits.max_mem_per_session:
         failures.append(
-            f"max_mem_per_session ({_fmt_mem(mem)} asked,"
-            f" limit {_fmt_mem(limits.max_mem_per_session)})"
+            f"max_mem_per_session ({fmt_mem(mem)} asked,"
+            f" limit {fmt_mem(limits.max_mem_per_session)})"
         )
     if limits.max_cluster_size is not None and n > limits.max_cluster_size:
         failures.append(f"max_cluster_size ({n} kernels asked, limit {limits.max_cluster_size})")
@@ -444,13 +444,6 @@ def _mc_down(cores: float) -> int:
     return max(0, math.floor(round(cores * 1000, 6)))
 
 
-def _fmt_mem(n: int) -> str:
-    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= unit:
-            return f"{round(n / unit, 2):g} {name}"
-    return f"{n} B"
-
-
 def _fmt_amount(x: float) -> str:
     return f"{round(x, 6):g}"
 
@@ -458,8 +451,8 @@ def _fmt_amount(x: float) -> str:
 def _need(cpu: float, mem: int, slots: Mapping[str, float]) -> str:
     """'2.0 cpu and 4 GiB', or with slots '2.0 cpu, 4 GiB and gpu 2'."""
     if not slots:
-        return f"{float(round(cpu, 6))} cpu and {_fmt_mem(mem)}"
-    items = [f"{float(round(cpu, 6))} cpu", _fmt_mem(mem)]
+        return f"{float(round(cpu, 6))} cpu and {fmt_mem(mem)}"
+    items = [f"{float(round(cpu, 6))} cpu", fmt_mem(mem)]
     items += [f"{k} {_fmt_amount(v)}" for k, v in sorted(slots.items()) if v > 0]
     return ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -731,7 +724,7 @@ class _Group:
             if max(self.cap_cpu) < _mc_up(r.cpu) * n:
                 lacking.append(f"{float(max(self.cap_cpu) / 1000)} cpu")
             if max(self.cap_mem) < r.mem * n:
-                lacking.append(_fmt_mem(max(self.cap_mem)))
+                lacking.append(fmt_mem(max(self.cap_mem)))
             for k, a in _times(_slot_ask(r), n):
                 most = max(c[k] for c in self.cap_slots)
                 if most < a:
@@ -796,7 +789,7 @@ class _Group:
             if caps[best] >= amount:
                 continue
             if key == "mem":
-                want, have = _fmt_mem(amount), _fmt_mem(caps[best])
+                want, have = fmt_mem(amount), fmt_mem(caps[best])
             else:
                 want = f"{_fmt_amount(amount / 1000)} {key}"
                 have = f"{_fmt_amount(caps[best] / 1000)} {key}"

@@ -205,6 +205,7 @@ async def test_creates_that_do_not_fit_are_refused_without_waiting_for_each_othe
             )
         )
         assert [r["error"]["code"] for r in refused] == ["insufficient-resources"] * 2
+        assert "asks cpu 2, mem 256 MiB (free cpu 0, mem 512 MiB)" in refused[0]["error"]["message"]
         assert "container_id" in await small
 
 
