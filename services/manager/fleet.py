@@ -287,6 +287,8 @@ class Fleet:
     def fold(self, rec: Recorded) -> None:
         try:
             kind, aggregate_id = binding(rec.subject)
+            if kind == "session" and rec.seq <= _loaded(self.sessions.get(aggregate_id)):
+                return  # our own write, applied when we made it: not decoded again
             event = admit(rec.subject, rec.headers, rec.data)
             if kind == "session":
                 self._fold_session(aggregate_id, rec, event)
@@ -369,8 +371,6 @@ class Fleet:
     def _fold_session(self, session_id: str, rec: Recorded, event: ev.Event) -> None:
         seq = rec.seq
         session = self.sessions.get(session_id)
-        if session is not None and seq <= loaded_seq(session):
-            return  # our own write, already applied when we made it
         if not self.caught_up.is_set():
             try:
                 session = _applied(session, event, rec)
@@ -911,3 +911,8 @@ def _applied(aggregate: Any, event: ev.Event, rec: Recorded) -> Any:
 def _all_pending(session: Session) -> bool:
     """Whether every kernel of ``session`` is PENDING (it waits in the queue)."""
     return all(k.status is S.PENDING for k in session.kernels.values())
+
+
+def _loaded(session: Session | None) -> int:
+    """The last sequence of its subject the cached session has applied (0: none cached)."""
+    return 0 if session is None else loaded_seq(session)

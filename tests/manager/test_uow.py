@@ -19,6 +19,7 @@ from services.manager import fleet as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.uow import SessionUnknown, UnitOfWork
 from services.transport.client import Client
+from tests.agent.agent_harness import wait_for
 
 S = KernelStatus
 
@@ -69,6 +70,30 @@ async def test_a_change_is_saved_and_its_events_published(nc: Client, view: View
     stored = await Repository(event_store(nc)).get(Session, "s1")
     assert stored.status is S.CANCELLED and stored.status_info == "user-requested"
     assert [type(e) for e in published] == [ev.SessionEnqueued, ev.KernelCancelled]
+
+
+async def test_the_view_does_not_decode_its_own_writes_again(
+    nc: Client, view: View, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the manager saved it applied when it saved it: following the log, it passes over
+    those records before decoding them, and decodes what others wrote."""
+    fleet, uow, _ = view
+    admitted: list[str] = []
+    real_admit = fleet_module.admit
+
+    def admit(subject: str, headers: Any, data: bytes) -> ev.Event:
+        admitted.append(subject)
+        return real_admit(subject, headers, data)
+
+    monkeypatch.setattr(fleet_module, "admit", admit)
+    await _preparing(uow, "s1")
+    other = _pending("s2")
+    await Repository(event_store(nc)).save(other)  # another writer
+    head = await event_store(nc).head()
+    await wait_for(lambda: fleet.last_seq >= head, 5, "the view to follow the log")
+    assert "hoist.events.session.s2" in admitted
+    assert "hoist.events.session.s1" not in admitted
+    assert fleet.sessions["s2"].status is S.PENDING
 
 
 async def test_on_a_conflict_the_commands_are_called_again_on_the_reloaded_session(
