@@ -495,7 +495,7 @@ class Session(BaseAggregate[str]):
             elif task_id:
                 self.mark_pulling(k.kernel_id, task_id, Reason.IMAGE_PULLING)
             else:
-                self.mark_prepared(k.kernel_id, Reason.IMAGE_PRESENT)
+                self.mark_prepared(k.kernel_id, info(Reason.IMAGE_PRESENT, f"{agent_id} holds it"))
 
     def image_ready(self, agent_id: str, status_info: str = Reason.IMAGE_PULLED) -> None:
         """The agent holds the image now: its PULLING kernels are PREPARED."""

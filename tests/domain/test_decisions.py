@@ -183,7 +183,7 @@ def test_image_checked_pulling_or_present() -> None:
     assert (session.kernels[k1].status, session.kernels[k1].pull_task_id) == (S.PULLING, "task-1")
     assert (session.kernels[k2].status, session.kernels[k2].status_info) == (
         S.PREPARED,
-        "image-present",
+        "image-present: a2 holds it",
     )
     session.image_checked("a1", "task-2")  # a late answer changes nothing
     assert session.kernels[k1].pull_task_id == "task-1"
