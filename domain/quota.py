@@ -264,7 +264,7 @@ def _amount(x: float) -> str:
 
 
 def fmt_mem(n: int) -> str:
-    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for unit, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if n >= unit:
             return f"{round(n / unit, 2):g} {name}"
     return f"{n} B"

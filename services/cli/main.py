@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
-from domain.limits import MAX_CPU, MAX_SLOT, SLOT_NAME
+from domain.limits import MAX_CPU, MAX_MEM, MAX_SLOT, MIN_KERNEL_MEM, SLOT_NAME
+from domain.quota import fmt_mem
 from domain.status import TERMINAL, KernelStatus
 from domain.subjects import (
     KERNEL_CANCEL,
@@ -100,8 +102,11 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
         elif key == "mem":
             m = _SIZE.match(value)
             mem = int(float(m[1]) * _UNITS[m[2].lower()]) if m else 0
-            if mem <= 0:
-                raise CliError(f"-r {spec}: mem takes a size like 512m or 2g")
+            if not MIN_KERNEL_MEM <= mem <= MAX_MEM:
+                raise CliError(
+                    f"-r {spec}: mem takes a size like 512m or 2g, from"
+                    f" {fmt_mem(MIN_KERNEL_MEM)} to {fmt_mem(MAX_MEM)}"
+                )
             out["mem"] = mem
         else:
             try:
@@ -370,11 +375,19 @@ async def cmd_creds(args: argparse.Namespace) -> None:
         if args.role == "user":
             if not args.name:
                 raise CliError("hoist creds user NAME: which Hoist user (see `hoist user list`)")
-            print(credentials.user_url(info.url, args.name, creds))
+            url = credentials.user_url(info.url, args.name, creds)
         else:
-            print(credentials.role_url(info.url, args.role, creds, agent_id=args.agent_id))
+            url = credentials.role_url(info.url, args.role, creds, agent_id=args.agent_id)
     except KeyError as e:
         raise CliError(f"{e.args[0]}") from None
+    print(url)
+    if user := urlsplit(url).username:  # on stderr: `$(hoist creds client)` takes the URL only
+        inbox = f"_INBOX.{user}"
+        print(
+            f"replies to this user come on {inbox}.>: connect nats-py with"
+            f' inbox_prefix="{inbox}", the nats CLI with --inbox-prefix {inbox}',
+            file=sys.stderr,
+        )
 
 
 # --- up ------------------------------------------------------------------------------------------

@@ -108,6 +108,11 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
             "-r mem=lots: mem takes a size like 512m or 2g",
         ),
         (
+            ("run", "test/image-0:1", "-r", "mem=300t"),
+            "-r mem=300t: mem takes a size like 512m or 2g, from 6 MiB to 256 TiB",
+        ),
+        (("run", "test/image-0:1", "-r", "mem=1.5"), "-r mem=1.5: mem takes a size like 512m"),
+        (
             ("run", "test/image-0:1", "-r", "cpu=-1"),
             "-r cpu=-1: cpu takes a number of cores > 0",
         ),

@@ -26,6 +26,8 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert dash.returncode == 1 and "must not start with '-'" in dash.stderr, dash.stderr
     url = hoist_stack.hoist("creds", "user", "ann")
     assert url.returncode == 0 and url.stdout.startswith("nats://ann:"), url.stderr
+    assert 'inbox_prefix="_INBOX.ann"' in url.stderr  # stdout stays the URL alone
+    assert len(url.stdout.splitlines()) == 1
     image = hoist_stack.next_image()
     run = hoist_stack.hoist("--user", "ann", "run", image, "-d", "--max-wait", "30", "--", "true")
     assert run.returncode == 0, run.stdout + run.stderr
