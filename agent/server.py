@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections import defaultdict
@@ -124,6 +125,7 @@ class AgentServer:
         self._kernel_locks: dict[str, asyncio.Lock] = {}
         self._kernel_lock_users: defaultdict[str, int] = defaultdict(int)
         self._waiting_for_room: set[str] = set()  # creates in _room_for
+        self._work_ended_at = -math.inf  # when a create or destroy here last ended
         self._sub: Subscription | None = None
         self._look = True  # read the liveness subject at the next beat
         self._liveness_notice = f"{AGENT_RPC}.{self.id}.{rpc.LIVENESS_CHANGED}"
@@ -659,7 +661,9 @@ class AgentServer:
         already, and the manager's destroy of it follows the create here, so the kernel
         placed in that room next waits for it instead of failing for want of room."""
         deadline = time.monotonic() + ROOM_WAIT_S
-        quiet_until: float | None = None  # work ended: how long a destroy may take to follow
+        # How long a destroy may take to follow the last work that ended (before this create
+        # came, too: the manager's destroy may still be on its way).
+        quiet_until = self._work_ended_at + ROOM_GRACE_S
         self._waiting_for_room.add(kernel_id)
         try:
             while True:
@@ -675,7 +679,7 @@ class AgentServer:
                         if k not in self._waiting_for_room
                     ):
                         quiet_until = now + ROOM_GRACE_S
-                    elif quiet_until is None or now >= quiet_until:
+                    elif now >= quiet_until:
                         raise  # nothing was under way, or no destroy followed what was
                     if now >= deadline:
                         raise
@@ -751,6 +755,7 @@ class AgentServer:
             self._kernel_lock_users[kernel_id] -= 1
             if not self._kernel_lock_users[kernel_id]:
                 del self._kernel_lock_users[kernel_id], self._kernel_locks[kernel_id]
+            self._work_ended_at = time.monotonic()
 
     async def _container(self, kernel_id: str) -> KernelContainer | None:
         for k in await self.runtime.list_kernels():

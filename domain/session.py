@@ -25,7 +25,14 @@ from domain.errors import (
 from domain.image_ref import canonical, canonical_or_same
 from domain.limits import MAX_DETAIL, MAX_REASON, clip
 from domain.reasons import Reason, exit_reason, info, reason_of
-from domain.status import PRE_RUNNING, TERMINAL, Kernel, KernelStatus, check_transition
+from domain.status import (
+    FAILED,
+    PRE_RUNNING,
+    TERMINAL,
+    Kernel,
+    KernelStatus,
+    check_transition,
+)
 from domain.subjects import check_token
 
 S = KernelStatus
@@ -34,8 +41,6 @@ S = KernelStatus
 _PROGRESS = [S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING]
 # Not yet known to have its image on its agent: no container is asked for while one is.
 _WAITING_FOR_IMAGE = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING})
-# A kernel that did not make it: its siblings wind down (``Session.wind_down``).
-_FAILED = frozenset({S.ERROR, S.CANCELLED})
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
@@ -473,7 +478,7 @@ class Session(BaseAggregate[str]):
 
     def wind_down(self) -> None:
         """A kernel ended in ERROR or CANCELLED: the others stop too (``sibling-failed``)."""
-        failed = next((k for k in self.kernels.values() if k.status in _FAILED), None)
+        failed = next((k for k in self.kernels.values() if k.status in FAILED), None)
         if failed is None:
             return
         detail = f"kernel {failed.kernel_id} {failed.status}: {failed.status_info}"
@@ -522,7 +527,7 @@ class Session(BaseAggregate[str]):
         image (``image_missing``), RUNNING already.  Nothing once a sibling failed or was
         cancelled: the session winds down (``wind_down``), no container is asked for."""
         kernels = self.kernels.values()
-        if not any(k.status in _WAITING_FOR_IMAGE or k.status in _FAILED for k in kernels):
+        if not any(k.status in _WAITING_FOR_IMAGE or k.status in FAILED for k in kernels):
             for k in kernels:
                 if k.status is S.PREPARED:
                     self.mark_creating(k.kernel_id, Reason.CREATING)

@@ -59,6 +59,8 @@ TRANSITIONS: Mapping[KernelStatus, frozenset[KernelStatus]] = {
 }
 
 TERMINAL: frozenset[KernelStatus] = frozenset({S.TERMINATED, S.ERROR, S.CANCELLED})
+# Did not make it: a session with such a kernel winds down (domain.session.Session.wind_down).
+FAILED: frozenset[KernelStatus] = frozenset({S.ERROR, S.CANCELLED})
 
 # The agent's capacity is reserved from scheduling until the container is gone: a kernel
 # waiting for its image still holds its slot on that agent.

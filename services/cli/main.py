@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from domain.limits import MAX_CPU, MAX_MEM, MAX_SLOT, MIN_KERNEL_MEM, SLOT_NAME
 from domain.quota import fmt_mem
@@ -30,6 +30,7 @@ from domain.subjects import (
     SESSION_DESTROY,
     SESSION_GET,
     SESSION_LOGS,
+    inbox_prefix,
 )
 from services.cli import completion, demo, ids, output, stack_cmds
 from services.cli import history as history_cli
@@ -101,13 +102,13 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
             out["cpu"] = cpu
         elif key == "mem":
             m = _SIZE.match(value)
-            mem = int(float(m[1]) * _UNITS[m[2].lower()]) if m else 0
-            if not MIN_KERNEL_MEM <= mem <= MAX_MEM:
+            size = float(m[1]) * _UNITS[m[2].lower()] if m else 0.0
+            if not MIN_KERNEL_MEM <= size <= MAX_MEM:  # inf too (300 digits)
                 raise CliError(
                     f"-r {spec}: mem takes a size like 512m or 2g, from"
                     f" {fmt_mem(MIN_KERNEL_MEM)} to {fmt_mem(MAX_MEM)}"
                 )
-            out["mem"] = mem
+            out["mem"] = int(size)
         else:
             try:
                 amount = float(value)
@@ -382,7 +383,7 @@ async def cmd_creds(args: argparse.Namespace) -> None:
         raise CliError(f"{e.args[0]}") from None
     print(url)
     if user := urlsplit(url).username:  # on stderr: `$(hoist creds client)` takes the URL only
-        inbox = f"_INBOX.{user}"
+        inbox = inbox_prefix(unquote(user))
         print(
             f"replies to this user come on {inbox}.>: connect nats-py with"
             f' inbox_prefix="{inbox}", the nats CLI with --inbox-prefix {inbox}',

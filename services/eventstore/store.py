@@ -342,6 +342,13 @@ class EventStore:
                 raise ValueError(
                     f"writes[{i}].expected_last_seq must be an int >= 0 or None, got {expected!r}"
                 )
+            if write.rides and (
+                expected is None or write.expected_subject is None or len(write.messages) != 1
+            ):
+                raise ValueError(
+                    f"writes[{i}] rides: it must be one message checking another subject"
+                    " (expected_last_seq and expected_subject)"
+                )
             for j, message in enumerate(write.messages):
                 headers = dict(message.headers)
                 # The server checks the subject sequence on a subject's first message only.
@@ -349,7 +356,7 @@ class EventStore:
                     headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
                     if write.expected_subject is not None:
                         headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = write.expected_subject
-                if write.rides and rider is None and len(write.messages) == 1:
+                if write.rides and rider is None and out:  # the first keeps the idempotency key
                     rider = (len(out), headers)
                 out.append((write.subject, message.data, headers))
         if not out:

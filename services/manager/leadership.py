@@ -15,16 +15,15 @@ drift corrected): a ManagerFence in the same atomic batch, expecting the term su
 (``Nats-Expected-Last-Subject-Sequence-Subject``; ``fence()``); the check rides on a
 message of the batch that checks nothing itself where there is one (``Write.rides``: a
 scheduling batch's second event of a session), so no fence record is stored then.  A take,
-unlike a renewal,
-appends a ManagerTermBegan there in the same atomic batch as the lease, so a paused
-ex-leader's write is refused whole once another manager took the lease, and the leader's own
-renewals, every quarter TTL, refuse none of its batches in flight (when fences expected the
-lease's sequence, each renewal refused them: at 20,000 live, 48 batches a burst, each
-reloaded and planned again).  The reactors' writes are not
-fenced: each is the next step of its session from what the log holds (the session subject's
-own check), which the new leader would take the same way.  The leader also stops leading on its
-own when it could not renew for a lease TTL (its lease may have lapsed meanwhile).  A stream
-made before leases existed takes no TTL: there the manager leads unleased, as one manager did.
+unlike a renewal, appends a ManagerTermBegan there in the same atomic batch as the lease, so
+a paused ex-leader's write is refused whole once another manager took the lease, and the
+leader's own renewals, every quarter TTL, refuse none of its batches in flight (when fences
+expected the lease's sequence, each renewal refused them: at 20,000 live, 48 batches a
+burst, each reloaded and planned again).  The reactors' writes are not fenced: each is the
+next step of its session from what the log holds (the session subject's own check), which the
+new leader would take the same way.  The leader also stops leading on its own when it could
+not renew for a lease TTL (its lease may have lapsed meanwhile).  A stream made before leases
+existed takes no TTL: there the manager leads unleased, as one manager did.
 """
 
 from __future__ import annotations

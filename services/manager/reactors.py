@@ -52,7 +52,7 @@ from domain import events as ev
 from domain import rpc
 from domain.reasons import Reason, info, reason_of
 from domain.session import Session
-from domain.status import PRE_RUNNING, Kernel, KernelStatus
+from domain.status import FAILED, PRE_RUNNING, Kernel, KernelStatus
 from services.manager.agent_rpc import AgentCallFailed, AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -234,7 +234,7 @@ class Reactors:
         }
         if lost:
             return await self._change(sid, lambda s: s.agents_lost(lost))
-        failed = any(k.status in (S.ERROR, S.CANCELLED) for k in kernels)
+        failed = any(k.status in FAILED for k in kernels)
         if failed and any(k.status in PRE_RUNNING or k.status is S.RUNNING for k in kernels):
             return await self._change(sid, Session.wind_down)
         if (

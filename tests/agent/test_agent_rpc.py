@@ -184,6 +184,24 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
         assert list(runtime.kernels) == ["k2"]
 
 
+async def test_a_create_that_comes_after_the_create_ended_waits_for_the_destroy_too(
+    nc: Client, store: EventStore
+) -> None:
+    """k1's create ended before k2's came (the manager placed k2 in k1's room, k1 being
+    cancelled meanwhile); the destroy of k1 is still on its way: k2 waits for it."""
+    runtime = dummy()
+    big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
+    async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
+        assert "container_id" in await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **big})
+        second = asyncio.create_task(
+            call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k2", **big}, within=10)
+        )
+        await asyncio.sleep(0.05)
+        assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": True}
+        made = await second
+        assert "container_id" in made, made
+
+
 async def test_creates_that_do_not_fit_are_refused_without_waiting_for_each_other(
     nc: Client, store: EventStore
 ) -> None:

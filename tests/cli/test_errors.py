@@ -112,6 +112,7 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
             "-r mem=300t: mem takes a size like 512m or 2g, from 6 MiB to 256 TiB",
         ),
         (("run", "test/image-0:1", "-r", "mem=1.5"), "-r mem=1.5: mem takes a size like 512m"),
+        (("run", "test/image-0:1", "-r", f"mem={'9' * 320}"), "mem takes a size like 512m"),
         (
             ("run", "test/image-0:1", "-r", "cpu=-1"),
             "-r cpu=-1: cpu takes a number of cores > 0",

@@ -150,6 +150,23 @@ async def test_a_riding_check_with_nothing_to_ride_on_is_stored(store: EventStor
     assert len(await store.read_subject(FENCE)) == 2
 
 
+async def test_a_rider_first_or_checking_nothing_is_refused_or_stored(store: EventStore) -> None:
+    [term] = await store.append([Write(TERM, msgs("term"))])
+    # first: it is stored as it is (the first message keeps an idempotency key), and a retry
+    # under the key finds the original sequences
+    writes = [fence(term), Write(A, msgs("a1", "a2"), expected_last_seq=0)]
+    assert await store.append(writes, idempotency_key="k1") == [2, 3, 4]
+    assert await store.append(writes, idempotency_key="k1") == [2, 3, 4]
+    for bad in (
+        Write(FENCE, msgs("f"), rides=True),
+        Write(FENCE, msgs("f"), expected_last_seq=term, rides=True),
+        Write(FENCE, msgs("f", "g"), expected_last_seq=term, expected_subject=TERM, rides=True),
+    ):
+        with pytest.raises(ValueError, match=r"writes\[1\] rides: it must be one message"):
+            await store.append([Write(B, msgs("b1", "b2")), bad])
+    assert await store.read_subject(B) == []
+
+
 async def test_retried_single_message_appends_once(store: EventStore) -> None:
     await store.append([Write(A, msgs("a1"), expected_last_seq=0)])
     write = Write(A, msgs("a2"), expected_last_seq=1)
