@@ -7,6 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
+from agent import server as agent_server
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import _first
 from domain import events as ev
@@ -161,11 +162,13 @@ async def test_a_create_in_flight_is_kept_by_a_sync_that_does_not_list_it_yet(
 
 
 async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
-    nc: Client, store: EventStore
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """k1 (all 2 cpu) is cancelled while its 0.3 s create runs, so the manager places k2 in
     its room and destroys k1 once it has recorded k1's create reply (a few ms after the create
     ended here): k2's create waits for that destroy (ROOM_GRACE_S), and fits."""
+    # 0.2 s by default: a margin for a loaded host between the create's end and the destroy
+    monkeypatch.setattr(agent_server, "ROOM_GRACE_S", 1.0)
     runtime = dummy(create_delay_s=0.3)
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
@@ -185,10 +188,12 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
 
 
 async def test_a_create_that_comes_after_the_create_ended_waits_for_the_destroy_too(
-    nc: Client, store: EventStore
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """k1's create ended before k2's came (the manager placed k2 in k1's room, k1 being
     cancelled meanwhile); the destroy of k1 is still on its way: k2 waits for it."""
+    # 0.2 s by default: a margin for a loaded host between the create's end and the destroy
+    monkeypatch.setattr(agent_server, "ROOM_GRACE_S", 1.0)
     runtime = dummy()
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
