@@ -105,5 +105,10 @@ def _words(detail: str) -> str:
     for pattern, words in _BOUNDS:
         m = pattern.match(detail)
         if m:
-            return words.format(*m.groups())
+            return words.format(*(_number(g) for g in m.groups()))
     return detail
+
+
+def _number(text: str) -> str:
+    """A bound as typed: msgspec says a float bound as ``3600.0``, a user typed ``3600``."""
+    return text.removesuffix(".0") if re.fullmatch(r"-?\d+\.0", text) else text

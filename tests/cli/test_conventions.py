@@ -206,7 +206,11 @@ def test_nested_and_renamed_fields_name_their_flags() -> None:
         "IMAGE: invalid reference format (got 'A B'); use a reference like python:3.12"
     )
     quota = "hoist.admin.quota.set request: Expected `float` >= 0.0 - at `$.max_cpu`"
-    assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0.0"
+    assert said(["quota", "set", "bob"], quota) == "--cpu must be at least 0"  # as typed
+    longest = "hoist.admin.quota.set request: Expected `float` <= 3600.0 - at `$.max_lifetime_s`"
+    assert said(["quota", "set", "bob"], longest) == "--lifetime must be at most 3600"
+    half = "hoist.admin.quota.set request: Expected `float` >= 0.5 - at `$.max_cpu`"
+    assert said(["quota", "set", "bob"], half) == "--cpu must be at least 0.5"
     # A field the command has no flag for, or no field: as it came, with its code.
     assert said(["ps"], "owner: 'x' is not 'y'", "forbidden") == "--owner: 'x' is not 'y'"
     assert said(["agents"], "owner: 'x' is not 'y'", "forbidden") == (
