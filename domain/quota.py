@@ -215,8 +215,8 @@ def never_fits(quota: Quota, resources: Resources, kernels: int) -> tuple[str, s
         most = quota.max_slots.get(name)
         if most is not None and amount > most + 1e-9:
             return f"resources.{name}", (
-                f"{_amount(amount)} {name} asked in all, the owner's {name} quota is"
-                f" {_amount(most)}"
+                f"{fmt_amount(amount)} {name} asked in all, the owner's {name} quota is"
+                f" {fmt_amount(most)}"
             )
     if quota.max_sessions == 0:
         return "owner", "the owner's sessions quota is 0"
@@ -249,8 +249,8 @@ def quota_failures(quota: Quota, used: Usage, resources: Resources, kernels: int
         held = used.slots.get(name, 0.0)
         if most is not None and held + amount > most + 1e-9:
             out.append(
-                f"user {name} quota ({_amount(held)} of {_amount(most)} used,"
-                f" asks {_amount(amount)})"
+                f"user {name} quota ({fmt_amount(held)} of {fmt_amount(most)} used,"
+                f" asks {fmt_amount(amount)})"
             )
     return out
 
@@ -259,7 +259,8 @@ def _num(x: float) -> str:
     return str(float(round(x, 6)))
 
 
-def _amount(x: float) -> str:
+def fmt_amount(x: float) -> str:
+    """An amount (cores, slots) without float noise: 0.1 + 0.2 reads 0.3."""
     return f"{round(x, 6):g}"
 
 

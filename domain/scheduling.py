@@ -72,7 +72,7 @@ import msgspec
 
 from domain.errors import InvalidField
 from domain.events import Capacity, ClusterMode, Resources
-from domain.quota import Quota, Usage, fmt_mem, quota_failures, totals
+from domain.quota import Quota, Usage, fmt_amount, fmt_mem, quota_failures, totals
 from domain.reasons import Reason
 
 # Kubernetes ImageLocality's thresholds: below MIN the image is cheap to pull (no bonus);
@@ -444,16 +444,12 @@ def _mc_down(cores: float) -> int:
     return max(0, math.floor(round(cores * 1000, 6)))
 
 
-def _fmt_amount(x: float) -> str:
-    return f"{round(x, 6):g}"
-
-
 def _need(cpu: float, mem: int, slots: Mapping[str, float]) -> str:
     """'2.0 cpu and 4 GiB', or with slots '2.0 cpu, 4 GiB and gpu 2'."""
     if not slots:
         return f"{float(round(cpu, 6))} cpu and {fmt_mem(mem)}"
     items = [f"{float(round(cpu, 6))} cpu", fmt_mem(mem)]
-    items += [f"{k} {_fmt_amount(v)}" for k, v in sorted(slots.items()) if v > 0]
+    items += [f"{k} {fmt_amount(v)}" for k, v in sorted(slots.items()) if v > 0]
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -710,8 +706,8 @@ class _Group:
         for k, a in _slot_ask(r):
             most = max(c[k] for c in self.cap_slots)
             if most < a:
-                have = f"the most is {_fmt_amount(most / 1000)}" if most else f"none offers {k}"
-                short.append(f"{k} {_fmt_amount(r.slots[k])} per kernel ({have})")
+                have = f"the most is {fmt_amount(most / 1000)}" if most else f"none offers {k}"
+                short.append(f"{k} {fmt_amount(r.slots[k])} per kernel ({have})")
         if short:
             return (
                 f"{NO_INSTANCES}: no live agent of resource group {self.name!r} offers "
@@ -728,7 +724,7 @@ class _Group:
             for k, a in _times(_slot_ask(r), n):
                 most = max(c[k] for c in self.cap_slots)
                 if most < a:
-                    lacking.append(f"{k} {_fmt_amount(most / 1000)}")
+                    lacking.append(f"{k} {fmt_amount(most / 1000)}")
             have = (
                 f"the most any live agent of resource group {self.name!r} has: {', '.join(lacking)}"
                 if lacking
@@ -791,8 +787,8 @@ class _Group:
             if key == "mem":
                 want, have = fmt_mem(amount), fmt_mem(caps[best])
             else:
-                want = f"{_fmt_amount(amount / 1000)} {key}"
-                have = f"{_fmt_amount(caps[best] / 1000)} {key}"
+                want = f"{fmt_amount(amount / 1000)} {key}"
+                have = f"{fmt_amount(caps[best] / 1000)} {key}"
             if not caps[best]:
                 return f"resources.{key}", (
                     f"{asked} {want} but no live agent of {whose} offers {key}"
