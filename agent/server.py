@@ -144,6 +144,10 @@ class AgentServer:
         self._destroyed: dict[str, float] = {}
         self._stopping = False  # exit callbacks are ignored from then on
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
+        # kernel id -> the log sequence its create-kernel came from (CreateKernel.seq): a sync
+        # from a view behind it spares the container.  In memory: after a restart a container
+        # a lagging view does not know is destroyed, as before sequences were sent.
+        self._asked_at: dict[str, int] = {}
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
         # Beats carry the kernels' changes once the manager acknowledged a full one (a new
@@ -598,6 +602,8 @@ class AgentServer:
                 )
                 await self._destroy_locked(kernel_id)
                 existing = None
+            if request.seq:
+                self._asked_at[kernel_id] = max(request.seq, self._asked_at.get(kernel_id, 0))
             if existing is not None:
                 return rpc.KernelCreated(
                     container_id=existing.container_id, existed=True, ports=_ports(existing)
@@ -743,6 +749,7 @@ class AgentServer:
         finally:
             self.terminating.discard(kernel_id)
             self._release(kernel_id)
+            self._asked_at.pop(kernel_id, None)
 
     @contextlib.asynccontextmanager
     async def _kernel_lock(self, kernel_id: str) -> AsyncIterator[None]:
@@ -774,9 +781,11 @@ class AgentServer:
         }
         should_end = {*request.running, *request.terminating}
         to_end = set(request.terminating)
+        view = request.view_seq
         running: list[str] = []
         destroy: list[str] = []
         unknown: list[str] = []
+        spared: list[str] = []
         busy: list[str] = []
         exits: dict[str, rpc.KernelExit] = {}
         listed_after = self._notes
@@ -800,16 +809,27 @@ class AgentServer:
             elif ended:
                 pass  # kept (with its logs) until keep_exited_s, known or not: terminated
             elif kid not in known:
-                unknown.append(kid)
+                (spared if self._past(kid, view) else unknown).append(kid)
             elif not k.running:
                 destroy.append(kid)  # never started, or paused: not the kernel running
             else:
                 running.append(kid)
         self._housekeep(kernels, listed_after)
+        # Forgotten once the view has passed them, of containers gone (removed outside Hoist)
+        listed = {k.kernel_id for k in kernels}
+        for kid in [k for k in self._asked_at if k not in listed and not self._past(k, view)]:
+            del self._asked_at[kid]
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
             log.warning(
                 "agent %s: destroyed containers the manager does not know: %s", self.id, unknown
+            )
+        if spared:
+            log.info(
+                "agent %s: kept containers created past the manager's view (seq %s): %s",
+                self.id,
+                request.view_seq,
+                spared,
             )
         have = {*running, *busy}
         terminated = sorted(k for k in should_end if k not in have)
@@ -818,8 +838,15 @@ class AgentServer:
             terminating=sorted(k for k in busy if k in known),
             terminated=terminated,
             destroyed=sorted(unknown),
+            spared=sorted(spared),
             exits={k: exits[k] for k in terminated if k in exits},
         )
+
+    def _past(self, kernel_id: str, view_seq: int | None) -> bool:
+        """Whether the kernel's create came from a record past ``view_seq`` (a view that has
+        not folded it yet: another manager's create, or its own before a restart); never
+        without one (an older manager)."""
+        return view_seq is not None and self._asked_at.get(kernel_id, 0) > view_seq
 
     def _in_flight(self, kernel_id: str) -> bool:
         """A create (or destroy) of the kernel holds its lock now."""

@@ -105,6 +105,7 @@ KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
 BeatEpoch = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
 BeatSeq = Annotated[int, msgspec.Meta(ge=0)]
+LogSeq = Annotated[int, msgspec.Meta(ge=0)]  # a sequence of the event stream
 MAX_BEAT_FLOOR_S = 60.0  # the longest interval a manager may ask of an agent (domain.beats)
 BeatFloor = Annotated[float, msgspec.Meta(ge=0, le=MAX_BEAT_FLOOR_S)]
 
@@ -174,6 +175,9 @@ class CreateKernel(_Request, kw_only=True):
     # How many kernels the session has, on all agents (added later: absent, it decodes as 1,
     # so an older manager's multi-kernel sessions get no private network; upgrade it first).
     cluster_size: ClusterSize = 1
+    # The stream sequence of the session's record the asking manager had (0: unknown): a sync
+    # from a view that has not folded that far spares the container (SyncKernels.view_seq).
+    seq: LogSeq = 0
 
 
 class KernelCreated(_Reply, kw_only=True):
@@ -202,6 +206,10 @@ class SyncKernels(_Request, kw_only=True):
     creating: KernelIds = []  # create-kernel may be in flight: never destroyed by a sync
     running: KernelIds = []
     terminating: KernelIds = []
+    # The last stream sequence the manager's view had folded (None: an older manager).  A
+    # container of a kernel in no list whose create came from a later record is spared: the
+    # view lags behind the manager that asked for it (another one, or itself before a restart).
+    view_seq: LogSeq | None = None
 
 
 class KernelExit(msgspec.Struct, frozen=True, kw_only=True):
@@ -217,6 +225,7 @@ class KernelsSynced(_Reply, kw_only=True):
     terminating: list[str]  # kernels whose container is being destroyed right now
     terminated: list[str]  # kernels the manager lists that have no (live) container here
     destroyed: list[str] = []  # containers of kernels the manager did not know, now removed
+    spared: list[str] = []  # such containers created from a record past the view: left alone
     exits: dict[str, KernelExit] = {}  # of ``terminated`` kernels whose process ended here
 
 

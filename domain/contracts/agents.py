@@ -1,10 +1,12 @@
 """Agent resource sync (served by services.manager.agent_sync).
 
 - ``hoist.admin.agent.sync {agent_ids?}`` (none: every live agent) -> ``{"agents": {id:
-  {"running", "terminated", "destroyed", "repaired": [kernel ids recorded TERMINATED]} |
-  {"error"}}}``: the manager sends each agent its kernels by status (``sync-kernels``); the
-  agent destroys containers of kernels the manager does not know (or that are over) and answers
-  which listed running ones have no live container, which the manager records TERMINATED.
+  {"running", "terminated", "destroyed", "spared", "repaired": [kernel ids recorded
+  TERMINATED]} | {"error"}}}``: the manager sends each agent its kernels by status
+  (``sync-kernels``); the agent destroys containers of kernels the manager does not know (or
+  that are over), but spares those created from a record its view has not folded yet, and
+  answers which listed running ones have no live container, which the manager records
+  TERMINATED.
 
 The manager's configurable triggers (``--agent-resource-sync-trigger``): ``after-scheduling``
 (the placed agents, right after a session is scheduled), ``before-kernel-creation`` (the agents

@@ -270,8 +270,10 @@ async def cmd_sync(args: argparse.Namespace) -> None:
         if "error" in r:
             print(f"{agent_id:<16} not synced: {r['error']}")
             continue
+        spared = r.get("spared", [])
         print(
             f"{agent_id:<16} {len(r['running'])} running; ended (container gone):"
             f" {', '.join(r['repaired']) or 'none'}; unknown containers destroyed:"
             f" {', '.join(r['destroyed']) or 'none'}"
+            + (f"; kept, created past the manager's view: {', '.join(spared)}" if spared else "")
         )

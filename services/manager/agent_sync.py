@@ -191,7 +191,7 @@ class AgentSync:
         }
         for k in self._kernels_on(agent_id):
             lists[where[k[1].status]].append(k[1].kernel_id)
-        return rpc.SyncKernels(**lists)
+        return rpc.SyncKernels(**lists, view_seq=self.fleet.last_seq)
 
     def _kernels_on(self, agent_id: str) -> list[tuple[Session, Any]]:
         out = []
@@ -219,6 +219,7 @@ class AgentSync:
             "running": reply.running,
             "terminated": reply.terminated,
             "destroyed": reply.destroyed,
+            "spared": reply.spared,
             "repaired": repaired,
         }
 

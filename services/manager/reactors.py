@@ -53,6 +53,7 @@ from domain import rpc
 from domain.reasons import Reason, info, reason_of
 from domain.session import Session
 from domain.status import FAILED, PRE_RUNNING, Kernel, KernelStatus
+from services.eventstore.repository import loaded_seq
 from services.manager.agent_rpc import AgentCallFailed, AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -423,6 +424,7 @@ class Reactors:
                 cluster_mode=session.cluster_mode,
                 extra_hosts=session.extra_hosts(k.kernel_id, addresses),
                 cluster_size=len(session.kernels),
+                seq=loaded_seq(session),  # a lagging view's sync spares what this asks for
             )
             try:
                 reply = await self.agents.call(k.agent_id, rpc.CREATE_KERNEL, request)

@@ -254,6 +254,33 @@ async def test_sync_kernels_reconciles_with_the_managers_truth(
         assert list(runtime.kernels) == ["k-run"]
 
 
+async def test_a_sync_from_a_view_behind_a_create_spares_its_container(
+    nc: Client, store: EventStore
+) -> None:
+    """A manager whose view has folded up to seq 10 does not know k-new, asked for from seq 12
+    (another manager's create, or its own before a restart): kept until a view past 12 still
+    does not know it.  A container asked for without a sequence, or from one the view passed,
+    is destroyed as a stray."""
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")):
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL, "seq": 12})
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-old", **KERNEL, "seq": 9})
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-any", **KERNEL})
+        reply = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
+        assert (reply["destroyed"], reply["spared"]) == (["k-any", "k-old"], ["k-new"])
+        assert list(runtime.kernels) == ["k-new"]
+        older = await call(nc, "a1", rpc.SYNC_KERNELS, {})  # a manager that sends no view_seq
+        assert (older["destroyed"], older.get("spared", [])) == (["k-new"], [])
+        assert runtime.kernels == {}
+
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL, "seq": 12})
+        assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 11}))["spared"] == ["k-new"]
+        passed = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 12})
+        assert (passed["destroyed"], passed.get("spared", [])) == (["k-new"], [])
+        bad = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": -1})
+        assert "view_seq" in bad["error"]["message"]
+
+
 async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")) as agent:

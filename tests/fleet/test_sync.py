@@ -10,6 +10,7 @@ import pytest
 
 from domain import rpc
 from domain.subjects import AGENT_SYNC
+from services.eventstore.repository import loaded_seq
 from services.eventstore.store import EventStore
 from services.manager import agent_sync
 from services.transport.client import Client
@@ -91,6 +92,7 @@ async def test_the_admin_sync_command_reports_and_repairs(nc: Client, store: Eve
                     "running": [],
                     "terminated": [kernel["kernel_id"]],
                     "destroyed": ["intruder"],
+                    "spared": [],
                     "repaired": [kernel["kernel_id"]],
                 }
             }
@@ -102,6 +104,26 @@ async def test_the_admin_sync_command_reports_and_repairs(nc: Client, store: Eve
         assert bad["error"]["code"] == "not-found" and "agent_ids" in bad["error"]["message"]
         bad = await request(nc, AGENT_SYNC, {"agents": ["a1"]})
         assert bad["error"]["code"] == "invalid-request" and "agents" in bad["error"]["message"]
+
+
+async def test_a_view_behind_a_create_does_not_destroy_its_container(
+    nc: Client, store: EventStore
+) -> None:
+    """create-kernel carries the session's stream sequence and sync-kernels the view's: a view
+    that has not folded the create yet (a second manager, a restarted one) spares the
+    container (a flake once had two managers' syncs destroy each other's kernels)."""
+    async with fleet(nc, store, {"a1": 10 * GB}) as agents, manager(nc, **NO_RECONCILE) as m:
+        created = await create(nc, max_wait=5)
+        [kernel] = created["kernels"]
+        asked_at = agents["a1"]._asked_at[kernel["kernel_id"]]
+        session = m.fleet.sessions[created["session_id"]]
+        assert 0 < asked_at < loaded_seq(session)  # the CREATING record, before RUNNING's
+        assert m.sync.truth("a1").view_seq == m.fleet.last_seq >= asked_at
+        lagging = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": asked_at - 1})
+        assert lagging["spared"] == [kernel["kernel_id"]] and "destroyed" not in lagging
+        reply = await admin(nc, AGENT_SYNC, {"agent_ids": ["a1"]})
+        assert reply["agents"]["a1"]["running"] == [kernel["kernel_id"]]
+        assert (await until(nc, created["session_id"]))["status"] == "RUNNING"
 
 
 async def test_heartbeats_repair_drift_without_any_trigger(nc: Client, store: EventStore) -> None:
