@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import secrets
 import time
 from collections import defaultdict
@@ -155,6 +156,10 @@ class AgentServer:
         self.beats = BeatSender(secrets.token_hex(8))
         self.pace_s = 0.0  # the floor under the interval the leading manager asked (BeatPace)
         self._repaced = asyncio.Event()  # a new floor: beat now (the manager sees it kept)
+        # The next wait's share of the interval, below 1 once after a start or a new floor
+        # (_spread); a new floor to spread after the beat it wakes
+        self._phase = 1.0
+        self._spread_after_beat = False
         self._verbs: dict[str, Callable[[Any], Awaitable[object]]] = {
             rpc.CHECK_AND_PULL: self.check_and_pull,
             rpc.PRELOAD: self.preload,
@@ -217,10 +222,9 @@ class AgentServer:
         self._sub = await self.nc.subscribe(f"{AGENT_RPC}.{self.id}.*", cb=self._on_request)
         await subscriptions_ready(self.nc)  # "ready" must mean requests find us
         await self.send_heartbeat()
+        self._spread()
         self._heartbeats = self._tasks.spawn(
-            every(
-                self.beat_interval_s, self._beat, f"agent {self.id}: heartbeat", wake=self._repaced
-            ),
+            every(self._beat_wait_s, self._beat, f"agent {self.id}: heartbeat", wake=self._repaced),
             name="heartbeats",
         )
         self._tasks.spawn(
@@ -412,8 +416,24 @@ class AgentServer:
         finally:
             self._expiring.discard(kernel_id)
 
+    def _spread(self) -> None:
+        """Make the next wait a random share of the interval.  Agents started or paced at the
+        same moment (a rack powered on, a manager that paces the whole fleet at once) would
+        otherwise beat together from then on: with 1,000 agents, a thousand beats within the
+        same second every interval, and every create in flight that second waited for them
+        (bench/lifecycle.py --scale)."""
+        self._phase = random.uniform(0.05, 1.0)
+
+    def _beat_wait_s(self) -> float:
+        return self.beat_interval_s() * self._phase
+
     async def _beat(self) -> None:
         """One round of the heartbeat loop (a failed one is logged; the next may get through)."""
+        if self._spread_after_beat:
+            self._spread_after_beat = False
+            self._spread()
+        else:
+            self._phase = 1.0
         await self.send_heartbeat()
         # Marked lost while alive (e.g. a network partition): say we are back.  Only at a beat:
         # an agent whose beats do not go out is not back.
@@ -520,7 +540,9 @@ class AgentServer:
         if request.floor_s != self.pace_s:
             self.pace_s = request.floor_s
             # A beat at once, not after the wait under way: the manager judges this agent by
-            # the floor its last beat kept until it sees the new one.
+            # the floor its last beat kept until it sees the new one.  The wait after it is
+            # spread: the manager paces every agent at once.
+            self._spread_after_beat = True
             self._repaced.set()
             log.info(
                 "agent %s: beats every %gs (%s)",

@@ -28,9 +28,12 @@ create, five appends to the event log, two agent round trips).
    row and folds the whole log (its own timing, and the time until it printed 'manager ready'),
    and the cores the manager, nats-server and the agents' processes used at the steady rate
    (/proc/<pid>/stat over that phase). The ``--agents`` dummy agents run in ``--agent-procs``
-   processes. With ``--steps``, each row is preceded by where the steady creates' time went:
-   p50 and p99 of each step (one event to the next, as they reach this client, then the last
-   to the RUNNING reply), and the start times of the slowest creates (they come in bursts).
+   processes; after each burst they run a full collection (SIGUSR1), which freezes the
+   burst's kernels, so that a process holding 250 agents' kernels does not pause the steady
+   phase for them (a real agent holds only its own). With ``--steps``, each row is preceded
+   by where the steady creates' time went: p50 and p99 of each step (one event to the next,
+   as they reach this client, then the last to the RUNNING reply), and the start times of
+   the slowest creates (they come in bursts).
 5. Side by side (``--nats-nodes N``, ``--managers M``, ``--sync-compare``): phases 1 and 2 on
    two fresh stacks in one invocation, the second's sessions/s and p99 as ratios to the
    first's: one nats-server against an N-node cluster (R3), one manager against M (one leads),
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shlex
@@ -119,6 +123,10 @@ async def run_agents(url: str, count: int, first: int = 0, heartbeat_s: float = 
     print("agents ready", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    # The scale mode's SIGUSR1 after a burst: the full collection that freezes the burst's
+    # kernels (keep_pauses_short) now, not in the steady phase, where it stalled every create
+    # on the process's 250 agents for 47-54 ms (a real agent holds its own few kernels).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, gc.collect)
     await stop.wait()
     for agent in agents:
         await agent.stop()
@@ -632,6 +640,9 @@ async def scale_row(
     row.add(f"{rate:.0f}" if more else "-")
     if more:
         await asyncio.sleep(args.settle)  # the burst's aftermath (read models, GC) settles
+        for pid in others["agents"]:  # the simulated fleet's processes collect the burst now
+            os.kill(pid, signal.SIGUSR1)
+        await asyncio.sleep(0.5)
     # The read models' process (none with --read-models-in-process): the manager's child.
     watched = {"manager": [manager.pid], "read models": children(manager.pid), **others}
     before = {name: sum(cpu_s(pid) for pid in pids) for name, pids in watched.items()}

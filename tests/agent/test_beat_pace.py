@@ -4,10 +4,13 @@ agent for a floor under its interval, and judges silence against a deadline that
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import pytest
 
 from agent.runtime.dummy import DummyRuntime
+from agent.server import AgentServer
 from domain import rpc
 from domain.beats import pace_floor, silence_deadline
 from services.eventstore.repository import Repository
@@ -149,3 +152,41 @@ async def test_a_floor_out_of_range_is_refused_naming_the_field(
             assert "floor_s" in reply["error"]["message"], reply
         assert agent.pace_s == 0.0
         assert await call(nc, "p3", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
+
+
+async def test_agents_paced_at_once_spread_their_beats_over_the_floor(
+    nc: Client, store: EventStore
+) -> None:
+    """A manager paces its whole fleet at once: each agent beats at once (the new floor seen
+    kept), then waits a random share of the floor once, so that the fleet's beats do not all
+    come in the same instant every floor from then on (1,000 agents did, and every create in
+    flight at that instant waited for them).  Never later than the floor: no deadline moves."""
+    ids = [f"s{n}" for n in range(12)]
+    beats: dict[str, list[float]] = {a: [] for a in ids}
+    async with contextlib.AsyncExitStack() as stack:
+        for agent_id in ids:
+            agent = await stack.enter_async_context(
+                running(nc, store, DummyRuntime(agent_id), config(agent_id))
+            )
+
+            async def timed(
+                agent: AgentServer = agent, times: list[float] = beats[agent_id]
+            ) -> None:
+                times.append(time.monotonic())
+                await AgentServer.send_heartbeat(agent)
+
+            agent.send_heartbeat = timed  # type: ignore[method-assign]
+        paced_at = time.monotonic()
+        replies = await asyncio.gather(*(call(nc, a, rpc.BEAT_PACE, {"floor_s": 1}) for a in ids))
+        assert all(r == {"interval_s": 1.0} for r in replies)
+        await asyncio.sleep(2.6)
+    after = {a: [t - paced_at for t in times if t >= paced_at] for a, times in beats.items()}
+    firsts = [times[0] for times in after.values()]
+    seconds = [times[1] for times in after.values()]
+    assert max(firsts) < 0.5, firsts  # at once, each
+    assert all(0 < s - f <= 1.05 for f, s in zip(firsts, seconds, strict=True)), (
+        after
+    )  # within the floor
+    assert max(seconds) - min(seconds) > 0.25, seconds  # spread, not together
+    thirds = [times[2] - times[1] for times in after.values() if len(times) > 2]
+    assert thirds and all(gap > 0.9 for gap in thirds), after  # then the floor itself
