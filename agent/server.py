@@ -837,10 +837,12 @@ class AgentServer:
             else:
                 running.append(kid)
         self._housekeep(kernels, listed_after)
-        # Forgotten once the view has passed them, of containers gone (removed outside Hoist)
+        # Forgotten once the view has passed them, of containers gone (removed outside Hoist;
+        # not a create in flight, which the listing may have missed)
         listed = {k.kernel_id for k in kernels}
         for kid in [k for k in self._asked_at if k not in listed and not self._past(k, view)]:
-            del self._asked_at[kid]
+            if not self._in_flight(kid):
+                del self._asked_at[kid]
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
             log.warning(

@@ -1,10 +1,12 @@
 """Agent resource sync (seed 002) and continuous reconciliation from heartbeats.
 
 The manager's view is the truth: ``sync(agent)`` sends the agent its kernels by status
-(``sync-kernels``); the agent destroys containers of kernels the manager does not know (or that
-are over) and answers which listed running ones have no live container, which the manager then
-records TERMINATED ``container-gone: not found on agent X`` (``container-exited: ...`` when the
-heartbeat saw the process end).
+(``sync-kernels``) and how far the view has folded the log (``view_seq``); the agent destroys
+containers of kernels the manager does not know (or that are over), except those whose
+create-kernel came from a record past ``view_seq`` (another manager's, or one a lagging view
+has not folded yet: spared, a later sync decides), and answers which listed running ones have
+no live container, which the manager then records TERMINATED ``container-gone: not found on
+agent X`` (``container-exited: ...`` when the heartbeat saw the process end).
 
 When it runs:
 - ``hoist.admin.agent.sync`` (domain.contracts.agents says what it takes and answers);
