@@ -118,7 +118,8 @@ async def test_a_view_behind_a_create_does_not_destroy_its_container(
         asked_at = agents["a1"]._asked_at[kernel["kernel_id"]]
         session = m.fleet.sessions[created["session_id"]]
         assert 0 < asked_at < loaded_seq(session)  # the CREATING record, before RUNNING's
-        assert m.sync.truth("a1").view_seq == m.fleet.last_seq >= asked_at
+        await wait_for(lambda: m.fleet.last_seq >= asked_at, 5, "the view past the create")
+        assert m.sync.truth("a1").view_seq == m.fleet.last_seq
         lagging = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": asked_at - 1})
         assert lagging["spared"] == [kernel["kernel_id"]] and "destroyed" not in lagging
         reply = await admin(nc, AGENT_SYNC, {"agent_ids": ["a1"]})
