@@ -84,11 +84,15 @@ def parse_resources(specs: list[str]) -> dict[str, float | int]:
     """``-r cpu=1 -r mem=512m -r gpu=2`` -> {"cpu": 1.0, "mem": 536870912, "gpu": 2.0}; defaults
     fill cpu and mem.  Any other name is a resource slot agents advertise (``--slot gpu=2``)."""
     out: dict[str, float | int] = dict(DEFAULT_RESOURCES)
+    given: dict[str, str] = {}
     for spec in specs:
         key, sep, value = spec.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not sep or not _SLOT.match(key):
             raise CliError(f"-r {spec}: write cpu=CORES, mem=SIZE or SLOT=AMOUNT (e.g. gpu=1)")
+        if key in given:  # not the last one silently: which one was meant?
+            raise CliError(f"-r {spec}: {key} is already given (-r {given[key]}); give it once")
+        given[key] = spec
         if key == "cpu":
             try:
                 cpu = float(value)

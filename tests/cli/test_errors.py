@@ -123,6 +123,10 @@ def test_permission_refused_for_a_client(hoist_stack: Stack) -> None:
         (("run", "test/image-0:1", "-r", "gpu=1e400"), "-r gpu=1e400: gpu takes an amount >= 0"),
         (("destroy", "a" * 129), "SESSION has 129 characters: a session id has at most 128"),
         (("run", "test/image-0:1", "-r", "Gpu!=1"), "-r Gpu!=1: write cpu=CORES, mem=SIZE"),
+        (
+            ("run", "test/image-0:1", "-r", "cpu=1", "-r", "mem=1g", "-r", "CPU=2"),
+            "-r CPU=2: cpu is already given (-r cpu=1); give it once",
+        ),
         (("run", "test/image-0:1", "--cluster-size", "0"), "-n/--cluster-size must be at least 1"),
     ],
 )
