@@ -85,6 +85,11 @@ LISTING_WAIT_S = 5.0
 # A container the agent destroyed: an exit reported for it this long after is no exit (a die
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
+# How long after its create-kernel a container a lagging view does not know is spared
+# (CreateKernel.seq): a view folds another manager's create within seconds, a restarted one its
+# whole log within ten at 20,000 live.  Bounded, so that a sequence no view reaches (a buggy
+# sender, a stream recreated with lower sequences) cannot keep an orphan alive.
+SPARE_S = 60.0
 # Whether the manager marked this agent lost is read from the log after the manager's notice
 # (rpc.LIVENESS_CHANGED), when the connection came back, and at the first beat this long after
 # the last read (a notice is at most once: one lost in a network blip is found here; seconds,
@@ -148,7 +153,7 @@ class AgentServer:
         # kernel id -> the log sequence its create-kernel came from (CreateKernel.seq): a sync
         # from a view behind it spares the container.  In memory: after a restart a container
         # a lagging view does not know is destroyed, as before sequences were sent.
-        self._asked_at: dict[str, int] = {}
+        self._asked_at: dict[str, tuple[int, float]] = {}  # (seq, monotonic time)
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
         # Beats carry the kernels' changes once the manager acknowledged a full one (a new
@@ -370,6 +375,7 @@ class AgentServer:
             return
         now = time.monotonic()
         self._destroyed = {c: t for c, t in self._destroyed.items() if now - t < TOMBSTONE_S}
+        self._asked_at = {k: a for k, a in self._asked_at.items() if now - a[1] < SPARE_S}
         # An exit of a container we destroyed (or are destroying) is our kill, not an end.
         ended = [
             k
@@ -625,7 +631,7 @@ class AgentServer:
                 await self._destroy_locked(kernel_id)
                 existing = None
             if request.seq:
-                self._asked_at[kernel_id] = max(request.seq, self._asked_at.get(kernel_id, 0))
+                self._asked_at[kernel_id] = (request.seq, time.monotonic())
             if existing is not None:
                 return rpc.KernelCreated(
                     container_id=existing.container_id, existed=True, ports=_ports(existing)
@@ -837,12 +843,6 @@ class AgentServer:
             else:
                 running.append(kid)
         self._housekeep(kernels, listed_after)
-        # Forgotten once the view has passed them, of containers gone (removed outside Hoist;
-        # not a create in flight, which the listing may have missed)
-        listed = {k.kernel_id for k in kernels}
-        for kid in [k for k in self._asked_at if k not in listed and not self._past(k, view)]:
-            if not self._in_flight(kid):
-                del self._asked_at[kid]
         await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
         if unknown:
             log.warning(
@@ -868,9 +868,10 @@ class AgentServer:
 
     def _past(self, kernel_id: str, view_seq: int | None) -> bool:
         """Whether the kernel's create came from a record past ``view_seq`` (a view that has
-        not folded it yet: another manager's create, or its own before a restart); never
-        without one (an older manager)."""
-        return view_seq is not None and self._asked_at.get(kernel_id, 0) > view_seq
+        not folded it yet: another manager's create, or its own before a restart) less than
+        SPARE_S ago; never without one (an older manager)."""
+        seq, at = self._asked_at.get(kernel_id, (0, 0.0))
+        return view_seq is not None and seq > view_seq and time.monotonic() - at < SPARE_S
 
     def _in_flight(self, kernel_id: str) -> bool:
         """A create (or destroy) of the kernel holds its lock now."""

@@ -120,13 +120,13 @@ async def run_agents(url: str, count: int, first: int = 0, heartbeat_s: float = 
     # (100-240 ms at 20,000 live, the four processes' at about the same moment, both cores)
     # stalled every create in flight, a pause no real agent has.
     keep_pauses_short()
-    print("agents ready", flush=True)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     # The scale mode's SIGUSR1 after a burst: the full collection that freezes the burst's
     # kernels (keep_pauses_short) now, not in the steady phase, where it stalled every create
     # on the process's 250 agents for 47-54 ms (a real agent holds its own few kernels).
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, gc.collect)
+    print("agents ready", flush=True)
     await stop.wait()
     for agent in agents:
         await agent.stop()
@@ -596,7 +596,7 @@ async def run_scale(args: argparse.Namespace) -> None:
                     try:
                         live, manager = await scale_row(
                             args, nc, store, server.url, log, manager, row, size, live, base_kib,
-                            others,
+                            others, agent_procs,
                         )  # fmt: skip
                     except Exception as e:
                         print(row.show(f"{type(e).__name__}: {e}"), flush=True)
@@ -630,6 +630,7 @@ async def scale_row(
     live: int,
     base_kib: int,
     others: dict[str, list[int]],
+    fleet: list[asyncio.subprocess.Process],
 ) -> tuple[int, asyncio.subprocess.Process]:
     """One row: burst up to ``size`` live, the steady rate, the figures, a restart; the live
     count after it and the (restarted) manager.  ``others``: the pids whose CPU at the steady
@@ -640,8 +641,12 @@ async def scale_row(
     row.add(f"{rate:.0f}" if more else "-")
     if more:
         await asyncio.sleep(args.settle)  # the burst's aftermath (read models, GC) settles
-        for pid in others["agents"]:  # the simulated fleet's processes collect the burst now
-            os.kill(pid, signal.SIGUSR1)
+        for proc in fleet:  # the simulated fleet's processes collect the burst now
+            if proc.returncode is not None:
+                raise RuntimeError(
+                    f"an agents' process (pid {proc.pid}) ended with {proc.returncode}: see {log}"
+                )
+            proc.send_signal(signal.SIGUSR1)
         await asyncio.sleep(0.5)
     # The read models' process (none with --read-models-in-process): the manager's child.
     watched = {"manager": [manager.pid], "read models": children(manager.pid), **others}

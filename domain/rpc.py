@@ -104,8 +104,10 @@ Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
 KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
 BeatEpoch = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
-BeatSeq = Annotated[int, msgspec.Meta(ge=0)]
-LogSeq = Annotated[int, msgspec.Meta(ge=0)]  # a sequence of the event stream
+# JetStream's sequences are uint64; msgspec bounds an int within int64, which no stream reaches
+_MAX_SEQ = 2**63 - 1
+BeatSeq = Annotated[int, msgspec.Meta(ge=0, le=_MAX_SEQ)]
+LogSeq = Annotated[int, msgspec.Meta(ge=0, le=_MAX_SEQ)]  # a sequence of the event stream
 MAX_BEAT_FLOOR_S = 60.0  # the longest interval a manager may ask of an agent (domain.beats)
 BeatFloor = Annotated[float, msgspec.Meta(ge=0, le=MAX_BEAT_FLOOR_S)]
 

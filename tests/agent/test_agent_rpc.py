@@ -277,8 +277,30 @@ async def test_a_sync_from_a_view_behind_a_create_spares_its_container(
         assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 11}))["spared"] == ["k-new"]
         passed = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 12})
         assert (passed["destroyed"], passed.get("spared", [])) == (["k-new"], [])
-        bad = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": -1})
-        assert "view_seq" in bad["error"]["message"]
+        for bad_seq in (-1, 2**64, "7", 1.5):
+            bad = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": bad_seq})
+            assert "view_seq" in bad["error"]["message"], bad
+            refused = await call(
+                nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-bad", **KERNEL, "seq": bad_seq}
+            )
+            assert "$.seq" in refused["error"]["message"], refused
+        assert "k-bad" not in runtime.kernels
+
+
+async def test_a_container_is_spared_only_for_a_while_after_its_create(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sequence no view ever reaches (a buggy sender, a stream recreated with lower
+    sequences) spares its container for SPARE_S, not for ever."""
+    monkeypatch.setattr(agent_server, "SPARE_S", 0.5)
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")):
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL, "seq": 2**62})
+        assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10}))["spared"] == ["k1"]
+        await asyncio.sleep(0.6)
+        late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
+        assert (late["destroyed"], late.get("spared", [])) == (["k1"], [])
+        assert runtime.kernels == {}
 
 
 async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
