@@ -86,8 +86,8 @@ LISTING_WAIT_S = 5.0
 # event of the kill can come after the destroy returned).
 TOMBSTONE_S = 60.0
 # How long after its create-kernel a container a lagging view does not know is spared
-# (CreateKernel.seq): a view folds another manager's create within seconds, a restarted one its
-# whole log within ten at 20,000 live.  Bounded, so that a sequence no view reaches (a buggy
+# (CreateKernel.seq): another manager's view folds a create within a second, a new leader's its
+# predecessor's creates as it takes over.  Bounded, so that a sequence no view reaches (a buggy
 # sender, a stream recreated with lower sequences) cannot keep an orphan alive.
 SPARE_S = 60.0
 # Whether the manager marked this agent lost is read from the log after the manager's notice
@@ -837,13 +837,20 @@ class AgentServer:
             elif ended:
                 pass  # kept (with its logs) until keep_exited_s, known or not: terminated
             elif kid not in known:
+                # spared running or not (a start that failed too): at most SPARE_S
                 (spared if self._past(kid, view) else unknown).append(kid)
             elif not k.running:
                 destroy.append(kid)  # never started, or paused: not the kernel running
             else:
                 running.append(kid)
         self._housekeep(kernels, listed_after)
-        await asyncio.gather(*(self._destroy(kid) for kid in [*destroy, *unknown]))
+        kept = await asyncio.gather(
+            *(self._destroy(kid) for kid in destroy),
+            *(self._destroy_stray(kid, view) for kid in unknown),
+        )
+        # A create asked again from past the view while the sync waited for the kernel's lock
+        spared += [kid for kid, k in zip(unknown, kept[len(destroy) :], strict=True) if k]
+        unknown = [kid for kid in unknown if kid not in spared]
         if unknown:
             log.warning(
                 "agent %s: destroyed containers the manager does not know: %s", self.id, unknown
@@ -852,7 +859,7 @@ class AgentServer:
             log.info(
                 "agent %s: kept containers created past the manager's view (seq %s): %s",
                 self.id,
-                request.view_seq,
+                view,
                 spared,
             )
         have = {*running, *busy}
@@ -866,9 +873,18 @@ class AgentServer:
             exits={k: exits[k] for k in terminated if k in exits},
         )
 
+    async def _destroy_stray(self, kernel_id: str, view_seq: int | None) -> bool:
+        """Destroy a container of a kernel the manager does not know, unless a create-kernel
+        from past its view took the kernel's lock first (then kept: True)."""
+        async with self._kernel_lock(kernel_id):
+            if self._past(kernel_id, view_seq):
+                return True
+            await self._destroy_locked(kernel_id)
+            return False
+
     def _past(self, kernel_id: str, view_seq: int | None) -> bool:
         """Whether the kernel's create came from a record past ``view_seq`` (a view that has
-        not folded it yet: another manager's create, or its own before a restart) less than
+        not folded it yet: another manager's create, seen by a lagging or paused one) less than
         SPARE_S ago; never without one (an older manager)."""
         seq, at = self._asked_at.get(kernel_id, (0, 0.0))
         return view_seq is not None and seq > view_seq and time.monotonic() - at < SPARE_S

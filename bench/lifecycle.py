@@ -630,7 +630,7 @@ async def scale_row(
     live: int,
     base_kib: int,
     others: dict[str, list[int]],
-    fleet: list[asyncio.subprocess.Process],
+    agent_procs: list[asyncio.subprocess.Process],
 ) -> tuple[int, asyncio.subprocess.Process]:
     """One row: burst up to ``size`` live, the steady rate, the figures, a restart; the live
     count after it and the (restarted) manager.  ``others``: the pids whose CPU at the steady
@@ -641,7 +641,7 @@ async def scale_row(
     row.add(f"{rate:.0f}" if more else "-")
     if more:
         await asyncio.sleep(args.settle)  # the burst's aftermath (read models, GC) settles
-        for proc in fleet:  # the simulated fleet's processes collect the burst now
+        for proc in agent_procs:  # the simulated fleet's processes collect the burst now
             if proc.returncode is not None:
                 raise RuntimeError(
                     f"an agents' process (pid {proc.pid}) ended with {proc.returncode}: see {log}"

@@ -210,7 +210,7 @@ class SyncKernels(_Request, kw_only=True):
     terminating: KernelIds = []
     # The last stream sequence the manager's view had folded (None: an older manager).  A
     # container of a kernel in no list whose create came from a later record is spared: the
-    # view lags behind the manager that asked for it (another one, or itself before a restart).
+    # view lags behind the manager that asked for it (another one: a follower, a paused leader).
     view_seq: LogSeq | None = None
 
 

@@ -258,7 +258,7 @@ async def test_a_sync_from_a_view_behind_a_create_spares_its_container(
     nc: Client, store: EventStore
 ) -> None:
     """A manager whose view has folded up to seq 10 does not know k-new, asked for from seq 12
-    (another manager's create, or its own before a restart): kept until a view past 12 still
+    (another manager's create, seen by a lagging one): kept until a view past 12 still
     does not know it.  A container asked for without a sequence, or from one the view passed,
     is destroyed as a stray."""
     runtime = dummy()
@@ -277,6 +277,14 @@ async def test_a_sync_from_a_view_behind_a_create_spares_its_container(
         assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 11}))["spared"] == ["k-new"]
         passed = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 12})
         assert (passed["destroyed"], passed.get("spared", [])) == (["k-new"], [])
+        # A destroy forgets the sequence: made again without one, it spares nothing
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL, "seq": 12})
+        assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k-new"}) == {
+            "destroyed": True
+        }
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL})
+        again = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
+        assert (again["destroyed"], again.get("spared", [])) == (["k-new"], [])
         for bad_seq in (-1, 2**64, "7", 1.5):
             bad = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": bad_seq})
             assert "view_seq" in bad["error"]["message"], bad
@@ -287,17 +295,41 @@ async def test_a_sync_from_a_view_behind_a_create_spares_its_container(
         assert "k-bad" not in runtime.kernels
 
 
+async def test_a_create_asked_again_while_a_sync_waits_to_destroy_keeps_its_container(
+    nc: Client, store: EventStore
+) -> None:
+    """The sync found k1 unknown; before it took k1's lock, a manager past its view asked for
+    k1 again (it exists: ``existed``): checked again under the lock, k1 stays."""
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")) as agent:
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
+        stray = agent._destroy_stray
+
+        async def late(kernel_id: str, view_seq: int | None) -> bool:
+            await asyncio.sleep(0.3)  # the create below comes first
+            return await stray(kernel_id, view_seq)
+
+        agent._destroy_stray = late  # type: ignore[method-assign]
+        syncing = asyncio.create_task(call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10}))
+        await asyncio.sleep(0.1)
+        again = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL, "seq": 12})
+        assert again["existed"] is True
+        synced = await syncing
+        assert (synced.get("destroyed", []), synced["spared"]) == ([], ["k1"])
+        assert list(runtime.kernels) == ["k1"]
+
+
 async def test_a_container_is_spared_only_for_a_while_after_its_create(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sequence no view ever reaches (a buggy sender, a stream recreated with lower
     sequences) spares its container for SPARE_S, not for ever."""
-    monkeypatch.setattr(agent_server, "SPARE_S", 0.5)
+    monkeypatch.setattr(agent_server, "SPARE_S", 1.5)
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")):
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL, "seq": 2**62})
         assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10}))["spared"] == ["k1"]
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(1.6)
         late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
         assert (late["destroyed"], late.get("spared", [])) == (["k1"], [])
         assert runtime.kernels == {}

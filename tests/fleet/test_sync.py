@@ -110,7 +110,7 @@ async def test_a_view_behind_a_create_does_not_destroy_its_container(
     nc: Client, store: EventStore
 ) -> None:
     """create-kernel carries the session's stream sequence and sync-kernels the view's: a view
-    that has not folded the create yet (a second manager, a restarted one) spares the
+    that has not folded the create yet (a second manager, a paused leader) spares the
     container (a flake once had two managers' syncs destroy each other's kernels)."""
     async with fleet(nc, store, {"a1": 10 * GB}) as agents, manager(nc, **NO_RECONCILE) as m:
         created = await create(nc, max_wait=5)
