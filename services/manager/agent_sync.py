@@ -84,6 +84,7 @@ class AgentSync:
         grace_s: float = 2.0,
         create_grace_s: float = 30.0,
         lost_grace_s: float = 15.0,
+        assured: Callable[[], bool] = lambda: True,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
@@ -94,6 +95,9 @@ class AgentSync:
         self.grace = timedelta(seconds=grace_s)
         self.create_grace = timedelta(seconds=create_grace_s)
         self.lost_grace = timedelta(seconds=lost_grace_s)
+        # Whether this manager surely still leads (Leadership.assured): a sync from the view
+        # of one that was paused past its lease would destroy its successor's kernels.
+        self.assured = assured
         self.syncs = 0  # sync-kernels calls made (tests, logs)
         self._expected_sent: dict[str, frozenset[str]] = {}
         # Agents that agreed with their last beat and have not changed since (reconcile)
@@ -206,6 +210,11 @@ class AgentSync:
 
     async def sync(self, agent_id: str, exited: Iterable[str] = ()) -> dict[str, Any]:
         """sync-kernels with the view's truth, then record what the agent no longer runs."""
+        if not self.assured():
+            return {
+                "error": "not synced: this manager's lease was not renewed in time (it may no"
+                " longer lead, its view may be old); it syncs again once renewed"
+            }
         self.syncs += 1
         try:
             reply = msgspec.convert(

@@ -143,6 +143,16 @@ class Leadership:
                 log.warning("manager lease not released (%s): it lapses on its own", e)
                 return
 
+    @property
+    def assured(self) -> bool:
+        """Leading on a lease renewed within three quarters of its TTL, so no other manager can
+        have taken it since.  A leader paused longer (SIGSTOP, a frozen VM) wakes with
+        ``leading`` still set, an old view, and timers due before its renewal runs: what its
+        view cannot fence (agent syncs, which destroy what the view does not know) waits."""
+        if self.unleased:
+            return self.leading
+        return self.leading and self.clock() - self._renewed_at < self.ttl_s * 0.75
+
     def fence(self) -> tuple[Write, ...]:
         """The writes that fence a leader's append: refused once the lease moved on (another
         manager took it, or it lapsed).  NotLeading if this manager does not lead now: what

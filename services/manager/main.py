@@ -172,6 +172,7 @@ class Manager:
             interval_s=config.reconcile_interval_s,
             grace_s=config.reconcile_grace_s,
             lost_grace_s=config.lost_grace_s,
+            assured=lambda: self.leadership is None or self.leadership.assured,
         )
         self.reactors = Reactors(
             self.fleet,

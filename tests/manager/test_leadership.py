@@ -15,6 +15,7 @@ from domain.codec import encode
 from domain.subjects import liveness_events, manager_lease, manager_term, reservation_events
 from services.eventstore.repository import Repository
 from services.eventstore.store import ConcurrencyError, EventStore, Message, Write
+from services.manager.agent_sync import AgentSync
 from services.manager.leadership import Leadership, NotLeading
 from services.manager.liveness import LivenessWatcher
 from services.transport.client import Client
@@ -255,3 +256,27 @@ async def test_a_lease_taken_back_over_a_reflected_record_begins_a_new_term(
     assert last is not None and a.term_seq == last.seq
     reservation = Write(reservation_events("a1"), [Message(b"{}")], expected_last_seq=0)
     assert len(await store.append([reservation, *a.fence()])) == 2
+
+
+async def test_a_paused_ex_leader_syncs_no_agent(nc: Client, store: EventStore) -> None:
+    """A sync destroys what the view does not know and no fence stops an RPC to an agent: a
+    leader paused past three quarters of its lease (its successor's kernels unknown to its old
+    view) syncs nothing until a renewal says it still leads."""
+    await store.ensure_stream()
+    now = [0.0]
+    old = await _leader(store, clock=lambda: now[0])
+    assert old.leading and old.assured
+
+    class NoCalls:
+        async def call(self, *args: object, **kwargs: object) -> object:
+            raise AssertionError("an agent was called")
+
+    sync = AgentSync(None, None, NoCalls(), None, assured=lambda: old.assured)  # type: ignore[arg-type]
+    now[0] = 0.8  # paused: the lease (1 s) may have lapsed, and another manager lead since
+    assert old.leading and not old.assured
+    reply = await sync.sync("a1")
+    assert "lease was not renewed in time" in reply["error"] and sync.syncs == 0
+    await old.tick()  # renewed (nobody took it here): it leads, assured again
+    assert old.assured
+    async with agents(nc, store, ["a1"]), manager(nc) as m:
+        assert m.sync.assured()  # the manager's wiring: its own leadership
