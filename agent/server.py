@@ -426,7 +426,7 @@ class AgentServer:
         """Make the next wait a random share of the interval.  Agents started or paced at the
         same moment (a rack powered on, a manager that paces the whole fleet at once) would
         otherwise beat together from then on: with 1,000 agents, a thousand beats within the
-        same second every interval, and every create in flight that second waited for them
+        same two seconds of every interval, and every create in flight then waited for them
         (bench/lifecycle.py --scale)."""
         self._phase = random.uniform(0.05, 1.0)
 
