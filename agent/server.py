@@ -848,9 +848,10 @@ class AgentServer:
             *(self._destroy(kid) for kid in destroy),
             *(self._destroy_stray(kid, view) for kid in unknown),
         )
-        # A create asked again from past the view while the sync waited for the kernel's lock
-        spared += [kid for kid, k in zip(unknown, kept[len(destroy) :], strict=True) if k]
-        unknown = [kid for kid in unknown if kid not in spared]
+        # Kept: a create asked again from past the view while the sync waited for the lock
+        strays = list(zip(unknown, kept[len(destroy) :], strict=True))
+        spared += [kid for kid, was_kept in strays if was_kept]
+        unknown = [kid for kid, was_kept in strays if not was_kept]
         if unknown:
             log.warning(
                 "agent %s: destroyed containers the manager does not know: %s", self.id, unknown

@@ -284,6 +284,8 @@ class AgentSync:
                 self.on_round(time.perf_counter() - began - self._paused_s)
 
     async def _round(self) -> list[str]:
+        if not self.assured():  # its pins and syncs would come from an old view: next round
+            return []
         now = datetime.now(UTC)
         changed = self.fleet.changed_agents | self.liveness.changed_beats
         self.fleet.changed_agents.clear()

@@ -151,7 +151,12 @@ class Leadership:
         view cannot fence (agent syncs, which destroy what the view does not know) waits."""
         if self.unleased:
             return self.leading
-        return self.leading and self.clock() - self._renewed_at < self.ttl_s * 0.75
+        return self.leading and not self._lapsing(self.clock())
+
+    def _lapsing(self, now: float) -> bool:
+        """Our lease unrenewed for three quarters of its TTL: the leader steps down at its
+        next tick, and is not assured meanwhile."""
+        return now - self._renewed_at >= self.ttl_s * 0.75
 
     def fence(self) -> tuple[Write, ...]:
         """The writes that fence a leader's append: refused once the lease moved on (another
@@ -219,7 +224,7 @@ class Leadership:
                     return
                 if not self._holds_still:
                     await self._recheck()
-                if now - self._renewed_at >= self.ttl_s * 0.75 or not self._holds_still:
+                if self._lapsing(now) or not self._holds_still:
                     await self._become(False)
                 return
             if now < self._resting_until:

@@ -276,6 +276,7 @@ async def test_a_paused_ex_leader_syncs_no_agent(nc: Client, store: EventStore) 
     assert old.leading and not old.assured
     reply = await sync.sync("a1")
     assert "lease was not renewed in time" in reply["error"] and sync.syncs == 0
+    assert await sync.reconcile() == []  # nor a reconciliation round (pins, syncs)
     await old.tick()  # renewed (nobody took it here): it leads, assured again
     assert old.assured
     async with agents(nc, store, ["a1"]), manager(nc) as m:
