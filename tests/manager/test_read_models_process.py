@@ -182,3 +182,22 @@ async def test_the_manager_stands_in_on_every_subject_the_queries_take(nc: Clien
         assert not isinstance(m.read_models, ReadModelsProcess)
         served = sorted(sub.subject for sub in m.read_models._subs)
     assert served == sorted(served_subjects())
+
+
+def test_the_child_freezes_what_it_keeps_for_the_collector() -> None:
+    """The runner's state lives as long as the process: a full collection visiting all of it
+    took 150 ms at 22,500 live sessions, so the child keeps its pauses short as the manager
+    does (services.transport.gc_pauses), from before it connects."""
+    script = (
+        "from services.manager import read_models_process as child\n"
+        "def frozen():\n"
+        "    raise ValueError('pauses kept short')\n"
+        "child.keep_pauses_short = frozen\n"
+        "raise SystemExit(child.main([':memory:']))\n"
+    )
+    env = {**os.environ, read_models_process.URL_ENV: "nats://127.0.0.1:1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 2, out
+    assert "pauses kept short" in out.stderr, out.stderr
