@@ -1,7 +1,8 @@
 """Keep the cyclic garbage collector's pauses from growing with what a process holds.
 
-For the manager (every session it folded) and for a process of many simulated agents (what
-hundreds of hosts would hold, bench/lifecycle.py's dummy fleet).  A full collection visits all
+For the manager (every session it folded), its read models' child (what the runner keeps of
+every session) and a process of many simulated agents (what hundreds of hosts would hold,
+bench/lifecycle.py's dummy fleet).  A full collection visits all
 of it: in the manager, with 10,000 live sessions one pause took 0.4-1.9 s (gc.callbacks under
 bench/lifecycle.py), which is a create's p99.  After each full collection, what survived it is
 frozen (``gc.freeze``): later collections visit only what is newer, so a pause grows with what
