@@ -818,6 +818,7 @@ class AgentServer:
         exits: dict[str, rpc.KernelExit] = {}
         listed_after = self._notes
         kernels = await self.runtime.list_kernels()
+        self._recall_asked(kernels)
         for k in kernels:
             kid = k.kernel_id
             ended = k.exit is not None  # kept for its logs; not running without an exit is not
@@ -882,6 +883,19 @@ class AgentServer:
                 return True
             await self._destroy_locked(kernel_id)
             return False
+
+    def _recall_asked(self, kernels: list[KernelContainer]) -> None:
+        """The sequences of creates this process did not hear (it restarted since), from the
+        containers' labels: a restarted agent spares what it spared before, for what is left
+        of SPARE_S since the create (by the wall clock, which a restart does not reset; a
+        create dated more than SPARE_S ahead of it, a clock set back, spares nothing)."""
+        now_wall, now = time.time(), time.monotonic()
+        for k in kernels:
+            if k.asked_seq and k.kernel_id not in self._asked_at:
+                age = now_wall - k.asked_at
+                if -SPARE_S < age < SPARE_S:
+                    age = max(0.0, age)
+                    self._asked_at[k.kernel_id] = (k.asked_seq, now - age)
 
     def _past(self, kernel_id: str, view_seq: int | None) -> bool:
         """Whether the kernel's create came from a record past ``view_seq`` (a view that has
@@ -1120,6 +1134,8 @@ def _spec(request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = ()) -> Container
         owner=request.owner,
         private_network=request.cluster_size > 1,
         gpu_ids=gpu_ids,
+        asked_seq=request.seq,
+        asked_at=time.time() if request.seq else 0.0,
     )
 
 

@@ -24,6 +24,10 @@ LABEL_MEM = "hoist.mem"
 LABEL_SLOTS = "hoist.slots"  # JSON of the resource slots it was given, e.g. {"gpu": 1}
 LABEL_GPUS = "hoist.gpus"  # comma-separated GPU ids the kernel was given
 LABEL_OWNER = "hoist.owner"  # on volumes: whose they are
+# The stream sequence its create-kernel came from and when (unix time): a restarted agent
+# still spares it from a sync whose view lags behind that sequence (agent/server.py _past).
+LABEL_ASKED_SEQ = "hoist.asked-seq"
+LABEL_ASKED_AT = "hoist.asked-at"
 
 # What a kernel runs when the create names no command is the image's own entrypoint and cmd.
 # The tests give kernels that must stay up this command explicitly.
@@ -57,6 +61,10 @@ class ContainerSpec:
     # The host's GPUs the agent gave this kernel (device indices or UUIDs): the runtime asks
     # the engine for exactly these, so two kernels never share one.
     gpu_ids: tuple[str, ...] = ()
+    # The stream sequence the create-kernel came from and its unix time (0: none given),
+    # kept with the container (LABEL_ASKED_SEQ, LABEL_ASKED_AT).
+    asked_seq: int = 0
+    asked_at: float = 0.0
 
 
 @dataclass(frozen=True, order=True)  # listed in order: port, host, host_port
@@ -129,6 +137,8 @@ class KernelContainer:
     gpu_ids: tuple[str, ...] = ()  # the GPUs it was given (a label), for a restarted agent
     ports: tuple[Published, ...] = ()
     exit: ExitInfo | None = None  # set once the process ended (running False)
+    asked_seq: int = 0  # as ContainerSpec's, read back (0: none, or an unreadable label)
+    asked_at: float = 0.0
 
 
 @dataclass(frozen=True)

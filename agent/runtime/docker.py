@@ -46,6 +46,8 @@ import requests
 
 from agent.runtime.base import (
     LABEL_AGENT,
+    LABEL_ASKED_AT,
+    LABEL_ASKED_SEQ,
     LABEL_CPU,
     LABEL_GPUS,
     LABEL_KERNEL,
@@ -433,6 +435,9 @@ class DockerRuntime:
             LABEL_MEM: str(mem_bytes),
             LABEL_SLOTS: json.dumps(dict(spec.slots), sort_keys=True),
         }
+        if spec.asked_seq:
+            labels[LABEL_ASKED_SEQ] = str(spec.asked_seq)
+            labels[LABEL_ASKED_AT] = repr(spec.asked_at)
         device_requests = []
         if spec.gpu_ids:  # exactly the GPUs the agent picked, so no two kernels share one
             labels[LABEL_GPUS] = ",".join(spec.gpu_ids)

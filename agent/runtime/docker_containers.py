@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import threading
 import time
@@ -18,6 +19,8 @@ import docker.errors
 
 from agent.runtime.base import (
     LABEL_AGENT,
+    LABEL_ASKED_AT,
+    LABEL_ASKED_SEQ,
     LABEL_CPU,
     LABEL_GPUS,
     LABEL_KERNEL,
@@ -112,7 +115,18 @@ def _kernel(
         gpu_ids=tuple(g for g in (labels.get(LABEL_GPUS) or "").split(",") if g),
         ports=ports,
         exit=exit,
+        **_asked(labels),
     )
+
+
+def _asked(labels: Mapping[str, str]) -> dict[str, Any]:
+    """The create's sequence and time from the labels; none when either does not read (a
+    label edited by hand spares nothing, it does not stop the listing)."""
+    try:
+        seq, at = int(labels.get(LABEL_ASKED_SEQ) or 0), float(labels.get(LABEL_ASKED_AT) or 0)
+    except ValueError:
+        return {}
+    return {"asked_seq": seq, "asked_at": at} if seq > 0 and math.isfinite(at) else {}
 
 
 def _kernel_from_inspect(attrs: Mapping[str, Any]) -> KernelContainer:

@@ -175,6 +175,8 @@ class DummyKernel:
             gpu_ids=tuple(self.spec.gpu_ids),  # as the docker runtime's hoist.gpus label
             ports=self.ports,
             exit=self.exit,
+            asked_seq=self.spec.asked_seq,  # and its hoist.asked-seq / hoist.asked-at labels
+            asked_at=self.spec.asked_at,
         )
 
 

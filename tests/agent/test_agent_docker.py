@@ -12,7 +12,13 @@ import docker
 import pytest
 
 from agent.pulls import PullPolicy
-from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL, LABEL_SESSION, SLEEP_FOREVER
+from agent.runtime.base import (
+    LABEL_AGENT,
+    LABEL_ASKED_SEQ,
+    LABEL_KERNEL,
+    LABEL_SESSION,
+    SLEEP_FOREVER,
+)
 from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
@@ -177,18 +183,29 @@ async def test_a_restarted_agent_reports_its_containers_and_images(
         if "task_id" in reply[small_image]:
             await event_of(store, agent_id, ev.ImagePulled, within=60, image=small_image)
         created = await call(nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k1", **kernel})
-    # The process is gone; its container is not.
+        # Asked from stream sequence 12 (another manager's create, say): labelled with it.
+        fresh = await call(
+            nc, agent_id, rpc.CREATE_KERNEL, {"kernel_id": "k2", **kernel, "seq": 12}
+        )
+    labels = client.containers.get(fresh["container_id"]).labels
+    assert labels[LABEL_ASKED_SEQ] == "12", labels
+    # The process is gone; its containers are not.
     async with running(nc, store, DockerRuntime(agent_id, base_url=docker_engine), cfg) as agent:  # type: ignore[arg-type]
         rereg = (await agent_events(store, agent_id))[-1]
         assert isinstance(rereg, ev.AgentReregistered)
         assert small_image in rereg.images
         beat = await agent.send_heartbeat()
-        assert [(k.kernel_id, k.container_id, k.status) for k in beat.kernels] == [
-            ("k1", created["container_id"], "running")
+        assert sorted((k.kernel_id, k.container_id, k.status) for k in beat.kernels) == [
+            ("k1", created["container_id"], "running"),
+            ("k2", fresh["container_id"], "running"),
         ]
-        synced = await call(nc, agent_id, rpc.SYNC_KERNELS, {"running": ["k1"]})
-        assert synced["running"] == ["k1"]
+        # A view that has not folded sequence 12 yet: k2 is spared across the restart.
+        synced = await call(nc, agent_id, rpc.SYNC_KERNELS, {"running": ["k1"], "view_seq": 10})
+        assert (synced["running"], synced["spared"]) == (["k1"], ["k2"]), synced
         assert client.containers.get(created["container_id"]).status == "running"
+        assert client.containers.get(fresh["container_id"]).status == "running"
+        passed = await call(nc, agent_id, rpc.SYNC_KERNELS, {"running": ["k1"], "view_seq": 12})
+        assert passed["destroyed"] == ["k2"], passed
 
 
 async def test_a_stalled_docker_pull_fails_with_the_stall_reason(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import pytest
 
 from agent import server as agent_server
+from agent.runtime.base import KernelContainer
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import _first
 from domain import events as ev
@@ -333,6 +335,37 @@ async def test_a_container_is_spared_only_for_a_while_after_its_create(
         late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
         assert (late["destroyed"], late.get("spared", [])) == (["k1"], [])
         assert runtime.kernels == {}
+
+
+async def test_a_restarted_agent_spares_what_it_spared_before(
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create's sequence and time are kept with its container (the docker runtime's labels):
+    an agent restarted since, which heard no create, still spares it from a lagging view, for
+    what is left of SPARE_S after the create; a create dated far ahead (a clock set back)
+    spares nothing."""
+    monkeypatch.setattr(agent_server, "SPARE_S", 3.0)
+    runtime = dummy()
+    async with running(nc, store, runtime, config("a1")):
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL, "seq": 12})
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-any", **KERNEL})
+    assert runtime.kernels["k-new"].container().asked_seq == 12
+    async with running(nc, store, runtime, config("a1")) as agent:
+        reply = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
+        assert (reply["destroyed"], reply["spared"]) == (["k-any"], ["k-new"])
+        passed = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 12})
+        assert (passed["destroyed"], passed.get("spared", [])) == (["k-new"], [])
+
+        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-late", **KERNEL, "seq": 20})
+    await asyncio.sleep(3.1)  # past SPARE_S since k-late's create
+    async with running(nc, store, runtime, config("a1")) as agent:
+        late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
+        assert (late["destroyed"], late.get("spared", [])) == (["k-late"], [])
+        ahead = KernelContainer(
+            "k-ahead", "s1", "c1", "base:1", running=True, asked_seq=30, asked_at=time.time() + 60
+        )
+        agent._recall_asked([ahead])
+        assert "k-ahead" not in agent._asked_at
 
 
 async def test_preload_and_unload(nc: Client, store: EventStore) -> None:

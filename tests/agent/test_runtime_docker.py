@@ -40,6 +40,7 @@ from agent.runtime.base import (
     VolumeMount,
 )
 from agent.runtime.docker import HANDOFF_BYTES, DockerRuntime, classify
+from agent.runtime.docker_containers import _kernel
 from agent.runtime.docker_streams import _container_pid
 from services.stack.natsserver import free_port
 from tests.infra.http import SERVE_HI, http_get
@@ -147,6 +148,25 @@ def test_daemon_messages_are_classified() -> None:
     assert type(classify(image, "pull access denied for x")).__name__ == "Unauthorized"
     assert type(classify(image, "manifest unknown", 404)) is ImageNotFound
     assert type(classify(image, "toomanyrequests: rate limit", 500)) is TransientPullError
+
+
+@pytest.mark.parametrize(
+    ("labels", "asked"),
+    [
+        ({"hoist.asked-seq": "12", "hoist.asked-at": "1796370000.5"}, (12, 1796370000.5)),
+        ({}, (0, 0.0)),  # created without a sequence, or by an older agent
+        ({"hoist.asked-seq": "twelve", "hoist.asked-at": "1"}, (0, 0.0)),  # edited by hand
+        ({"hoist.asked-seq": "12", "hoist.asked-at": "nan"}, (0, 0.0)),
+        ({"hoist.asked-seq": "-3", "hoist.asked-at": "1"}, (0, 0.0)),
+    ],
+)
+def test_a_containers_create_sequence_is_read_back_from_its_labels(
+    labels: dict[str, str], asked: tuple[int, float]
+) -> None:
+    """What a restarted agent spares by (agent/server.py _recall_asked); a label that does not
+    read spares nothing and lists the container all the same."""
+    k = _kernel({"hoist.kernel": "k1", **labels}, "c1", "base:1", True, (), None)
+    assert (k.kernel_id, k.asked_seq, k.asked_at) == ("k1", *asked)
 
 
 async def test_cancel_aborts_a_stalled_pull(
