@@ -19,21 +19,21 @@ create, five appends to the event log, two agent round trips).
    manager's wind-down) on top of getting it running. No steady phase in this mode.
 4. Scale (``--scale``): one row per size in ``--live``: a burst brings the live sessions up to
    that size (sessions/s against the >= 500/s target), then the steady ``--rate`` for
-   ``--seconds`` (p50, p99 create -> RUNNING; those sessions stay live too), then the
-   manager's resident memory per live session (its RSS, /proc/<pid>/status, minus its RSS
-   before the first burst), its scheduling pass time (mean/max), heartbeat handling time and
-   reconciliation pass time per agent (``hoist.admin.manager.stats``, since the manager
-   started, i.e. over the row), the read models' lag in events (the log's head minus the
-   ``seq`` a query replies), and the start-up fold: the manager is restarted at the end of each
-   row and folds the whole log (its own timing, and the time until it printed 'manager ready'),
-   and the cores the manager, nats-server and the agents' processes used at the steady rate
-   (/proc/<pid>/stat over that phase). The ``--agents`` dummy agents run in ``--agent-procs``
-   processes; after each burst they run a full collection (SIGUSR1), which freezes the
-   burst's kernels, so that a process holding 250 agents' kernels does not pause the steady
-   phase for them (a real agent holds only its own). With ``--steps``, each row is preceded
-   by where the steady creates' time went: p50 and p99 of each step (one event to the next,
-   as they reach this client, then the last to the RUNNING reply), and the start times of
-   the slowest creates (they come in bursts).
+   ``--seconds`` (p50, p99 create -> RUNNING; those sessions stay live too), then the manager's
+   resident memory per live session (its RSS, /proc/<pid>/status, minus its RSS before the first
+   burst; then its read models' child's, the same way), its scheduling pass time (mean/max),
+   heartbeat handling time and reconciliation pass time per agent
+   (``hoist.admin.manager.stats``, since the manager started, i.e. over the row), the read
+   models' lag in events (the log's head minus the ``seq`` a query replies), and the start-up
+   fold: the manager is restarted at the end of each row and folds the whole log (its own
+   timing, and the time until it printed 'manager ready'), and the cores the manager,
+   nats-server and the agents' processes used at the steady rate (/proc/<pid>/stat over that
+   phase). The ``--agents`` dummy agents run in ``--agent-procs`` processes; after each burst
+   they run a full collection (SIGUSR1), which freezes the burst's kernels, so that a process
+   holding 250 agents' kernels does not pause the steady phase for them (a real agent holds only
+   its own). With ``--steps``, each row is preceded by where the steady creates' time went: p50
+   and p99 of each step (one event to the next, as they reach this client, then the last to the
+   RUNNING reply), and the start times of the slowest creates (they come in bursts).
 5. Side by side (``--nats-nodes N``, ``--managers M``, ``--sync-compare``): phases 1 and 2 on
    two fresh stacks in one invocation, the second's sessions/s and p99 as ratios to the
    first's: one nats-server against an N-node cluster (R3), one manager against M (one leads),
@@ -523,9 +523,9 @@ class Row:
 
     HEADER = (
         "| agents | live sessions | burst sessions/s | p50 ms | p99 ms | KiB/session (live,"
-        " after restart) | scheduling pass ms (mean/max) | heartbeat us/agent | reconciliation"
-        " us/agent | fold s (own, to ready) | read-model lag (events) | cores at the steady rate"
-        " (manager / read models / nats-server / agents; stolen by the host) |"
+        " after restart; read models) | scheduling pass ms (mean/max) | heartbeat us/agent |"
+        " reconciliation us/agent | fold s (own, to ready) | read-model lag (events) | cores at"
+        " the steady rate (manager / read models / nats-server / agents; stolen by the host) |"
     )
 
     def __init__(self, agents: int, size: int) -> None:
@@ -570,7 +570,8 @@ async def run_scale(args: argparse.Namespace) -> None:
                 for proc in agent_procs:  # no orphans when the manager does not start
                     await stop(proc)
                 raise
-            base_kib = rss_kib(manager.pid)  # before any session, as a restarted one starts
+            # before any session, as a restarted one starts: the manager, its read models
+            base_kib = (rss_kib(manager.pid), sum(rss_kib(p) for p in children(manager.pid)))
             floor = pace_floor(args.agents, args.heartbeats_per_second or DEFAULT_BEATS_PER_S)
             paced = " (the manager's pace)" if floor > args.heartbeat_interval else ""
             nc = await connect(server.url, name="bench-client", pending_size=256 * 1024 * 1024)
@@ -628,7 +629,7 @@ async def scale_row(
     row: Row,
     size: int,
     live: int,
-    base_kib: int,
+    base_kib: tuple[int, int],
     others: dict[str, list[int]],
     agent_procs: list[asyncio.subprocess.Process],
 ) -> tuple[int, asyncio.subprocess.Process]:
@@ -680,6 +681,14 @@ async def scale_row(
     head = await store.head()
     models = await ask(nc, query_subject("sessions"), {"limit": 1})
     live_kib = rss_kib(manager.pid)
+    # The read models' child (none in process): what it keeps grows with the log too, and
+    # what it froze for the collector (services.transport.gc_pauses) would show here.
+    model_pids = children(manager.pid)
+    models_kib = (
+        f"{(sum(rss_kib(pid) for pid in model_pids) - base_kib[1]) / live:.1f}"
+        if model_pids
+        else "-"
+    )
     if args.verify:  # what `hoist verify` asks: the live read models against a rebuild
         verified = await ask(nc, VERIFY_SUBJECT, {}, 600)
         print(
@@ -703,7 +712,8 @@ async def scale_row(
     agents = int(stats["live_agents"])
     row.cells[1] = f"{live:,}"
     row.add(
-        f"{(live_kib - base_kib) / live:.1f}, {(restart_kib - base_kib) / live:.1f}",
+        f"{(live_kib - base_kib[0]) / live:.1f}, {(restart_kib - base_kib[0]) / live:.1f};"
+        f" {models_kib}",
         f"{passes['mean_ms']:.2f} / {passes['max_ms']:.1f}",
         f"{beats['mean_ms'] * 1000:.0f}",
         f"{recs['mean_ms'] * 1000 / max(agents, 1):.1f}" if recs["count"] else "-",

@@ -41,6 +41,9 @@ def test_scale_mode_prints_one_row_per_size() -> None:
     assert all(0 <= float(x) <= (os.cpu_count() or 1) for x in stolen), out
     assert all(s[0] > 0 for s in shares), out  # the manager worked at the steady rate
     assert all(s[1] > 0 for s in shares), out  # ... and its read models' child process
+    # KiB a live session: the manager's while running and after a restart; its read models'
+    kib = [c[5].replace(";", ",").split(",") for c in cells]
+    assert all(len(k) == 3 and all(float(x) == float(x) for x in k) for k in kib), out
     # live: the size, plus the steady sessions (20/s for 1 s) that stay live
     assert [c[1].strip() for c in cells] == ["80", "120"], out
     assert "in 2 processes" in out, out
