@@ -151,9 +151,12 @@ class AgentServer:
         self._stopping = False  # exit callbacks are ignored from then on
         self._expiring: set[str] = set()  # ended kernels whose container is being removed
         # kernel id -> the log sequence its create-kernel came from (CreateKernel.seq): a sync
-        # from a view behind it spares the container.  In memory: after a restart a container
-        # a lagging view does not know is destroyed, as before sequences were sent.
+        # from a view behind it spares the container.  The first create's sequence and time
+        # are also its container's labels, which a restarted agent reads back (_recall_asked).
         self._asked_at: dict[str, tuple[int, float]] = {}  # (seq, monotonic time)
+        # Containers made or read back by this process: their labels are never read again,
+        # so a pruned entry is not seeded anew (each is spared SPARE_S at most, once).
+        self._recalled: set[str] = set()
         self._volume_names: tuple[float, list[str]] | None = None  # (monotonic, names) cache
         self._last_listing: tuple[list[KernelContainer], list[PulledImage]] | None = None
         # Beats carry the kernels' changes once the manager acknowledged a full one (a new
@@ -630,12 +633,16 @@ class AgentServer:
                 )
                 await self._destroy_locked(kernel_id)
                 existing = None
+            asked_wall = time.time()  # the label's, taken with the memory's
             if request.seq:
                 self._asked_at[kernel_id] = (request.seq, time.monotonic())
             if existing is not None:
+                self._recalled.add(existing.container_id)  # the labels keep the first create's
                 return rpc.KernelCreated(
                     container_id=existing.container_id, existed=True, ports=_ports(existing)
                 )
+            if not request.seq:  # a new container: nothing of an earlier one's is spared
+                self._asked_at.pop(kernel_id, None)
             res = request.resources
             gpus = _whole_gpus(res)
             await self._room_for(kernel_id, res)
@@ -654,7 +661,7 @@ class AgentServer:
                     request.image,
                     res.cpu,
                     res.mem,
-                    _spec(request, gpu_ids),
+                    _spec(request, gpu_ids, asked_wall),
                 )
             except KernelExists as e:
                 self._release(kernel_id)
@@ -672,6 +679,7 @@ class AgentServer:
             except BaseException:
                 self._release(kernel_id)
                 raise
+            self._recalled.add(container_id)  # its labels say what memory says
             self.last_used[request.image] = time.time()
             made = await self._container(kernel_id)
             ports = _ports(made) if made is not None else []
@@ -886,16 +894,21 @@ class AgentServer:
 
     def _recall_asked(self, kernels: list[KernelContainer]) -> None:
         """The sequences of creates this process did not hear (it restarted since), from the
-        containers' labels: a restarted agent spares what it spared before, for what is left
-        of SPARE_S since the create (by the wall clock, which a restart does not reset; a
-        create dated more than SPARE_S ahead of it, a clock set back, spares nothing)."""
+        containers' labels, once per container: a restarted agent spares what it spared
+        before, for what is left of SPARE_S since the create by the wall clock (which a
+        restart does not reset); a create dated ahead of the clock (set back since) counts
+        from now, more than SPARE_S ahead not at all."""
         now_wall, now = time.time(), time.monotonic()
+        listed = {k.container_id for k in kernels}
         for k in kernels:
+            if k.container_id in self._recalled:
+                continue
+            self._recalled.add(k.container_id)
             if k.asked_seq and k.kernel_id not in self._asked_at:
                 age = now_wall - k.asked_at
                 if -SPARE_S < age < SPARE_S:
-                    age = max(0.0, age)
-                    self._asked_at[k.kernel_id] = (k.asked_seq, now - age)
+                    self._asked_at[k.kernel_id] = (k.asked_seq, now - max(0.0, age))
+        self._recalled &= listed  # what is gone is not listed again
 
     def _past(self, kernel_id: str, view_seq: int | None) -> bool:
         """Whether the kernel's create came from a record past ``view_seq`` (a view that has
@@ -1120,7 +1133,9 @@ def _whole_gpus(res: ev.Resources) -> int:
     return int(amount)
 
 
-def _spec(request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = ()) -> ContainerSpec:
+def _spec(
+    request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = (), asked_at: float = 0.0
+) -> ContainerSpec:
     spec = request.spec
     return ContainerSpec(
         command=spec.command,
@@ -1135,7 +1150,7 @@ def _spec(request: rpc.CreateKernel, gpu_ids: tuple[str, ...] = ()) -> Container
         private_network=request.cluster_size > 1,
         gpu_ids=gpu_ids,
         asked_seq=request.seq,
-        asked_at=time.time() if request.seq else 0.0,
+        asked_at=asked_at if request.seq else 0.0,
     )
 
 

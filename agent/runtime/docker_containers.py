@@ -126,7 +126,7 @@ def _asked(labels: Mapping[str, str]) -> dict[str, Any]:
         seq, at = int(labels.get(LABEL_ASKED_SEQ) or 0), float(labels.get(LABEL_ASKED_AT) or 0)
     except ValueError:
         return {}
-    return {"asked_seq": seq, "asked_at": at} if seq > 0 and math.isfinite(at) else {}
+    return {"asked_seq": seq, "asked_at": at} if seq > 0 and math.isfinite(at) and at > 0 else {}
 
 
 def _kernel_from_inspect(attrs: Mapping[str, Any]) -> KernelContainer:

@@ -338,34 +338,50 @@ async def test_a_container_is_spared_only_for_a_while_after_its_create(
 
 
 async def test_a_restarted_agent_spares_what_it_spared_before(
-    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
+    nc: Client, store: EventStore
 ) -> None:
     """A create's sequence and time are kept with its container (the docker runtime's labels):
-    an agent restarted since, which heard no create, still spares it from a lagging view, for
-    what is left of SPARE_S after the create; a create dated far ahead (a clock set back)
-    spares nothing."""
-    monkeypatch.setattr(agent_server, "SPARE_S", 3.0)
+    an agent restarted since, which heard no create, still spares it from a lagging view."""
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")):
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-new", **KERNEL, "seq": 12})
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-any", **KERNEL})
     assert runtime.kernels["k-new"].container().asked_seq == 12
-    async with running(nc, store, runtime, config("a1")) as agent:
+    async with running(nc, store, runtime, config("a1")):
         reply = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
         assert (reply["destroyed"], reply["spared"]) == (["k-any"], ["k-new"])
         passed = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 12})
         assert (passed["destroyed"], passed.get("spared", [])) == (["k-new"], [])
 
-        await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k-late", **KERNEL, "seq": 20})
-    await asyncio.sleep(3.1)  # past SPARE_S since k-late's create
-    async with running(nc, store, runtime, config("a1")) as agent:
-        late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
-        assert (late["destroyed"], late.get("spared", [])) == (["k-late"], [])
-        ahead = KernelContainer(
-            "k-ahead", "s1", "c1", "base:1", running=True, asked_seq=30, asked_at=time.time() + 60
+
+async def test_a_label_spares_for_what_is_left_of_spare_s_once(
+    nc: Client, store: EventStore
+) -> None:
+    """Read back, a create's time counts by the wall clock: one SPARE_S old spares nothing;
+    one dated ahead (a clock set back) counts from now, one more than SPARE_S ahead not at
+    all; and a container's labels are read once per process, so an entry pruned after SPARE_S
+    is not seeded again (a container is spared SPARE_S at most)."""
+    spare = agent_server.SPARE_S
+    now = time.time()
+
+    def made(kid: str, at: float) -> KernelContainer:
+        return KernelContainer(kid, "s1", f"c-{kid}", "base:1", True, asked_seq=30, asked_at=at)
+
+    async with running(nc, store, dummy(), config("a1")) as agent:
+        old, ahead, far = (
+            made("k-old", now - spare - 1),
+            made("k-ahead", now + 30),
+            made("k-far", now + spare + 1),
         )
-        agent._recall_asked([ahead])
-        assert "k-ahead" not in agent._asked_at
+        agent._recall_asked([old, ahead, far])
+        assert set(agent._asked_at) == {"k-ahead"}
+        assert time.monotonic() - agent._asked_at["k-ahead"][1] < 5  # from now, not later
+        agent._asked_at.clear()  # as _housekeep prunes it SPARE_S later
+        agent._recall_asked([old, ahead, far])
+        assert agent._asked_at == {}
+        # A container gone from the listing is forgotten: its id could come back only anew
+        agent._recall_asked([old])
+        assert agent._recalled == {"c-k-old"}
 
 
 async def test_preload_and_unload(nc: Client, store: EventStore) -> None:

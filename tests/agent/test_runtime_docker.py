@@ -158,6 +158,9 @@ def test_daemon_messages_are_classified() -> None:
         ({"hoist.asked-seq": "twelve", "hoist.asked-at": "1"}, (0, 0.0)),  # edited by hand
         ({"hoist.asked-seq": "12", "hoist.asked-at": "nan"}, (0, 0.0)),
         ({"hoist.asked-seq": "-3", "hoist.asked-at": "1"}, (0, 0.0)),
+        ({"hoist.asked-seq": "12", "hoist.asked-at": "inf"}, (0, 0.0)),
+        ({"hoist.asked-seq": "12"}, (0, 0.0)),  # no time: nothing to count SPARE_S from
+        ({"hoist.asked-seq": "9" * 5000, "hoist.asked-at": "1"}, (0, 0.0)),  # int() refuses
     ],
 )
 def test_a_containers_create_sequence_is_read_back_from_its_labels(
