@@ -109,14 +109,25 @@ def _kernel(
         container_id=container_id,
         image=canonical_or_same(image),  # the engine may list a short form: one name per image
         running=running,
-        cpu=float(labels.get(LABEL_CPU) or 0),
-        mem_bytes=int(labels.get(LABEL_MEM) or 0),
+        cpu=_amount(labels, LABEL_CPU, float),
+        mem_bytes=int(_amount(labels, LABEL_MEM, int)),
         slots=_slots(labels),
         gpu_ids=tuple(g for g in (labels.get(LABEL_GPUS) or "").split(",") if g),
         ports=ports,
         exit=exit,
         **_asked(labels),
     )
+
+
+def _amount(labels: Mapping[str, str], label: str, kind: type[float] | type[int]) -> float:
+    """What a container was given, from its label; 0 when it does not read as a finite amount
+    >= 0 (anyone with the engine's socket can label a container: a bad label must not stop
+    every listing, and so every heartbeat and sync; the container is listed holding nothing)."""
+    try:
+        value = kind(labels.get(label) or 0)
+    except ValueError:
+        return 0
+    return value if math.isfinite(value) and value >= 0 else 0
 
 
 def _asked(labels: Mapping[str, str]) -> dict[str, Any]:

@@ -172,6 +172,26 @@ def test_a_containers_create_sequence_is_read_back_from_its_labels(
     assert (k.kernel_id, k.asked_seq, k.asked_at) == ("k1", *asked)
 
 
+@pytest.mark.parametrize(
+    ("cpu", "mem", "given"),
+    [
+        ("0.5", "268435456", (0.5, 268435456)),
+        ("abc", "1e9", (0.0, 0)),  # anyone with the engine's socket can label a container
+        ("nan", "-5", (0.0, 0)),
+        ("inf", "9" * 5000, (0.0, 0)),
+        ("-1", "", (0.0, 0)),
+    ],
+)
+def test_a_bad_resource_label_lists_the_container_holding_nothing(
+    cpu: str, mem: str, given: tuple[float, int]
+) -> None:
+    """A label that does not read stopped every listing (each heartbeat and sync) before."""
+    k = _kernel(
+        {"hoist.kernel": "k1", "hoist.cpu": cpu, "hoist.mem": mem}, "c1", "b:1", True, (), None
+    )
+    assert (k.kernel_id, k.cpu, k.mem_bytes) == ("k1", *given)
+
+
 async def test_cancel_aborts_a_stalled_pull(
     runtime: DockerRuntime, stall_image: str, stall_proxy: RegistryProxy, docker_engine: str
 ) -> None:
