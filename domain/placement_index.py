@@ -20,11 +20,10 @@ only when an agent's capacity, group or liveness changes.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from domain.quota import Quota, Usage
 from domain.scheduling import (
-    NO_INSTANCES,
     AgentView,
     Limits,
     PendingSession,
@@ -42,6 +41,7 @@ from domain.scheduling import (
     _times,
     decide_all,
     locality_bonus,
+    no_live_agents,
 )
 
 Key = tuple[float, str, "_Agent"]  # (-score, agent_id, the agent): best first
@@ -69,9 +69,10 @@ class _Agent:
 class _IndexedGroup:
     """One resource group's live agents, sorted best first, kept between plans."""
 
-    def __init__(self, name: str, policy: Policy) -> None:
+    def __init__(self, name: str, policy: Policy, live_groups: Collection[str] = ()) -> None:
         self.name = name
         self.policy = policy
+        self.live_groups = live_groups  # named when this one has no live agent
         self.concentrated = policy.strategy == "concentrated"
         self.agents: dict[str, _Agent] = {}
         self.order: list[Key] = []  # every agent with room
@@ -247,7 +248,7 @@ class _IndexedGroup:
     def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]:
         """As ``_Group.place``: placements for every kernel, or None and why not."""
         if not self.agents:
-            return None, f"{NO_INSTANCES}: resource group {self.name!r} has no live agents"
+            return None, no_live_agents(self.name, self.live_groups)
         n, single = session.cluster_size, _single(session)
         cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
         slots = _slot_ask(session.resources)
@@ -339,7 +340,7 @@ class AgentIndex:
 
     def group(self, name: str) -> _IndexedGroup:
         """The group's agents (an empty one, not kept, when it has no live agent)."""
-        return self.groups.get(name) or _IndexedGroup(name, self.policy)
+        return self.groups.get(name) or _IndexedGroup(name, self.policy, tuple(self.groups))
 
 
 def plan_indexed(

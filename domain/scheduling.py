@@ -64,7 +64,7 @@ import bisect
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Literal, Protocol
 
@@ -85,6 +85,16 @@ Key = tuple[float, str, int]  # an agent's place in a best-first list: (-score, 
 SlotAsk = tuple[tuple[str, int], ...]  # (slot, milli-units) asked, amount > 0, sorted by slot
 Route = tuple[str, str | None]  # (image, first slot asked or None): which holders' list to walk
 NO_INSTANCES = Reason.NO_AVAILABLE_INSTANCES
+
+
+def no_live_agents(group: str, live_groups: Collection[str]) -> str:
+    """Why a group without a live agent places nothing, naming the groups that have one (a
+    misspelt ``resource_group`` waits here: a stack's agents may still be starting)."""
+    where = ", ".join(repr(g) for g in sorted(live_groups)) or "none yet"
+    return (
+        f"{NO_INSTANCES}: resource group {group!r} has no live agents (resource groups with"
+        f" live agents: {where})"
+    )
 
 
 class AgentView(msgspec.Struct, frozen=True, kw_only=True):
@@ -236,9 +246,10 @@ def plan(
     _check_unique("pending", [s.session_id for s in pending])
     queue = sorted(pending, key=lambda s: (s.enqueued_at, s.session_id))
     groups: dict[str, _Group] = {}
+    live_groups = {a.resource_group for a in agents if a.live}
     for session in queue:
         if session.resource_group not in groups:
-            groups[session.resource_group] = _Group(session.resource_group, policy)
+            groups[session.resource_group] = _Group(session.resource_group, policy, live_groups)
         groups[session.resource_group].note_request(session)
     for agent in sorted(agents, key=lambda a: a.agent_id):
         group = groups.get(agent.resource_group)
@@ -466,8 +477,9 @@ def _times(ask: SlotAsk, n: int) -> SlotAsk:
 class _Group:
     """One resource group's live agents and their free room during a plan."""
 
-    def __init__(self, name: str, policy: Policy) -> None:
+    def __init__(self, name: str, policy: Policy, live_groups: Collection[str] = ()) -> None:
         self.name = name
+        self.live_groups = live_groups  # named when this one has no live agent
         self.concentrated = policy.strategy == "concentrated"
         self.locality_weight = policy.locality_weight if policy.image_locality else 0.0
         self.ids: list[str] = []
@@ -647,7 +659,7 @@ class _Group:
     def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]:
         """Placements for every kernel, or None and the status_info saying what was needed."""
         if not self.ids:
-            return None, f"{NO_INSTANCES}: resource group {self.name!r} has no live agents"
+            return None, no_live_agents(self.name, self.live_groups)
         n, single = session.cluster_size, _single(session)
         cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
         slots = _slot_ask(session.resources)

@@ -1239,7 +1239,12 @@ def test_dead_agents_and_other_resource_groups_get_nothing() -> None:
         " 4 GiB free"
     )
     empty = run([session("s", group="tpu")], fleet)
-    assert info(empty["s"]) == "no-available-instances: resource group 'tpu' has no live agents"
+    assert info(empty["s"]) == (
+        "no-available-instances: resource group 'tpu' has no live agents (resource groups with"
+        " live agents: 'default', 'gpu')"  # a misspelt group: which ones there are
+    )
+    alone = run([session("s", group="tpu")], [agent("dead", cpu=64, live=False)])
+    assert info(alone["s"]).endswith("(resource groups with live agents: none yet)"), alone
 
 
 # --- input checks and cost --------------------------------------------------------------------
