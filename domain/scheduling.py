@@ -87,10 +87,16 @@ Route = tuple[str, str | None]  # (image, first slot asked or None): which holde
 NO_INSTANCES = Reason.NO_AVAILABLE_INSTANCES
 
 
+_GROUPS_SHOWN = 8  # a reason stays one readable line
+
+
 def no_live_agents(group: str, live_groups: Collection[str]) -> str:
     """Why a group without a live agent places nothing, naming the groups that have one (a
     misspelt ``resource_group`` waits here: a stack's agents may still be starting)."""
-    where = ", ".join(repr(g) for g in sorted(live_groups)) or "none yet"
+    names = sorted(live_groups)
+    where = ", ".join(repr(g) for g in names[:_GROUPS_SHOWN]) or "none yet"
+    if len(names) > _GROUPS_SHOWN:
+        where += f" and {len(names) - _GROUPS_SHOWN} more (hoist agents lists them)"
     return (
         f"{NO_INSTANCES}: resource group {group!r} has no live agents (resource groups with"
         f" live agents: {where})"

@@ -1245,6 +1245,9 @@ def test_dead_agents_and_other_resource_groups_get_nothing() -> None:
     )
     alone = run([session("s", group="tpu")], [agent("dead", cpu=64, live=False)])
     assert info(alone["s"]).endswith("(resource groups with live agents: none yet)"), alone
+    many = [agent(f"a{i:02}", cpu=1, group=f"g{i:02}") for i in range(12)]
+    crowded = info(run([session("s", group="tpu")], many)["s"])
+    assert crowded.endswith("'g07' and 4 more (hoist agents lists them))"), crowded
 
 
 # --- input checks and cost --------------------------------------------------------------------
