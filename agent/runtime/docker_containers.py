@@ -133,11 +133,8 @@ def _amount(labels: Mapping[str, str], label: str, kind: type[float] | type[int]
 def _asked(labels: Mapping[str, str]) -> dict[str, Any]:
     """The create's sequence and time from the labels; none when either does not read (a
     label edited by hand spares nothing, it does not stop the listing)."""
-    try:
-        seq, at = int(labels.get(LABEL_ASKED_SEQ) or 0), float(labels.get(LABEL_ASKED_AT) or 0)
-    except ValueError:
-        return {}
-    return {"asked_seq": seq, "asked_at": at} if seq > 0 and math.isfinite(at) and at > 0 else {}
+    seq, at = int(_amount(labels, LABEL_ASKED_SEQ, int)), _amount(labels, LABEL_ASKED_AT, float)
+    return {"asked_seq": seq, "asked_at": at} if seq > 0 and at > 0 else {}
 
 
 def _kernel_from_inspect(attrs: Mapping[str, Any]) -> KernelContainer:
