@@ -21,6 +21,32 @@ from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     stall_proxy,
 )
 
+# --- parallel runs (pytest-xdist, `./dev test` runs -n 4 --dist loadgroup) ----------------------
+# A test that shares a module- or class-scoped fixture goes to the worker of its module's other
+# tests (one stack per module, as in a serial run); every test that uses the Docker Engine goes to
+# one worker (one dockerd, one registry, one build of each image, and no test sees another
+# test's images or networks come and go); the rest are spread one by one.
+DOCKER_GROUP = "docker"
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The group a test runs in, or None for a test any worker may take on its own."""
+    names = getattr(item, "fixturenames", ())
+    if "docker_engine" in names:
+        return DOCKER_GROUP
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope in ("module", "class", "package") for fixdefs in defs for d in fixdefs):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
