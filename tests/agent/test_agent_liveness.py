@@ -29,17 +29,22 @@ from tests.agent.agent_harness import (
 async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
     nc: Client, store: EventStore
 ) -> None:
+    clock = Clock()
     async with watching(
-        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1, clock=clock)
     ) as watcher:
         async with running(nc, store, DummyRuntime("a1"), config("a1")) as agent:
             await wait_for(lambda: "a1" in watcher.last_beat, 5, "a heartbeat")
-            await asyncio.sleep(1.5)  # beating every 0.2 s: not lost
+            for _ in range(6):  # 1.5 s of the watcher's time, a beat every 0.25 s: not lost
+                clock.now += 0.25
+                await agent.send_heartbeat()
+                await wait_for(lambda: watcher.last_seen["a1"] == clock.now, 5, "the beat")
+                assert await watcher.check() == [] and "a1" not in watcher.marked
             assert [type(e) for e in await agent_events(store, "a1")] == [ev.AgentRegistered]
 
             assert agent._heartbeats is not None
             agent._heartbeats.cancel()  # the agent falls silent (e.g. a partition)
-            lost = await _lost_event(store, "a1", within=10)
+            lost = await _silent_until_lost(store, watcher, clock, "a1")
             assert lost.status_info == "heartbeat-timeout: no heartbeat for 1s"
 
             # Heard of again: the agent notices it was marked lost and says it is back.
@@ -56,10 +61,11 @@ async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_b
 ) -> None:
     monkeypatch.setattr(server, "LOOK_EVERY_S", 10.0**6)  # no backstop: only the notice
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
-    async with running(nc, store, DummyRuntime("a5"), config("a5")) as agent:
+    cfg = config("a5", heartbeat_interval_s=0.05)
+    async with running(nc, store, DummyRuntime("a5"), cfg) as agent:
         reads, beats = count_calls(agent.facts, "refresh"), count_calls(agent, "send_heartbeat")
-        await asyncio.sleep(2.0)  # about 10 beats at 0.2 s
-        assert beats[0] >= 5 and reads[0] <= 1, (beats, reads)  # it read at every beat once
+        await wait_for(lambda: beats[0] >= 10, 10, "10 beats")
+        assert reads[0] <= 1, (beats, reads)  # it read at every beat once
 
         # The manager marks it lost (a partition it could not see) and tells it: the agent
         # reads the subject at its next beat, and says it is back.
@@ -118,21 +124,48 @@ async def test_only_a_well_formed_beat_of_the_agent_keeps_it_alive(
     async with running(nc, store, DummyRuntime("a3"), config("a3")) as agent:
         pass
     assert agent.first_registration
-    async with watching(
-        LivenessWatcher(nc, Repository(store), deadline_s=0.5, check_interval_s=0.05),
-        known_agents=["a3"],
-    ) as watcher:
+    clock = Clock()
+    watcher = LivenessWatcher(
+        nc, Repository(store), deadline_s=0.5, check_interval_s=0.05, clock=clock
+    )
+    heard = count_calls(watcher, "_on_heartbeat")
+    async with watching(watcher, known_agents=["a3"]):
         other = (
             b'{"agent_id": "a4", "sent_at": "2026-01-01T00:00:00Z", "kernels": [],'
             b' "free": {"cpu": 1, "mem": 1, "disk": 1}, "images": [], "pulls": {}}'
         )
-        for _ in range(12):  # beats every 0.1 s, for longer than the deadline
+        for n in range(1, 13):  # beats every 0.1 s of its time, for longer than the deadline
             await nc.publish("hoist.heartbeat.a3", b'{"type": "junk"}')
             await nc.publish("hoist.heartbeat.a3", other)
-            await asyncio.sleep(0.1)
-        lost = await _lost_event(store, "a3", within=5)
+            await wait_for(lambda n=n: heard[0] >= 2 * n, 5, "the watcher to take them")
+            clock.now += 0.1
+            await watcher.check()
+        lost = await _lost_event(store, "a3", within=1)  # recorded by then
         assert lost.status_info.startswith("heartbeat-timeout")
         assert "a3" not in watcher.last_beat
+
+
+class Clock:
+    """The watcher's clock, moved by the test: its deadlines pass without waiting them out."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _silent_until_lost(
+    store: EventStore, watcher: LivenessWatcher, clock: Clock, agent_id: str
+) -> ev.AgentLost:
+    """Move the watcher's clock on in steps shorter than what it takes for a stall of its own
+    (it judges nobody after one) until it records the agent lost; that AgentLost."""
+    for _ in range(40):  # 10 s of its time
+        if await store.read_subject(liveness_events(agent_id)):
+            return await _lost_event(store, agent_id, within=1)
+        clock.now += 0.25
+        await watcher.check()
+    raise AssertionError(f"{agent_id} not marked lost after 10 s of the watcher's time")
 
 
 async def _lost_event(store: EventStore, agent_id: str, within: float) -> ev.AgentLost:

@@ -29,6 +29,16 @@ from tests.agent.agent_harness import (
 )
 
 
+class Clock:
+    """A liveness watcher's clock, moved by the test: a deadline passes without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_the_floor_keeps_the_fleet_within_its_beats_per_second() -> None:
     assert pace_floor(0, 100) == 0 and pace_floor(200, 100) == 0  # fits at 2 s each: no floor
     assert pace_floor(201, 100) == 3.0  # whole seconds, rounded up
@@ -115,8 +125,10 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
             # Paced, an agent silent for the manager's own 1 s deadline is not lost.
             assert not watcher.marked and await watcher.check() == []
 
-            # The fleet fits again (a larger budget here): told at the next beat, within 4 s.
+            # The fleet fits again (a larger budget here): told at its next beat (sent here, not
+            # waited for: up to 4 s away), which it answers with one at its own pace.
             watcher.beats_per_s = 100.0
+            await one.send_heartbeat()
             await wait_for(lambda: watcher.silence_deadline_s("p1") == 1.0, 10, "floor lifted")
             assert one.pace_s == 0.0 and one.beat_interval_s() == 0.2
 
@@ -125,14 +137,19 @@ async def test_an_agent_is_judged_by_the_floor_its_last_beat_kept_and_beats_at_a
     nc: Client, store: EventStore
 ) -> None:
     # No manager tells a pace here (no agents RPC): the test does, as a manager would.
+    clock = Clock()
     async with watching(
-        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1)
+        LivenessWatcher(nc, Repository(store), deadline_s=1.0, check_interval_s=0.1, clock=clock)
     ) as watcher:
         async with running(nc, store, DummyRuntime("p4"), config("p4")) as agent:
             assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 3}) == {"interval_s": 3.0}
             await wait_for(lambda: watcher.silence_deadline_s("p4") == 17.0, 5, "3 s kept")
-            # The fleet's floor is 0 (one agent): its own 1 s deadline would find it silent.
-            await asyncio.sleep(2.5)
+            # The fleet's floor is 0 (one agent): its own 1 s deadline would find it silent
+            # 2.5 s after its last beat (of the watcher's time, moved on in steps shorter than
+            # a stall of its own, after which it would judge nobody).
+            while clock.now - watcher.last_seen["p4"] < 2.5:
+                clock.now += 0.25
+                assert await watcher.check() == []
             assert "p4" not in watcher.marked and watcher.floor_s() == 0.0
 
             # A lower floor is beaten at once, not after the 3 s wait under way.
@@ -181,7 +198,7 @@ async def test_agents_paced_at_once_spread_their_beats_over_the_floor(
         paced_at = time.monotonic()
         replies = await asyncio.gather(*(call(nc, a, rpc.BEAT_PACE, {"floor_s": 1}) for a in ids))
         assert all(r == {"interval_s": 1.0} for r in replies)
-        await asyncio.sleep(2.6)
+        await wait_for(lambda: all(len(t) >= 3 for t in beats.values()), 10, "3 beats each")
     after = {a: [t - paced_at for t in times] for a, times in beats.items()}
     firsts = [times[0] for times in after.values()]
     seconds = [times[1] for times in after.values()]

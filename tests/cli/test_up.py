@@ -3,6 +3,7 @@ event log kept across a restart, and a dummy stack restarted as it was, its demo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from domain.image_ref import canonical
+from domain.subjects import MANAGER_STATS
+from services.transport.client import connect
 from tests.cli.stack_harness import HOIST, TEST_IMAGES, Stack, start_stack, stop_stack, wait_for
 
 
@@ -83,6 +86,35 @@ def _rows(stack: Stack, *args: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _demo_statuses(stack: Stack) -> list[str]:
+    return [r["status"] for r in _rows(stack, "sessions", "--owner", "demo")]
+
+
+def _a_sync_pass_after_a_beat(stack: Stack, within: float = 30) -> None:
+    """Wait for a reconciliation pass (every 5 s) that ended after the manager had the agent's
+    heartbeat: one that compared the agent's containers with the view (the manager's stats)."""
+
+    async def wait() -> None:
+        nc = await connect(stack.creds("admin"))
+        try:
+            deadline = time.monotonic() + within
+            passes: int | None = None
+            while True:
+                reply = await nc.request(MANAGER_STATS, b"{}", timeout=10)
+                stats = json.loads(reply.data)
+                count = stats["reconciliation_passes"]["count"]
+                if passes is None and stats["heartbeats"]["count"] >= 1:
+                    passes = count  # a pass counted from now on had the beat
+                elif passes is not None and count > passes:
+                    return
+                assert time.monotonic() < deadline, stats
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    asyncio.run(wait())
+
+
 def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
     tmp_path: Path,
 ) -> None:
@@ -92,6 +124,8 @@ def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
     stack = start_stack(data_dir, *demo)
     try:
         assert f"demo: a 1-kernel session of {image}" in stack.log.read_text()
+        # Running, as `hoist up` said: the read models show it a moment later on a loaded host.
+        wait_for(lambda: _demo_statuses(stack) == ["RUNNING"], 15)
         [first] = _rows(stack, "sessions", "--owner", "demo")
         assert first["status"] == "RUNNING", first
     finally:
@@ -102,9 +136,10 @@ def test_a_restarted_dummy_stack_comes_back_as_it_was_and_runs_the_demo_once(
         up_log = stack.log.read_text()
         assert f"demo: session {first['session_id']} was started here before" in up_log
         assert "1-kernel session" not in up_log
-        # Past a resource sync (every 5 s, judging a container 2 s after its last change):
-        # the demo's container is still there, its image was not pulled again.
-        time.sleep(8)
+        # Past a resource sync (its beat judges a container 2 s after its last change, which
+        # was before the restart): the demo's container is still there, its image was not
+        # pulled again.
+        _a_sync_pass_after_a_beat(stack)
         wait_for(lambda: len(_rows(stack, "ps", "--owner", "demo")) == 1, 15)
         [kernel] = _rows(stack, "ps", "--owner", "demo")
         assert (kernel["session_id"], kernel["status"]) == (first["session_id"], "RUNNING")

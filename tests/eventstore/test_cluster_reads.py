@@ -5,8 +5,11 @@ by a replica that lags), and it rides out a node's loss."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from domain import subjects
@@ -28,10 +31,28 @@ def event_store(nc: Client) -> EventStore:
     return EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
 
 
-async def test_streams_are_created_with_three_replicas_on_a_cluster(cluster_nc: Client) -> None:
-    store = event_store(cluster_nc)
+# The tests that kill no node share one cluster (starting one costs a second and more of both
+# cores); each gets the stream afresh.
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with NatsCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def shared_nc(shared_cluster: NatsCluster) -> AsyncIterator[Client]:
+    """As ``cluster_nc``, on the shared cluster, its event stream deleted."""
+    client = await connect(shared_cluster.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await client.jetstream().delete_stream(subjects.EVENT_STREAM)
+    yield client
+    await client.close()
+
+
+async def test_streams_are_created_with_three_replicas_on_a_cluster(shared_nc: Client) -> None:
+    store = event_store(shared_nc)
     await store.ensure_stream()  # replicas from the cluster's size, as the manager does
-    info = await cluster_nc.jetstream().stream_info(subjects.EVENT_STREAM)
+    info = await shared_nc.jetstream().stream_info(subjects.EVENT_STREAM)
     assert info.config.num_replicas == 3
     assert info.cluster is not None and len(info.cluster.replicas or []) == 2
     await store.ensure_stream(replicas=3)  # the stack's explicit check agrees
@@ -74,10 +95,10 @@ async def test_each_append_is_read_back_through_every_node_also_while_one_restar
 
 
 async def test_a_reload_after_a_conflict_sees_at_least_the_write_it_lost_to(
-    nats_cluster: NatsCluster, cluster_nc: Client
+    shared_cluster: NatsCluster, shared_nc: Client
 ) -> None:
-    ours = event_store(await connect(nats_cluster.servers[0].url))
-    theirs = event_store(await connect(nats_cluster.servers[1].url))
+    ours = event_store(await connect(shared_cluster.servers[0].url))
+    theirs = event_store(await connect(shared_cluster.servers[1].url))
     await ours.ensure_stream()
     [first] = await ours.append([Write(A, one("created"), expected_last_seq=0)])
     [won] = await theirs.append([Write(A, one("theirs"), expected_last_seq=first)])
@@ -91,12 +112,12 @@ async def test_a_reload_after_a_conflict_sees_at_least_the_write_it_lost_to(
 
 
 async def test_a_refused_batch_names_the_subject_that_moved_and_its_reload_sees_it(
-    nats_cluster: NatsCluster, cluster_nc: Client, monkeypatch: pytest.MonkeyPatch
+    shared_cluster: NatsCluster, shared_nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch's refusal names no sequence: the store asks the stream's leader (not a replica,
     which may not have the write yet) which subject moved, and the reload reads that far."""
-    ours = event_store(await connect(nats_cluster.servers[0].url))
-    theirs = event_store(await connect(nats_cluster.servers[1].url))
+    ours = event_store(await connect(shared_cluster.servers[0].url))
+    theirs = event_store(await connect(shared_cluster.servers[1].url))
     await ours.ensure_stream()
     B = aggregate_subject("session", "b")
     [a0, b0] = await ours.append(
@@ -128,19 +149,19 @@ async def test_a_refused_batch_names_the_subject_that_moved_and_its_reload_sees_
 
 
 async def test_a_read_from_behind_the_floor_is_asked_again_until_the_write_shows(
-    cluster_nc: Client, monkeypatch: pytest.MonkeyPatch
+    shared_nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replica that has not applied a write yet answers from before it: the store asks again
     (here the write lands 0.3 s into the retries), and gives up with a StoreError, never a
     stale history, when no replica catches up."""
-    store = event_store(cluster_nc)
+    store = event_store(shared_nc)
     await store.ensure_stream()
     [first] = await store.append([Write(A, one("created"), expected_last_seq=0)])
     store._saw(A, first + 1)  # a write it was told of, not yet visible anywhere
 
     async def append_later() -> None:
         await asyncio.sleep(0.3)
-        other = event_store(cluster_nc)
+        other = event_store(shared_nc)
         await other.append([Write(A, one("later"), expected_last_seq=first)])
 
     later = asyncio.create_task(append_later())
@@ -159,7 +180,9 @@ async def test_a_read_from_behind_the_floor_is_asked_again_until_the_write_shows
 async def test_appends_go_on_after_the_stream_leader_is_killed(
     nats_cluster: NatsCluster, cluster_nc: Client
 ) -> None:
-    store = event_store(cluster_nc)
+    # An append nobody answers (no leader yet) is sent again after 1 s, not the default 5 s:
+    # the test waits for the election, not for a timeout that outlasts it.
+    store = EventStore(cluster_nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL], timeout=1.0)
     await store.ensure_stream()
     acked = [await store.append([Write(A, one("0"), expected_last_seq=0)])]
     leader = await stream_leader(cluster_nc, subjects.EVENT_STREAM)

@@ -13,10 +13,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from domain import subjects
+from services.transport.client import Client
 from tests.hardening.fuzzing import ROLE_SUBJECTS, TEMPLATES, FuzzStack, bad_requests, check_bad
 
 EXAMPLES = 2500
 CREATE = f"{subjects.API}.session.create"
+
+
+# After a request was taken, time for what it would (wrongly) do to show: an answer or an
+# append takes milliseconds.
+LAND_S = 0.3
+
+
+async def _answered(nc: Client, *subject: str) -> None:
+    """Ask each subject from an inbox (a create that is refused at once: it appends nothing);
+    return once every one answered."""
+    for s in subject:
+        reply = await nc.request(s, b"{}", timeout=10)
+        assert reply.data, s
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +88,11 @@ def test_replies_go_to_inboxes_only(fuzz: FuzzStack) -> None:
             for subject, payload in requests:
                 await client.publish(subject, payload, reply=target)
         await client.flush()
-        await asyncio.sleep(1.0)  # time for a (wrong) answer to land
+        # The same subjects asked from an inbox: once these are answered, the aimed requests
+        # were taken (each subscription delivers in order); then time for a (wrong) answer
+        # of theirs, under way by then, to land.
+        await _answered(client, f"{subjects.QUERY}.kernels", CREATE)
+        await asyncio.sleep(LAND_S)
 
     fuzz.run(aim())
     assert fuzz.events() == before  # no reply in the log, and the create was not run
@@ -98,7 +116,15 @@ def test_a_message_without_an_inbox_is_no_command(fuzz: FuzzStack) -> None:
             json.dumps({"last_by_subj": stored}).encode(),
             reply=CREATE,
         )
-        await asyncio.sleep(1.0)
+        # Asked again from an inbox: once answered, the reflection is out; then the create
+        # subject from an inbox: once answered, the manager took what came there before.
+        await fuzz.conns["client"].request(
+            f"$JS.API.DIRECT.GET.{subjects.PROGRESS_STREAM}",
+            json.dumps({"last_by_subj": stored}).encode(),
+            timeout=10,
+        )
+        await _answered(fuzz.conns["client"], CREATE)
+        await asyncio.sleep(LAND_S)
 
     fuzz.run(reflect())
     assert fuzz.events() == before

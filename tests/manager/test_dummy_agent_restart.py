@@ -3,13 +3,13 @@ Docker Engine ran on: its kernels still RUNNING (no container-gone), its images 
 
 from __future__ import annotations
 
-import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from services.eventstore.store import EventStore
 from services.transport.client import Client
-from tests.agent.agent_harness import config, running
+from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import GB, MB, create, manager, until
 
 AGENT = config("a1", cpu=4, mem=8 * GB, disk=100 * GB, resource_group="default")
@@ -30,8 +30,19 @@ async def test_a_restarted_dummy_agent_keeps_its_images_and_running_kernels(
             sid = created["session_id"]
             assert (await until(nc, sid))["status"] == "RUNNING"
             assert first.runtime.pull_attempts == {"py:3": 1}
+        kernels = m.fleet.sessions[sid].kernels.values()
+        changed = max(c.at for k in kernels for c in k.status_history)
+        restarted = datetime.now(UTC)
         async with running(nc, store, runtime(state), AGENT) as again:
-            await asyncio.sleep(1.5)  # several heartbeats and resource syncs of the new process
+            # Several resource syncs of the new process after a beat of it that can judge its
+            # kernel (reconcile_grace_s after the kernel's last change).
+            def judging() -> bool:
+                beat = m.liveness.last_beat.get("a1")
+                return beat is not None and beat.sent_at > max(restarted, changed + m.sync.grace)
+
+            await wait_for(judging, 10, "a beat of the new process past the grace")
+            passes = m.stats.reconciliation_passes.count
+            await wait_for(lambda: m.stats.reconciliation_passes.count >= passes + 3, 10, "3 syncs")
             session = await until(nc, sid)
             assert session["status"] == "RUNNING", session
             history = [

@@ -17,7 +17,7 @@ import pytest
 
 from domain.subjects import QUERY, SQL_SUBJECT, USER_ADD, USER_DISABLE
 from services.eventstore.store import EventStore
-from services.manager import read_models_process
+from services.manager import queries, read_models_process
 from services.manager.queries import served_subjects
 from services.manager.read_models_process import ReadModelsProcess
 from services.stack.natsserver import NatsServer
@@ -86,12 +86,21 @@ async def test_queries_users_and_heartbeats_are_answered_from_the_child(
 async def test_a_child_that_dies_is_started_again(
     nats_server: NatsServer, nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Down for 5 s, not 1: the checks of the manager's answers meanwhile fit on a loaded CI.
-    monkeypatch.setattr(read_models_process, "RESTART_S", (5.0, 30.0))
+    monkeypatch.setattr(read_models_process, "RESTART_S", (0.05, 30.0))
     async with manager(nc, read_models_url=nats_server.url) as m:
         assert isinstance(m.read_models, ReadModelsProcess)
         first = m.read_models._proc
         assert first is not None
+        # Its restart is held until the checks of the manager's answers meanwhile are done
+        # (however long they take on a loaded host); then the child starts as ever.
+        checked = asyncio.Event()
+        start_child = m.read_models._start_child
+
+        async def held() -> None:
+            await checked.wait()
+            await start_child()
+
+        monkeypatch.setattr(m.read_models, "_start_child", held)
         await request(nc, USER_ADD, {"name": "alice"})
         first.send_signal(signal.SIGKILL)
 
@@ -117,6 +126,7 @@ async def test_a_child_that_dies_is_started_again(
         await nc.publish(f"{QUERY}.alice.sessions", b"{}", reply="_INBOX.bob.steal")
         with pytest.raises(nats.errors.TimeoutError):
             await stolen.next_msg(timeout=0.5)
+        checked.set()
 
         async def answered_again() -> bool:
             proc = m.read_models._proc
@@ -157,7 +167,7 @@ def test_the_child_dies_with_a_killed_manager(nats_server: NatsServer, tmp_path:
 
 
 async def test_a_users_model_behind_the_users_record_refuses_with_a_retry(
-    nc: Client, store: EventStore
+    nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A per-user query is never judged on a model that has not folded the user's latest record:
     it could still hold an admin demoted or a user disabled a moment ago (a child catching up
@@ -170,6 +180,8 @@ async def test_a_users_model_behind_the_users_record_refuses_with_a_retry(
         [folding] = [t for t in m.read_models._tasks._tasks if t.get_name() == "projections"]
         folding.cancel()  # the model stops where it is: alice an admin
         await asyncio.gather(folding, return_exceptions=True)
+        # It will never fold what comes next: how long a query waits for it is no matter.
+        monkeypatch.setattr(queries, "USER_WAIT_S", 0.1)
         await request(nc, USER_DISABLE, {"name": "alice"})
         stale = await _rows(nc, "agents", user="alice")
         assert stale["error"]["code"] == "unavailable", stale

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from domain.agent import Agent
+from domain.reasons import Reason, reason_of
+from domain.status import KernelStatus as S
 from domain.subjects import SESSION_DESTROY, manager_lease
 from services.eventstore.repository import Repository
 from services.eventstore.store import EventStore
@@ -92,10 +94,35 @@ async def test_a_bulk_read_deferred_fold_ends_as_a_fold_counting_at_every_record
         for v in views[:3]:
             reply = await request(nc, SESSION_DESTROY, {"session_id": v["session_id"]})
             assert "error" not in reply, reply
-        for cpu in (3, 3.5, 2.5):  # 2 cpu free on each agent: these wait, PENDING, in order
-            await create(nc, resources={"cpu": cpu, "mem": GB}, max_wait=0)
-        await asyncio.sleep(1.0)  # the pass that releases the destroyed kernels' room is in
-        head = await store.head()
+        waiting = [
+            (await create(nc, resources={"cpu": cpu, "mem": GB}, max_wait=0))["session_id"]
+            for cpu in (3, 3.5, 2.5)  # 2 cpu free on each agent: these wait, PENDING, in order
+        ]
+        # The log holds still from its head once, folded to there, the destroyed kernels
+        # ended, the pass that released their room is in, and so is each waiting session's
+        # scheduling failure (the manager's view has each change before the log does).
+        destroyed = [v["session_id"] for v in views[:3]]
+
+        def refused(fleet: Fleet, sid: str) -> bool:
+            session = fleet.sessions.get(sid)
+            return session is not None and all(
+                reason_of(k.status_history[-1].status_info) == Reason.NO_AVAILABLE_INSTANCES
+                for k in session.kernels.values()
+            )
+
+        async def settled_head() -> int | None:
+            head = await store.head()
+            fleet = Fleet(store, Repository(store))
+            async for rec in store.replay(until_seq=head):
+                fleet.fold(rec)
+            done = (
+                all(fleet.sessions[sid].status is S.TERMINATED for sid in destroyed)
+                and not fleet.reservations.due()
+                and all(refused(fleet, sid) for sid in waiting)
+            )
+            return head if done else None
+
+        head = await wait_for(settled_head, 10, "the log to hold still")
         await wait_for(lambda: m.fleet.last_seq >= head, 5, "the manager to fold all")
         live = _derived(m.fleet)
 

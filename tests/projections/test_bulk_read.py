@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import duckdb
@@ -23,14 +24,28 @@ from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
 
-def _bulk_children() -> list[str]:
-    """Command lines of running bulk reader processes."""
-    out = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+def _bulk_children(parent: int | None = None) -> dict[int, str]:
+    """Running bulk reader processes of ``parent`` (this process by default; the tests of other
+    workers run theirs at the same time): pid -> command line."""
+    parent = os.getpid() if parent is None else parent
+    out = {}
+    for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
-            args = cmdline.read_bytes().split(b"\0")
-            if b"services.eventstore.bulk" in args:
-                out.append(b" ".join(args).decode(errors="replace"))
+            # After the command's parentheses (it may hold any character): state, ppid.
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = (proc / "cmdline").read_bytes().split(b"\0")  # empty for a zombie
+            if ppid == parent and b"services.eventstore.bulk" in args:
+                out[int(proc.name)] = b" ".join(args).decode(errors="replace")
+    return out
+
+
+def _running(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie, ended, holds no command line)."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
     return out
 
 
@@ -93,7 +108,7 @@ async def test_a_bulk_reader_that_cannot_read_says_why_and_the_runner_reads_in_p
     ):
         async for _ in bulk.pages(1, 10):
             pass
-    assert _bulk_children() == []
+    assert _bulk_children() == {}
 
     last = await scripted_history(repo, sessions=5)
     con = duckdb.connect()
@@ -110,11 +125,10 @@ async def test_stopping_early_ends_the_child_and_its_password_is_not_in_ps(
     async with contextlib.aclosing(pages):
         async for page in pages:
             assert page[0].seq == 1
-            running = _bulk_children()
-            assert len(running) == 1
-            assert "s3cret" not in running[0]
+            [running] = _bulk_children().values()
+            assert "s3cret" not in running
             break
-    assert _bulk_children() == []
+    assert _bulk_children() == {}
 
 
 async def test_a_killed_parent_leaves_no_bulk_reader_behind(
@@ -136,15 +150,17 @@ async def test_a_killed_parent_leaves_no_bulk_reader_behind(
     parent = await asyncio.create_subprocess_exec(
         sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
     )
+    children: dict[int, str] = {}
     try:
         assert parent.stdout is not None
         assert await parent.stdout.readline() == b"page\n"
-        assert len(_bulk_children()) == 1
+        children = _bulk_children(parent.pid)
+        assert len(children) == 1
     finally:
         parent.kill()  # SIGKILL: no finally of the parent runs
         await parent.wait()
     for _ in range(100):
-        if not _bulk_children():
+        if not _running(children):
             break
         await asyncio.sleep(0.1)
-    assert _bulk_children() == []
+    assert _running(children) == []

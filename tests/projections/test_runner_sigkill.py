@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+from asyncio.subprocess import Process
 from pathlib import Path
 
 import duckdb
@@ -14,11 +15,13 @@ import duckdb
 from projections.runner import META
 from projections.verify import compare, snapshot
 from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from services.eventstore.store import PAGE, EventStore
 from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
-# Small batches, each commit slowed a little, so a kill lands between and inside commits.
+# Small batches, each commit slowed a little, so a kill lands between and inside commits.  It
+# starts up (imports, connects) first and opens the file only when told to: the runners start
+# up together, and each runs alone.
 _RUNNER = """
 import asyncio, sys, time, duckdb
 from domain import subjects
@@ -27,16 +30,40 @@ from projections.runner import Runner
 from services.transport.client import connect
 from services.eventstore.store import EventStore
 
-async def main(url, db):
+async def main(url, db, max_batch):
     nc = await connect(url)
     store = EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL])
-    runner = Runner(duckdb.connect(db), store, ALL, max_batch=7, fault=lambda p: time.sleep(0.002))
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    fault = lambda p: time.sleep(0.002)
+    runner = Runner(duckdb.connect(db), store, ALL, max_batch=max_batch, fault=fault)
     print("started", flush=True)
     await runner.run(follow=False)
     print("done", flush=True)
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
+
+
+async def _runner(url: str, db: Path, max_batch: int = 7) -> Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _RUNNER, url, str(db), str(max_batch),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def _ready(proc: Process) -> None:
+    """Until the runner has started up."""
+    assert proc.stdout is not None
+    assert await proc.stdout.readline() == b"ready\n"
+
+
+async def _go(proc: Process) -> None:
+    """Let a started-up runner open the file and run; return once it does."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+    assert await proc.stdout.readline() == b"started\n"
 
 
 def _checkpoints(db: Path) -> list[int]:
@@ -54,28 +81,32 @@ async def test_a_runner_sigkilled_mid_batch_many_times_ends_identical_to_a_rebui
     db = tmp_path / "models.duckdb"
     rng = random.Random(5)
     seen: list[int] = []
-    for _ in range(8):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _RUNNER, nats_server.url, str(db),
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        assert await proc.stdout.readline() == b"started\n"
-        await asyncio.sleep(rng.uniform(0.05, 0.4))
-        proc.kill()
-        await proc.wait()
-        checkpoints = _checkpoints(db)
-        assert len(set(checkpoints)) == 1  # all models committed together, batch by batch
-        seen.append(checkpoints[0])
-    # Killed part-way many times (not all before the first batch or after the last).
-    assert len({seq for seq in seen if 0 < seq < last}) >= 4, (seen, last)
-    assert seen == sorted(seen)  # no kill lost what an earlier run had committed
+    # Eight to kill, then one that runs to the end (in whole pages).
+    runners = [await _runner(nats_server.url, db) for _ in range(8)]
+    runners.append(await _runner(nats_server.url, db, PAGE))
+    try:
+        for proc in runners:
+            await _ready(proc)
+        for proc in runners[:-1]:
+            await _go(proc)
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+            proc.kill()
+            await proc.wait()
+            checkpoints = _checkpoints(db)
+            assert len(set(checkpoints)) == 1  # all models committed together, batch by batch
+            seen.append(checkpoints[0])
+        # Killed part-way many times (not all before the first batch or after the last).
+        assert len({seq for seq in seen if 0 < seq < last}) >= 4, (seen, last)
+        assert seen == sorted(seen)  # no kill lost what an earlier run had committed
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _RUNNER, nats_server.url, str(db), stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await proc.communicate()
-    assert out.splitlines()[-1] == b"done"
+        await _go(runners[-1])
+        out, _ = await runners[-1].communicate()
+        assert out.splitlines()[-1] == b"done"
+    finally:
+        for left in runners:  # after a failure above: none left to run on its own
+            if left.returncode is None:
+                left.kill()
+                await left.wait()
     con = duckdb.connect(str(db))
     try:
         seq, live = snapshot(con)

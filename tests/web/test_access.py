@@ -18,7 +18,9 @@ from urllib.parse import unquote, urlsplit
 import httpx
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
+from services.transport import progress
 from services.transport.client import Client
+from services.web.hub import MIN_INTERVAL_S, USER_REFRESH_S
 from tests.cli.stack_harness import HOIST
 from tests.web.conftest import Web, add_user, ask
 
@@ -242,7 +244,9 @@ async def test_a_view_started_mid_pull_shows_where_the_pull_stands_at_once(
             break
         assert asyncio.get_running_loop().time() < deadline, view
         await asyncio.sleep(0.2)
-    await asyncio.sleep(1.5)
+    while not await _pulled_some(client, view):  # and has bytes to show
+        assert asyncio.get_running_loop().time() < deadline, view
+        await asyncio.sleep(0.1)
     proc = await asyncio.create_subprocess_exec(
         HOIST, "--data-dir", str(web.stack.data_dir), "web", "--port", "0",
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -260,6 +264,15 @@ async def test_a_view_started_mid_pull_shows_where_the_pull_stands_at_once(
     pulls = [p for p in snapshot["progress"] if p["task_id"] in tasks]
     assert pulls, snapshot["progress"]  # the first message already has them: no empty bar
     assert all(p["current"] > 0 and p["total"] > 0 for p in pulls), pulls
+
+
+async def _pulled_some(client: Client, view: dict[str, Any]) -> bool:
+    """Whether the progress stream holds bytes pulled for each of the view's kernels."""
+    for k in view["kernels"]:
+        last = await progress.latest(client.jetstream(), k["agent_id"], k["pull_task_id"])
+        if last is None or last.current <= 0:
+            return False
+    return True
 
 
 async def test_a_kernels_output_comes_with_its_session(web: Web, client: Client) -> None:
@@ -341,6 +354,6 @@ async def test_a_disabled_users_stream_says_their_access_ended_and_stops(web: We
                 async for line in lines:
                     assert not line.startswith("data: "), line
         before = log.read_text(errors="replace")
-        await asyncio.sleep(3)
+        await asyncio.sleep(2 * USER_REFRESH_S + MIN_INTERVAL_S)  # two refreshes' time
         assert "query failed" not in log.read_text(errors="replace")[len(before) :]
         assert (await http.get("/")).status_code == 401
