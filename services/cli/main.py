@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -768,7 +769,8 @@ def run(
 ) -> int:
     """Run a command; an error ends in one line on stderr (a reply's in the terms of
     ``parser``, the command's own parser: its flags), exit code 1."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    if threading.current_thread() is threading.main_thread():  # signal.signal refuses others
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return asyncio.run(func(args)) or 0
     except KeyboardInterrupt:

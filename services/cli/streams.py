@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
@@ -46,11 +47,14 @@ class StreamEnd:
 
 
 def interrupt_event() -> asyncio.Event:
-    """Set on Ctrl-C or SIGTERM, instead of raising inside whatever runs."""
+    """Set on Ctrl-C or SIGTERM, instead of raising inside whatever runs.  Signals reach only
+    the main thread: on another (a command run in-process, as the CLI tests do) none can set it,
+    and asyncio refuses the handlers there."""
     event = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, event.set)
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, event.set)
     return event
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -29,7 +30,14 @@ from services.stack.natstls import RouteTLS, route_tls
 from services.stack.up import remembered_port
 from services.transport import credentials
 from services.transport.client import connect, server_list
+from tests.cli.stack_harness import run_hoist
 from tests.infra.cluster import stream_leader
+
+
+def _hoist(stack: ClusterStack, *args: str) -> subprocess.CompletedProcess[str]:
+    """ClusterStack.hoist's command line (its admin URL), run in-process (`down` a process)."""
+    env = {**os.environ, "HOIST_NATS_URL": stack.url("admin")}
+    return run_hoist(["--data-dir", str(stack.data_dir), *args], env=env, timeout=120)
 
 
 def test_a_three_node_stack_is_known_to_status_users_and_down(tmp_path: Path) -> None:
@@ -38,10 +46,10 @@ def test_a_three_node_stack_is_known_to_status_users_and_down(tmp_path: Path) ->
         assert len(server_list(stack.info().url)) == 3
         assert (data / "nats-nodes").read_text().strip() == "3"
         assert stat.S_IMODE(data.stat().st_mode) == 0o700  # only its user reads the models
-        status = stack.hoist("status").stdout
+        status = _hoist(stack, "status").stdout
         for name in ("nats-1", "nats-2", "nats-3"):
             assert f"{name}" in status and "pid" in status, status
-        added = stack.hoist("user", "add", "bob")
+        added = _hoist(stack, "user", "add", "bob")
         assert added.returncode == 0, added.stderr
         for name in ("nats-1", "nats-2", "nats-3"):  # each node re-read the one auth.conf
             log = (data / f"{name}.log").read_text()
@@ -54,14 +62,14 @@ def test_a_three_node_stack_is_known_to_status_users_and_down(tmp_path: Path) ->
         # the leader by chance, and the admin got a timeout).
         dead = asyncio.run(_leader_of_the_log(stack.url("client")))
         stack.kill(dead)
-        added = stack.hoist("user", "add", "carol")
+        added = _hoist(stack, "user", "add", "carol")
         assert added.returncode == 0, added.stdout + added.stderr
-        down = stack.hoist("down")
+        down = _hoist(stack, "down")
         assert down.returncode == 0, down.stderr
         for name in {"nats-1", "nats-2", "nats-3"} - {dead}:
             assert name in down.stdout, down.stdout
     # The data dir's log is on three nodes: one node would start an empty log beside it.
-    refused = subprocess.run(
+    refused = subprocess.run(  # a process: `up`
         [sys.executable, "-m", "services.cli.main", "--data-dir", str(data), "up",
          "--runtime", "dummy", "--nats-nodes", "1", "--no-demo"],
         capture_output=True, text=True, timeout=60,
@@ -156,7 +164,7 @@ def test_a_server_without_the_route_credentials_cannot_join_the_stack(tmp_path: 
             # Its routes are up before the nodes' subscriptions reach it: asked again a while.
             assert asyncio.run(_stream_info(friend.url, within_s=10)) is not None
             # A reload (users changed) keeps the routes and their authorization.
-            added = stack.hoist("user", "add", "bob")
+            added = _hoist(stack, "user", "add", "bob")
             assert added.returncode == 0, added.stderr
             assert _route_names(friend) == {"nats-1", "nats-2", "nats-3"}
             late = _stranger(

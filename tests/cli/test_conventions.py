@@ -16,7 +16,7 @@ from domain.errors import unknown_session
 from services.cli.connection import ReplyError
 from services.cli.flag_errors import in_flag_terms
 from services.cli.main import build_parser, command_parser
-from tests.cli.stack_harness import HOIST, Stack, wait_for
+from tests.cli.stack_harness import HOIST, Stack, run_hoist
 from tests.cli.test_errors import one_line_error
 
 
@@ -27,13 +27,10 @@ def hoist_json(stack: Stack, *args: str) -> Any:
 
 
 def in_read_model(stack: Stack, session_id: str, status: str | None = None) -> None:
-    """Until the sessions query has the session (in ``status``): prefixes resolve through it."""
-
-    def there() -> bool:
-        rows = hoist_json(stack, "sessions", "-o", "json")["rows"]
-        return any(r["session_id"] == session_id and status in (None, r["status"]) for r in rows)
-
-    wait_for(there, 15)
+    """The sessions query has the session (in ``status``), as of its last event so far:
+    prefixes resolve through it."""
+    row = stack.in_read_model(session_id)
+    assert status in (None, row["status"]), row
 
 
 def created(stack: Stack, *args: str) -> dict[str, Any]:
@@ -92,6 +89,7 @@ def test_wire_errors_name_the_flag(hoist_stack: Stack, args: tuple[str, ...], li
 
 
 def test_version(hoist_stack: Stack) -> None:
+    # A process: the installed `hoist` entry point and its package's metadata.
     result = subprocess.run([HOIST, "--version"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     assert result.stdout == f"hoist {metadata.version('hoist')}\n"
@@ -143,6 +141,7 @@ def test_ps_shows_live_kernels_and_ps_a_all(hoist_stack: Stack) -> None:
 def test_a_closed_pipe_ends_quietly(hoist_stack: Stack, command: str) -> None:
     # Some rows and events to write (several lines: head closes the pipe after the first).
     assert hoist_stack.hoist("run", "-d", hoist_stack.next_image(), "-n", "2").returncode == 0
+    # A process: its stdout is a pipe that closes, and the exit status is what a shell sees.
     result = subprocess.run(
         ["bash", "-c", f"{HOIST} --data-dir {hoist_stack.data_dir} {command} | head -1;"
          " echo \"exit ${PIPESTATUS[0]}\""],
@@ -156,7 +155,7 @@ def test_a_closed_pipe_ends_quietly(hoist_stack: Stack, command: str) -> None:
 
 
 def test_completion_scripts_come_from_the_parser(tmp_path: Any) -> None:
-    bash = subprocess.run([HOIST, "completion", "bash"], capture_output=True, text=True)
+    bash = run_hoist(["completion", "bash"])
     assert bash.returncode == 0, bash.stderr
     for word in ("destroy", "history", "--cluster-size", "completion"):
         assert word in bash.stdout, word
@@ -169,7 +168,7 @@ def test_completion_scripts_come_from_the_parser(tmp_path: Any) -> None:
     )
     assert complete.returncode == 0 and "hoist" in complete.stdout, complete.stderr
 
-    zsh = subprocess.run([HOIST, "completion", "zsh"], capture_output=True, text=True)
+    zsh = run_hoist(["completion", "zsh"])
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef hoist"), zsh.stderr
     assert "destroy" in zsh.stdout and "--cluster-size" in zsh.stdout
     if shutil.which("zsh"):

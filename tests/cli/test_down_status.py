@@ -13,20 +13,14 @@ from pathlib import Path
 
 from services.cli.stack_cmds import _docker
 from services.stack.up import DEFAULT_PORT, _running, remembered_port
-from tests.cli.stack_harness import HOIST, Stack, start_stack, stop_stack
+from tests.cli.stack_harness import Stack, run_hoist, start_stack, stop_stack, wait_for
 
 
 def _hoist(cwd: Path, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`hoist ARGS` from ``cwd``, the stack named by $HOIST_HOME only."""
+    """`hoist ARGS` from ``cwd``, the stack named by $HOIST_HOME only; `down` as a process
+    (PROCESS_ONLY: it stops a stack by signals, as from another terminal)."""
     env = {k: v for k, v in os.environ.items() if k != "HOIST_NATS_URL"}
-    return subprocess.run(
-        [HOIST, *args],
-        cwd=cwd,
-        env={**env, "HOIST_HOME": str(data_dir)},
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    return run_hoist(args, env={**env, "HOIST_HOME": str(data_dir)}, cwd=cwd, timeout=90)
 
 
 def _pids(data_dir: Path) -> dict[str, int]:
@@ -56,6 +50,9 @@ def test_down_stops_every_process_and_up_brings_the_data_back(tmp_path: Path) ->
         os.kill(stack.proc.pid, signal.SIGSTOP)
         try:
             os.kill(pids["agent-2"], signal.SIGKILL)
+            # Dead once the kernel has delivered the kill: a status asked in-process comes
+            # sooner than that can be on a loaded machine.
+            wait_for(lambda: not _running(pids["agent-2"]), 10, interval=0.01)
             code, checks = _status(elsewhere, data_dir)
         finally:
             os.kill(stack.proc.pid, signal.SIGCONT)

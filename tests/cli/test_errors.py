@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.stack.natsserver import free_port
-from tests.cli.stack_harness import HOIST, Stack
+from tests.cli.stack_harness import HOIST, Stack, run_hoist
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -21,6 +21,7 @@ def one_line_error(result: subprocess.CompletedProcess[str], expected: str) -> N
 
 
 def test_stack_not_running(tmp_path: Path) -> None:
+    # A process: the binary's own exit status and stderr, end to end.
     result = subprocess.run(
         [HOIST, "--data-dir", str(tmp_path), "ps"], capture_output=True, text=True, timeout=30
     )
@@ -33,12 +34,7 @@ def test_max_wait_takes_seconds_at_least_zero(
     tmp_path: Path, cmd: tuple[str, ...], wait: str
 ) -> None:
     """Refused before anything is asked (a newcomer's trial ran ``--max-wait -1``)."""
-    result = subprocess.run(
-        [HOIST, "--data-dir", str(tmp_path), *cmd, "--max-wait", wait],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_hoist(["--data-dir", str(tmp_path), *cmd, "--max-wait", wait], timeout=30)
     assert result.returncode == 2, (result.stdout, result.stderr)
     last = result.stderr.strip().splitlines()[-1]
     assert last.endswith(f"--max-wait: '{wait}': give seconds >= 0 like 30 (0: no limit)"), last
@@ -46,12 +42,7 @@ def test_max_wait_takes_seconds_at_least_zero(
 
 def test_an_overlong_variable_name_is_refused_in_the_clis_words(tmp_path: Path) -> None:
     """Not the wire validator's `$.env` text (a newcomer's trial), and before connecting."""
-    result = subprocess.run(
-        [HOIST, "--data-dir", str(tmp_path), "run", "x:1", "-e", "A" * 300 + "=1"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_hoist(["--data-dir", str(tmp_path), "run", "x:1", "-e", "A" * 300 + "=1"])
     one_line_error(
         result,
         "-e AAAAAAAAAAAAAAAA...: a variable name is at most 256 characters, this one has 300",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.stack_harness import HOIST, Stack
+from tests.cli.stack_harness import HOIST, Stack, run_hoist
 
 _CREATED = re.compile(r"session ([0-9a-f]{32}) created")
 
@@ -37,7 +37,10 @@ def interactive(stack: Stack, image: str, *args: str) -> str:
 def test_a_batch_run_prints_the_output_and_exits_with_the_command_code(
     hoist_stack: Stack, image: str
 ) -> None:
-    done = hoist_stack.hoist("run", "--batch", image, "--", "sh", "-c", "echo hello; exit 3")
+    # A process: the command's code becomes the binary's, its output alone on the real stdout.
+    done = hoist_stack.hoist_process(
+        "run", "--batch", image, "--", "sh", "-c", "echo hello; exit 3"
+    )
     assert done.returncode == 3, done.stdout + done.stderr
     # stdout is the command's output alone; the pull view and status lines go to stderr
     assert done.stdout == "hello\n"
@@ -60,6 +63,7 @@ def test_a_batch_run_prints_the_output_and_exits_with_the_command_code(
 
 
 def test_a_closed_stdout_ends_the_run_quietly(hoist_stack: Stack, image: str) -> None:
+    # A process: its stdout is a pipe that closes, and the exit status is what a shell sees.
     pipeline = (
         f"{HOIST} --data-dir {hoist_stack.data_dir} run --batch {image} --"
         " sh -c 'echo one; sleep 1; echo two; sleep 1; echo three'"
@@ -88,6 +92,7 @@ def test_exec_streams_the_output_and_exits_with_its_code(hoist_stack: Stack, ima
     assert done.returncode == 1 and "sub7" in done.stderr and "Traceback" not in done.stderr
 
     # the port it publishes, as the session view and ps show it
+    hoist_stack.in_read_model(session_id)
     ps = hoist_stack.hoist("ps", "--session", session_id)
     assert re.search(r"8080->[\d.]+:\d+", ps.stdout), ps.stdout
     assert hoist_stack.hoist("destroy", session_id).returncode == 0
@@ -132,23 +137,13 @@ def test_volumes_list_what_sessions_mounted(hoist_stack: Stack, image: str) -> N
 def test_flag_errors_name_the_flag(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
     # Checked before connecting: no stack needed.
     command = () if "--batch" in args else ("--", "true")
-    done = subprocess.run(
-        [HOIST, "--data-dir", str(tmp_path), "run", "test/image:1", *args, *command],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run_hoist(["--data-dir", str(tmp_path), "run", "test/image:1", *args, *command])
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.startswith(f"hoist: {expected}"), done.stderr
 
 
 def test_cluster_mode_choices_are_named(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [HOIST, "--data-dir", str(tmp_path), "run", "x:1", "--cluster-mode", "one", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+    done = run_hoist(
+        ["--data-dir", str(tmp_path), "run", "x:1", "--cluster-mode", "one", "--", "true"]
     )
     assert done.returncode == 2 and "--cluster-mode" in done.stderr

@@ -1,61 +1,85 @@
 """The read commands (ps, sessions, agents, images, occupancy, pulls) as tables and --json, and
-destroy, against the stack with the real projection runner and query handlers beside it
-(started here until the manager process serves them itself)."""
+destroy, against the stack, with a projection runner and query handlers of the test's own
+beside the manager's (the queue group gives each query to one of them)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import duckdb
 import pytest
+from nats.aio.subscription import Subscription
 
 from domain import subjects
 from domain.image_ref import canonical
 from projections import ALL
 from projections.runner import Runner
+from services.cli.output import human_bytes
 from services.eventstore.store import EventStore
 from services.manager.queries import serve_queries
 from services.transport.client import connect
-from tests.cli.stack_harness import HOIST, Stack
+from tests.cli.stack_harness import TEST_IMAGE_SIZE, Stack
+
+QUERY_KERNELS = f"{subjects.QUERY}.kernels"
+
+
+@dataclass
+class ReadModels:
+    runner: Runner  # this test's, beside the manager's
+    subs: list[Subscription]  # its query handlers, in the manager's queue group
 
 
 @pytest.fixture
-async def read_models(hoist_stack: Stack) -> AsyncIterator[None]:
+async def read_models(hoist_stack: Stack) -> AsyncIterator[ReadModels]:
     nc = await connect(hoist_stack.creds("manager"))
     runner = Runner(
         duckdb.connect(), EventStore(nc, subjects.EVENT_STREAM, [subjects.EVENTS_ALL]), ALL
     )
     task = asyncio.create_task(runner.run(follow=True))
     subs = await serve_queries(nc, runner)
-    yield
+    yield ReadModels(runner, subs)
     for sub in subs:
         await sub.unsubscribe()
     task.cancel()
     await nc.close()
 
 
+async def reflected(stack: Stack, models: ReadModels, session_id: str) -> None:
+    """Until both read models that answer the queries (this test's and the manager's: the
+    queue group gives each query to one of them) reflect the session's last event so far.
+    `hoist run` returns once the session runs; a model commits what came up to a second later
+    (projections.runner.MAX_PAUSE_S), and a query asked at once may find it behind."""
+    seq = await models.runner.store.last_seq(subjects.session_events(session_id))
+    assert seq > 0 and await models.runner.wait_for(seq, 15), seq
+    request = json.dumps({"session_id": session_id, "min_seq": seq, "timeout": 15}).encode()
+    nc = await connect(stack.creds("client"))
+    try:
+        for _ in range(50):  # each asking reaches the manager's models with probability 1/2
+            ours = sum(sub.delivered for sub in models.subs)
+            reply = json.loads((await nc.request(QUERY_KERNELS, request, timeout=20)).data)
+            assert "error" not in reply, reply
+            if sum(sub.delivered for sub in models.subs) == ours:
+                return  # the manager's models answered it: they reflect seq too
+    finally:
+        await nc.close()
+    raise AssertionError("no query with min_seq reached the manager's read models")
+
+
 async def hoist(stack: Stack, *args: str) -> tuple[int, str, str]:
-    """`hoist` as a child while this event loop keeps serving the queries."""
-    proc = await asyncio.create_subprocess_exec(
-        HOIST,
-        "--data-dir",
-        str(stack.data_dir),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    """`hoist ARGS` off this event loop, which meanwhile keeps serving the queries."""
+    done = await asyncio.to_thread(stack.hoist, *args)
+    return done.returncode, done.stdout, done.stderr
 
 
-async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) -> None:
+async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: ReadModels) -> None:
     image = hoist_stack.next_image()
     code, out, err = await hoist(hoist_stack, "run", image, "--cluster-size", "2", "--owner", "ann")
     assert code == 0, out + err
     session_id = out.split()[1]
+    await reflected(hoist_stack, read_models, session_id)
 
     code, out, _ = await hoist(hoist_stack, "ps", "--session", session_id, "--json")
     assert code == 0
@@ -77,7 +101,9 @@ async def test_tables_json_and_destroy(hoist_stack: Stack, read_models: None) ->
     assert out.splitlines()[1].startswith("0 row(s) as of event"), out
 
     code, out, _ = await hoist(hoist_stack, "images", "--agent", "agent-1")
-    assert code == 0 and image in out and "240.0 MiB" in out and "is known" not in out
+    assert code == 0 and image in out and "is known" not in out
+    row = next(line for line in out.splitlines() if image in line)
+    assert human_bytes(TEST_IMAGE_SIZE) in row, out  # its size, as the dummy agents were told
     # An agent that is not there: said so, not just no row.
     code, out, err = await hoist(hoist_stack, "images", "--agent", "agent-9")
     assert code == 1 and "no agent 'agent-9' is known: `hoist agents` lists them" in err, err

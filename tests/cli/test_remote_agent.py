@@ -19,7 +19,7 @@ def test_a_new_agent_gets_credentials_and_joins(hoist_stack: Stack) -> None:
     assert url.startswith("nats://agent-remote-1:")
     # Asked again, the same credentials: nothing is regenerated.
     assert hoist_stack.hoist("creds", "agent", "--agent-id", "remote-1").stdout.strip() == url
-    agent = subprocess.Popen(
+    agent = subprocess.Popen(  # a process: `hoist agent` execs the agent
         [HOIST, "agent", "--id", "remote-1", "--runtime", "dummy", "--resource-group", "default",
          "--cpu", "2", "--mem", "1g", "--disk", "10g"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 
 import pytest
 from nats.aio.msg import Msg
@@ -17,6 +16,7 @@ from services.cli import connection
 from services.cli.connection import Connection, NoReply, ReplyError
 from services.stack.natsserver import NatsServer
 from services.transport.client import Client
+from tests.cli.stack_harness import run_hoist
 
 
 @pytest.fixture(autouse=True)
@@ -87,13 +87,11 @@ async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
     await nc.subscribe(SESSION_CREATE, cb=manager)
     await nc.flush()
     env = {**os.environ, "HOIST_NATS_URL": nats_server.url}
-    hoist = [sys.executable, "-m", "services.cli.main", "run", "-d", "--max-wait", "0", "img:1"]
-    proc = await asyncio.create_subprocess_exec(
-        *hoist, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, (out, err)
-    assert b"session s1 PENDING queued" in out
+    hoist = ["run", "-d", "--max-wait", "0", "img:1"]
+    # Off this event loop, which meanwhile answers as the manager.
+    done = await asyncio.to_thread(run_hoist, hoist, env=env)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "session s1 PENDING queued" in done.stdout
     assert len(heard) == 2 and heard[0] == heard[1], heard
     assert isinstance(heard[0]["request_id"], str) and len(heard[0]["request_id"]) == 32
 

@@ -27,7 +27,8 @@ def _record_until(terminal: Terminal, marker: str, timeout: float) -> list[str]:
 def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_running(
     hoist_stack: Stack, terminal: Terminal
 ) -> None:
-    image = hoist_stack.next_image()
+    image = hoist_stack.next_medium_image()  # ~3 s of pull: bars seen advancing
+    # A process in a terminal (tmux): the live view a person sees.
     terminal.type(
         f"{HOIST} --data-dir {hoist_stack.data_dir} run {image} --cluster-size 2; echo EXIT=$?"
     )
@@ -57,7 +58,7 @@ def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_runnin
 
 
 def test_run_without_a_terminal_prints_status_lines(hoist_stack: Stack) -> None:
-    image = hoist_stack.next_image()
+    image = hoist_stack.next_medium_image()  # a pull long enough to be watched from its start
     result = hoist_stack.hoist(
         "run", image, "--cluster-size", "2", "-r", "cpu=0.5", "-r", "mem=256m"
     )
@@ -78,6 +79,7 @@ def test_ctrl_c_detaches_and_watch_shows_the_current_state_at_once(
 ) -> None:
     image = hoist_stack.next_big_image()
     dd = hoist_stack.data_dir
+    # A process in a terminal: Ctrl-C is a real SIGINT, the view a real one.
     terminal.type(f"{HOIST} --data-dir {dd} run {image} --cluster-size 2; echo EXIT=$?")
     screens = _record_until(terminal, "Downloading", 60)
     session_id = CREATED.search(screens[-1])[1]  # type: ignore[index]
@@ -113,6 +115,7 @@ def test_ctrl_c_while_a_command_waits_for_its_pull_exits_130(
     exits 130; so does Ctrl-C before, while the image is pulled (it exited 0 there)."""
     image = hoist_stack.next_big_image()
     dd = hoist_stack.data_dir
+    # A process in a terminal: Ctrl-C is a real SIGINT, 130 the shell's $?.
     terminal.type(f"{HOIST} --data-dir {dd} run {image} -- sleep 30; echo EXIT=$?")
     screens = _record_until(terminal, "Downloading", 60)
     session_id = CREATED.search(screens[-1])[1]  # type: ignore[index]

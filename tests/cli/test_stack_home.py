@@ -15,7 +15,7 @@ import pytest
 
 from services.cli.path_wrapper import MARK, Place, choose_bin_dir
 from services.stack.home import resolve_data_dir
-from tests.cli.stack_harness import HOIST, Stack, Terminal, wait_for
+from tests.cli.stack_harness import HOIST, Stack, Terminal, run_hoist, wait_for
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -25,10 +25,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _hoist(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`hoist ARGS` with no --data-dir, run in ``cwd``."""
-    return subprocess.run(
-        [HOIST, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
+    """`hoist ARGS` with no --data-dir, run in ``cwd`` with only ``env`` (a process for `up`)."""
+    return run_hoist(args, env=env, cwd=cwd)
 
 
 def test_ps_finds_the_stack_from_any_directory(hoist_stack: Stack, tmp_path: Path) -> None:
@@ -99,6 +97,7 @@ def test_the_wrapper_runs_hoist_from_another_directory_of_a_new_terminal(
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    # A process in a new shell: the wrapper found on PATH, the binary it runs.
     term = Terminal()
     try:
         term.type(
@@ -145,7 +144,7 @@ def test_the_banner_commands_work_from_another_directory(
     banner = hoist_stack.log.read_text()
     m = re.search(r"^  (.+) ps \| sessions", banner, re.M)
     assert m, banner
-    term = Terminal()
+    term = Terminal()  # a process in a shell: the banner's command line as typed
     try:
         term.type(f"cd {tmp_path} && {m[1]} agents; echo EXIT=$?")
         wait_for(lambda: re.search(r"EXIT=\d", term.screen()), timeout=30)
@@ -159,6 +158,7 @@ def test_up_on_a_port_another_stack_holds_names_that_stack(
 ) -> None:
     port = json.loads((hoist_stack.data_dir / "stack.json").read_text())["url"].rsplit(":", 1)[1]
     up = ["up", "--runtime", "dummy", "--no-demo", "--nats-port", port]
+    # `up` runs as a process (PROCESS_ONLY).
     result = _hoist(tmp_path, *up, env=_env(HOIST_HOME=str(tmp_path / "other")))
     assert result.returncode == 1
     data_dir = hoist_stack.data_dir.resolve()

@@ -7,6 +7,8 @@ import argparse
 import asyncio
 import base64
 import io
+import signal
+import threading
 from typing import Any, cast
 
 import pytest
@@ -17,7 +19,7 @@ from services.cli.connection import CliError, Connection
 from services.cli.kernels import cmd_exec, cmd_logs
 from services.cli.progress_view import Outcome
 from services.cli.streams import EVICTED as EVICTED_WORDS
-from services.cli.streams import read_stream
+from services.cli.streams import interrupt_event, read_stream
 
 OPENED = {"agent_id": "agent-1", "stream_id": "s1", "idle_s": 30.0}
 
@@ -218,3 +220,24 @@ async def test_an_attached_run_that_loses_its_output_says_so_and_exits_with_the_
         assert "was lost on its agent" in err and "after 6 bytes" in err
     else:
         assert "8 streams open" in err
+
+
+def test_a_command_run_off_the_main_thread_sets_no_signal_handler() -> None:
+    """Signals reach only the main thread, and asyncio and signal.signal refuse handlers on any
+    other: a command run there (the CLI tests run `hoist` in-process so) still runs, with an
+    interrupt event nothing sets, and leaves the process's SIGTERM handler as it was."""
+    from services.cli import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    interrupted: list[bool] = []
+    codes: list[int] = []
+
+    async def command(args: argparse.Namespace) -> int:
+        interrupted.append(interrupt_event().is_set())
+        return 7
+
+    thread = threading.Thread(target=lambda: codes.append(main.run(command, argparse.Namespace())))
+    thread.start()
+    thread.join(10)
+    assert codes == [7] and interrupted == [False]
+    assert signal.getsignal(signal.SIGTERM) is before

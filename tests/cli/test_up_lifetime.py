@@ -138,7 +138,7 @@ def test_a_second_up_on_a_running_data_dir_is_refused_and_the_first_unharmed(
     recorded.update(_pids(stack))
     try:
         started = time.monotonic()
-        second = stack.hoist(
+        second = stack.hoist(  # `up`: a process (PROCESS_ONLY)
             "up", "--runtime", "dummy", "--no-demo", "--nats-port", str(free_port()), timeout=30
         )
         assert time.monotonic() - started < LOCK_WAIT_S, "a running stack is refused at once"
@@ -177,7 +177,7 @@ def test_up_waits_for_and_names_the_processes_still_holding_the_data_dir(
         json.dumps({"url": "nats://127.0.0.1:1", "pid": gone.pid, "pids": {"manager": orphan.pid}})
     )
     started = time.monotonic()
-    up = subprocess.run(
+    up = subprocess.run(  # a process: `up` runs until a signal stops it
         [HOIST, "--data-dir", str(data_dir), "up", "--runtime", "dummy", "--no-demo"],
         capture_output=True,
         text=True,

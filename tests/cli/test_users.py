@@ -32,6 +32,7 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     run = hoist_stack.hoist("--user", "ann", "run", image, "-d", "--max-wait", "30", "--", "true")
     assert run.returncode == 0, run.stdout + run.stderr
     sid = run.stdout.split()[1]
+    hoist_stack.in_read_model(sid)  # the queries below read it: no earlier than its last event
     mine = hoist_stack.hoist("--user", "ann", "sessions", "--json")
     assert mine.returncode == 0, mine.stderr
     rows = json.loads(mine.stdout)["rows"]

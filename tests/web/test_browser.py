@@ -128,10 +128,11 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
     p = page.page
     ids = {}
     for owner, group in (("flo", "default"), ("gus", "default")):
+        # Medium images: their pulls still redraw the table once the filter is chosen.
         reply = await ask(
             client,
             SESSION_CREATE,
-            {"owner": owner, "image": web.stack.next_image(), "resources": CPU_MEM,
+            {"owner": owner, "image": web.stack.next_medium_image(), "resources": CPU_MEM,
              "resource_group": group},
         )  # fmt: skip
         ids[owner] = reply["session_id"]
@@ -193,7 +194,7 @@ async def test_the_dashboard_shows_fleet_occupancy_pulls_policies_and_filters(
     a kernel holding a gpu slot, a failed pull, a session in a group with no agent, an image
     preloaded (pinned) on agent-1 and spread to agent-2 by a prepull policy."""
     p = page.page
-    held, unknown = web.stack.next_image(), "test/never-held:1"
+    held, unknown = web.stack.next_medium_image(), "test/never-held:1"  # 240 MiB, said below
 
     async def preload_then_policy() -> None:
         await hoist_admin(web, "image", "preload", held, "--agent", "agent-1")
