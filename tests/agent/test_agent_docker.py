@@ -219,7 +219,7 @@ async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
     image = f"{stall_proxy.host}/hoist/stall:1"  # every download hangs after 1 MB
     remove_local(docker_engine, image)
     runtime = DockerRuntime(agent_id, base_url=docker_engine)
-    cfg = docker_config(agent_id, stall_timeout_s=3)
+    cfg = docker_config(agent_id, stall_timeout_s=2)
     async with (
         running(nc, store, runtime, cfg),  # type: ignore[arg-type]
         progress_log(nc, agent_id) as seen,
@@ -227,7 +227,7 @@ async def test_a_stalled_docker_pull_fails_with_the_stall_reason(
         reply = await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [image]})
         task_id = reply[image]["task_id"]
         failed = await event_of(store, agent_id, ev.ImagePullFailed, within=60, task_id=task_id)
-        assert failed.reason == "stalled: no progress for 3s"
+        assert failed.reason == "stalled: no progress for 2s"
         status = await call(nc, agent_id, rpc.PULL_STATUS, {"task_id": task_id})
         assert (status["state"], status["reason"]) == ("failed", failed.reason)
         assert await runtime.has_image(image) is None

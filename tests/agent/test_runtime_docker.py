@@ -43,6 +43,7 @@ from agent.runtime.docker import HANDOFF_BYTES, DockerRuntime, classify
 from agent.runtime.docker_containers import _kernel
 from agent.runtime.docker_streams import _container_pid
 from services.stack.natsserver import free_port
+from tests.infra.dockerd import free_address_pools
 from tests.infra.http import SERVE_HI, http_get
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
@@ -689,20 +690,22 @@ async def test_slots_are_labelled_and_listed(
 
 
 async def test_many_single_kernel_sessions_share_one_network(
-    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient, docker_engine: str
 ) -> None:
-    # An engine with the default address pools fits about 31 user-defined networks: a network
-    # per session would fail the 32nd. Each kernel here is a session of its own, with a port,
-    # and the same hostname.
+    # More sessions than the engine has address pools left (the test daemon has 8, a default
+    # engine about 31): a network per session would fail. Each kernel here is a session of its
+    # own, with a port, and the same hostname.
     await runtime.pull(small_image, lambda p: None)
-    n = 40
+    n = await asyncio.to_thread(free_address_pools, docker_engine) + 2
     spec = ContainerSpec(SLEEP_FOREVER, ports=[8080])
+    # 0.5 cpu, not less: a container's start (runc's init) runs in its cgroup, and at 0.01 cpu
+    # it took a second of throttling per container.
     ids = [f"k{i}" for i in range(n)]
     try:
         for batch in range(0, n, 8):
             await asyncio.gather(
                 *(
-                    runtime.create(k, f"s-{k}", small_image, 0.01, 8 * MiB, spec)
+                    runtime.create(k, f"s-{k}", small_image, 0.5, 8 * MiB, spec)
                     for k in ids[batch : batch + 8]
                 )
             )
@@ -984,19 +987,24 @@ async def test_list_kernels_releases_a_network_no_die_event_released(
 
 
 async def test_more_multi_kernel_sessions_than_address_pools_over_time(
-    runtime: DockerRuntime, small_image: str, client: docker.DockerClient
+    runtime: DockerRuntime, small_image: str, client: docker.DockerClient, docker_engine: str
 ) -> None:
-    # An engine's default pools fit about 31 networks; kept ended kernels must not hold them.
+    # More sessions than the engine has address pools (the test daemon's 8, a default engine's
+    # about 31), half as many at a time: kept ended kernels must not hold their networks.
     await runtime.pull(small_image, lambda p: None)
+    pools = await asyncio.to_thread(free_address_pools, docker_engine)
+    at_once = max(1, pools // 2)
+    total = pools + at_once
+    # 0.5 cpu: see test_many_single_kernel_sessions_share_one_network.
     spec = ContainerSpec(["true"], private_network=True)
-    for batch in range(0, 36, 9):  # 9 sessions at a time, 36 in all
-        ids = range(batch, batch + 9)
+    for batch in range(0, total, at_once):
+        ids = range(batch, min(batch + at_once, total))
         await asyncio.gather(
-            *(runtime.create(f"k{i}", f"s{i}", small_image, 0.01, 8 * MiB, spec) for i in ids)
+            *(runtime.create(f"k{i}", f"s{i}", small_image, 0.5, 8 * MiB, spec) for i in ids)
         )
         for i in ids:
             await wait_exit(runtime, f"k{i}")
-    assert len(await runtime.list_kernels()) == 36
+    assert len(await runtime.list_kernels()) == total > pools
     assert client.api.networks(filters={"label": f"{LABEL_AGENT}={runtime.agent_id}"}) == []
 
 

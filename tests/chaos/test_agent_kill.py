@@ -10,18 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos import FINAL, ClusterStack, ask
-from domain.subjects import SESSION_CREATE, SESSION_GET
+from domain import events as ev
+from domain.codec import decode
+from domain.subjects import SESSION_CREATE, SESSION_GET, session_events
+from services.eventstore.store import event_store
 from services.transport.client import Client, connect
 
 MiB = 1024**2
-SLOW = "chaos/slow:1"  # 640 MiB at 64 MiB/s: a 10 s pull
-SLOW_CREATE = "chaos/base:1"  # pulled in 1 s, then a 3 s create
+SLOW = "chaos/slow:1"  # 256 MiB at 64 MiB/s: a 4 s pull
+SLOW_CREATE = "chaos/base:1"  # pulled in 0.25 s, then a 2 s create
+CREATE_S = 2.0
 # A pull that stops is the stall timeout's (300 s by default): a restarted agent resumes it at
 # once, so the kernel runs within the pull's own time plus a margin.  A create in flight when its
 # agent died ends as the agent re-registers (services/manager/agent_rpc.py: agent_gone), not at
 # the call's one-minute timeout: the kernel runs within the create's own time plus a margin.
-DEADLINE_S = {"PULLING": 30.0, "CREATING": 3.0 + 15.0}
+DEADLINE_S = {"PULLING": 4.0 + 20.0, "CREATING": CREATE_S + 15.0}
 PHASES = {"PULLING": SLOW, "CREATING": SLOW_CREATE}
+# The event that ends each phase: written after the kill, it was cut off by it.
+ENDED_BY = {"PULLING": ev.KernelPrepared, "CREATING": ev.KernelCreated}
 
 
 async def kernel(nc: Client, sid: str) -> dict[str, Any]:
@@ -45,9 +51,10 @@ async def until_kernel(nc: Client, sid: str, statuses: set[str], within_s: float
 
 
 async def kill_agent_mid(stack: ClusterStack, nc: Client, phase: str) -> dict[str, Any]:
-    """Create a session, SIGKILL its agent while its kernel is in ``phase``, start the agent
-    again a second later; the kernel once RUNNING or final (AssertionError after the phase's
-    deadline)."""
+    """Create a session, SIGKILL its agent while its kernel is in ``phase``, have `hoist up`
+    start the agent again (a second later, as it does); the kernel once RUNNING or final
+    (AssertionError after the phase's deadline), with ``killed_at``: the stream's last sequence
+    just after the kill, and its ``session_id``."""
     reply = await ask(
         nc,
         SESSION_CREATE,
@@ -57,22 +64,36 @@ async def kill_agent_mid(stack: ClusterStack, nc: Client, phase: str) -> dict[st
     before = await until_kernel(nc, sid, {phase}, 30)
     await asyncio.sleep(0.5)  # well inside the pull, or the create
     how = stack.kill(before["agent_id"])
-    await asyncio.sleep(1.0)
-    stack.restart(how)
-    return await until_kernel(nc, sid, {"RUNNING", *FINAL}, DEADLINE_S[phase])
+    killed_at = await event_store(nc).head()
+    stack.restart(how)  # waits until `hoist up` has started it again
+    after = await until_kernel(nc, sid, {"RUNNING", *FINAL}, DEADLINE_S[phase])
+    return {**after, "session_id": sid, "killed_at": killed_at}
 
 
-def agent_stack(data_dir: Path) -> ClusterStack:
-    dummy = {"image_sizes": {SLOW: 640 * MiB, SLOW_CREATE: 64 * MiB}, "create_delay_s": 3.0}
+async def phase_ends(nc: Client, sid: str, phase: str) -> list[int]:
+    """The stream sequences of the events that ended the session's ``phase``."""
+    history = await event_store(nc).read_subject(session_events(sid))
+    return [r.seq for r in history if isinstance(decode(r.data, r.headers), ENDED_BY[phase])]
+
+
+def agent_stack(data_dir: Path, create_delay_s: float = CREATE_S) -> ClusterStack:
+    dummy = {
+        "image_sizes": {SLOW: 256 * MiB, SLOW_CREATE: 16 * MiB},
+        "create_delay_s": create_delay_s,
+    }
     return ClusterStack(data_dir, 1, dummy=dummy)
 
 
 async def test_an_agent_killed_mid_pull_recovers_its_kernel(tmp_path: Path) -> None:
-    with agent_stack(tmp_path / "data") as stack:
+    # The create after the pull is not what this test is about: the dummy's quick one.
+    with agent_stack(tmp_path / "data", create_delay_s=0.05) as stack:
         nc = await connect(stack.url("client"), max_reconnect_attempts=-1)
         try:
             after = await kill_agent_mid(stack, nc, "PULLING")
             assert after["status"] == "RUNNING" and after["status_info"], after
+            # The pull ended after the kill (the kill cut it off), once.
+            pulled = await phase_ends(nc, after["session_id"], "PULLING")
+            assert len(pulled) == 1 and pulled[0] > after["killed_at"], (pulled, after)
         finally:
             await nc.close()
 
@@ -85,5 +106,8 @@ async def test_an_agent_killed_mid_create_recovers_its_kernel_without_waiting_ou
         try:
             after = await kill_agent_mid(stack, nc, "CREATING")  # within DEADLINE_S, not 60 s
             assert after["status"] == "RUNNING" and after["status_info"], after
+            # Created after the kill (the kill cut the first create off), once.
+            made = await phase_ends(nc, after["session_id"], "CREATING")
+            assert len(made) == 1 and made[0] > after["killed_at"], (made, after)
         finally:
             await nc.close()

@@ -6,7 +6,9 @@ socket under one temp dir, so it never clashes with a system daemon or another t
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -18,6 +20,60 @@ import docker
 
 INSTALL_HINT = "run: apt-get install -y docker.io"
 API_VERSION = "1.41"  # Docker 20.10 (Debian bookworm's docker.io); newer daemons still accept it
+# The engine's own words once its address pools are used up.
+NO_POOL = "could not find an available, non-overlapping IPv4 address pool"
+# The private daemon's networks: 8 of /24 (the default pools fit about 31), so a test that needs
+# more networks than the pools hold (to show it does not) needs a few containers, not dozens.
+POOL_PREFIX, POOL_SIZE = 21, 24
+
+
+def _host_routes() -> list[ipaddress.IPv4Network]:
+    """The host's IPv4 routes but the default one (little-endian hex in /proc/net/route)."""
+    routes = []
+    try:
+        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return routes
+    for line in lines:
+        fields = line.split()
+        dest, mask = (ipaddress.IPv4Address(bytes.fromhex(f)[::-1]) for f in (fields[1], fields[7]))
+        if int(mask):
+            routes.append(ipaddress.IPv4Network(f"{dest}/{mask}", strict=False))
+    return routes
+
+
+def address_pool_base() -> str:
+    """A random /21 of 10.0.0.0/8 that no route of the host's overlaps: the daemons of other
+    test runs on this host (the default pools are 172.17-31.x and 192.168.x) take none of its
+    pools, and it takes none of theirs."""
+    routes = _host_routes()
+    for _ in range(1000):
+        third = random.randrange(0, 256, 1 << (24 - POOL_PREFIX))
+        net = ipaddress.IPv4Network(f"10.{random.randrange(256)}.{third}.0/{POOL_PREFIX}")
+        if not any(net.overlaps(r) for r in routes):
+            return str(net)
+    raise RuntimeError("no free /21 in 10.0.0.0/8 for the test daemon's networks")
+
+
+def free_address_pools(url: str, limit: int = 64) -> int:
+    """How many more networks the engine at ``url`` can make now: it makes them until the engine
+    has no address pool left, then removes them. A test that shows some use of networks does
+    not run out of pools uses more than this (the private daemon's: 8; a default engine: ~31)."""
+    client = docker.APIClient(base_url=url, version=API_VERSION, timeout=30)
+    made: list[str] = []
+    try:
+        while len(made) <= limit:
+            try:
+                made.append(client.create_network(f"hoist-pools-{os.getpid()}-{len(made)}")["Id"])
+            except docker.errors.APIError as e:
+                if NO_POOL in str(e.explanation or e):
+                    return len(made)
+                raise
+        raise RuntimeError(f"the engine at {url} makes more than {limit} networks")
+    finally:
+        for n in made:
+            client.remove_network(n)
+        client.close()
 
 
 def ping(url: str, timeout: float = 2.0) -> bool:
@@ -63,6 +119,7 @@ class DockerDaemon:
             "--storage-driver", "vfs",
             "--iptables=false",
             "--bridge=none",
+            "--default-address-pool", f"base={address_pool_base()},size={POOL_SIZE}",
             # Kernels run busybox sleep; don't wait 15 s per container at shutdown.
             "--shutdown-timeout", "2",
         ]  # fmt: skip

@@ -73,19 +73,12 @@ def registry() -> Iterator[Registry]:
         reg.stop()
 
 
-def _image(
-    docker_engine: str,
-    registry: Registry,
-    name: str,
-    pad_mb: int,
-    layers: int,
-    busybox: bool = True,
-) -> str:
+# The images go straight to the registry; their fixtures still take docker_engine, so that a test
+# given one runs with the other Docker tests (tests/conftest.py groups them by that fixture).
+def _image(registry: Registry, name: str, pad_mb: int, layers: int, busybox: bool = True) -> str:
     start = time.monotonic()
     ref = _or_fail(
-        lambda: build_image(
-            docker_engine, registry, name, "1", pad_mb=pad_mb, pad_layers=layers, busybox=busybox
-        )
+        lambda: build_image(registry, name, "1", pad_mb=pad_mb, pad_layers=layers, busybox=busybox)
     )
     _timed(f"image {name}", start)
     return ref
@@ -94,13 +87,13 @@ def _image(
 @pytest.fixture(scope="session")
 def small_image(docker_engine: str, registry: Registry) -> str:
     """``127.0.0.1:PORT/hoist/small:1``: busybox + 2 MB, in the registry, not on the daemon."""
-    return _image(docker_engine, registry, "hoist/small", SMALL_PAD_MB, 1)
+    return _image(registry, "hoist/small", SMALL_PAD_MB, 1)
 
 
 @pytest.fixture(scope="session")
 def big_image(docker_engine: str, registry: Registry) -> str:
     """``127.0.0.1:PORT/hoist/big:1``: busybox + 60 MB in 3 layers, in the registry only."""
-    return _image(docker_engine, registry, "hoist/big", BIG_PAD_MB, 3)
+    return _image(registry, "hoist/big", BIG_PAD_MB, 3)
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +102,7 @@ def progress_image(docker_engine: str, registry: Registry) -> str:
     pulled by one test only: dockerd lets a new pull join a download another test abandoned,
     and then the registry never sees that layer's fetch, so a test that counts the registry's
     requests needs layers nobody else pulls."""
-    return _image(docker_engine, registry, "hoist/progress", BIG_PAD_MB, 4, busybox=False)
+    return _image(registry, "hoist/progress", BIG_PAD_MB, 4, busybox=False)
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +111,7 @@ def stall_image(docker_engine: str, registry: Registry) -> str:
     stalled pulls. dockerd goes on retrying a stalled layer download after the pull is
     cancelled, and a later pull of the same layer waits for it: so stalled layers must be
     shared with no other image (not even busybox)."""
-    return _image(docker_engine, registry, "hoist/stall", 8, 2, busybox=False)
+    return _image(registry, "hoist/stall", 8, 2, busybox=False)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ containers; a standby takes over within the lease TTL plus a second."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sys
 import time
@@ -101,9 +102,15 @@ async def test_sigkill_the_leader_repeatedly_under_load(
 
         creating = asyncio.create_task(create_all(nc, payloads, rng, 0.01, log))
         takeovers = []
+        # The manager killed last, starting again while the load runs on (a process start
+        # takes about as long as the pause between kills): the standby before the next kill.
+        restarting: tuple[str, asyncio.Task[Any]] | None = None
         try:
             for _ in range(5):
                 await asyncio.sleep(rng.uniform(0.2, 0.8))
+                if restarting is not None:
+                    procs[restarting[0]] = await restarting[1]
+                    restarting = None
                 killed = await leader(store)
                 assert killed in procs, killed
                 procs[killed].kill()  # SIGKILL: the lease stays until its TTL
@@ -116,7 +123,11 @@ async def test_sigkill_the_leader_repeatedly_under_load(
 
                 await wait_for(other_leads, TTL + 5, f"{other} to lead")
                 takeovers.append(time.monotonic() - at)
-                procs[killed] = await start_manager(nats_server.url, killed, log)
+                again = start_manager(nats_server.url, killed, log)
+                restarting = (killed, asyncio.create_task(again))
+            assert restarting is not None
+            procs[restarting[0]] = await restarting[1]
+            restarting = None
             sids = [c["session_id"] for c in await creating]
             assert len(set(sids)) == 200
 
@@ -132,6 +143,9 @@ async def test_sigkill_the_leader_repeatedly_under_load(
             except AssertionError:
                 raise AssertionError(f"{counts}; {tail_all(log)[-6000:]}") from None
         finally:
+            if restarting is not None:  # a failure meanwhile: its process goes too
+                with contextlib.suppress(Exception):
+                    procs[restarting[0]] = await restarting[1]
             for proc in procs.values():
                 if proc.returncode is None:
                     proc.kill()

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+import pytest_asyncio
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 
 from services.transport import credentials
@@ -79,12 +81,28 @@ def chromium() -> str:
     return CHROMIUM
 
 
-@pytest.fixture
-async def browser(chromium: str) -> AsyncIterator[Browser]:
+@asynccontextmanager
+async def launched(chromium: str) -> AsyncIterator[Browser]:
     async with async_playwright() as p:
         b = await p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         yield b
         await b.close()
+
+
+@pytest.fixture
+async def browser(chromium: str) -> AsyncIterator[Browser]:
+    async with launched(chromium) as b:
+        yield b
+
+
+# One Chromium for a module's tests (its start is seconds of CPU); each test gets a context of
+# its own (cookies, storage), as from a fresh browser. Playwright's objects belong to the event
+# loop they were made in: a module using it runs its tests, and its async fixtures, in the
+# module's loop (`pytestmark = pytest.mark.asyncio(loop_scope="module")`).
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_browser(chromium: str) -> AsyncIterator[Browser]:
+    async with launched(chromium) as b:
+        yield b
 
 
 @dataclass
@@ -93,10 +111,11 @@ class Watched:
     errors: list[str]  # console errors and uncaught exceptions
 
 
-@pytest.fixture
-async def page(browser: Browser, web: Web) -> AsyncIterator[Watched]:
-    """A page logged in with the token (its first load sets the cookie)."""
-    context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(module_browser: Browser, web: Web) -> AsyncIterator[Watched]:
+    """A page logged in with the token (its first load sets the cookie), in a context of its
+    own of the module's browser."""
+    context = await module_browser.new_context(viewport={"width": 1400, "height": 1000})
     p = await context.new_page()
     errors: list[str] = []
 

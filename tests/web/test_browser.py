@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+import pytest_asyncio
 from playwright.async_api import Browser
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
-from services.transport.client import Client
+from services.transport import credentials
+from services.transport.client import Client, connect
 from tests.web.conftest import Watched, Web, add_user, ask, screenshot_dir
 
 CPU_MEM = {"cpu": 1, "mem": 512 * 1024**2}
+# The module's browser (conftest: module_browser) and its pages live in the module's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(web: Web) -> AsyncIterator[Client]:
+    """conftest's client, made in the module's loop (a NATS connection answers in its own)."""
+    creds = credentials.load_credentials(web.stack.data_dir)
+    nc = await connect(credentials.role_url(web.info["url"], "client", creds))
+    yield nc
+    await nc.close()
 
 
 async def test_a_new_session_appears_live_its_pull_bar_advances_and_it_runs(
@@ -84,8 +99,8 @@ async def test_the_session_page_shows_history_kernels_and_destroy_ends_it(
     assert page.errors == []
 
 
-async def test_an_unknown_token_gets_401_and_no_page(web: Web, browser: Browser) -> None:
-    context = await browser.new_context()
+async def test_an_unknown_token_gets_401_and_no_page(web: Web, module_browser: Browser) -> None:
+    context = await module_browser.new_context()
     p = await context.new_page()
     response = await p.goto(f"{web.url}?token=not-the-token")
     assert response is not None and response.status == 401
@@ -152,7 +167,7 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
 
 
 async def test_an_admin_user_may_destroy_another_users_session(
-    web: Web, browser: Browser, client: Client
+    web: Web, module_browser: Browser, client: Client
 ) -> None:
     """A Hoist user added with --admin logs in with their password; the manager lets them
     destroy any session, so the page offers Destroy on another owner's, and it works."""
@@ -163,7 +178,8 @@ async def test_an_admin_user_may_destroy_another_users_session(
         {"owner": "olga", "image": web.stack.next_image(), "resources": CPU_MEM, "max_wait": 30},
     )
     sid = created["session_id"]
-    context = await browser.new_context(http_credentials={"username": name, "password": password})
+    creds = {"username": name, "password": password}
+    context = await module_browser.new_context(http_credentials=creds)
     try:
         p = await context.new_page()
         errors: list[str] = []
