@@ -41,11 +41,25 @@ def xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a loadgroup worker, pytest-xdist names a grouped test ``nodeid@group``: a pytest that
+    does not show that name would silently spread a module's tests over every worker."""
+    if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group")]
+    if any("@" not in nodeid for nodeid in lost):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's groups ({lost[0]} has none):"
+            " install the versions pyproject.toml pins (./dev test does)"
+        )
 
 
 @pytest.fixture
