@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -90,15 +91,21 @@ class RateLimited(logging.Filter):
     (each failing alike, e.g. "Too many open files") then costs a few lines, not a traceback
     each."""
 
-    def __init__(self, burst: int = LOG_BURST, window_s: float = LOG_WINDOW_S) -> None:
+    def __init__(
+        self,
+        burst: int = LOG_BURST,
+        window_s: float = LOG_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.burst = burst
         self.window_s = window_s
+        self.clock = clock
         self._kinds: dict[tuple[str, str], list[float]] = {}  # -> [window start, passed, left]
 
     def filter(self, record: logging.LogRecord) -> bool:
         kind = (record.name, str(record.msg))
-        now = time.monotonic()
+        now = self.clock()
         state = self._kinds.get(kind)
         if state is None or now - state[0] >= self.window_s:
             left_out = int(state[2]) if state is not None else 0
