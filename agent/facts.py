@@ -20,9 +20,9 @@ from domain import events as ev
 from domain.admission import Inadmissible, admit
 from domain.agent import Agent
 from domain.subjects import agent_events, liveness_events
-from services.eventstore.quarantine import quarantined
-from services.eventstore.repository import NotFound, Repository
-from services.eventstore.store import ConcurrencyError
+from eventstore.quarantine import quarantined
+from eventstore.repository import NotFound, Repository
+from eventstore.store import ConcurrencyError
 
 log = logging.getLogger(__name__)
 

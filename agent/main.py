@@ -24,8 +24,8 @@ from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.runtime.base import Runtime
 from agent.server import AgentServer
-from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
-from services.transport.metrics import MetricsServer
+from transport.connection import connect_for_ever, run_process, serve_until_signalled
+from transport.metrics import MetricsServer
 
 URL_ENV = "HOIST_NATS_URL"  # the NATS URL with the agent's password, kept out of `ps`
 

@@ -4,7 +4,7 @@ with a ``hoist_`` prefix:
 - ``hoist_image_pull_duration_seconds{outcome, size}``: from the request to the outcome, time
   in the queue for a pull slot included, as kubelet's ``image_pull_duration_seconds``; outcome
   ``pulled``, ``failed`` or ``cancelled``; ``size`` a bucket of the image's bytes
-  (services.transport.metrics.size_bucket).
+  (transport.metrics.size_bucket).
 - ``hoist_image_pulled_bytes_total``: bytes of the images pulled to the end.
 - ``hoist_image_pulls_in_flight``: pulls queued or running (read at scrape time).
 - ``hoist_image_pull_stalls_total`` / ``hoist_image_pull_timeouts_total``: pulls given up for
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from services.transport.metrics import DURATION_BUCKETS, PREFIX, Gauges, size_bucket
+from transport.metrics import DURATION_BUCKETS, PREFIX, Gauges, size_bucket
 
 
 class AgentMetrics:

@@ -27,7 +27,7 @@ from typing import Protocol
 from agent.runtime.base import PulledImage, PullError, Runtime
 from agent.runtime.base import PullProgress as LayerUpdate
 from domain.rpc import LayerProgress, PullProgress, PullState
-from services.transport.tasks import Tasks
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

@@ -58,11 +58,11 @@ from domain.subjects import (
     heartbeat,
     is_inbox,
 )
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
-from services.transport.client import Client
-from services.transport.connection import subscriptions_ready, unsubscribe_all
-from services.transport.tasks import Tasks, every
+from eventstore.repository import Repository
+from eventstore.store import EventStore
+from transport.client import Client
+from transport.connection import subscriptions_ready, unsubscribe_all
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 # A create that does not fit waits this long for other kernels' creates and destroys in flight

@@ -25,7 +25,7 @@ from typing import Any
 
 from agent.runtime.base import ExecRun
 from domain import rpc
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.eventstore.store import EventStore, Message, Write
+from eventstore.store import EventStore, Message, Write
 from services.stack.natsserver import NatsServer
-from services.transport.client import connect
+from transport.client import connect
 
 PAYLOAD = b'{"session_id":"s","kernel":"k","image":"python:3.12","resources":{"cpu":2}}' * 2
 

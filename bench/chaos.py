@@ -37,12 +37,12 @@ import nats.errors
 
 from domain import subjects
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET, session_events
-from services.eventstore.store import StoreError, event_store
+from eventstore.store import StoreError, event_store
 from services.stack.natsserver import free_cluster_port
 from services.stack.up import StackInfo, is_nats
-from services.transport import credentials
-from services.transport.client import Client, connect
 from tests.infra.cluster import stream_leader
+from transport import credentials
+from transport.client import Client, connect
 
 MiB = 1024**2
 IMAGE = "chaos/base:1"

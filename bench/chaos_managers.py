@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from domain.admission import lease_holder
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, manager_lease
-from services.eventstore.store import EventStore, event_store
-from services.transport.client import Client, connect
+from eventstore.store import EventStore, event_store
 from tests.manager.booking_check import overbooked
+from transport.client import Client, connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import fleet, manager  # the same child processes as the lifecycle bench

@@ -3,7 +3,7 @@
 The library's ``BankAccounts`` test application (snapshotting on, as the library ships it) runs
 the same workload on three persistence modules, in one run:
 
-- ``services.eventstore:Factory`` on a nats-server this script starts (file storage);
+- ``eventstore:Factory`` on a nats-server this script starts (file storage);
 - ``eventsourcing.sqlite`` on a database file;
 - ``eventsourcing.postgres`` on a real PostgreSQL server this script starts in a temp dir
   (``initdb`` + ``pg_ctl`` of Debian's ``postgresql``; as root it runs them as ``postgres``).
@@ -242,7 +242,7 @@ def main() -> None:
 
             def jetstream(r: int) -> dict[str, str]:
                 return {
-                    "PERSISTENCE_MODULE": "services.eventstore:Factory",
+                    "PERSISTENCE_MODULE": "eventstore:Factory",
                     "NATS_URL": nats.url,
                     "NATS_STREAM": f"bank{r}",
                 }

@@ -81,13 +81,13 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from agent.server import AgentServer
 from domain.beats import pace_floor
 from domain.subjects import EVENTS, MANAGER_STATS, SESSION_CREATE, VERIFY_SUBJECT, query_subject
-from services.eventstore.store import EventStore, event_store
+from eventstore.store import EventStore, event_store
 from services.manager.leadership import DEFAULT_TTL_S
 from services.manager.liveness import DEFAULT_BEATS_PER_S
 from services.stack.natsserver import NatsServer
-from services.transport import progress
-from services.transport.client import Client, connect
-from services.transport.gc_pauses import keep_pauses_short
+from transport import progress
+from transport.client import Client, connect
+from transport.gc_pauses import keep_pauses_short
 
 GB = 1024**3
 IMAGE = "bench/base:1"
@@ -682,7 +682,7 @@ async def scale_row(
     models = await ask(nc, query_subject("sessions"), {"limit": 1})
     live_kib = rss_kib(manager.pid)
     # The read models' child (none in process): what it keeps grows with the log too, and
-    # what it froze for the collector (services.transport.gc_pauses) would show here.
+    # what it froze for the collector (transport.gc_pauses) would show here.
     model_pids = children(manager.pid)
     models_kib = (
         f"{(sum(rss_kib(pid) for pid in model_pids) - base_kib[1]) / live:.1f}"

@@ -40,10 +40,10 @@ from domain import subjects
 from domain.agent import Agent
 from domain.codec import encode
 from domain.session import Session
-from services.eventstore.bulk import BulkReader
-from services.eventstore.store import MAX_BATCH, EventStore, Message, Write
+from eventstore.bulk import BulkReader
+from eventstore.store import MAX_BATCH, EventStore, Message, Write
 from services.stack.natsserver import NatsServer
-from services.transport.client import connect
+from transport.client import connect
 
 # Run as a script, this file's directory comes first on sys.path and its name shadows the
 # projections package: drop it before importing the runner.

@@ -21,7 +21,7 @@ from domain.errors import DomainError, InvalidField
 from domain.subjects import HISTORY, QUERY_NAMES, USER, check_token
 
 KIND = USER
-# NATS users the stack itself defines (services.transport.credentials): no Hoist user may take
+# NATS users the stack itself defines (transport.credentials): no Hoist user may take
 # one's name (nor ``agent-<id>``, an agent's).
 RESERVED = frozenset({"manager", "client", "admin"})
 # Nor the tokens that follow ``hoist.api.``, ``hoist.query.`` and ``hoist.admin.`` in the

@@ -41,11 +41,11 @@ import pyarrow as pa
 from domain import codec
 from domain.admission import Inadmissible, admit
 from domain.events import type_name
+from eventstore.bulk import BULK_MIN, BulkReader
+from eventstore.quarantine import quarantined
+from eventstore.store import PAGE, EventStore, Recorded
 from projections.base import MODEL_REASON, Gatekeeper, Handler, Projection
 from projections.table import Changes, transaction, write
-from services.eventstore.bulk import BULK_MIN, BulkReader
-from services.eventstore.quarantine import quarantined
-from services.eventstore.store import PAGE, EventStore, Recorded
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from eventstore.bulk import BulkReader
+from eventstore.store import EventStore
 from projections import ALL
 from projections.base import Projection, fetch_rows
 from projections.runner import META, Runner
-from services.eventstore.bulk import BulkReader
-from services.eventstore.store import EventStore
 
 EXAMPLES = 5  # differing rows shown per table and side
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from services.stack.natsserver import NatsCluster, NatsServer
-from services.transport.client import Client, connect
 from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     big_image,
     docker_engine,
@@ -20,6 +19,7 @@ from tests.infra.fixtures import (  # noqa: F401 - pytest finds fixtures by name
     stall_image,
     stall_proxy,
 )
+from transport.client import Client, connect
 
 # --- parallel runs (pytest-xdist, `./dev test` runs -n 4 --dist loadgroup) ----------------------
 # A test that shares a module- or class-scoped fixture goes to the worker of its module's other

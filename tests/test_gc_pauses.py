@@ -1,4 +1,4 @@
-"""services.transport.gc_pauses: what survives a full collection is frozen, and the frozen set is
+"""transport.gc_pauses: what survives a full collection is frozen, and the frozen set is
 thawed once as much again was frozen since (so cyclic garbage among it is collected in the end),
 counted as it is frozen: the frozen set is never walked."""
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from services.transport import gc_pauses
+from transport import gc_pauses
 
 
 class FakeGc:
@@ -90,7 +90,7 @@ def test_in_a_process_long_lived_objects_leave_the_collections() -> None:
     script = textwrap.dedent(
         """
         import gc
-        from services.transport.gc_pauses import keep_pauses_short
+        from transport.gc_pauses import keep_pauses_short
         held = [[i] for i in range(50_000)]
         keep_pauses_short()
         assert gc.get_freeze_count() >= 50_000, gc.get_freeze_count()

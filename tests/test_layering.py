@@ -14,14 +14,14 @@ from domain.contracts.queries import FILTERS
 from domain.subjects import QUERY_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("domain", "projections", "services", "agent")
+PACKAGES = ("domain", "transport", "eventstore", "projections", "agent", "client", "services")
 CLI_MODULES = (
     "services.cli.main",
     "services.cli.images",
     "services.cli.audit",
     "services.cli.read",
     "services.cli.progress_view",
-    "services.cli.connection",
+    "client.connection",
     "services.cli.stack_url",
 )
 

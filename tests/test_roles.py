@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 
 from domain.contracts.users import AddUser
 from domain.subjects import EVENT_STREAM, EVENTS_ALL, PROGRESS_STREAM
-from services.eventstore.store import EventStore, Message, Write
+from eventstore.store import EventStore, Message, Write
 from services.stack.natsauth import (
     REPO_CONFIG,
     generate_credentials,
@@ -30,16 +30,16 @@ from services.stack.natsauth import (
     write_server_config,
 )
 from services.stack.natsserver import free_port, nats_server_binary, wait_for_port
-from services.transport import progress
-from services.transport.client import Client, connect
-from services.transport.credentials import (
+from tests.manager.harness import manager as running_manager
+from transport import progress
+from transport.client import Client, connect
+from transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
     load_credentials,
     role_url,
     user_url,
 )
-from tests.manager.harness import manager as running_manager
 
 
 @dataclass

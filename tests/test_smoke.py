@@ -1,4 +1,4 @@
-from services.transport.client import Client
+from transport.client import Client
 
 
 async def test_nats_server_has_jetstream(nc: Client) -> None:

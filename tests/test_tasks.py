@@ -1,4 +1,4 @@
-"""services.transport.tasks: owned background tasks and periodic loops."""
+"""transport.tasks: owned background tasks and periodic loops."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 
 async def until(condition: Callable[[], bool], within_s: float = 5.0) -> None:

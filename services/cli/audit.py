@@ -11,16 +11,16 @@ from typing import Any
 
 import duckdb
 
+from client import connection as cli_nats
+from client.connection import CliError
 from domain.subjects import QUERY_NAMES, SQL_SUBJECT, VERIFY_SUBJECT, query_subject
+from eventstore.bulk import bulk_reader
+from eventstore.store import event_store
 from projections import ALL
 from projections.runner import Runner
-from services.cli import connection as cli_nats
-from services.cli.connection import CliError
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.read import truncation_note
 from services.cli.stack_url import stack_url
-from services.eventstore.bulk import bulk_reader
-from services.eventstore.store import event_store
 from services.stack import up as stack
 
 VERIFY_TIMEOUT_S = 600.0

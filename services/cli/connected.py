@@ -6,7 +6,7 @@ import argparse
 import contextlib
 from collections.abc import AsyncIterator
 
-from services.cli.connection import Connection
+from client.connection import Connection
 from services.cli.stack_url import stack_url
 
 

@@ -7,10 +7,10 @@ later `hoist up` on the same data dir starts none unless asked (``--demo``).
 
 from __future__ import annotations
 
+from client.connection import Connection
 from domain import subjects
 from domain.contracts.sessions import session_id_for
-from services.cli.connection import Connection
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 
 OWNER = "demo"
 REQUEST_ID = "hoist-up-demo"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from services.cli.connection import ReplyError
+from client.connection import ReplyError
 
 # Wire fields named unlike the dest of the flag that sets them.
 _DESTS = {

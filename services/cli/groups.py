@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from client import connection as cli_nats
 from domain.subjects import GROUP_LIST, GROUP_REMOVE, GROUP_SET
-from services.cli import connection as cli_nats
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.quotas import describe
 from services.cli.stack_url import stack_url

@@ -1,5 +1,5 @@
 """`hoist history SESSION` and `hoist events [--follow] [--session S]`: events straight from
-JetStream (a Hoist user's own sessions' from the manager: services.cli.session_log), a line
+JetStream (a Hoist user's own sessions' from the manager: client.session_log), a line
 each (``-o json``: a JSON object a line, for jq)."""
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ from typing import Any
 
 import msgspec
 
-from domain import codec, subjects
-from domain.admission import Inadmissible, admit, writer
+from client import session_log
+from client.connection import CliError, Connection
+from client.events import describe
+from domain import subjects
 from domain.errors import unknown_session
-from services.cli import ids, session_log
+from eventstore.store import Recorded, event_store
+from services.cli import ids
 from services.cli.connected import connected
-from services.cli.connection import CliError, Connection
 from services.cli.output import add_output_flags, print_json_line, wants_json
 from services.cli.streams import interrupt_event
-from services.eventstore.store import Recorded, event_store
-
-_ENVELOPE = ("type", "originator_id", "originator_version", "timestamp", "originator_topic")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,36 +35,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     events.add_argument("--session", help="only this session's events (an id or its prefix)")
     add_output_flags(events, "the events")
     events.set_defaults(func=cmd_events)
-
-
-def describe(rec: Recorded, quarantined: Mapping[int, str] | None = None) -> dict[str, Any]:
-    """One event as data; ``quarantined``: seq -> reason of the records the read models
-    skipped (an event can decode and still not apply: it says so too)."""
-    kind, _, agg_id = rec.subject.removeprefix(subjects.EVENTS + ".").partition(".")
-    actor = rec.headers.get(codec.ACTOR_HEADER, "-")
-    out: dict[str, Any] = {
-        "seq": rec.seq,
-        "time": rec.time.isoformat(),
-        "aggregate": kind,
-        "id": agg_id,
-        "type": None,
-        "actor": actor,
-        "writer": writer(rec.subject),
-        "quarantined": None,
-        "data": None,
-    }
-    try:
-        event = admit(rec.subject, rec.headers, rec.data)
-    except Inadmissible as e:  # history shows what every reader skipped, and who wrote it
-        out.update(type=e.event_type or "?", quarantined=str(e))
-        return out
-    out["type"] = type(event).__name__
-    skipped = (quarantined or {}).get(rec.seq)
-    if skipped is not None:
-        out["quarantined"] = skipped
-        return out
-    out["data"] = {k: v for k, v in msgspec.to_builtins(event).items() if k not in _ENVELOPE}
-    return out
 
 
 def format_event(rec: Recorded, quarantined: Mapping[int, str] | None = None) -> str:

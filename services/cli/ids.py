@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from client.connection import CliError, Connection
 from domain.errors import unknown_kernel, unknown_session
 from domain.limits import MAX_ID
 from domain.subjects import query_subject
-from services.cli.connection import CliError, Connection
 
 FULL_ID = re.compile(r"^[0-9a-f]{32}\Z")
 HOSTNAME = re.compile(r"^(main|sub)[0-9]+\Z")  # a kernel named by its hostname in its session

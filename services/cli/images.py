@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from client import connection as cli_nats
+from client.connection import CliError
 from domain.image_ref import familiar
 from domain.subjects import (
     AGENT_SYNC,
@@ -22,8 +24,6 @@ from domain.subjects import (
     PRELOAD,
     UNLOAD,
 )
-from services.cli import connection as cli_nats
-from services.cli.connection import CliError
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 

@@ -15,10 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from client.connection import CliError, Connection
 from domain.limits import ABS_PATH, ENV_NAME, MAX_ENV_NAME, TOKEN
 from domain.subjects import SESSION_EXEC, SESSION_LOGS, VOLUME_LIST, VOLUME_REMOVE
 from services.cli import ids, output
-from services.cli.connection import CliError, Connection
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.streams import interrupt_event, process_exit, read_stream
 

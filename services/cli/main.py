@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
+from client.connection import CliError, Connection, ReplyError
+from client.connection import login_name as cli_nats_login_name
 from domain.limits import MAX_CPU, MAX_MEM, MAX_SLOT, MIN_KERNEL_MEM, SLOT_NAME
 from domain.quota import fmt_mem
 from domain.status import TERMINAL, KernelStatus
@@ -33,13 +35,12 @@ from domain.subjects import (
     SESSION_LOGS,
     inbox_prefix,
 )
+from eventstore.store import StoreError
 from services.cli import completion, demo, ids, output, stack_cmds
 from services.cli import history as history_cli
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
 from services.cli.connected import connected
-from services.cli.connection import CliError, Connection, ReplyError
-from services.cli.connection import login_name as cli_nats_login_name
 from services.cli.flag_errors import in_flag_terms
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
 from services.cli.output import add_output_flags, print_json, wants_json
@@ -51,10 +52,9 @@ from services.cli.streams import (
     silence_stdout,
     until_stopped,
 )
-from services.eventstore.store import StoreError
 from services.stack import home as stack_home
 from services.stack import up as stack
-from services.transport import credentials
+from transport import credentials
 
 _interrupt_event = interrupt_event
 

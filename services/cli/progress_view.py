@@ -26,15 +26,15 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from client import session_log
+from client.connection import CliError, Connection
 from domain import admission, rpc, subjects
 from domain.events import Event
 from domain.image_ref import familiar
 from domain.session import Session
 from domain.status import TERMINAL, Kernel, KernelStatus
-from services.cli import session_log
-from services.cli.connection import CliError, Connection
 from services.cli.output import human_bytes, human_duration
-from services.transport import progress as progress_stream
+from transport import progress as progress_stream
 
 S = KernelStatus
 RATE_WINDOW_S = 3.0  # rates are averaged over this many seconds of samples

@@ -9,10 +9,10 @@ import argparse
 import math
 from typing import Any
 
+from client import connection as cli_nats
+from client.connection import CliError, login_name
 from domain.subjects import QUOTA_MINE, QUOTA_REMOVE, QUOTA_SET, QUOTA_SHOW
-from services.cli import connection as cli_nats
 from services.cli.connected import connected
-from services.cli.connection import CliError, login_name
 from services.cli.images import parse_size
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url

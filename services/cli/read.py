@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from client.connection import CliError, Connection
 from domain import subjects
 from domain.image_ref import familiar
 from domain.status import TERMINAL, KernelStatus
-from services.cli.connection import CliError, Connection
 from services.cli.output import (
     add_output_flags,
     human_bytes,

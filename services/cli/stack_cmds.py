@@ -16,15 +16,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from client.connection import CliError, Connection, ReplyError
 from domain import subjects
 from domain.admission import lease_holder
-from services.cli.connection import CliError, Connection, ReplyError
-from services.eventstore.store import EventStore, StoreError, event_store
+from eventstore.store import EventStore, StoreError, event_store
 from services.stack import up as stack
 from services.stack.home import start_command
 from services.stack.lock import DataDirLock
 from services.stack.stop import StopError, lock_holders, stop_stack
-from services.transport import credentials
+from transport import credentials
 
 LOW_DISK_BYTES = 1024**3  # below this free in the data dir's filesystem: a problem
 CATCH_UP_S = 3.0  # how long the read models may take to reach the log's head

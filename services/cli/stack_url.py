@@ -6,10 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
-from services.cli.connection import CliError, scoped_user
+from client.connection import CliError, scoped_user
 from services.stack import up as stack
 from services.stack.home import start_command
-from services.transport import credentials
+from transport import credentials
 
 _USER_ROLES = ("client", "admin")  # what a Hoist user acts as, with their own credentials
 

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, TypeVar
 
+from client.connection import CliError, Connection
 from domain.subjects import STREAM_READ
-from services.cli.connection import CliError, Connection
 
 T = TypeVar("T")
 MAX_WAIT_S = 10.0  # a read waits at most this long on the agent (the contract allows 30)

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from client import connection as cli_nats
 from domain.subjects import USER_ADD, USER_DISABLE, USER_LIST
-from services.cli import connection as cli_nats
 from services.cli.output import add_output_flags, print_json, wants_json
 from services.cli.stack_url import stack_url
 from services.stack import up as stack
-from services.transport.client import server_list
+from transport.client import server_list
 
 
 def register(subparsers: Any) -> None:

@@ -20,7 +20,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from domain import rpc
 from domain.subjects import agent_rpc
-from services.transport.client import Client
+from transport.client import Client
 
 
 class AgentUnreachable(Exception):

@@ -55,7 +55,7 @@ from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.liveness import LivenessWatcher
 from services.manager.uow import UnitOfWork
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

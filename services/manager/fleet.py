@@ -58,14 +58,14 @@ from domain.status import (
 )
 from domain.subjects import LEASE, LIVENESS, RESERVATION, RESOURCE_GROUP, RESOURCE_POLICY, USER
 from domain.user import User
-from services.eventstore.bulk import BULK_MIN, BulkReader
-from services.eventstore.quarantine import quarantined
-from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
-from services.eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError, Write
+from eventstore.bulk import BULK_MIN, BulkReader
+from eventstore.quarantine import quarantined
+from eventstore.repository import NotFound, Repository, loaded_seq, passed
+from eventstore.store import ConcurrencyError, EventStore, Recorded, StoreError, Write
 from services.manager.bus import LookAgain, RoomFreed
 from services.manager.requester import requester
 from services.manager.reservations import Reservations
-from services.transport.tasks import Tasks
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Fleet:
         bulk: BulkReader | None = None,
     ) -> None:
         self.store = store
-        # Reads a long start-up fold in a child process (services.eventstore.bulk): parsing
+        # Reads a long start-up fold in a child process (eventstore.bulk): parsing
         # 150,000 records took a third of a 10 s fold on the manager's loop.
         self.bulk = bulk
         # Where what the fold learns goes once caught up (services.manager.bus): agent,

@@ -16,7 +16,7 @@ from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup, group_vie
 from domain.resource_group import ResourceGroup
 from domain.rpc import RequestError
 from domain.subjects import RESOURCE_GROUP
-from services.eventstore.repository import Repository
+from eventstore.repository import Repository
 from services.manager.fleet import Fleet
 
 

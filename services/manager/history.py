@@ -26,9 +26,9 @@ from domain.errors import unknown_session
 from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
 from domain.user import not_enabled
-from services.eventstore.store import EventStore, Recorded, StoreError
-from services.transport.client import Client
-from services.transport.tasks import Tasks
+from eventstore.store import EventStore, Recorded, StoreError
+from transport.client import Client
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

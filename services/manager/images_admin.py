@@ -42,9 +42,9 @@ from domain.status import ABOUT_TO_USE, IN_USE
 from domain.subjects import JOBS, PROGRESS
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
-from services.transport.client import Client
-from services.transport.connection import unsubscribe_all
-from services.transport.tasks import Tasks
+from transport.client import Client
+from transport.connection import unsubscribe_all
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

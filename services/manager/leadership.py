@@ -44,7 +44,7 @@ from domain.subjects import (
     manager_lease,
     manager_term,
 )
-from services.eventstore.store import (
+from eventstore.store import (
     MSG_TTL,
     ConcurrencyError,
     EventStore,
@@ -52,7 +52,7 @@ from services.eventstore.store import (
     StoreError,
     Write,
 )
-from services.transport.tasks import Tasks
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

@@ -34,13 +34,13 @@ from domain.liveness import AgentLiveness
 from domain.reasons import Reason, info
 from domain.rpc import MAX_BEAT_FLOOR_S, Heartbeat, is_beat
 from domain.subjects import HEARTBEAT, agent_rpc, manager_term
-from services.eventstore.repository import NotFound, Repository, loaded_seq
-from services.eventstore.store import ConcurrencyError, Write
+from eventstore.repository import NotFound, Repository, loaded_seq
+from eventstore.store import ConcurrencyError, Write
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.manager.leadership import NotLeading
-from services.transport.client import Client
-from services.transport.connection import unsubscribe_all
-from services.transport.tasks import Tasks, every
+from transport.client import Client
+from transport.connection import unsubscribe_all
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from domain.contracts.sessions import (
 )
 from domain.contracts.users import AddUser, DisableUser, ListUsers
 from domain.scheduling import Limits, Policy
-from services.eventstore.bulk import bulk_reader
-from services.eventstore.repository import Repository
-from services.eventstore.store import Write, event_store
+from eventstore.bulk import bulk_reader
+from eventstore.repository import Repository
+from eventstore.store import Write, event_store
 from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, RoomFreed
@@ -70,11 +70,11 @@ from services.manager.sessions import SessionCommands
 from services.manager.stats import Stats
 from services.manager.uow import UnitOfWork
 from services.manager.users import Users
-from services.transport import credentials, progress
-from services.transport.client import Client
-from services.transport.connection import connect_for_ever, run_process, serve_until_signalled
-from services.transport.gc_pauses import keep_pauses_short
-from services.transport.metrics import MetricsServer
+from transport import credentials, progress
+from transport.client import Client
+from transport.connection import connect_for_ever, run_process, serve_until_signalled
+from transport.gc_pauses import keep_pauses_short
+from transport.metrics import MetricsServer
 
 log = logging.getLogger("manager")
 
@@ -121,7 +121,7 @@ class ManagerConfig:
     read_models_threads: int = 1
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
-    # Freeze long-lived objects for the garbage collector (services.transport.gc_pauses): the
+    # Freeze long-lived objects for the garbage collector (transport.gc_pauses): the
     # process does, in-process managers of tests leave their process's collector alone.
     short_gc_pauses: bool = False
     # Several managers (services.manager.leadership): this one's name in the lease (distinct

@@ -11,7 +11,7 @@ where one exists, with a ``hoist_`` prefix.
   concurrency (someone else wrote the session first).
 - ``hoist_projection_lag_events``: how many events of the log the read models have yet to fold.
 - ``hoist_quarantined_events_total``: distinct records this process's readers skipped
-  (services.eventstore.quarantine).
+  (eventstore.quarantine).
 
 Nothing here runs per event but the session-start check on KernelCreated (a dict lookup and a
 walk over that session's kernels); the gauges are read when scraped.  No label holds an id.
@@ -27,9 +27,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from domain import events as ev
 from domain.session import Session
 from domain.status import KernelStatus
-from services.eventstore import quarantine
+from eventstore import quarantine
 from services.manager.fleet import Fleet
-from services.transport.metrics import DURATION_BUCKETS, PREFIX, Gauges
+from transport.metrics import DURATION_BUCKETS, PREFIX, Gauges
 
 S = KernelStatus
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)

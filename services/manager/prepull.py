@@ -41,10 +41,10 @@ from domain.prepull import (
 )
 from domain.rpc import RequestError
 from domain.status import TERMINAL
-from services.eventstore.repository import Repository
+from eventstore.repository import Repository
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from domain.session import Session
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

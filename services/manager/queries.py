@@ -49,15 +49,15 @@ from domain.rpc import RequestError
 from domain.status import KernelStatus
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
 from domain.user import not_enabled
+from eventstore.store import StoreError
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
 from projections.runner import META, Runner
 from projections.users import UsersProjection
 from projections.verify import verify
-from services.eventstore.store import StoreError
 from services.manager import admin_sql
-from services.transport.client import Client
-from services.transport.tasks import Tasks
+from transport.client import Client
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

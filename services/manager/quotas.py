@@ -45,12 +45,12 @@ from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.quota import ResourcePolicy, Usage, effective
 from domain.rpc import RequestError
 from domain.subjects import RESOURCE_POLICY
-from services.eventstore.repository import Repository
+from eventstore.repository import Repository
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.open_streams import OpenStreams
 from services.manager.uow import UnitOfWork
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

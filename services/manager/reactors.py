@@ -53,12 +53,12 @@ from domain import rpc
 from domain.reasons import Reason, info, reason_of
 from domain.session import Session
 from domain.status import FAILED, PRE_RUNNING, Kernel, KernelStatus
-from services.eventstore.repository import loaded_seq
+from eventstore.repository import loaded_seq
 from services.manager.agent_rpc import AgentCallFailed, AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
-from services.transport.tasks import Tasks
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

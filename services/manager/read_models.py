@@ -13,15 +13,15 @@ from pathlib import Path
 import duckdb
 from nats.aio.subscription import Subscription
 
+from eventstore.bulk import BulkReader
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
-from services.eventstore.bulk import BulkReader
-from services.eventstore.store import EventStore
 from services.manager.admin_sql import lock_down
 from services.manager.queries import LastHeartbeat, no_heartbeats, serve_queries
-from services.transport.client import Client
-from services.transport.connection import unsubscribe_all
-from services.transport.tasks import Tasks
+from transport.client import Client
+from transport.connection import unsubscribe_all
+from transport.tasks import Tasks
 
 IN_MEMORY = ":memory:"
 # Kept beside the models by manager versions before heartbeats left the read models: stale.

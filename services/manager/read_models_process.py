@@ -44,20 +44,20 @@ from nats.aio.subscription import Subscription
 from domain import subjects
 from domain.events import AwareTime
 from domain.rpc import is_beat
-from services.eventstore.bulk import bulk_reader
-from services.eventstore.store import event_store
+from eventstore.bulk import bulk_reader
+from eventstore.store import event_store
 from services.manager.queries import answer_unavailable
 from services.manager.read_models import ReadModels
-from services.transport.client import Client
-from services.transport.connection import (
+from transport.client import Client
+from transport.connection import (
     connect_for_ever,
     run_process,
     serve_until_signalled,
     unsubscribe_all,
 )
-from services.transport.gc_pauses import keep_pauses_short
-from services.transport.pdeathsig import NoParentDeathSignal, die_with_parent
-from services.transport.tasks import Tasks
+from transport.gc_pauses import keep_pauses_short
+from transport.pdeathsig import NoParentDeathSignal, die_with_parent
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ async def _run(path: str, bulk: bool, threads: int) -> None:
         raise ValueError(f"{URL_ENV} is not set: the manager passes the NATS URL there")
     # What the runner keeps of every session lives as long as the process, as the manager's
     # view does: each full collection visited all of it (150 ms at 22,500 live sessions, on
-    # the cores the creates use) until frozen (services.transport.gc_pauses).
+    # the cores the creates use) until frozen (transport.gc_pauses).
     keep_pauses_short()
     nc = await connect_for_ever(url, "hoist-read-models", log)
     child = _Child(nc, path, url if bulk else None, sys.stdout, threads)

@@ -24,8 +24,8 @@ from domain.events import Resources
 from domain.reservation import AgentReservations
 from domain.session import Session
 from domain.status import AGENT_RESOURCE_OCCUPYING, TERMINAL
-from services.eventstore.repository import NotFound, Repository, loaded_seq, passed
-from services.eventstore.store import Recorded
+from eventstore.repository import NotFound, Repository, loaded_seq, passed
+from eventstore.store import Recorded
 
 log = logging.getLogger(__name__)
 

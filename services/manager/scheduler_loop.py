@@ -39,11 +39,11 @@ from domain.scheduling import (
     Unschedulable,
 )
 from domain.session import Session
-from services.eventstore.store import MAX_BATCH, Write
+from eventstore.store import MAX_BATCH, Write
 from services.manager.fleet import Fleet
 from services.manager.leadership import NotLeading
 from services.manager.uow import UnitOfWork
-from services.transport.tasks import Tasks, every
+from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ from domain.limits import quote
 from domain.rpc import RequestError, decode, encode_reply
 from domain.subjects import ADMIN, API, is_inbox, is_inbox_of
 from domain.user import not_enabled
-from services.eventstore.store import ConcurrencyError, StoreError
+from eventstore.store import ConcurrencyError, StoreError
 from services.manager.bus import MessageBus
 from services.manager.open_streams import OpenStreams
 from services.manager.requester import set_requester
 from services.manager.uow import SessionUnknown
-from services.transport.client import Client
-from services.transport.connection import subscriptions_ready, unsubscribe_all
-from services.transport.tasks import Tasks
+from transport.client import Client
+from transport.connection import subscriptions_ready, unsubscribe_all
+from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
 

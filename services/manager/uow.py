@@ -32,7 +32,7 @@ from typing import Any, cast
 from domain.errors import DomainError
 from domain.reservation import AgentReservations
 from domain.session import Session
-from services.eventstore.store import StoreError, Write
+from eventstore.store import StoreError, Write
 from services.manager.fleet import Fleet
 from services.manager.leadership import NotLeading
 

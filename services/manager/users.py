@@ -14,7 +14,7 @@ from domain.errors import InvalidField
 from domain.rpc import RequestError
 from domain.subjects import USER
 from domain.user import User
-from services.eventstore.repository import Repository
+from eventstore.repository import Repository
 from services.manager.fleet import Fleet
 from services.manager.requester import requester
 

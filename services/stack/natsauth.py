@@ -66,7 +66,7 @@ from domain.subjects import (
 from domain.user import check_name
 from services.stack.natsserver import ClusterNode, RouteAuth, cluster_settings
 from services.stack.natstls import route_tls
-from services.transport.credentials import (
+from transport.credentials import (
     CREDENTIALS_FILE,
     Credentials,
     HoistUser,
@@ -370,7 +370,7 @@ def _stream_reader(stream: str) -> list[str]:
 
 
 def _own_inbox(role: str, agent_id: str | None = None) -> str:
-    # Replies to this user only (services.eventstore.client sets the prefix from the URL's
+    # Replies to this user only (transport.client sets the prefix from the URL's
     # user): no role reads another's replies. The manager publishes to every inbox (_INBOX).
     return f"{inbox_prefix(user_name(role, agent_id))}.>"
 

@@ -198,7 +198,7 @@ def urls(servers: list[ClusterNode] | list[NatsServer]) -> str:
 async def wait_jetstream(url: str, within_s: float = JETSTREAM_READY_S) -> None:
     """Return once JetStream answers at ``url`` (a cluster's answers once its meta layer has
     a leader, a few seconds after the nodes see each other)."""
-    from services.transport.client import connect  # the stack imports this module sync-only
+    from transport.client import connect  # the stack imports this module sync-only
 
     deadline = time.monotonic() + within_s
     nc = await connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)

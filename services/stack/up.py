@@ -7,7 +7,7 @@ while the stack runs, which tells the other `hoist` commands where to connect.
 
 Whatever ends `hoist up`, its processes end with it: Ctrl-C, SIGTERM and SIGHUP stop them in
 order; SIGKILL leaves that to the kernel (PR_SET_PDEATHSIG,
-``services/transport/pdeathsig.py``). They
+``transport/pdeathsig.py``). They
 share the data dir's lock (``services/stack_lock.py``), so no second stack starts on the same
 store until the last of them is gone.
 """
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from services.eventstore.store import StoreError, event_store
+from eventstore.store import StoreError, event_store
 from services.stack import natsauth
 from services.stack.lock import DataDirLock
 from services.stack.natsserver import (
@@ -42,9 +42,9 @@ from services.stack.natsserver import (
     wait_for_port,
     wait_jetstream,
 )
-from services.transport import client, credentials, progress
-from services.transport.client import Client
-from services.transport.pdeathsig import NoParentDeathSignal, die_with_parent
+from transport import client, credentials, progress
+from transport.client import Client
+from transport.pdeathsig import NoParentDeathSignal, die_with_parent
 
 DEFAULT_PORT = 4222
 STATE_FILE = "stack.json"  # where a running stack says which port it listens on

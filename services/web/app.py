@@ -37,13 +37,13 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from client import session_log
+from client.connection import CliError, Connection, ReplyError
+from client.events import describe
 from domain import subjects
 from domain.errors import unknown_session
 from domain.subjects import SESSION_DESTROY, SESSION_LOGS
 from domain.user import check_name
-from services.cli import session_log
-from services.cli.connection import CliError, Connection, ReplyError
-from services.cli.history import describe
 from services.web.hub import Hub
 
 log = logging.getLogger(__name__)

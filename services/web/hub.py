@@ -36,9 +36,9 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from client.connection import CliError, Connection, ReplyError
 from domain import rpc, subjects
-from services.cli.connection import CliError, Connection, ReplyError
-from services.transport import progress as progress_stream
+from transport import progress as progress_stream
 
 log = logging.getLogger(__name__)
 

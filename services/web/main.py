@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
-from services.cli.connection import CliError, Connection
+from client.connection import CliError, Connection
 from services.web.app import Access, make_app
 from services.web.serve import quiet_floods, server_config
 

@@ -22,10 +22,10 @@ from domain import events as ev
 from domain import rpc, subjects
 from domain.codec import decode
 from domain.image_ref import canonical
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager.liveness import LivenessWatcher
-from services.transport import progress
-from services.transport.client import Client
+from transport import progress
+from transport.client import Client
 
 
 @pytest.fixture(name="store")

@@ -9,14 +9,14 @@ import sys
 
 from domain import events as ev
 from domain import rpc
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.agent.agent_harness import (
     call,
     event_of,
     store_fixture,  # noqa: F401 - the `store` fixture
 )
+from transport.client import Client
 
 GB = 1024**3
 

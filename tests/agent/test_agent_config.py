@@ -12,8 +12,8 @@ from nats.js.api import StorageType
 from agent.config import AgentConfig, load_registry_auth, parse_size, parse_slot, registry_of
 from domain import rpc
 from domain.subjects import PROGRESS_STREAM, agent_progress
-from services.transport import progress
-from services.transport.client import Client
+from transport import progress
+from transport.client import Client
 
 
 def test_sizes_take_units_and_name_the_option() -> None:

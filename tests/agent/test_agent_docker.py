@@ -22,9 +22,7 @@ from agent.runtime.base import (
 from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
-from services.eventstore.store import EventStore
-from services.transport import progress
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import (
     agent_events,
     call,
@@ -38,6 +36,8 @@ from tests.agent.agent_harness import (
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.infra.registry import Registry, blob_path, manifest_path
+from transport import progress
+from transport.client import Client
 
 MiB = 1024 * 1024
 STAY_UP = {"command": list(SLEEP_FOREVER)}  # a kernel runs its image's command unless told

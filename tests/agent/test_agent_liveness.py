@@ -11,10 +11,9 @@ from agent.runtime.dummy import DummyRuntime
 from domain import events as ev
 from domain.codec import decode
 from domain.subjects import liveness_events
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from services.manager.liveness import LivenessWatcher
-from services.transport.client import Client
 from tests.agent.agent_harness import (
     agent_events,
     config,
@@ -24,6 +23,7 @@ from tests.agent.agent_harness import (
     wait_for,
     watching,
 )
+from transport.client import Client
 
 
 async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(

@@ -14,9 +14,7 @@ from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import _first
 from domain import events as ev
 from domain import rpc, subjects
-from services.eventstore.store import EventStore
-from services.transport import progress
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import (
     agent_events,
     call,
@@ -27,6 +25,8 @@ from tests.agent.agent_harness import (
     store_fixture,  # noqa: F401 - the `store` fixture
     wait_for,
 )
+from transport import progress
+from transport.client import Client
 
 MB = 1024 * 1024
 GB = 1024 * MB

@@ -11,8 +11,7 @@ from agent.runtime.base import ExitInfo
 from agent.runtime.dummy import DummyConfig, DummyRuntime
 from domain import events as ev
 from domain import rpc
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import (
     agent_events,
     call,
@@ -22,6 +21,7 @@ from tests.agent.agent_harness import (
     store_fixture,  # noqa: F401 - the `store` fixture
     wait_for,
 )
+from transport.client import Client
 
 MB = 1024 * 1024
 GB = 1024 * MB

@@ -13,11 +13,10 @@ from agent.runtime.dummy import DummyRuntime
 from agent.server import AgentServer
 from domain import rpc
 from domain.beats import pace_floor, silence_deadline
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from services.manager.agent_rpc import AgentRpc
 from services.manager.liveness import LivenessWatcher
-from services.transport.client import Client
 from tests.agent.agent_harness import (
     call,
     config,
@@ -27,6 +26,7 @@ from tests.agent.agent_harness import (
     wait_for,
     watching,
 )
+from transport.client import Client
 
 
 class Clock:

@@ -13,8 +13,8 @@ from bench.chaos import FINAL, ClusterStack, ask
 from domain import events as ev
 from domain.codec import decode
 from domain.subjects import SESSION_CREATE, SESSION_GET, session_events
-from services.eventstore.store import event_store
-from services.transport.client import Client, connect
+from eventstore.store import event_store
+from transport.client import Client, connect
 
 MiB = 1024**2
 SLOW = "chaos/slow:1"  # 256 MiB at 64 MiB/s: a 4 s pull

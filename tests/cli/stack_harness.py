@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from client import session_log
+from client.connection import Connection
 from domain import subjects
+from eventstore.store import event_store
 from services.cli import main as cli
-from services.cli import session_log
-from services.cli.connection import Connection
-from services.eventstore.store import event_store
 from services.stack.natsserver import free_port
 
 T = TypeVar("T")

@@ -28,10 +28,10 @@ from services.stack.natsserver import (
 )
 from services.stack.natstls import RouteTLS, route_tls
 from services.stack.up import remembered_port
-from services.transport import credentials
-from services.transport.client import connect, server_list
 from tests.cli.stack_harness import run_hoist
 from tests.infra.cluster import stream_leader
+from transport import credentials
+from transport.client import connect, server_list
 
 
 def _hoist(stack: ClusterStack, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from client.connection import ReplyError
 from domain.errors import unknown_session
-from services.cli.connection import ReplyError
 from services.cli.flag_errors import in_flag_terms
 from services.cli.main import build_parser, command_parser
 from tests.cli.stack_harness import HOIST, Stack, run_hoist

@@ -15,13 +15,13 @@ from nats.aio.subscription import Subscription
 
 from domain import subjects
 from domain.image_ref import canonical
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
 from services.cli.output import human_bytes
-from services.eventstore.store import EventStore
 from services.manager.queries import serve_queries
-from services.transport.client import connect
 from tests.cli.stack_harness import TEST_IMAGE_SIZE, Stack
+from transport.client import connect
 
 QUERY_KERNELS = f"{subjects.QUERY}.kernels"
 

@@ -11,12 +11,12 @@ import os
 import pytest
 from nats.aio.msg import Msg
 
+from client import connection
+from client.connection import Connection, NoReply, ReplyError
 from domain.subjects import SESSION_CREATE, query_subject
-from services.cli import connection
-from services.cli.connection import Connection, NoReply, ReplyError
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.cli.stack_harness import run_hoist
+from transport.client import Client
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,9 @@ from typing import Any, cast
 
 import pytest
 
+from client.connection import CliError, Connection
 from domain.status import KernelStatus
 from domain.subjects import SESSION_GET, SESSION_LOGS, STREAM_READ
-from services.cli.connection import CliError, Connection
 from services.cli.kernels import cmd_exec, cmd_logs
 from services.cli.progress_view import Outcome
 from services.cli.streams import EVICTED as EVICTED_WORDS

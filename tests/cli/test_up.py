@@ -13,8 +13,8 @@ from typing import Any
 
 from domain.image_ref import canonical
 from domain.subjects import MANAGER_STATS
-from services.transport.client import connect
 from tests.cli.stack_harness import HOIST, TEST_IMAGES, Stack, start_stack, stop_stack, wait_for
+from transport.client import connect
 
 
 def _port_open(url: str) -> bool:

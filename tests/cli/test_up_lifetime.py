@@ -20,8 +20,8 @@ import pytest
 
 from services.stack.natsserver import free_port
 from services.stack.up import LOCK_WAIT_S, _running
-from services.transport.pdeathsig import NoParentDeathSignal, die_with_parent
 from tests.cli.stack_harness import HOIST, Stack, Terminal, start_stack, stop_stack, wait_for
+from transport.pdeathsig import NoParentDeathSignal, die_with_parent
 
 
 def _pids(stack: Stack) -> dict[str, int]:

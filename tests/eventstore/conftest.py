@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from domain import subjects
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
+from transport.client import Client
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from domain.subjects import EVENTS_ALL, aggregate_subject
-from services.eventstore.store import (
+from eventstore.store import (
     MAX_BATCH,
     MAX_CONTROL_LINE,
     ConcurrencyError,

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client, connect, parse_header_lines
+from transport.client import Client, connect, parse_header_lines
 
 # Header lines as they come, and as they should not: odd spacing, colons in values, no colon,
 # non-ASCII and invalid UTF-8, whitespace inside names, repeated names, bare line feeds.
@@ -94,7 +94,7 @@ async def test_the_store_refuses_a_plain_nats_py_client(nats_server: NatsServer)
     plain = NatsClient()
     await plain.connect(nats_server.url)
     try:
-        with pytest.raises(TypeError, match=r"services\.eventstore\.client\.connect"):
+        with pytest.raises(TypeError, match=r"transport\.client\.connect"):
             EventStore(plain, "S", ["s.>"])  # type: ignore[arg-type]
     finally:
         await plain.close()

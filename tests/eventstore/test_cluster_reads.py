@@ -14,11 +14,11 @@ import pytest
 
 from domain import subjects
 from domain.subjects import aggregate_subject
-from services.eventstore import store as store_module
-from services.eventstore.store import ConcurrencyError, EventStore, Message, StoreError, Write
+from eventstore import store as store_module
+from eventstore.store import ConcurrencyError, EventStore, Message, StoreError, Write
 from services.stack.natsserver import NatsCluster, wait_jetstream
-from services.transport.client import Client, connect
 from tests.infra.cluster import stream_leader
+from transport.client import Client, connect
 
 A = aggregate_subject("session", "a")
 

@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from services.eventstore import store as store_module
-from services.eventstore.store import _UNSERVED_PAUSES, EventStore, StoreUnavailable
+from eventstore import store as store_module
+from eventstore.store import _UNSERVED_PAUSES, EventStore, StoreUnavailable
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
+from transport.client import Client
 
 STREAM = "STALE"
 SUBJECT = "stale.a"

@@ -11,8 +11,8 @@ import pytest
 
 from domain import subjects
 from domain.subjects import aggregate_subject
-from services.eventstore.store import EventStore, Message, Write
-from services.transport.client import Client
+from eventstore.store import EventStore, Message, Write
+from transport.client import Client
 
 
 class Counting:

@@ -24,10 +24,10 @@ from eventsourcing.projection import EventSourcedProjectionRunner
 from eventsourcing.system import ProcessApplication, SingleThreadedRunner, System
 from eventsourcing.tests.projection import Counters
 
-from services.eventstore import Factory
-from services.eventstore.persistence import JetStreamProcessRecorder, id_token, token_id
+from eventstore import Factory
+from eventstore.persistence import JetStreamProcessRecorder, id_token, token_id
 from services.stack.natsserver import NatsServer, free_port
-from services.transport.client import connect
+from transport.client import connect
 
 
 class Dog(Aggregate):
@@ -61,7 +61,7 @@ class DogSchool(Application[UUID]):
 def env(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The process environment an operator would set; the applications read it themselves."""
     values = {
-        "PERSISTENCE_MODULE": "services.eventstore:Factory",
+        "PERSISTENCE_MODULE": "eventstore:Factory",
         "NATS_URL": nats_server.url,
         "NATS_STREAM": "dogs",
     }
@@ -70,8 +70,9 @@ def env(nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     yield values
 
 
+# services.eventstore:Factory: the old path, an alias kept for applications configured with it
 @pytest.mark.parametrize(
-    "module", ["services.eventstore:Factory", "services.eventstore.persistence"]
+    "module", ["eventstore:Factory", "eventstore.persistence", "services.eventstore:Factory"]
 )
 def test_plain_application_runs_unchanged(
     env: dict[str, str], module: str, monkeypatch: pytest.MonkeyPatch
@@ -347,7 +348,7 @@ def test_a_factory_used_for_its_mapper_alone_opens_nothing(nats_server: NatsServ
     leaked thread kept reconnecting to its stopped server for the rest of the CI run)."""
     before = set(threading.enumerate())
     system = System(pipes=[[DogSchool, Counted]])
-    env = {"PERSISTENCE_MODULE": "services.eventstore:Factory", "NATS_URL": nats_server.url}
+    env = {"PERSISTENCE_MODULE": "eventstore:Factory", "NATS_URL": nats_server.url}
     runner: SingleThreadedRunner[UUID] = SingleThreadedRunner(
         system, env={**env, "DOGSCHOOL_NATS_STREAM": "lead", "COUNTED_NATS_STREAM": "follow"}
     )
@@ -371,7 +372,7 @@ def test_an_application_never_closed_exits_quietly(nats_server: NatsServer) -> N
     script = (
         "import sys; from eventsourcing.application import Application;"
         " from eventsourcing.domain import Aggregate;"
-        " app = Application(env={'PERSISTENCE_MODULE': 'services.eventstore:Factory',"
+        " app = Application(env={'PERSISTENCE_MODULE': 'eventstore:Factory',"
         " 'NATS_URL': sys.argv[1], 'NATS_STREAM': 'exiting'}); app.save(Aggregate())"
     )
     root = Path(__file__).parents[2]

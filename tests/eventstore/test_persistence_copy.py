@@ -1,4 +1,4 @@
-"""The persistence module's local copy of the stream (services/eventstore/persistence_copy.py):
+"""The persistence module's local copy of the stream (eventstore/persistence_copy.py):
 reads answered from memory keep the library's semantics.
 
 Own appends are read back at once from any thread; a stale copy never lets a conflicting
@@ -20,8 +20,8 @@ from uuid import UUID
 import pytest
 from eventsourcing.persistence import IntegrityError, Notification, StoredEvent, Tracking
 
-from services.eventstore import Factory
-from services.eventstore.persistence import JetStreamApplicationRecorder, JetStreamProcessRecorder
+from eventstore import Factory
+from eventstore.persistence import JetStreamApplicationRecorder, JetStreamProcessRecorder
 from services.stack.natsserver import NatsServer
 
 

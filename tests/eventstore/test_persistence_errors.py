@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from eventsourcing.persistence import DataError, IntegrityError, OperationalError, StoredEvent
 
-from services.eventstore import Factory
-from services.eventstore.persistence import MAYBE_SAVED, NOT_SAVED
+from eventstore import Factory
+from eventstore.persistence import MAYBE_SAVED, NOT_SAVED
 from services.stack.natsserver import NatsCluster, NatsServer
 from tests.infra.cluster import stream_leader
 

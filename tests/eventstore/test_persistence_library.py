@@ -22,7 +22,7 @@ from eventsourcing.tests import application as lib_app
 from eventsourcing.tests import persistence as lib
 from eventsourcing.utils import Environment
 
-from services.eventstore.persistence import (
+from eventstore.persistence import (
     Factory,
     JetStreamAggregateRecorder,
     JetStreamApplicationRecorder,
@@ -123,7 +123,7 @@ class TestFactory(lib.InfrastructureFactoryTestCase[Factory]):
         self.env = Environment(
             "TestCase",
             {
-                InfrastructureFactory.PERSISTENCE_MODULE: "services.eventstore:Factory",
+                InfrastructureFactory.PERSISTENCE_MODULE: "eventstore:Factory",
                 Factory.NATS_URL: server_url(),
                 Factory.NATS_STREAM: new_stream(),
             },
@@ -175,7 +175,7 @@ class _OnJetStream(TestCase):
 
     def setUp(self) -> None:
         settings = {
-            InfrastructureFactory.PERSISTENCE_MODULE: "services.eventstore:Factory",
+            InfrastructureFactory.PERSISTENCE_MODULE: "eventstore:Factory",
             Factory.NATS_URL: server_url(),
             Factory.NATS_STREAM: new_stream(),
         }
@@ -194,7 +194,7 @@ def _restore(saved: dict[str, str | None]) -> None:
 
 
 class TestExampleApplication(_OnJetStream, lib_app.ExampleApplicationTestCase):
-    expected_factory_topic = "services.eventstore.persistence:Factory"
+    expected_factory_topic = "eventstore.persistence:Factory"
 
 
 class TestApplication(_OnJetStream, lib_app.ApplicationTestCase):

@@ -17,8 +17,8 @@ from eventsourcing.projection import EventSourcedProjectionRunner
 from eventsourcing.system import SingleThreadedRunner, System
 from eventsourcing.tests.projection import Counters
 
-from services.eventstore import Factory
-from services.eventstore.persistence import id_token
+from eventstore import Factory
+from eventstore.persistence import id_token
 from services.stack.natsserver import NatsServer
 from tests.eventstore.test_persistence_app import Counted, DogSchool, Tally
 
@@ -58,7 +58,7 @@ def poison_for(stream: str, aggregate: UUID) -> list[tuple[str, bytes, dict[str,
 def test_application_reads_past_poison(
     nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    school = DogSchool(env={"PERSISTENCE_MODULE": "services.eventstore:Factory",
+    school = DogSchool(env={"PERSISTENCE_MODULE": "eventstore:Factory",
                             "NATS_URL": nats_server.url, "NATS_STREAM": "dogs"})  # fmt: skip
     try:
         dog = school.register_dog("Fido")
@@ -66,7 +66,7 @@ def test_application_reads_past_poison(
         poison = publish_raw(nats_server.url, "dogs", *poison_for("dogs", dog))
         assert poison == list(range(3, 10))
         recorder = school.recorder
-        caplog.set_level(logging.WARNING, "services.eventstore.persistence")
+        caplog.set_level(logging.WARNING, "eventstore.persistence")
 
         # The aggregate loads and takes new events although poison is its last message.
         assert school.get_dog(dog) == {"name": "Fido", "tricks": ("sit",)}
@@ -110,7 +110,7 @@ def test_application_reads_past_poison(
 def test_process_application_and_projection_keep_following(nats_server: NatsServer) -> None:
     """A follower pulling notifications (SingleThreadedRunner) and one subscribed live
     (EventSourcedProjectionRunner) go on past poison upstream and on their own tracking."""
-    env = {"PERSISTENCE_MODULE": "services.eventstore:Factory", "NATS_URL": nats_server.url}
+    env = {"PERSISTENCE_MODULE": "eventstore:Factory", "NATS_URL": nats_server.url}
     system = System(pipes=[[DogSchool, Counted]])
     runner: SingleThreadedRunner[UUID] = SingleThreadedRunner(
         system, env={**env, "DOGSCHOOL_NATS_STREAM": "school", "COUNTED_NATS_STREAM": "counted"}

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from domain.subjects import aggregate_subject
-from services.eventstore import store as store_module
-from services.eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
+from eventstore import store as store_module
+from eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
 B = aggregate_subject("agent", "b")

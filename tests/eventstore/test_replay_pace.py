@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from domain.subjects import aggregate_subject
-from services.eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
+from eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
 B = aggregate_subject("agent", "b")

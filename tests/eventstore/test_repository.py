@@ -10,8 +10,8 @@ from domain.agent import Agent
 from domain.session import Session
 from domain.status import KernelStatus
 from domain.subjects import agent_events, session_events
-from services.eventstore.repository import NotFound, Repository, kind_of, loaded_seq
-from services.eventstore.store import ConcurrencyError, EventStore
+from eventstore.repository import NotFound, Repository, kind_of, loaded_seq
+from eventstore.store import ConcurrencyError, EventStore
 
 
 def new_session() -> Session:

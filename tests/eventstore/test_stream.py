@@ -9,8 +9,8 @@ import pytest
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError
 
-from services.eventstore.store import EventStore, StoreError
-from services.transport.client import Client
+from eventstore.store import EventStore, StoreError
+from transport.client import Client
 
 
 async def test_creates_the_stream_as_an_append_only_log(nc: Client) -> None:

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from domain.subjects import aggregate_subject
-from services.eventstore import tail as tail_module
-from services.eventstore.store import EventStore, Message, Recorded, Write
+from eventstore import tail as tail_module
+from eventstore.store import EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
 B = aggregate_subject("agent", "b")

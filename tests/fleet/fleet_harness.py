@@ -10,10 +10,10 @@ from typing import Any
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.server import AgentServer
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import config, running
 from tests.manager.harness import GB, dummy, request
+from transport.client import Client
 
 
 @asynccontextmanager

@@ -7,13 +7,13 @@ import argparse
 
 import pytest
 
+from eventstore.store import EventStore
 from services.cli import images as image_cli
 from services.cli import main as cli
-from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.fleet.fleet_harness import fleet
 from tests.manager.harness import GB, manager
+from transport.client import Client
 
 
 def _parser() -> argparse.ArgumentParser:

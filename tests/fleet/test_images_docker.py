@@ -17,13 +17,13 @@ from agent.runtime.docker import DockerRuntime
 from domain import events as ev
 from domain import rpc
 from domain.subjects import JOB, PRELOAD, SESSION_DESTROY, UNLOAD
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import agent_events, call, config, event_of, running
 from tests.fleet.fleet_harness import admin
 from tests.infra.images import remove_all_local, remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.manager.harness import GB, MB, create, manager, until
+from transport.client import Client
 
 
 @pytest.fixture

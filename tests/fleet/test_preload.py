@@ -10,11 +10,11 @@ from agent.runtime.dummy import PullFailure
 from domain import events as ev
 from domain.subjects import JOB, JOBS, PRELOAD, UNLOAD
 from domain.subjects import agent_events as agent_subject
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import agent_events, wait_for
 from tests.fleet.fleet_harness import admin, fleet
 from tests.manager.harness import GB, MB, create, manager, request, until
+from transport.client import Client
 
 DISKS = {f"p{i}": 10 * GB for i in range(6)}
 

@@ -14,12 +14,12 @@ from domain.errors import InvalidField
 from domain.image_ref import canonical
 from domain.prepull import AgentDisk, KnownImage, Policy, PrepullPolicy, plan_agent
 from domain.subjects import POLICY_LIST, POLICY_PLAN, POLICY_REMOVE, POLICY_SET
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.fleet.fleet_harness import admin, fleet
 from tests.manager.harness import GB, MB, manager, request
+from transport.client import Client
 
 NOW = datetime(2026, 5, 1, tzinfo=UTC)
 TORCH = {f"ml/torch:1.{i}": (300 + 100 * i) * MB for i in range(6)}  # 1.5 newest, largest

@@ -10,13 +10,13 @@ import pytest
 
 from domain import rpc
 from domain.subjects import AGENT_SYNC
-from services.eventstore.repository import loaded_seq
-from services.eventstore.store import EventStore
+from eventstore.repository import loaded_seq
+from eventstore.store import EventStore
 from services.manager import agent_sync
-from services.transport.client import Client
 from tests.agent.agent_harness import call, wait_for
 from tests.fleet.fleet_harness import admin, fleet
 from tests.manager.harness import GB, MB, create, manager, request, until
+from transport.client import Client
 
 NO_RECONCILE = {"reconcile_interval_s": 3600.0}
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from domain.subjects import EVENT_STREAM, EVENTS_ALL
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from tests.test_roles import Conn, _connect, stack  # noqa: F401 - the `stack` fixture
 
 

@@ -21,7 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from domain import limits, subjects
 from services.stack.natsserver import free_port
 from services.stack.up import Stack
-from services.transport.client import Client
+from transport.client import Client
 
 A, Q, ADMIN = subjects.API, subjects.QUERY, subjects.ADMIN
 # Every documented request subject with a valid request that appends nothing (its ids name

@@ -13,10 +13,10 @@ import pytest
 from domain import limits, rpc, subjects
 from domain.contracts.sessions import CreateSession
 from domain.subjects import SESSION_CREATE
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import store_fixture  # noqa: F401 - the `store` fixture
 from tests.manager.harness import MB, agents, create_payload, manager
+from transport.client import Client
 
 QUERY = f"{subjects.QUERY}.sessions"
 

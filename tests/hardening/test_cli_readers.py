@@ -12,10 +12,10 @@ from domain.admission import Inadmissible, writer
 from domain.codec import ACTOR_HEADER, encode
 from domain.session import Session
 from domain.status import KernelStatus
+from eventstore.store import Recorded
 from services.cli.history import format_event as _format_event
 from services.cli.progress_view import SessionState
 from services.cli.read import truncation_note
-from services.eventstore.store import Recorded
 
 MiB = 1024**2
 
@@ -99,7 +99,7 @@ def test_a_footer_tells_a_row_cap_from_a_size_cut() -> None:
 
 
 def test_quarantine_logs_are_capped_per_minute(caplog: pytest.LogCaptureFixture) -> None:
-    from services.eventstore import quarantine as q
+    from eventstore import quarantine as q
 
     q._window[:] = [0.0, 0, 0]
     with caplog.at_level("WARNING", logger="hoist.quarantine"):

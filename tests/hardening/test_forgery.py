@@ -15,10 +15,10 @@ from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, TYPE_HEADER, encode
 from domain.session import Session
 from domain.subjects import agent_events, session_events
+from eventstore.repository import Repository
+from eventstore.store import EventStore, Message, Write
 from projections import ALL
 from projections.runner import Runner
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Message, Write
 from services.manager.fleet import Fleet
 from tests.hardening.conftest import role_store
 from tests.projections.conftest import rows

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from domain import subjects
-from services.transport.client import Client
 from tests.hardening.fuzzing import ROLE_SUBJECTS, TEMPLATES, FuzzStack, bad_requests, check_bad
+from transport.client import Client
 
 EXAMPLES = 2500
 CREATE = f"{subjects.API}.session.create"

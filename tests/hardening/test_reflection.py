@@ -22,11 +22,11 @@ from domain.codec import REFLECTED_HEADER, encode
 from domain.rpc import BEAT_HEADER
 from domain.session import Session
 from domain.subjects import EVENT_STREAM, agent_events, liveness_events, session_events
+from eventstore.repository import Repository
+from eventstore.store import EventStore, Message, Write
 from projections import ALL
 from projections.runner import Runner
 from services.cli.progress_view import SessionState, _follow_progress
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Message, Write
 from services.manager.fleet import Fleet
 from services.manager.liveness import LivenessWatcher
 from tests.hardening.conftest import role_store

@@ -18,14 +18,14 @@ from domain.agent import Agent
 from domain.codec import ACTOR_HEADER, encode
 from domain.image_ref import familiar
 from domain.subjects import agent_events
+from eventstore.repository import Repository
+from eventstore.store import EventStore, Message, Write
 from projections import ALL
 from projections.agents import ImagesProjection
 from projections.base import Projection
 from projections.quarantine import QuarantineProjection
 from projections.runner import Runner
 from projections.verify import compare, snapshot
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Message, Write
 from services.manager.fleet import Fleet
 from services.manager.queries import QUERIES, _answer_query
 from tests.hardening.conftest import role_store

@@ -13,7 +13,7 @@ from domain.reservation import AgentReservations, Held, over_capacity
 from domain.session import Session
 from domain.status import TERMINAL
 from domain.subjects import RESERVATION
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 
 
 async def overbooked(store: EventStore) -> tuple[list[str], dict[str, int]]:

@@ -18,10 +18,10 @@ from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
 from agent.server import AgentServer
 from domain.scheduling import Limits, Policy
 from domain.subjects import SESSION_CREATE, SESSION_GET, SESSION_LOGS, STREAM_READ, inbox_prefix
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager.main import Manager, ManagerConfig
-from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
+from transport.client import Client
 
 MB = 1024 * 1024
 GB = 1024 * MB

@@ -17,11 +17,11 @@ from domain.subjects import (
     aggregate_subject,
     session_events,
 )
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.manager.harness import agents as running_agents
 from tests.manager.harness import manager, request, until
 from tests.manager.test_user_subjects import add_users, api, batch
+from transport.client import Client
 
 
 def history(user: str) -> str:

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 from domain import rpc
 from domain.subjects import agent_rpc
 from services.manager.agent_rpc import AgentRpc, AgentUnreachable
-from services.transport.client import Client
+from transport.client import Client
 
 
 async def test_a_call_to_an_agent_gone_ends_at_once_with_the_reason(nc: Client) -> None:

@@ -21,9 +21,8 @@ import pytest
 from agent.runtime.dummy import DummyConfig
 from domain.admission import lease_holder
 from domain.subjects import SESSION_DESTROY, SESSION_GET, manager_lease
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.booking_check import overbooked
 from tests.manager.harness import GB, MB, create_payload, request
@@ -33,6 +32,7 @@ from tests.manager.test_restart import (
     create_until_answered,
     tail,
 )
+from transport.client import Client
 
 TTL = 1.0  # the least per-message TTL nats-server takes
 

@@ -13,12 +13,12 @@ from agent.pulls import PullPolicy
 from agent.runtime.base import LABEL_AGENT, LABEL_KERNEL
 from agent.runtime.docker import DockerRuntime
 from domain.subjects import SESSION_DESTROY
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import config, running
 from tests.infra.images import remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.manager.harness import MB, create, manager, request, until
+from transport.client import Client
 
 
 @pytest.fixture

@@ -27,8 +27,7 @@ from domain.subjects import (
     VOLUME_LIST,
     VOLUME_REMOVE,
 )
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import config, running
 from tests.infra.http import SERVE_HI, http_get
 from tests.manager.harness import (
@@ -42,6 +41,7 @@ from tests.manager.harness import (
     request,
     until,
 )
+from transport.client import Client
 
 SMALL = {"cpu": 0.5, "mem": 64 * MB}
 

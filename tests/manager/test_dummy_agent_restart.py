@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.runtime.dummy import DummyConfig, DummyRuntime
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import GB, MB, create, manager, until
+from transport.client import Client
 
 AGENT = config("a1", cpu=4, mem=8 * GB, disk=100 * GB, resource_group="default")
 

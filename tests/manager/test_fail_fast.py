@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from domain import subjects
 from domain.subjects import SESSION_CREATE
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import GB, MB, agents, create, create_payload, manager, request
+from transport.client import Client
 
 SESSIONS = f"{subjects.EVENTS}.session.>"
 

@@ -17,7 +17,7 @@ from domain.placement_index import AgentIndex
 from domain.scheduling import Policy, never_holds
 from domain.session import Session
 from domain.status import KernelStatus as S
-from services.eventstore.store import Recorded
+from eventstore.store import Recorded
 from services.manager.fleet import Fleet
 from tests.domain.histories import only_kernel, session_at
 from tests.domain.test_placement_index import index_state

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from client.connection import CliError
+from eventstore.store import EventStore
 from services.cli import groups as group_cli
-from services.cli.connection import CliError
-from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.manager.harness import agents, manager, run_cli
+from transport.client import Client
 
 
 async def _run(*argv: str) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 from domain import subjects
 from domain.codec import TYPE_HEADER
 from domain.subjects import GROUP_LIST, GROUP_REMOVE, GROUP_SET, SESSION_CREATE
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.manager.harness import GB, agents, create, create_payload, manager, request, until
+from transport.client import Client
 
 
 async def set_group(nc: Client, **fields: Any) -> dict[str, Any]:

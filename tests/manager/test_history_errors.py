@@ -3,10 +3,10 @@ request left unanswered would hold its client until the client's own timeout."""
 
 from __future__ import annotations
 
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager.history import History
-from services.transport.client import Client
 from tests.manager.harness import request
+from transport.client import Client
 
 
 async def test_an_unexpected_error_is_answered_internal_at_once(

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
+from client.connection import CliError, Connection
 from domain.errors import unknown_session
+from eventstore.store import EventStore
 from services.cli import history as history_cli
 from services.cli import ids
 from services.cli import kernels as kernel_cli
 from services.cli.connected import connected
-from services.cli.connection import CliError, Connection
-from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.manager.harness import agents, manager, request, run_cli, until
 from tests.manager.test_user_subjects import add_users, api, batch
+from transport.client import Client
 
 
 async def _session(nc: Client, user: str) -> str:

@@ -17,12 +17,12 @@ from domain.errors import InvalidField
 from domain.image_ref import canonical, canonical_repository, familiar, repository_of
 from domain.session import Session
 from domain.subjects import SESSION_CREATE
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
-from services.eventstore.store import EventStore
-from services.transport.client import Client
 from tests.manager.harness import agents, create_payload, manager, request, until
 from tests.projections.conftest import rows
+from transport.client import Client
 
 PY = "docker.io/library/python:latest"
 SPELLINGS = ["python", "python:latest", PY]

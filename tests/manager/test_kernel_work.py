@@ -21,8 +21,7 @@ from domain.subjects import (
     SESSION_LOGS,
     query_subject,
 )
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import (
     ENDED,
@@ -39,6 +38,7 @@ from tests.manager.harness import (
     request,
     until,
 )
+from transport.client import Client
 
 
 async def query(nc: Client, name: str, **filters: Any) -> list[dict[str, Any]]:

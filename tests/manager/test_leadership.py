@@ -13,14 +13,14 @@ from domain import events as ev
 from domain.agent import Agent
 from domain.codec import encode
 from domain.subjects import liveness_events, manager_lease, manager_term, reservation_events
-from services.eventstore.repository import Repository
-from services.eventstore.store import ConcurrencyError, EventStore, Message, Write
+from eventstore.repository import Repository
+from eventstore.store import ConcurrencyError, EventStore, Message, Write
 from services.manager.agent_sync import AgentSync
 from services.manager.leadership import Leadership, NotLeading
 from services.manager.liveness import LivenessWatcher
-from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import GB, agents, create, manager
+from transport.client import Client
 
 
 async def test_one_leads_the_other_serves_and_takes_over(nc: Client, store: EventStore) -> None:

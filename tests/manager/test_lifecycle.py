@@ -11,10 +11,9 @@ from agent.server import AgentServer
 from domain import rpc, subjects
 from domain.status import Kernel
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, SESSION_GET
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager.agent_rpc import AgentRpc, AgentUnreachable
 from services.manager.main import Manager
-from services.transport.client import Client
 from tests.manager.harness import (
     MB,
     SETTLED,
@@ -25,6 +24,7 @@ from tests.manager.harness import (
     request,
     until,
 )
+from transport.client import Client
 
 
 def statuses(history: list[Any]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from domain.status import Kernel, KernelStatus, StatusChange
 from services.manager.metrics import start_durations
-from services.transport.metrics import size_bucket
+from transport.metrics import size_bucket
 
 S = KernelStatus
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

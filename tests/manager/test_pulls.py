@@ -17,11 +17,9 @@ from domain import subjects
 from domain.codec import ACTOR_HEADER, TYPE_HEADER
 from domain.scheduling import Limits
 from domain.subjects import KERNEL_CANCEL, SESSION_DESTROY
-from services.eventstore.store import EventStore, event_store
+from eventstore.store import EventStore, event_store
 from services.stack import natsauth
 from services.stack.natsserver import NatsServer
-from services.transport import credentials
-from services.transport.client import Client, connect
 from tests.agent.agent_harness import config, event_of, running, wait_for
 from tests.manager.harness import (
     GB,
@@ -34,6 +32,8 @@ from tests.manager.harness import (
     request,
     until,
 )
+from transport import credentials
+from transport.client import Client, connect
 
 SLOW = {"bandwidth_bps": 1 * MB, "default_size": 40 * MB, "tick_s": 0.05}  # 40 s pulls
 

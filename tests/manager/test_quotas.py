@@ -21,10 +21,10 @@ from domain.subjects import (
     SESSION_LOGS,
     STREAM_READ,
 )
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager.main import Manager
-from services.transport.client import Client
 from tests.manager.harness import GB, MB, agents, create, create_payload, manager, request, until
+from transport.client import Client
 
 SLOW = {"bandwidth_bps": 1 * MB, "default_size": 40 * MB, "tick_s": 0.05}  # 40 s pulls
 

@@ -13,8 +13,8 @@ import pytest
 
 from services.manager.read_models import ReadModels
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.manager.harness import manager
+from transport.client import Client
 
 IN_USE = r"is in use .*another manager running"
 

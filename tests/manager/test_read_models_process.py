@@ -16,14 +16,14 @@ import nats.errors
 import pytest
 
 from domain.subjects import QUERY, SQL_SUBJECT, USER_ADD, USER_DISABLE
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.manager import queries, read_models_process
 from services.manager.queries import served_subjects
 from services.manager.read_models_process import ReadModelsProcess
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import agents, create, manager, request, until
+from transport.client import Client
 
 
 def _children(pid: int) -> list[int]:
@@ -199,7 +199,7 @@ async def test_the_manager_stands_in_on_every_subject_the_queries_take(nc: Clien
 def test_the_child_keeps_its_collector_pauses_short_from_before_it_connects() -> None:
     """The runner's state lives as long as the process: a full collection visiting all of it
     took 150 ms at 22,500 live sessions, so the child keeps its pauses short as the manager
-    does (services.transport.gc_pauses), from before it connects."""
+    does (transport.gc_pauses), from before it connects."""
     script = (
         "from services.manager import read_models_process as child\n"
         "def frozen():\n"

@@ -12,13 +12,13 @@ import pytest
 from domain.codec import TYPE_HEADER
 from domain.session import Session
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY, reservation_events
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from services.manager import scheduler_loop
-from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.booking_check import overbooked
 from tests.manager.harness import GB, agents, create, create_payload, manager, request, until
+from transport.client import Client
 
 
 async def test_reserved_with_the_schedule_and_released_when_ended(

@@ -19,11 +19,11 @@ from agent.runtime.dummy import DummyConfig, DummyRuntime
 from domain import events as ev
 from domain.codec import decode
 from domain.subjects import SESSION_CREATE, SESSION_GET
-from services.eventstore.store import EventStore
+from eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.agent.agent_harness import config, running, wait_for
 from tests.manager.harness import GB, MB, create_payload, request
+from transport.client import Client
 
 SESSIONS = 60
 KILLS = 6

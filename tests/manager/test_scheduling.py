@@ -8,8 +8,7 @@ from collections import Counter
 from domain import rpc
 from domain.scheduling import Limits, Policy
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import (
     GB,
@@ -20,6 +19,7 @@ from tests.manager.harness import (
     request,
     until,
 )
+from transport.client import Client
 
 
 async def test_owner_limit_keeps_the_second_pending_until_the_first_ends(

@@ -16,16 +16,16 @@ from domain.agent import Agent
 from domain.reasons import Reason, reason_of
 from domain.status import KernelStatus as S
 from domain.subjects import SESSION_DESTROY, manager_lease
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from services.manager import fleet as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.leadership import Leadership
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import GB, agents, create, manager, request
 from tests.projections.test_bulk_read import CountingBulk
+from transport.client import Client
 
 
 async def _nothing() -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from domain.subjects import MANAGER_STATS, USER_ADD
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import agents, create, manager, request, until
+from transport.client import Client
 
 
 async def _stats(nc: Client) -> dict[str, Any]:

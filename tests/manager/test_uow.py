@@ -13,13 +13,13 @@ from domain import events as ev
 from domain.errors import NotNow
 from domain.session import Session
 from domain.status import KernelStatus
-from services.eventstore.repository import Repository
-from services.eventstore.store import Recorded, StoreError, event_store
+from eventstore.repository import Repository
+from eventstore.store import Recorded, StoreError, event_store
 from services.manager import fleet as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.uow import SessionUnknown, UnitOfWork
-from services.transport.client import Client
 from tests.agent.agent_harness import wait_for
+from transport.client import Client
 
 S = KernelStatus
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
+from client.connection import CliError, Connection, login_name, scoped, scoped_user
 from domain.subjects import SESSION_CREATE, SESSION_GET, USER_ADD, USER_DISABLE
-from services.cli.connection import CliError, Connection, login_name, scoped, scoped_user
+from eventstore.store import EventStore
 from services.cli.stack_url import stack_url
-from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.manager.harness import agents as running_agents
 from tests.manager.harness import create_payload, ended, manager, read_stream, request, until
+from transport.client import Client
 
 
 def api(user: str, verb: str) -> str:

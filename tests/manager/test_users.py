@@ -7,14 +7,14 @@ import argparse
 
 import pytest
 
+from client.connection import CliError
 from domain.codec import TYPE_HEADER
 from domain.subjects import EVENTS, USER_ADD, USER_DISABLE, USER_LIST
+from eventstore.store import EventStore
 from services.cli import users as user_cli
-from services.cli.connection import CliError
-from services.eventstore.store import EventStore
 from services.stack.natsserver import NatsServer
-from services.transport.client import Client
 from tests.manager.harness import manager, request
+from transport.client import Client
 
 
 async def _events(nc: Client, store: EventStore, name: str) -> list[str]:

@@ -14,11 +14,11 @@ from domain.agent import Agent
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
-from services.transport.client import Client
+from transport.client import Client
 
 
 @pytest.fixture

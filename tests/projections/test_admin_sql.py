@@ -16,10 +16,10 @@ import pytest
 
 from domain.session import Session
 from domain.subjects import SQL_SUBJECT
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from services.manager.read_models import ReadModels
-from services.transport.client import Client
+from transport.client import Client
 
 SECRET = "s3cr3t-password-of-the-manager"
 

@@ -14,17 +14,17 @@ import duckdb
 import pytest
 
 from domain import subjects
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
 from projections.verify import snapshot
 from services.cli import audit as audit_cli
 from services.cli import main as cli
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
 from services.manager.queries import serve_queries
 from services.stack.natsserver import NatsServer
-from services.transport.client import connect
 from tests.projections.conftest import scripted_history
+from transport.client import connect
 
 
 def hoist(*argv: str) -> int:

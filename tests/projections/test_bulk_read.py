@@ -14,12 +14,12 @@ import duckdb
 import pytest
 
 from domain import subjects
+from eventstore.bulk import BulkReader
+from eventstore.repository import Repository
+from eventstore.store import EventStore, Message, Recorded, StoreError, Write
 from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
-from services.eventstore.bulk import BulkReader
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Message, Recorded, StoreError, Write
 from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
@@ -34,7 +34,7 @@ def _bulk_children(parent: int | None = None) -> dict[int, str]:
             # After the command's parentheses (it may hold any character): state, ppid.
             ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
             args = (proc / "cmdline").read_bytes().split(b"\0")  # empty for a zombie
-            if ppid == parent and b"services.eventstore.bulk" in args:
+            if ppid == parent and b"eventstore.bulk" in args:
                 out[int(proc.name)] = b" ".join(args).decode(errors="replace")
     return out
 
@@ -139,7 +139,7 @@ async def test_a_killed_parent_leaves_no_bulk_reader_behind(
         await store.append([Write(subjects.session_events(f"s{i}"), [filler] * 1000)])
     script = (
         "import asyncio\n"
-        "from services.eventstore.bulk import BulkReader\n"
+        "from eventstore.bulk import BulkReader\n"
         "async def main():\n"
         f"    bulk = BulkReader({nats_server.url!r}, 'HOIST', ['hoist.events.>'])\n"
         "    async for page in bulk.pages(1, 20000):\n"

@@ -12,15 +12,15 @@ import duckdb
 import msgspec
 
 from domain import rpc, subjects
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
 from services.manager.liveness import LivenessWatcher
 from services.manager.queries import serve_queries
-from services.transport.client import Client
 from tests.projections.conftest import rebuilt, scripted_history
+from transport.client import Client
 
 
 async def _agents(nc: Client) -> list[dict[str, Any]]:

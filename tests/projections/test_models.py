@@ -12,11 +12,11 @@ from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.session import Session
 from domain.status import KernelStatus as S
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
 from projections.verify import compare, snapshot
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
 from tests.projections.conftest import rebuilt, rows
 
 GIB = 2**30

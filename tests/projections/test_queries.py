@@ -12,13 +12,13 @@ import pytest
 
 from domain.session import Session
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
+from eventstore.repository import Repository
+from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore
 from services.manager.queries import serve_queries
-from services.transport.client import Client
 from tests.projections.conftest import scripted_history
+from transport.client import Client
 
 
 @pytest.fixture

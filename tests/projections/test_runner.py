@@ -14,6 +14,8 @@ from domain import events as ev
 from domain.codec import encode
 from domain.session import Session
 from domain.subjects import MANAGER_FENCE_ID, MANAGER_LEASE_ID, manager_fence, manager_lease
+from eventstore.repository import Repository
+from eventstore.store import MSG_TTL, EventStore, Message, Write
 from projections import ALL
 from projections import runner as runner_module
 from projections.agents import ImagesProjection
@@ -21,8 +23,6 @@ from projections.base import Projection
 from projections.runner import BUILD_SUFFIX, META, Runner
 from projections.sessions import SessionsProjection
 from projections.verify import compare, snapshot
-from services.eventstore.repository import Repository
-from services.eventstore.store import MSG_TTL, EventStore, Message, Write
 from tests.projections.conftest import rebuilt, rows, scripted_history
 
 

@@ -15,13 +15,13 @@ import duckdb
 import pytest
 
 from domain.agent import Agent
+from eventstore.repository import Repository
+from eventstore.store import EventStore, Recorded
 from projections import ALL
 from projections import runner as runner_module
 from projections.agents import ImagesProjection
 from projections.runner import Runner
 from projections.table import Changes, Table
-from services.eventstore.repository import Repository
-from services.eventstore.store import EventStore, Recorded
 from tests.projections.conftest import rebuilt, rows
 
 BAD = "agent-bad"  # the one event the injected failure is about: this agent's registration

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import duckdb
 
+from eventstore.repository import Repository
+from eventstore.store import PAGE, EventStore
 from projections.runner import META
 from projections.verify import compare, snapshot
-from services.eventstore.repository import Repository
-from services.eventstore.store import PAGE, EventStore
 from services.stack.natsserver import NatsServer
 from tests.projections.conftest import rebuilt, scripted_history
 
@@ -27,8 +27,8 @@ import asyncio, sys, time, duckdb
 from domain import subjects
 from projections import ALL
 from projections.runner import Runner
-from services.transport.client import connect
-from services.eventstore.store import EventStore
+from transport.client import connect
+from eventstore.store import EventStore
 
 async def main(url, db, max_batch):
     nc = await connect(url)

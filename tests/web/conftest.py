@@ -18,9 +18,9 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
 
-from services.transport import credentials
-from services.transport.client import Client, connect
 from tests.cli.stack_harness import Stack, start_stack, stop_stack
+from transport import credentials
+from transport.client import Client, connect
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; ./dev installs it
 

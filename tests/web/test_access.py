@@ -18,11 +18,11 @@ from urllib.parse import unquote, urlsplit
 import httpx
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
-from services.transport import progress
-from services.transport.client import Client
 from services.web.hub import MIN_INTERVAL_S, USER_REFRESH_S
 from tests.cli.stack_harness import HOIST
 from tests.web.conftest import Web, add_user, ask
+from transport import progress
+from transport.client import Client
 
 CPU_MEM = {"cpu": 1, "mem": 256 * 1024**2}
 

@@ -18,9 +18,9 @@ import pytest_asyncio
 from playwright.async_api import Browser
 
 from domain.subjects import SESSION_CREATE, SESSION_GET
-from services.transport import credentials
-from services.transport.client import Client, connect
 from tests.web.conftest import Watched, Web, add_user, ask, screenshot_dir
+from transport import credentials
+from transport.client import Client, connect
 
 CPU_MEM = {"cpu": 1, "mem": 512 * 1024**2}
 # The module's browser (conftest: module_browser) and its pages live in the module's event loop.

@@ -14,8 +14,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from domain.subjects import SESSION_CREATE, SESSION_DESTROY
-from services.transport.client import Client
 from tests.web.conftest import Web, ask
+from transport.client import Client
 
 CPU_MEM = {"cpu": 1, "mem": 256 * 1024**2}
 

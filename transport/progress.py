@@ -13,7 +13,7 @@ from nats.js.errors import NotFoundError
 
 from domain.rpc import PullProgress, decode
 from domain.subjects import PROGRESS, PROGRESS_STREAM, agent_progress
-from services.transport.client import cluster_replicas
+from transport.client import cluster_replicas
 
 DEFAULT_MAX_AGE_S = 3600.0  # a pull longer than this has its progress forgotten: fine, it's a view
 

@@ -19,8 +19,8 @@ from eventsourcing.domain import BaseAggregate
 from domain.admission import Inadmissible, admit, fold
 from domain.codec import ACTOR_HEADER, encode
 from domain.subjects import aggregate_subject
-from services.eventstore.quarantine import quarantined
-from services.eventstore.store import EventStore, Message, Write
+from eventstore.quarantine import quarantined
+from eventstore.store import EventStore, Message, Write
 
 A = TypeVar("A", bound=BaseAggregate[str])
 

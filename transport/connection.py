@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import nats.errors
 from nats.aio.subscription import Subscription
 
-from services.transport.client import Client, connect
+from transport.client import Client, connect
 
 
 async def subscriptions_ready(nc: Client) -> None:

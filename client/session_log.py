@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+from client.connection import Connection
 from domain import subjects
 from domain.contracts.history import MAX_WAIT_S
-from services.cli.connection import Connection
-from services.eventstore.store import Recorded, event_store
+from eventstore.store import Recorded, event_store
 
 
 async def last_seq(conn: Connection, session_id: str) -> int:

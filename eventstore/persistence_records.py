@@ -14,7 +14,7 @@ from uuid import UUID
 
 from eventsourcing.persistence import Notification, StoredEvent
 
-from services.eventstore.store import Recorded
+from eventstore.store import Recorded
 
 TOPIC = "Es-Topic"
 VERSION = "Es-Version"

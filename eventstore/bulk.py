@@ -2,7 +2,7 @@
 
 A rebuild of the read models spends about half its time reading (nats-py parses every message
 in Python) and half folding and writing; in one process the two take turns on one core.
-``BulkReader.pages`` starts ``python -m services.eventstore.bulk``, which replays the stretch
+``BulkReader.pages`` starts ``python -m eventstore.bulk``, which replays the stretch
 with ``EventStore.replay_pages`` and writes each page to its stdout as one length-prefixed
 msgpack frame; the parent yields the same pages ``replay_pages`` would. The pipe's buffer is
 the only read-ahead: a parent that folds slowly makes the child wait.
@@ -29,8 +29,8 @@ from datetime import datetime
 import msgspec
 
 from domain import subjects
-from services.eventstore.store import EventStore, Recorded, StoreError
-from services.transport.client import connect
+from eventstore.store import EventStore, Recorded, StoreError
+from transport.client import connect
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 
 from eventsourcing.persistence import Notification, StoredEvent
 
-from services.eventstore.persistence_records import stored_event, tracking_id
-from services.eventstore.store import PAGE, EventStore, Recorded
+from eventstore.persistence_records import stored_event, tracking_id
+from eventstore.store import PAGE, EventStore, Recorded
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Any plain ``eventsourcing`` Application runs on it unchanged with::
 
-    PERSISTENCE_MODULE=services.eventstore:Factory   (or ``services.eventstore.persistence``)
+    PERSISTENCE_MODULE=eventstore:Factory   (or ``eventstore.persistence``)
     NATS_URL=nats://127.0.0.1:4222
     NATS_STREAM=<stream name>                         (created if missing)
 
@@ -79,8 +79,8 @@ from eventsourcing.utils import Environment, EnvType, resolve_topic
 from nats.errors import Error as NatsError
 
 from domain.subjects import check_token
-from services.eventstore.persistence_copy import Appended, LocalCopy
-from services.eventstore.persistence_records import (
+from eventstore.persistence_copy import Appended, LocalCopy
+from eventstore.persistence_records import (
     TOPIC,
     TRACKING_ID,
     VERSION,
@@ -88,11 +88,11 @@ from services.eventstore.persistence_records import (
     id_token,
     token_id,
 )
-from services.eventstore.persistence_records import notification as _notification
-from services.eventstore.persistence_records import stored_event as _stored_event
-from services.eventstore.persistence_records import tracking_id as _tracking_id
-from services.eventstore.persistence_versions import Scan, Versions
-from services.eventstore.store import (
+from eventstore.persistence_records import notification as _notification
+from eventstore.persistence_records import stored_event as _stored_event
+from eventstore.persistence_records import tracking_id as _tracking_id
+from eventstore.persistence_versions import Scan, Versions
+from eventstore.store import (
     MAX_BATCH,
     PAGE,
     ConcurrencyError,
@@ -104,7 +104,7 @@ from services.eventstore.store import (
     StoreUnavailable,
     Write,
 )
-from services.transport.client import Client, connect
+from transport.client import Client, connect
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -894,7 +894,7 @@ class JetStreamProcessRecorder(
 
 
 class Factory(InfrastructureFactory[JetStreamTrackingRecorder]):
-    """``PERSISTENCE_MODULE=services.eventstore:Factory``; reads NATS_URL, NATS_STREAM,
+    """``PERSISTENCE_MODULE=eventstore:Factory``; reads NATS_URL, NATS_STREAM,
     NATS_CONNECT_TIMEOUT (seconds, default 10) and NATS_LOCAL_COPY_MB (the most memory the
     stream's local copy takes, default 256; 0: no copy, every read goes to the server), each
     maybe prefixed with the upper-cased application name as the library does

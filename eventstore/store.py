@@ -53,8 +53,8 @@ from nats.js.errors import NotFoundError
 
 from domain import subjects
 from domain.codec import REFLECTED_HEADER
-from services.eventstore.tail import SharedTail
-from services.transport.client import Client, cluster_replicas, parse_header_lines
+from eventstore.tail import SharedTail
+from transport.client import Client, cluster_replicas, parse_header_lines
 
 MAX_BATCH = 1000  # the server's limit for one atomic batch
 # nats-server's default max_control_line: a client line longer than this (a publish's
@@ -234,8 +234,8 @@ class EventStore:
             raise ValueError(f"duplicate_window must be > 0 seconds, got {duplicate_window}")
         if not isinstance(nc, Client):  # replay reads through Client.subscribe_raw
             raise TypeError(
-                f"the event store needs services.eventstore.client.Client, got {type(nc).__name__}:"
-                " connect with services.eventstore.client.connect"
+                f"the event store needs transport.client.Client, got {type(nc).__name__}:"
+                " connect with transport.client.connect"
             )
         self.nc = nc
         self.js = nc.jetstream()
@@ -891,7 +891,7 @@ class EventStore:
         """Every message from ``from_seq`` in stream order, in pages of up to 1,000 (never
         empty); stops when caught up (or at ``until_seq``) unless ``follow``, then waits for
         new ones.  A follow of the whole log that caught up takes the pages of the store's
-        shared tail (services.eventstore.tail) unless ``share`` is False.
+        shared tail (eventstore.tail) unless ``share`` is False.
 
         Pulled in pages of read() at the caller's pace (the next page is fetched while the
         caller takes this one), so a slow caller holds at most two pages (a sharing one, up to

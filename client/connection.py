@@ -32,7 +32,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from domain import subjects
 from domain.user import RESERVED
-from services.transport.client import Client, connect, server_list
+from transport.client import Client, connect, server_list
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]+)"', re.I)
 

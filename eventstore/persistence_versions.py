@@ -18,8 +18,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from services.eventstore.persistence_records import stored_event
-from services.eventstore.store import (
+from eventstore.persistence_records import stored_event
+from eventstore.store import (
     EXPECTED_LAST_SUBJECT_SEQ,
     EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
     EventStore,
