@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,7 +25,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 from client import session_log
 from client.connection import Connection
@@ -60,9 +62,35 @@ DUMMY_CONFIG = {
 # Commands only a process runs: `up` runs a stack until a signal stops it (its children die with
 # it), `down` stops one by signals, and `web`, `agent` and `manager` exec another program.
 PROCESS_ONLY = frozenset({"up", "down", "web", *cli.PROCESSES})
-# In-process commands take turns: sys.stdout, sys.stderr, os.environ and the working directory
-# are the whole process's.
+# In-process commands take turns: os.environ and the working directory are the whole process's.
 _IN_PROCESS = threading.Lock()
+# A command that outlived its timeout: its thread goes on (a thread cannot be killed), with
+# whatever os.environ and module globals it finds, so every later command runs as a process.
+_LEFT_RUNNING: list[threading.Thread] = []
+
+
+@dataclass
+class _Call:
+    """One in-process command's stdout and stderr."""
+
+    out: io.TextIOWrapper
+    err: io.TextIOWrapper
+
+
+# The command whose thread (or task, or asyncio.to_thread worker: they copy its context) this is.
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hoist_call", default=None)
+
+
+class _Routed:
+    """sys.stdout or sys.stderr while a command runs here: the command's writes go to its own
+    buffer, any other thread's to the stream that was there before (not into the command's)."""
+
+    def __init__(self, name: str, others: TextIO) -> None:
+        self._name, self._others = name, others
+
+    def __getattr__(self, attr: str) -> Any:  # write, flush, buffer, isatty, ...
+        call = _CALL.get()
+        return getattr(getattr(call, self._name) if call else self._others, attr)
 
 
 def run_hoist(
@@ -77,7 +105,7 @@ def run_hoist(
     gives them (``env``: the whole environment, default this process's; ``timeout``: raises
     subprocess.TimeoutExpired).  In this process unless ``process`` or PROCESS_ONLY says."""
     argv = [str(a) for a in args]
-    if process or _command_word(argv) in PROCESS_ONLY:
+    if process or _LEFT_RUNNING or _command_word(argv) in PROCESS_ONLY:
         return subprocess.run(
             [HOIST, *argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
         )
@@ -105,23 +133,52 @@ def _in_process(
     # fd 1, pytest's) is never taken here; the rich Consoles write to sys.stdout when they print.
     out = io.TextIOWrapper(io.BytesIO(), "utf-8", write_through=True)
     err = io.TextIOWrapper(io.BytesIO(), "utf-8", write_through=True)
+    call = _Call(out, err)
     code: list[int] = []
+
+    def command() -> None:
+        _CALL.set(call)
+        code.append(_exit_code(argv))
+
     # On a thread of its own: main's asyncio.run needs a thread with no loop running (an async
     # test has one), and the thread's end is the command's (the CLI skips signal handlers there).
-    thread = threading.Thread(
-        target=lambda: code.append(_exit_code(argv)), name="hoist-in-process", daemon=True
-    )
-    with (
-        _IN_PROCESS,
-        _environment(env, cwd),
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-    ):
+    thread = threading.Thread(target=command, name="hoist-in-process", daemon=True)
+    with _IN_PROCESS, _environment(env, cwd), _routed(), _logged_to(call):
         thread.start()
         thread.join(timeout)
-    if thread.is_alive():  # left running (a thread cannot be killed), its output lost
+    if thread.is_alive():  # its later output goes to the test process's streams, not a buffer
+        _LEFT_RUNNING.append(thread)
         raise subprocess.TimeoutExpired([HOIST, *argv], timeout or 0, _text(out), _text(err))
     return subprocess.CompletedProcess([HOIST, *argv], code[0], _text(out), _text(err))
+
+
+@contextlib.contextmanager
+def _routed() -> Iterator[None]:
+    """sys.stdout and sys.stderr routed by command (_Routed) meanwhile."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (
+        cast(TextIO, _Routed("out", saved[0])),
+        cast(TextIO, _Routed("err", saved[1])),
+    )
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+@contextlib.contextmanager
+def _logged_to(call: _Call) -> Iterator[None]:
+    """The command's log records on its stderr meanwhile, as a `hoist` process prints them: it
+    configures no logging, so Python's last resort writes WARNING and above, the bare message
+    (and its traceback).  Here pytest's own handlers on the root logger stand in the way."""
+    handler = logging.StreamHandler(call.err)
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(lambda _: _CALL.get() is call)  # not another thread's records
+    logging.root.addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.root.removeHandler(handler)
 
 
 def _exit_code(argv: list[str]) -> int:
