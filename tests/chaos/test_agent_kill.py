@@ -18,8 +18,10 @@ from transport.client import Client, connect
 
 MiB = 1024**2
 SLOW = "chaos/slow:1"  # 256 MiB at 64 MiB/s: a 4 s pull
-SLOW_CREATE = "chaos/base:1"  # pulled in 0.25 s, then a 2 s create
-CREATE_S = 2.0
+SLOW_CREATE = "chaos/base:1"  # pulled in 0.25 s, then a 3 s create
+# The kill must come before the create ends: 0.5 s after the kernel is seen CREATING, plus however
+# late a loaded host sees it and kills (a 2 s create left about 1.3 s for that; 1 s more costs 1 s).
+CREATE_S = 3.0
 # A pull that stops is the stall timeout's (300 s by default): a restarted agent resumes it at
 # once, so the kernel runs within the pull's own time plus a margin.  A create in flight when its
 # agent died ends as the agent re-registers (services/manager/agent_rpc.py: agent_gone), not at
