@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -20,11 +21,20 @@ import docker
 
 INSTALL_HINT = "run: apt-get install -y docker.io"
 API_VERSION = "1.41"  # Docker 20.10 (Debian bookworm's docker.io); newer daemons still accept it
-# The engine's own words once its address pools are used up.
-NO_POOL = "could not find an available, non-overlapping IPv4 address pool"
+# The engine's own words once its address pools are used up (Docker 20.10's; later ones').
+NO_POOL = re.compile(
+    "could not find an available, non-overlapping IPv4 address pool"
+    "|all predefined address pools have been fully subnetted"
+)
 # The private daemon's networks: 8 of /24 (the default pools fit about 31), so a test that needs
 # more networks than the pools hold (to show it does not) needs a few containers, not dozens.
-POOL_PREFIX, POOL_SIZE = 21, 24
+POOLS, POOL_SIZE = 8, 24
+# Where they are taken from: 10.0.0.0/8 unless the host routes into all of it (the default pools
+# of other daemons on the host are 172.17-31.x and 192.168.x), then the next range.
+POOL_RANGES = tuple(
+    ipaddress.IPv4Network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+)
 
 
 def _host_routes() -> list[ipaddress.IPv4Network]:
@@ -42,17 +52,27 @@ def _host_routes() -> list[ipaddress.IPv4Network]:
     return routes
 
 
-def address_pool_base() -> str:
-    """A random /21 of 10.0.0.0/8 that no route of the host's overlaps: the daemons of other
-    test runs on this host (the default pools are 172.17-31.x and 192.168.x) take none of its
-    pools, and it takes none of theirs."""
+def address_pool_base(pools: int = POOLS) -> str:
+    """A random block of ``pools`` /24s (rounded up to a power of two; 8: a /21) that no route of
+    the host's overlaps, from the first of POOL_RANGES that has one: the daemons of other test
+    runs on this host take none of its pools, and it takes none of theirs."""
+    most = POOL_RANGES[0].num_addresses >> (32 - POOL_SIZE)
+    if not 1 <= pools <= most:
+        raise ValueError(f"{pools} address pools: give 1 to {most} (the /24s of 10.0.0.0/8)")
+    prefix = POOL_SIZE - (pools - 1).bit_length()
     routes = _host_routes()
-    for _ in range(1000):
-        third = random.randrange(0, 256, 1 << (24 - POOL_PREFIX))
-        net = ipaddress.IPv4Network(f"10.{random.randrange(256)}.{third}.0/{POOL_PREFIX}")
-        if not any(net.overlaps(r) for r in routes):
-            return str(net)
-    raise RuntimeError("no free /21 in 10.0.0.0/8 for the test daemon's networks")
+    fit = [r for r in POOL_RANGES if r.prefixlen <= prefix]
+    for pool_range in fit:
+        count, step = 1 << (prefix - pool_range.prefixlen), 1 << (32 - prefix)
+        first = int(pool_range.network_address)
+        for i in random.sample(range(count), count):  # every block, in a random order
+            block = ipaddress.IPv4Network((first + i * step, prefix))
+            if not any(block.overlaps(r) for r in routes):
+                return str(block)
+    raise RuntimeError(
+        f"no /{prefix} for the test daemon's {pools} address pools: the host routes into every"
+        f" one of {', '.join(map(str, fit))} (/proc/net/route)"
+    )
 
 
 def free_address_pools(url: str, limit: int = 64) -> int:
@@ -66,7 +86,7 @@ def free_address_pools(url: str, limit: int = 64) -> int:
             try:
                 made.append(client.create_network(f"hoist-pools-{os.getpid()}-{len(made)}")["Id"])
             except docker.errors.APIError as e:
-                if NO_POOL in str(e.explanation or e):
+                if NO_POOL.search(str(e.explanation or e)):
                     return len(made)
                 raise
         raise RuntimeError(f"the engine at {url} makes more than {limit} networks")
