@@ -40,11 +40,13 @@ def _bulk_children(parent: int | None = None) -> dict[int, str]:
 
 
 def _running(pids: Iterable[int]) -> list[int]:
-    """Those of ``pids`` still running (a zombie, ended, holds no command line)."""
+    """Those of ``pids`` still running as bulk readers (a zombie, ended, holds no command line;
+    a pid used again since by another process holds another one)."""
     out = []
     for pid in pids:
         with contextlib.suppress(OSError):
-            if Path(f"/proc/{pid}/cmdline").read_bytes():
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"services.eventstore.bulk" in args:
                 out.append(pid)
     return out
 
