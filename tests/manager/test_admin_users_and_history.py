@@ -98,8 +98,9 @@ async def test_a_user_reads_the_history_of_their_own_sessions_only(
         # Following: a request past the last event waits for the next one.
         await until(nc, sid, lambda s: s["status"] == "TERMINATED", what="ended")
         head = (await request(nc, history("alice"), {"session_id": sid}))["last_seq"]
-        # wait_s: past the ninth request's 2 s below, with a margin for a loaded host.
-        follow = {"session_id": sid, "after_seq": head, "wait_s": 3.5}
+        # wait_s: past the 0.5 s and the ninth request's 2 s below, with 2.5 s to spare for a
+        # loaded host (3.5 s left 1 s).
+        follow = {"session_id": sid, "after_seq": head, "wait_s": 5.0}
         waiting = [asyncio.ensure_future(request(nc, history("alice"), follow)) for _ in range(8)]
         await asyncio.sleep(0.5)
         assert not any(w.done() for w in waiting)
