@@ -46,7 +46,7 @@ def _running(pids: Iterable[int]) -> list[int]:
     for pid in pids:
         with contextlib.suppress(OSError):
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"services.eventstore.bulk" in args:
+            if b"eventstore.bulk" in args:
                 out.append(pid)
     return out
 
