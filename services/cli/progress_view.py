@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from domain.events import Event
 from domain.image_ref import familiar
 from domain.session import Session
 from domain.status import TERMINAL, Kernel, KernelStatus
+from services.cli import output
 from services.cli.output import human_bytes, human_duration
 from transport import progress as progress_stream
 
@@ -513,3 +515,38 @@ async def _until(event: asyncio.Event, follower: asyncio.Task[None], detach: asy
                 w.cancel()
     if follower.done():
         follower.result()
+
+
+async def watch_and_report(
+    conn: Connection, session_id: str, *, max_wait: float, detach: asyncio.Event
+) -> int:
+    """Watch a session start (live where stdout is a terminal) and say how it ended; the
+    exit code: 0 running or detached, 1 failed, 2 still waiting after ``max_wait``."""
+    console = output.console()
+    outcome = await watch(
+        conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach
+    )
+    return report(session_id, outcome, max_wait)
+
+
+def report(session_id: str, outcome: Outcome, max_wait: float, file: TextIO | None = None) -> int:
+    file = file or sys.stdout
+    status = outcome.status.value if outcome.status else "UNKNOWN"
+    if outcome.detached:
+        print(
+            f"detached from session {session_id} ({status}: {outcome.status_info}); it goes on."
+            f" Re-attach with `hoist watch {session_id}`",
+            file=file,
+            flush=True,
+        )
+        return 0
+    if outcome.timed_out:
+        print(
+            f"session {session_id} still {status} ({outcome.status_info}) after {max_wait:g}s;"
+            f" re-attach with `hoist watch {session_id}`",
+            file=file,
+            flush=True,
+        )
+        return 2
+    print(f"session {session_id} {status} {outcome.status_info}", file=file, flush=True)
+    return 1 if outcome.status in FAILED else 0
