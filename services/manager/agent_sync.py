@@ -85,6 +85,7 @@ class AgentSync:
         create_grace_s: float = 30.0,
         lost_grace_s: float = 15.0,
         assured: Callable[[], bool] = lambda: True,
+        on_round: Callable[[float], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
@@ -104,7 +105,7 @@ class AgentSync:
         self._agreed: set[str] = set()
         self.visited = 0  # agents the last reconciliation round visited (tests, stats)
         # Told the seconds each round worked, its pauses left out (the manager's stats)
-        self.on_round: Callable[[float], None] | None = None
+        self.on_round = on_round
         self._paused_s = 0.0  # the current round's pauses so far
         self._tasks = Tasks()
         # agent id -> the after-scheduling sync of it in flight, which its creates wait for

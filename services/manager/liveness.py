@@ -64,6 +64,7 @@ class LivenessWatcher:
         acts: Callable[[], bool] = lambda: True,
         agents: AgentRpc | None = None,
         fence: Callable[[], Sequence[Write]] = tuple,
+        on_heartbeat: Callable[[float], None] | None = None,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
@@ -76,6 +77,7 @@ class LivenessWatcher:
         self.clock = clock
         self.acts = acts  # whether this manager marks agents lost now (it leads)
         self.fence = fence  # the leader's, with each AgentLost
+        self.on_heartbeat = on_heartbeat  # told each heartbeat's handling time (stats)
         # A round later than this after the one before is a stall, not silence (see check)
         self.stall_s = max(3 * self.check_interval_s, deadline_s / 3)
         self._checked_at: float | None = None
@@ -104,7 +106,7 @@ class LivenessWatcher:
         now = self.clock()
         for agent_id in known_agents:
             self.last_seen.setdefault(agent_id, now)
-        self._sub = await self.nc.subscribe(f"{HEARTBEAT}.*", cb=self._on_heartbeat)
+        self._sub = await self.nc.subscribe(f"{HEARTBEAT}.*", cb=self._timed_heartbeat)
         self._tasks.spawn(
             every(self.check_interval_s, self.check, "liveness check"), name="liveness"
         )
@@ -124,6 +126,14 @@ class LivenessWatcher:
         """Where the agent's published ports are reachable, as its latest heartbeat said."""
         beat = self.last_beat.get(agent_id)
         return beat.address if beat is not None else None
+
+    async def _timed_heartbeat(self, msg: Msg) -> None:
+        started = time.perf_counter()
+        try:
+            await self._on_heartbeat(msg)
+        finally:
+            if self.on_heartbeat is not None:
+                self.on_heartbeat(time.perf_counter() - started)
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]  # the subject, which nats.conf ties to the user

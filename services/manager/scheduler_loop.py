@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from domain.errors import DomainError
@@ -62,9 +63,11 @@ class SchedulerLoop:
         policy: Policy,
         planner: Plan | None = None,
         fence: Callable[[], Sequence[Write]] = tuple,
+        on_pass: Callable[[float], None] | None = None,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
+        self.on_pass = on_pass  # told each pass's seconds (the manager's stats)
         self.limits = limits
         self.policy = policy
         self.planner = planner  # None: plan_indexed on the fleet's kept index
@@ -91,6 +94,15 @@ class SchedulerLoop:
         await self._saves.stop()
 
     async def run_pass(self) -> int:
+        """One scheduling pass (``_pass``), its duration told to ``on_pass``."""
+        started = time.perf_counter()
+        try:
+            return await self._pass()
+        finally:
+            if self.on_pass is not None:
+                self.on_pass(time.perf_counter() - started)
+
+    async def _pass(self) -> int:
         """Plan one pass on the fleet view and store it in one atomic batch: each placed
         session's SessionScheduled and KernelPreparing with its agents' reservations, and the
         releases of ended kernels, each expecting its subject's last sequence (plus the

@@ -5,9 +5,8 @@ agent reconciliation pass take, how long the start-up fold of the whole log took
 sessions are live.  Kept in memory since the manager started (a restart starts them again);
 nothing here is stored or decides anything.
 
-The timers wrap the parts' own methods at wiring time (``Stats.time``), so the parts carry no
-measuring code: the wrapped method must exist, so a rename fails loudly at start instead of
-leaving a timer that never counts.
+The parts time their own work and tell it to a hook given at construction (``on_pass``,
+``on_heartbeat``, ``on_round``); the manager's bootstrap passes these timers' ``add``.
 """
 
 from __future__ import annotations
@@ -75,21 +74,21 @@ class Timer:
 
 
 class Stats:
-    def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        clock: Callable[[], float] = time.monotonic,
+        observe_pass: Callable[[float], None] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.clock = clock
         self.started = clock()
-        self.scheduling_passes = Timer()
+        # observe_pass: each pass also fed to the Prometheus histogram
+        self.scheduling_passes = Timer(observe=observe_pass)
         self.heartbeats = Timer()  # one received heartbeat each
         self.reconciliation_passes = Timer()  # every live agent's last heartbeat against its state
         self.startup_fold = Timer()  # once: the whole log folded before the manager serves
         self.folded_events = 0  # the log's last sequence that fold reached
-
-    @staticmethod
-    def time(part: object, method: str, timer: Timer) -> None:
-        """Time every call of ``part.method`` from now on (call it before the part starts, so
-        its loops and subscriptions take the timed one)."""
-        setattr(part, method, timer.timed(getattr(part, method)))
 
     def live_sessions(self) -> int:
         return sum(1 for s in self.fleet.sessions.values() if s.status not in TERMINAL)

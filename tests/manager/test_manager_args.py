@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
-from services.manager.main import config_from, parser
+from services.manager.main import Drills, ManagerConfig, config_from, parser
 
 
 def test_the_read_models_catch_up_through_a_child_unless_told_not_to() -> None:
@@ -49,3 +50,25 @@ def test_the_read_models_threads_reach_the_config_within_the_hosts_cores(
         with pytest.raises(SystemExit):
             parser().parse_args(["--nats-url", url, "--read-models-threads", bad])
         assert "argument --read-models-threads: " in capsys.readouterr().err
+
+
+def test_the_command_line_without_flags_gives_the_configs_defaults() -> None:
+    """Every default is said once, in ManagerConfig: the flags take theirs from it. (The
+    command line differs only where a process is not a test's in-process manager.)"""
+    args = parser().parse_args(["--nats-url", "nats://manager:pw@127.0.0.1:4222"])
+    got, default = config_from(args), ManagerConfig()
+    process_only = {"read_models_url", "bulk_read_url", "short_gc_pauses"}
+    differ = {
+        f.name
+        for f in dataclasses.fields(ManagerConfig)
+        if getattr(got, f.name) != getattr(default, f.name)
+    }
+    assert differ == process_only
+
+
+def test_the_drills_switches_are_off_by_default_and_hidden() -> None:
+    url = "nats://manager:pw@127.0.0.1:4222"
+    assert config_from(parser().parse_args(["--nats-url", url])).drills == Drills()
+    assert "--no-fence" not in parser().format_help()
+    drill = parser().parse_args(["--nats-url", url, "--no-fence", "--step-down-after", "0.3"])
+    assert config_from(drill).drills == Drills(fencing=False, step_down_after_s=0.3)
