@@ -29,7 +29,7 @@ _LIMITS = (
 
 
 def register(subparsers: Any) -> None:
-    # ``policy``: seed 004's name for it (a keypair's resource policy)
+    # ``policy``: the name a keypair's resource policy goes by in Backend.AI
     quota = subparsers.add_parser(
         "quota",
         aliases=["policy"],

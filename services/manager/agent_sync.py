@@ -1,4 +1,4 @@
-"""Agent resource sync (seed 002) and continuous reconciliation from heartbeats.
+"""Agent resource sync and continuous reconciliation from heartbeats.
 
 The manager's view is the truth: ``sync(agent)`` sends the agent its kernels by status
 (``sync-kernels``) and how far the view has folded the log (``view_seq``); the agent destroys

@@ -469,7 +469,7 @@ class Fleet:
             st = k.status
             if st is not S.PENDING and st not in TERMINAL:
                 # A session counts for its owner's session limits from SCHEDULED until it
-                # ends, PULLING too: a pull holds no cpu, mem or slot (seed 000), but it is a
+                # ends, PULLING too: a pull holds no cpu, mem or slot, but it is a
                 # session, so sessions still pulling cannot each start past the quota.
                 owner_active = True
             if st in USER_RESOURCE_OCCUPYING:

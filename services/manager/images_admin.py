@@ -1,4 +1,4 @@
-"""Preload and unload images across the fleet (seed 000 step 4), like OpenKruise's ImagePullJob.
+"""Preload and unload images across the fleet, like OpenKruise's ImagePullJob.
 
 Commands (admin): ``hoist.admin.image.preload``, ``.job``, ``.jobs`` and ``.unload``; what each
 takes and answers is in domain.contracts.images.  A job pulls on at most ``parallelism`` agents
@@ -238,7 +238,7 @@ class ImagesAdmin:
         }
         slots = asyncio.Semaphore(16)
 
-        async def one(agent_id: str) -> None:
+        async def unload_on(agent_id: str) -> None:
             results = {image: self.unload_refusal(agent_id, image) for image in req.images}
             ask = [image for image, why in results.items() if why is None]
             answers: dict[str, dict[str, Any]] = {
@@ -259,7 +259,7 @@ class ImagesAdmin:
                         answers.update({i: {"removed": False, "reason": str(e)} for i in ask})
             out[agent_id] = {image: answers[image] for image in req.images}
 
-        await asyncio.gather(*(one(a) for a in ids))
+        await asyncio.gather(*(unload_on(a) for a in ids))
         # Answered under the caller's own spelling of each image.
         return {
             "agents": {
@@ -293,12 +293,12 @@ class ImagesAdmin:
     async def _run(self, job: Job, ids: list[str]) -> None:
         slots = asyncio.Semaphore(job.request.parallelism)
 
-        async def one(agent_id: str) -> None:
+        async def run_on(agent_id: str) -> None:
             async with slots:
                 await self._agent(job, agent_id)
 
         try:
-            await asyncio.gather(*(one(a) for a in ids))
+            await asyncio.gather(*(run_on(a) for a in ids))
         finally:
             job.ended_at = time.time()
             job.done.set()

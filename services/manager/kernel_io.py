@@ -93,7 +93,7 @@ class KernelIO:
     async def list_volumes(self, req: ListVolumes) -> VolumesView:
         live = [a for a, state in self.fleet.agents.items() if state.live]
 
-        async def one(agent_id: str) -> tuple[str, Any]:
+        async def volumes_of(agent_id: str) -> tuple[str, Any]:
             try:
                 reply = await self.agents.call(
                     agent_id, rpc.VOLUMES, rpc.ListVolumes(owner=req.owner)
@@ -103,7 +103,7 @@ class KernelIO:
                 return agent_id, e
 
         volumes, unreachable = [], []
-        for agent_id, result in await asyncio.gather(*(one(a) for a in live)):
+        for agent_id, result in await asyncio.gather(*(volumes_of(a) for a in live)):
             if isinstance(result, Exception):
                 unreachable.append(agent_id)
                 continue
@@ -123,7 +123,7 @@ class KernelIO:
             agents = [a for a, state in self.fleet.agents.items() if state.live]
         request = rpc.RemoveVolume(name=req.name, owner=req.owner)
 
-        async def one(agent_id: str) -> tuple[str, bool | str]:
+        async def remove_on(agent_id: str) -> tuple[str, bool | str]:
             try:
                 reply = await self.agents.call(agent_id, rpc.VOLUME_REMOVE, request)
                 return agent_id, msgspec.convert(reply, rpc.VolumeRemoved).removed
@@ -133,7 +133,7 @@ class KernelIO:
                 return agent_id, f"unreachable: {e}"
 
         removed, refused = [], {}
-        for agent_id, result in await asyncio.gather(*(one(a) for a in agents)):
+        for agent_id, result in await asyncio.gather(*(remove_on(a) for a in agents)):
             if result is True:
                 removed.append(agent_id)
             elif isinstance(result, str):

@@ -118,7 +118,7 @@ class ManagerConfig:
     liveness_deadline_s: float = DEFAULT_DEADLINE_S
     heartbeats_per_s: float = DEFAULT_BEATS_PER_S  # the fleet's, at most (domain.beats)
     retry_s: float = 1.0  # an unreachable agent is asked again after this
-    # Agent resource sync (seed 002): triggers, heartbeat reconciliation, lost agents' kernels.
+    # Agent resource sync: triggers, heartbeat reconciliation, lost agents' kernels.
     sync_triggers: frozenset[str] = DEFAULT_TRIGGERS
     reconcile_interval_s: float = 5.0
     reconcile_grace_s: float = 2.0  # a heartbeat this much newer than a change can judge it
@@ -544,7 +544,7 @@ def parser() -> argparse.ArgumentParser:
         " agents (2 s each), the leader asks every agent to beat less often, in whole seconds up"
         " to 60, and waits longer before it judges one lost (4 such beats and 5 s)",
     )
-    sync = p.add_argument_group("agent resource sync (seed 002)")
+    sync = p.add_argument_group("agent resource sync")
     sync.add_argument(
         "--agent-resource-sync-trigger",
         action="append",

@@ -231,11 +231,11 @@ class PrepullLoop:
         names = ", ".join(sorted(p.name for p in self.live_policies())) or "none"
         slots = asyncio.Semaphore(self.parallelism)
 
-        async def one(agent_id: str, plan: AgentPlan) -> bool:
+        async def converge(agent_id: str, plan: AgentPlan) -> bool:
             async with slots:
                 return await self._converge_agent(agent_id, plan, names)
 
-        asked = await asyncio.gather(*(one(a, p) for a, p in plans.items()))
+        asked = await asyncio.gather(*(converge(a, p) for a, p in plans.items()))
         return sum(asked)
 
     async def _converge_agent(self, agent_id: str, plan: AgentPlan, names: str) -> bool:

@@ -1,4 +1,4 @@
-"""The check-pulling-kernels loop (seed 000): every PULLING kernel is looked at periodically,
+"""The check-pulling-kernels loop: every PULLING kernel is looked at periodically,
 so a pull the reactors cannot see finish still ends.
 
 For each PULLING kernel:

@@ -112,7 +112,7 @@ class Reactors:
         self.uow = uow
         self.agents = agents
         self.retry_s = retry_s
-        # Agent resource sync (seed 002, services.manager.agent_sync): sync these agents before
+        # Agent resource sync (services.manager.agent_sync): sync these agents before
         # create-kernel; after insufficient-resources refusals, sync the refusing agents (all
         # at once: a multi-kernel session can fail on several) and retry those creates once.
         self.sync_before_create = sync_before_create
@@ -284,7 +284,7 @@ class Reactors:
         return state is not None and not state.live
 
     async def _destroy(self, session_id: str, kernels: list[Kernel]) -> bool:
-        async def one(k: Kernel) -> tuple[Kernel, rpc.KernelDestroyed | Exception]:
+        async def destroy_one(k: Kernel) -> tuple[Kernel, rpc.KernelDestroyed | Exception]:
             assert k.agent_id is not None
             try:
                 reply = await self.agents.call(
@@ -294,7 +294,7 @@ class Reactors:
             except AgentCallFailed as e:
                 return k, e
 
-        results = await asyncio.gather(*(one(k) for k in kernels if k.agent_id is not None))
+        results = await asyncio.gather(*(destroy_one(k) for k in kernels if k.agent_id is not None))
         gone: dict[str, bool] = {}
         for k, result in results:
             if isinstance(result, Exception):
@@ -326,7 +326,7 @@ class Reactors:
             else:
                 by_agent[k.agent_id].append(k.kernel_id)
 
-        async def one(agent_id: str, kernel_ids: list[str]) -> None:
+        async def cancel_on(agent_id: str, kernel_ids: list[str]) -> None:
             why = f"no kernel waits for it: {', '.join(kernel_ids)} cancelled"
             request = rpc.PullCancel(image=session.image, kernel_ids=kernel_ids, reason=why)
             try:
@@ -339,7 +339,7 @@ class Reactors:
                 log.warning("agent %s: pull-cancel of %s refused: %s", agent_id, session.image, e)
             self._released.update(kernel_ids)
 
-        await asyncio.gather(*(one(a, ks) for a, ks in by_agent.items()))
+        await asyncio.gather(*(cancel_on(a, ks) for a, ks in by_agent.items()))
         return any(k.kernel_id in self._released for k in kernels)
 
     async def _check_and_pull(self, session: Session) -> bool:
@@ -411,7 +411,7 @@ class Reactors:
             and not _loopback(address)
         }
 
-        async def one(k: Kernel) -> tuple[str, rpc.KernelCreated | Exception]:
+        async def create_one(k: Kernel) -> tuple[str, rpc.KernelCreated | Exception]:
             assert k.agent_id is not None
             request = rpc.CreateKernel(
                 kernel_id=k.kernel_id,
@@ -434,7 +434,7 @@ class Reactors:
 
         if self.sync_before_create is not None:
             await self.sync_before_create({k.agent_id for k in creating if k.agent_id})
-        results = dict(await asyncio.gather(*(one(k) for k in creating)))
+        results = dict(await asyncio.gather(*(create_one(k) for k in creating)))
         refused = [
             k
             for k in creating
@@ -443,7 +443,7 @@ class Reactors:
         ]
         if refused and self.sync_after_refusal is not None:
             await self.sync_after_refusal({k.agent_id for k in refused if k.agent_id})
-            results.update(await asyncio.gather(*(one(k) for k in refused)))
+            results.update(await asyncio.gather(*(create_one(k) for k in refused)))
         if any(isinstance(r, AgentUnreachable) for r in results.values()):
             self.kick_later(session.id)
 

@@ -62,7 +62,7 @@ class SessionCommands:
         except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
             raise RequestError("invalid-request", str(e)) from None
         groups = self.fleet.resource_groups
-        if not may_use(req.owner, new.resource_group, groups):  # seed 004's check_scaling_group
+        if not may_use(req.owner, new.resource_group, groups):  # may this owner use the group?
             raise RequestError(
                 "forbidden",
                 refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups()),
