@@ -727,10 +727,7 @@ KERNEL_EVENTS: tuple[type[KernelEvent], ...] = (
     KernelTerminated,
 )
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in AnyEvent.__args__
-}
+EVENT_TYPES: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in AnyEvent.__args__}
 
 
 def type_name(event_class: type[Event]) -> str:

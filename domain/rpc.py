@@ -123,7 +123,7 @@ class _Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 # --- requests and replies ------------------------------------------------------------------
 
 
-class CheckAndPull(_Request, kw_only=True):
+class CheckAndPull(_Request, frozen=True, kw_only=True):
     """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (seed 000).
     ``kernel_ids``: the kernels that wait for the pull (pull-cancel names them when they no
     longer do); none: someone who never says (an admin's pull), so the pull is never
@@ -133,7 +133,7 @@ class CheckAndPull(_Request, kw_only=True):
     kernel_ids: KernelIds = []
 
 
-class Preload(_Request, kw_only=True):
+class Preload(_Request, frozen=True, kw_only=True):
     """Like check-and-pull, and the agent records ImagePreloaded once each image is there.
     ``pinned``: image GC keeps it until it is unloaded (a preload job); a prepull policy
     preloads unpinned and pins with pin-images only while it wants the image."""
@@ -149,13 +149,13 @@ class ImagePresent(msgspec.Struct, frozen=True, kw_only=True):
     size: Bytes
 
 
-class PullTask(_Reply, kw_only=True):
+class PullTask(_Reply, frozen=True, kw_only=True):
     """The image is being pulled in the background (the same task for every caller)."""
 
     task_id: str
 
 
-class CreateKernel(_Request, kw_only=True):
+class CreateKernel(_Request, frozen=True, kw_only=True):
     """Start a container for the kernel; idempotent (a kernel never gets two containers).
 
     ``spec.env`` already holds the cluster's ``HOIST_*`` variables.  The kernels of a session of
@@ -182,21 +182,21 @@ class CreateKernel(_Request, kw_only=True):
     seq: LogSeq = 0
 
 
-class KernelCreated(_Reply, kw_only=True):
+class KernelCreated(_Reply, frozen=True, kw_only=True):
     container_id: str
     existed: bool = False  # an earlier create already made it
     ports: PublishedPorts = []  # where the kernel's ports are reachable
 
 
-class DestroyKernel(_Request, kw_only=True):
+class DestroyKernel(_Request, frozen=True, kw_only=True):
     kernel_id: Id
 
 
-class KernelDestroyed(_Reply, kw_only=True):
+class KernelDestroyed(_Reply, frozen=True, kw_only=True):
     destroyed: bool  # False: there was no container (already gone)
 
 
-class SyncKernels(_Request, kw_only=True):
+class SyncKernels(_Request, frozen=True, kw_only=True):
     """The manager's truth about this agent's kernels, by status (seed 002).
 
     The agent destroys containers of kernels in none of the lists and of the ``terminating``
@@ -222,7 +222,7 @@ class KernelExit(msgspec.Struct, frozen=True, kw_only=True):
     ran_s: Seconds = 0.0
 
 
-class KernelsSynced(_Reply, kw_only=True):
+class KernelsSynced(_Reply, frozen=True, kw_only=True):
     running: list[str]  # kernels with a live container here
     terminating: list[str]  # kernels whose container is being destroyed right now
     terminated: list[str]  # kernels the manager lists that have no (live) container here
@@ -231,14 +231,14 @@ class KernelsSynced(_Reply, kw_only=True):
     exits: dict[str, KernelExit] = {}  # of ``terminated`` kernels whose process ended here
 
 
-class Unload(_Request, kw_only=True):
+class Unload(_Request, frozen=True, kw_only=True):
     """Remove images no kernel uses or is about to use; their preload pins go with them."""
 
     images: Images
     reason: Reason = "unload-requested"
 
 
-class PinImages(_Request, kw_only=True):
+class PinImages(_Request, frozen=True, kw_only=True):
     """What image GC must keep, from the manager's view; each list replaces the previous one
     (None: unchanged).  ``policy``: images prepull policies want here; ``expected``: images
     of this agent's kernels that are scheduled, pulling, prepared or being created."""
@@ -247,12 +247,12 @@ class PinImages(_Request, kw_only=True):
     expected: ImageList | None = None
 
 
-class ImagesPinned(_Reply, kw_only=True):
+class ImagesPinned(_Reply, frozen=True, kw_only=True):
     policy: int
     expected: int
 
 
-class BeatsAcked(_Request, kw_only=True):
+class BeatsAcked(_Request, frozen=True, kw_only=True):
     """The manager holds this agent's full beat ``seq`` of ``epoch``: send the changes since it;
     ``seq`` None: it holds nothing it can apply changes to, send a full beat (domain.beats)."""
 
@@ -260,22 +260,22 @@ class BeatsAcked(_Request, kw_only=True):
     seq: BeatSeq | None = None
 
 
-class BeatPace(_Request, kw_only=True):
+class BeatPace(_Request, frozen=True, kw_only=True):
     """Beat at least every ``floor_s`` seconds (0: at the agent's own interval): the leading
     manager keeps a large fleet's beats per second bounded (domain.beats.pace_floor)."""
 
     floor_s: BeatFloor
 
 
-class BeatPaced(_Reply, kw_only=True):
+class BeatPaced(_Reply, frozen=True, kw_only=True):
     interval_s: float  # the agent's interval now: the larger of its own and the floor
 
 
-class BeatBase(_Reply, kw_only=True):
+class BeatBase(_Reply, frozen=True, kw_only=True):
     base: int | None  # the full beat the agent's changes count from now; None: full beats
 
 
-class ImageGc(_Request, kw_only=True):
+class ImageGc(_Request, frozen=True, kw_only=True):
     """Run one image GC pass now (it also runs on its own every interval)."""
 
 
@@ -285,7 +285,7 @@ class GcRemoval(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-class GcReport(_Reply, kw_only=True):
+class GcReport(_Reply, frozen=True, kw_only=True):
     disk: int  # bytes for images
     used_before: int
     used_after: int
@@ -294,12 +294,12 @@ class GcReport(_Reply, kw_only=True):
     note: str  # e.g. why the low watermark was not reached; "" when it was (or no GC was due)
 
 
-class UnloadResult(_Reply, kw_only=True):
+class UnloadResult(_Reply, frozen=True, kw_only=True):
     removed: bool
     reason: str | None = None  # why not: "in-use: kernel k1", "pulling: task ...", "not-present"
 
 
-class Logs(_Request, kw_only=True):
+class Logs(_Request, frozen=True, kw_only=True):
     """Open a stream of the kernel container's output (stdout and stderr, as written): the
     last ``tail`` lines (None: all), then, with ``follow``, what it writes until it ends.
     Works for an ended kernel until its container is removed."""
@@ -309,7 +309,7 @@ class Logs(_Request, kw_only=True):
     follow: bool = False
 
 
-class Exec(_Request, kw_only=True):
+class Exec(_Request, frozen=True, kw_only=True):
     """Run ``command`` in the kernel's running container; its output is a stream whose last
     chunk carries the exit code.  Killed after ``timeout`` seconds (exit code 124, as
     coreutils' timeout)."""
@@ -321,7 +321,7 @@ class Exec(_Request, kw_only=True):
     timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXEC_S)] = 60.0
 
 
-class StreamOpened(_Reply, kw_only=True):
+class StreamOpened(_Reply, frozen=True, kw_only=True):
     """A stream of output to read with stream-read; it is dropped when nobody has read it
     for ``idle_s`` seconds."""
 
@@ -329,7 +329,7 @@ class StreamOpened(_Reply, kw_only=True):
     idle_s: float
 
 
-class StreamRead(_Request, kw_only=True):
+class StreamRead(_Request, frozen=True, kw_only=True):
     """The stream's bytes from ``cursor`` (0: its start), waiting up to ``wait`` seconds for
     some when there are none yet.  Back-pressure is the reader's pace: the agent keeps a
     bounded buffer per stream; bytes a reader fell too far behind to get are counted in
@@ -341,7 +341,7 @@ class StreamRead(_Request, kw_only=True):
     max_bytes: Annotated[int, msgspec.Meta(ge=1, le=512 * 1024)] = 256 * 1024
 
 
-class StreamChunk(_Reply, kw_only=True):
+class StreamChunk(_Reply, frozen=True, kw_only=True):
     data: bytes  # base64 in JSON
     cursor: int  # where the next read starts
     dropped: int = 0  # bytes between the asked cursor and this chunk that the buffer lost
@@ -352,7 +352,7 @@ class StreamChunk(_Reply, kw_only=True):
     reason: str | None = None
 
 
-class ListVolumes(_Request, kw_only=True):
+class ListVolumes(_Request, frozen=True, kw_only=True):
     owner: Owner | None = None  # None: every owner's
 
 
@@ -362,24 +362,24 @@ class VolumeInfo(msgspec.Struct, frozen=True, kw_only=True):
     used_by: list[str] = []  # kernels whose containers mount it now
 
 
-class VolumesListed(_Reply, kw_only=True):
+class VolumesListed(_Reply, frozen=True, kw_only=True):
     volumes: list[VolumeInfo]
 
 
-class RemoveVolume(_Request, kw_only=True):
+class RemoveVolume(_Request, frozen=True, kw_only=True):
     name: Id
     owner: Owner | None = None  # refused when the volume is another owner's
 
 
-class VolumeRemoved(_Reply, kw_only=True):
+class VolumeRemoved(_Reply, frozen=True, kw_only=True):
     removed: bool  # False: there was no such volume here
 
 
-class PullStatus(_Request, kw_only=True):
+class PullStatus(_Request, frozen=True, kw_only=True):
     task_id: Id
 
 
-class PullCancel(_Request, kw_only=True):
+class PullCancel(_Request, frozen=True, kw_only=True):
     """``kernel_ids`` no longer wait for ``image`` (cancelled, destroyed): the agent stops its
     pull when no other kernel waits for it and nobody asked for it without naming a kernel
     (a preload, an admin's pull).  Idempotent: kernels that are no waiters (any more) change
@@ -393,7 +393,7 @@ class PullCancel(_Request, kw_only=True):
 PullState = Literal["queued", "pulling", "done", "failed", "cancelled"]
 
 
-class PullCancelled(_Reply, kw_only=True):
+class PullCancelled(_Reply, frozen=True, kw_only=True):
     """The image's pull after the request: ``task_id`` None when none is in flight;
     ``cancelled`` True when it is being stopped (by this request or an earlier one);
     ``waiting``: the kernels still waiting for it."""
@@ -404,7 +404,7 @@ class PullCancelled(_Reply, kw_only=True):
     waiting: list[str] = []
 
 
-class PullStatusReply(_Reply, kw_only=True):
+class PullStatusReply(_Reply, frozen=True, kw_only=True):
     """``known`` False: this agent process never ran the task (e.g. it restarted since)."""
 
     task_id: str

@@ -6,9 +6,9 @@ command raises and leaves the session unchanged with no pending event.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from uuid import uuid4
 
 from eventsourcing.domain import BaseAggregate
@@ -288,7 +288,7 @@ class Session(BaseAggregate[str]):
         if e.exit_code is not None:
             kernel.exit_code, kernel.ran_s = e.exit_code, e.ran_s
 
-    WHEN = {  # event class -> state change, for Event.apply
+    WHEN: ClassVar[dict[type, Callable[[Any, Any], object]]] = {  # event class -> state change
         ev.SessionEnqueued: _on_enqueued,
         ev.SessionSchedulingFailed: _on_scheduling_failed,
         ev.SessionScheduled: _on_scheduled,
@@ -433,7 +433,7 @@ class Session(BaseAggregate[str]):
         """``lost`` maps agent id -> its status_info: kernels there that are not running yet
         are CANCELLED ``agent-lost`` (a running one is given up later: ``given_up_on``)."""
         for k in self.kernels.values():
-            if k.status in PRE_RUNNING and k.agent_id in lost:
+            if k.status in PRE_RUNNING and k.agent_id is not None and k.agent_id in lost:
                 detail = f"{k.agent_id} ({lost[k.agent_id]})"
                 self.cancel(k.kernel_id, info(Reason.AGENT_LOST, detail))
 

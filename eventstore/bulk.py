@@ -23,7 +23,7 @@ import queue
 import struct
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
 
 import msgspec
@@ -54,7 +54,7 @@ class BulkReader:
 
     async def pages_while_it_reads(
         self, from_seq: int, until_seq: int
-    ) -> AsyncIterator[list[Recorded]]:
+    ) -> AsyncGenerator[list[Recorded], None]:
         """``pages``, but a child that fails (or does not start) ends them with a warning, not
         an error: the caller reads on in-process after the last page it got (slower, never
         stuck on the child)."""
@@ -66,7 +66,7 @@ class BulkReader:
         except (StoreError, OSError) as e:  # OSError: the child did not start
             log.warning("%s; reading on in-process from %d", e, from_seq)
 
-    async def pages(self, from_seq: int, until_seq: int) -> AsyncIterator[list[Recorded]]:
+    async def pages(self, from_seq: int, until_seq: int) -> AsyncGenerator[list[Recorded], None]:
         """Pages of every message with from_seq <= seq <= until_seq, in stream order."""
         if until_seq < from_seq:
             return

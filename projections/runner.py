@@ -148,8 +148,8 @@ class Runner:
             self._dispatch = {}
             self._gate = next((p for p in self.projections if isinstance(p, Gatekeeper)), None)
             for p in self.projections:
-                for cls, handler in p.handlers.items():
-                    self._dispatch.setdefault(type_name(cls), []).append((p, handler))
+                for event_type, handler in p.handlers.items():
+                    self._dispatch.setdefault(type_name(event_type), []).append((p, handler))
 
     def _open_one(
         self,

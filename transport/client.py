@@ -149,7 +149,8 @@ class Client(NatsClient):
     ) -> None:
         handler = self._raw.get(sid)
         if handler is None:
-            await super()._process_msg(sid, subject, reply, data, headers)
+            # nats-py passes None for a message without headers, though it annotates bytes
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
         else:
             handler(subject, headers, data)
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -98,7 +98,7 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 ResourceRequest = Annotated[dict[SlotName, msgspec.Raw], msgspec.Meta(min_length=1, max_length=64)]
 
 
-class CreateSession(_Request, kw_only=True):
+class CreateSession(_Request, frozen=True, kw_only=True):
     owner: Owner
     image: Image
     resources: ResourceRequest  # per kernel
@@ -157,28 +157,28 @@ def resources_from(asked: Mapping[str, msgspec.Raw | float]) -> Resources:
     return Resources(cpu=values["cpu"], mem=values["mem"], slots=slots)
 
 
-class GetSession(_Request, kw_only=True):
+class GetSession(_Request, frozen=True, kw_only=True):
     session_id: Id
 
 
-class DestroySession(_Request, kw_only=True):
+class DestroySession(_Request, frozen=True, kw_only=True):
     session_id: Id
     forced: bool = False
 
 
-class CancelKernel(_Request, kw_only=True):
+class CancelKernel(_Request, frozen=True, kw_only=True):
     kernel_id: Id
     reason: TypedReason | None = None
 
 
-class SessionLogs(_Request, kw_only=True):
+class SessionLogs(_Request, frozen=True, kw_only=True):
     session_id: Id
     kernel_id: Id | None = None  # None: the main kernel
     tail: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     follow: bool = False
 
 
-class SessionExec(_Request, kw_only=True):
+class SessionExec(_Request, frozen=True, kw_only=True):
     session_id: Id
     kernel_id: Id | None = None  # None: the main kernel
     command: Argv
@@ -187,7 +187,7 @@ class SessionExec(_Request, kw_only=True):
     timeout: Annotated[float, msgspec.Meta(gt=0, le=MAX_EXEC_S)] = 60.0
 
 
-class ReadStream(_Request, kw_only=True):
+class ReadStream(_Request, frozen=True, kw_only=True):
     agent_id: Id
     stream_id: Id
     cursor: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -205,11 +205,11 @@ class StreamOpened(msgspec.Struct, frozen=True, kw_only=True):
     idle_s: float  # the agent drops the stream when nobody read it this long
 
 
-class ListVolumes(_Request, kw_only=True):
+class ListVolumes(_Request, frozen=True, kw_only=True):
     owner: Owner | None = None
 
 
-class RemoveVolume(_Request, kw_only=True):
+class RemoveVolume(_Request, frozen=True, kw_only=True):
     name: Id
     owner: Owner  # whose volume: refused on an agent where it is another owner's
     agent_id: Id | None = None  # None: every live agent that holds it
@@ -286,7 +286,8 @@ def session_view(session: Session) -> SessionView:
                 agent_id=k.agent_id,
                 pull_task_id=k.pull_task_id,
                 container_id=k.container_id,
-                ports=list(k.ports),
+                # Kernel.ports holds PublishedPorts (typed object there: domain.events imports it)
+                ports=list(cast("tuple[PublishedPort, ...]", k.ports)),
                 exit_code=k.exit_code,
                 ran_s=k.ran_s,
             )

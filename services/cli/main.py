@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
@@ -552,7 +552,7 @@ def _raise_interrupt(*_: object) -> None:
 
 
 def run(
-    func: Callable[[argparse.Namespace], Awaitable[int | None]],
+    func: Callable[[argparse.Namespace], Coroutine[Any, Any, int | None]],
     args: argparse.Namespace,
     parser: argparse.ArgumentParser | None = None,
 ) -> int:

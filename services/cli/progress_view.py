@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TextIO
+from typing import IO, TextIO
 
 from nats.aio.msg import Msg
 from rich.cells import cell_len
@@ -370,7 +370,7 @@ def render(state: SessionState) -> RenderableType:
         else:
             rate = state.rates.get(("session",), Rate()).per_s(now)
             last = _rate_text(rate, current, total) if fraction < 1 else ""
-        line = [
+        line: list[RenderableType] = [
             Text("  all agents", style="bold"),
             _bar(fraction, 40, failed=bool(failures)),
             f"{fraction * 100:5.1f} %  {_bytes(current, total)}",
@@ -399,7 +399,7 @@ class PlainPrinter:
     """Status lines for a pipe or a log: a line per kernel status change and per quarter of
     the session's pull, nothing that redraws."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.printed: dict[str, int] = {}  # kernel id -> its status changes printed
         self.quarter = -1

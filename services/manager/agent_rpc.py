@@ -68,7 +68,8 @@ class AgentRpc:
             self.nc.request(agent_rpc(agent_id, verb), rpc.encode(request), timeout=timeout)
         )
         try:
-            await asyncio.wait({asking, gone}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {asking, gone}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not asking.done():
                 raise AgentUnreachable(f"agent {agent_id} {verb}: {gone.result()}")
             msg = asking.result()

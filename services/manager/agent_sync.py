@@ -39,6 +39,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -253,7 +254,14 @@ class AgentSync:
             before = self.fleet.sessions[sid].kernels
             was = {kid: before[kid].status for kid in kids if kid in before}
             await self.uow.try_change(
-                sid, lambda s, kids=kids: s.containers_gone(agent_id, kids, exited, exits)
+                sid,
+                partial(
+                    Session.containers_gone,
+                    agent_id=agent_id,
+                    kernel_ids=kids,
+                    exited=exited,
+                    exits=exits,
+                ),
             )
             after = self.fleet.sessions.get(sid)
             repaired.extend(
@@ -366,11 +374,11 @@ class AgentSync:
                 continue  # an ended kernel's container, kept by the agent for its logs
             differs = True
             sid = self.fleet.kernel_session.get(kid)
-            session = self.fleet.sessions.get(sid) if sid else None
-            if session is None:
+            known = self.fleet.sessions.get(sid) if sid else None
+            if known is None:
                 drift = True  # a container of a kernel the manager never knew
                 continue
-            k = session.kernels[kid]
+            k = known.kernels[kid]
             if beat.sent_at - k.status_history[-1].at > self.grace:
                 drift = True  # a container of a kernel that is over or elsewhere
         return (exited if drift else None), not differs

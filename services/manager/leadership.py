@@ -179,14 +179,19 @@ class Leadership:
         )
 
     def _message(
-        self, cls: type[ev.Event], aggregate_id: str, *, expires: bool = True, **fields: object
+        self,
+        cls: Callable[..., ev.Event],  # a lease-subject event: each has a holder
+        aggregate_id: str,
+        *,
+        expires: bool = True,
+        **fields: object,
     ) -> Message:
         """One lease-subject message of this holder, expiring after the TTL unless not
         ``expires`` (a term's record)."""
         event = cls(
             originator_id=aggregate_id,
             originator_version=1,
-            timestamp=cls.create_timestamp(),
+            timestamp=ev.Event.create_timestamp(),
             holder=self.holder,
             **fields,
         )

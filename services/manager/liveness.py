@@ -252,7 +252,7 @@ class LivenessWatcher:
             deadline = self._deadline_of(agent_id, floor)
             if now - seen >= deadline and agent_id not in self.marked:
                 silent[agent_id] = deadline
-        marked = []
+        marked: list[str] = []
         for agent_id, deadline in silent.items():
             try:
                 lost = await self.mark_lost(agent_id, f"no heartbeat for {deadline:g}s")

@@ -21,6 +21,7 @@ import logging
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
+from functools import partial
 
 import msgspec
 
@@ -80,7 +81,7 @@ class PullingLoop:
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
                 if self.fleet.image_there_on(session, agent_id):
-                    await self.uow.try_change(sid, lambda s, a=agent_id: _prepared(s, a))
+                    await self.uow.try_change(sid, partial(_prepared, agent_id=agent_id))
                     continue
                 for k in self.fleet.pulling_there(session, agent_id):
                     pulling.add(k.kernel_id)
@@ -154,7 +155,10 @@ class PullingLoop:
         for sid, kid in kernels:
             by_session[sid].append(kid)
         for sid, kids in by_session.items():
-            await self.uow.try_change(sid, lambda s, kids=kids: s.pull_ended(agent_id, why, kids))
+            await self.uow.try_change(
+                sid,
+                partial(Session.pull_ended, agent_id=agent_id, status_info=why, kernel_ids=kids),
+            )
             for kid in kids:
                 self.fleet.retasked(kid, None)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from domain.contracts.quotas import (
@@ -44,6 +45,7 @@ from domain.contracts.quotas import (
 from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.quota import ResourcePolicy, Usage, effective
 from domain.rpc import RequestError
+from domain.session import Session
 from domain.subjects import RESOURCE_POLICY
 from eventstore.repository import Repository
 from services.manager.bus import LookAgain
@@ -177,7 +179,7 @@ class Quotas:
         """End each overdue session; the number ended."""
         ended = 0
         for sid, limit in self.overdue(datetime.now(UTC)):
-            if await self.uow.try_change(sid, lambda s, n=limit: s.lifetime_exceeded(n)):
+            if await self.uow.try_change(sid, partial(Session.lifetime_exceeded, limit_s=limit)):
                 ended += 1
                 self.uow.publish(LookAgain(sid))  # its worker removes the containers
         self.ended += ended
@@ -236,7 +238,7 @@ class Quotas:
         """End each idle session; the number ended."""
         ended = 0
         for sid, limit in self.idle(datetime.now(UTC)):
-            if await self.uow.try_change(sid, lambda s, n=limit: s.idle_timed_out(n)):
+            if await self.uow.try_change(sid, partial(Session.idle_timed_out, limit_s=limit)):
                 ended += 1
                 self.last_use.pop(sid, None)
                 self.uow.publish(LookAgain(sid))  # its worker removes the containers

@@ -202,9 +202,9 @@ class ReadModelsProcess:
                     await self._start_child()
                 except Exception as e:  # whatever it was, the supervisor tries again
                     log.warning("the read models process did not start: %s", e)
-                    code = self._proc.returncode if self._proc else None
+                    failed = self._proc.returncode if self._proc else None
                     self._down_since = (
-                        f"exit code {code} at {_clock()}, a restart failing; next in {pause:g}s"
+                        f"exit code {failed} at {_clock()}, a restart failing; next in {pause:g}s"
                     )
                     continue
                 await unsubscribe_all(self._down)  # it answers now

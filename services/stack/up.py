@@ -26,13 +26,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from eventstore.store import StoreError, event_store
 from services.stack import natsauth
 from services.stack.lock import DataDirLock
 from services.stack.natsserver import (
     CLUSTER_PORT_OFFSET,
+    ClusterNode,
     NatsServer,
     cluster_nodes,
     free_port,
@@ -234,14 +235,14 @@ def start_nats(
     creds = natsauth.generate_credentials(data_dir, agent_ids)
     assert lock.fd is not None
     servers: list[NatsServer] = []
-    cluster = cluster_nodes(nodes, port) if nodes > 1 else [None]
+    cluster: list[ClusterNode] | list[None] = cluster_nodes(nodes, port) if nodes > 1 else [None]
     for node, store_dir in zip(cluster, store_dirs(data_dir, nodes), strict=True):
         config = natsauth.write_server_config(
             data_dir,
             creds,
             store_dir,
             node=node,
-            nodes=cluster if node else None,
+            nodes=cast("list[ClusterNode]", cluster) if node else None,
             sync_always=sync_always,
         )
         server = _OwnSessionNatsServer(

@@ -90,9 +90,13 @@ class Access:
         return self._admin
 
     def token_ok(self, offered: str | None) -> bool:
-        return bool(offered) and hmac.compare_digest(
-            offered.encode(),
-            self.token.encode(),  # type: ignore[union-attr]
+        return (
+            offered is not None
+            and offered != ""
+            and hmac.compare_digest(
+                offered.encode(),
+                self.token.encode(),
+            )
         )
 
     async def principal(self, request: Request) -> Principal | None:
@@ -161,11 +165,11 @@ def make_app(access: Access) -> Starlette:
                 location = "/" + quote(target.path.lstrip("/"), safe="/")  # never //host
                 if target.query:
                     location += f"?{target.query}"
-                response = RedirectResponse(location, status_code=303)
-                response.set_cookie(
+                redirect = RedirectResponse(location, status_code=303)
+                redirect.set_cookie(
                     COOKIE, offered, httponly=True, samesite="strict", path="/", secure=False
                 )
-                return response
+                return redirect
             principal = await access.principal(request)
             if principal is None:
                 return _unauthorized()

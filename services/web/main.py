@@ -72,7 +72,6 @@ async def run(args: argparse.Namespace) -> None:
     access = Access(token=token, admin=conn, nats_url=without_credentials(url))
     config = server_config(make_app(access), args.host, args.port, args.log_level)
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
