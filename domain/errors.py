@@ -41,6 +41,18 @@ class InvalidField(DomainError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class Forbidden(DomainError):
+    """The asker may not do this (a user not enabled, no admin, another user's owner)."""
+
+
+class NotFound(DomainError):
+    """``field`` names nothing the asker may see: another user's reads as none at all."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
 def unknown_session(session_id: str) -> str:
     """The one wording for a session id that names none the asker may see (the manager's
     not-found after ``session_id: ``, the CLI's own checks): another user's session reads the
