@@ -22,11 +22,11 @@ from domain.contracts.history import (
     HistoryPage,
     SessionHistory,
 )
-from domain.errors import unknown_session
-from domain.rpc import RequestError, decode, encode_reply
-from domain.user import not_enabled
-from eventstore.store import EventStore, Recorded, StoreError
+from domain.user_scope import UserScope
+from eventstore.store import EventStore, Recorded
+from services.manager.responder import manager_responder
 from transport.client import Client
+from transport.responder import Route
 from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class History:
         self._waiting: Counter[str] = Counter()  # user -> their requests waiting now
         self._sub: Subscription | None = None
         self._tasks = Tasks()
+        self._responder = manager_responder(log, "history")
 
     async def start(self) -> None:
         subject = f"{subjects.QUERY}.*.{subjects.HISTORY}"
@@ -65,33 +66,13 @@ class History:
 
     async def _on_msg(self, msg: Msg) -> None:
         user = msg.subject.split(".")[2]
-        if not subjects.is_inbox_of(msg.reply, user):
-            return  # answered only on the user's own inboxes
-        self._tasks.spawn(self._serve(user, msg), msg.subject)
-
-    async def _serve(self, user: str, msg: Msg) -> None:
-        reply: object
-        try:
-            reply = await self.page(user, decode(msg.data or b"{}", SessionHistory, msg.subject))
-        except RequestError as e:
-            reply = e.reply()
-        except (StoreError, TimeoutError) as e:
-            reply = RequestError("unavailable", f"reading the log: {e}; retry").reply()
-        except Exception:
-            # Every request gets an answer: without one the client waits out its timeout.  What
-            # failed stays in the manager's log: an exception's text may show any user internals.
-            log.exception("history request on %s failed", msg.subject)
-            reply = RequestError("internal", "internal error; see the manager's log").reply()
-        await msg.respond(encode_reply(reply))
+        if self._responder.answerable(msg, user):  # answered only on the user's own inboxes
+            route = Route(SessionHistory, lambda req: self.page(user, req))
+            self._tasks.spawn(self._responder.serve(msg, route, user=user), msg.subject)
 
     async def page(self, user: str, req: SessionHistory) -> HistoryPage:
-        if not self.user_enabled(user):
-            raise RequestError("forbidden", not_enabled(user))
-        owner = self.owner_of(req.session_id)
-        if owner is None or (owner != user and not self.user_admin(user)):
-            raise RequestError(  # never a hint that another user's session exists
-                "not-found", f"session_id: {unknown_session(req.session_id)}"
-            )
+        scope = UserScope.of(user, enabled=self.user_enabled(user), admin=self.user_admin(user))
+        scope.session(req.session_id, self.owner_of(req.session_id))
         subject = subjects.session_events(req.session_id)
         # Each waiting request polls the log: one user's many cannot make it do more.
         wait_s = req.wait_s if self._waiting[user] < MAX_WAITING else 0.0

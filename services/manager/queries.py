@@ -48,7 +48,7 @@ from domain.limits import MAX_ID, MAX_IMAGE, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
-from domain.user import not_enabled
+from domain.user_scope import UserScope
 from eventstore.store import StoreError
 from projections.policies import JSON_COLUMNS as POLICY_JSON_COLUMNS
 from projections.quarantine import count as quarantine_count
@@ -56,7 +56,9 @@ from projections.runner import META, Runner
 from projections.users import UsersProjection
 from projections.verify import verify
 from services.manager import admin_sql
+from services.manager.responder import manager_responder
 from transport.client import Client
+from transport.responder import Responder
 from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -138,37 +140,33 @@ async def serve_queries(
     user's is answered with every owner's rows, and only they have the admin queries on their
     own subjects (``hoist.admin.<user>.query.sql``, ``.verify``)."""
     handlers = tasks if tasks is not None else Tasks()
+    responder = _responder()
 
     def serving(
         answer: Callable[[dict[str, Any]], Any], scoped: bool = False, admin_only: bool = False
     ) -> Callable[[Msg], Any]:
         async def handle(msg: Msg) -> None:
-            if not _answerable(msg, scoped):
-                return
             user = msg.subject.split(".")[2] if scoped else None
-            reply: object
-            try:
-                request = rpc.decode(msg.data if msg.data.strip() else b"{}", Request, msg.subject)
+            if not responder.answerable(msg, user):
+                return
+
+            async def call() -> Any:
+                request = responder.decode(msg, Request)
                 if user is not None:
                     enabled, is_admin = await _standing(runner, user)
-                    if not enabled:
-                        raise RequestError("forbidden", not_enabled(user))
-                    if admin_only and not is_admin:
-                        raise RequestError(
-                            "forbidden",
-                            f"user {user!r} is no admin, and {msg.subject} answers for the whole"
-                            " fleet; ask an admin",
+                    scope = UserScope.of(user, enabled=enabled, admin=is_admin)
+                    if admin_only:
+                        scope.require_admin(
+                            f", and {msg.subject} answers for the whole fleet; ask an admin"
                         )
-                    if not is_admin:  # an admin user sees every owner's rows
-                        request = _owned_by(user, request, msg.subject)
-                reply = await answer(request)
-            except RequestError as e:
-                reply = e.reply()
-            except Exception as e:
-                log.exception("query on %s failed", msg.subject)
-                message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
-                reply = RequestError("internal", message).reply()
-            await msg.respond(rpc.encode_reply(reply))
+                    if not scope.admin:  # an admin user sees every owner's rows
+                        request = {
+                            **request,
+                            "owner": scope.owner(request.get("owner"), msg.subject),
+                        }
+                return await answer(request)
+
+            await responder.reply(msg, call)
 
         async def spawn(msg: Msg) -> None:
             handlers.spawn(handle(msg))
@@ -208,13 +206,8 @@ async def serve_queries(
     return subs
 
 
-def _answerable(msg: Msg, scoped: bool) -> bool:
-    """Whether a query may be answered where it asks: a reply subject is the requester's to
-    choose, so only inboxes; on a user's own subject (hoist.query.<user>.…,
-    hoist.admin.<user>.…), only that user's inboxes."""
-    if not subjects.is_inbox(msg.reply):
-        return False
-    return not scoped or subjects.is_inbox_of(msg.reply, msg.subject.split(".")[2])
+def _responder() -> Responder:
+    return manager_responder(log, "query")
 
 
 def _admin_scoped(subject: str) -> str:
@@ -240,11 +233,13 @@ async def answer_unavailable(
     a client hears that rather than no responders (which reads as no manager at all).  Like
     serve_queries, only inboxes get an answer, on a user's subject only that user's."""
 
+    responder = _responder()
+
     def on(pattern: str) -> Callable[[Msg], Any]:
         scoped = ".*." in pattern
 
         async def handle(msg: Msg) -> None:
-            if not _answerable(msg, scoped):
+            if not responder.answerable(msg, msg.subject.split(".")[2] if scoped else None):
                 return
             error = RequestError("unavailable", f"{why()}; retry in a few seconds")
             await msg.respond(rpc.encode_reply(error.reply()))
@@ -283,18 +278,6 @@ async def _standing(runner: Runner, user: str) -> tuple[bool, bool]:
 def _users(runner: Runner) -> UsersProjection:
     # looked up each time: the runner makes its projections again when it reopens
     return next(p for p in runner.projections if isinstance(p, UsersProjection))
-
-
-def _owned_by(user: str, request: dict[str, Any], subject: str) -> dict[str, Any]:
-    """``request`` with its owner filter forced to ``user`` (the subject's user token)."""
-    given = request.get("owner")
-    if given is not None and given != user and given != [user]:
-        raise InvalidRequest(
-            f"owner: {quote(str(given))} is not {user!r}, the user whose subject ({subject})"
-            " this came on; leave owner out",
-            code="forbidden",
-        )
-    return {**request, "owner": user}
 
 
 def _int(request: dict[str, Any], name: str, default: int, low: int, high: int) -> int:

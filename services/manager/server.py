@@ -33,18 +33,17 @@ from nats.aio.subscription import Subscription
 
 from domain.contracts.commands import COMMANDS
 from domain.contracts.sessions import ReadStream
-from domain.errors import IllegalTransition, InvalidField, NotNow, unknown_session
-from domain.limits import quote
-from domain.rpc import RequestError, decode, encode_reply
-from domain.subjects import ADMIN, API, is_inbox, is_inbox_of
-from domain.user import not_enabled
-from eventstore.store import ConcurrencyError, StoreError
+from domain.errors import NotFound
+from domain.rpc import decode
+from domain.subjects import ADMIN, API
+from domain.user_scope import UserScope
 from services.manager.bus import MessageBus
 from services.manager.open_streams import OpenStreams
 from services.manager.requester import set_requester
-from services.manager.uow import SessionUnknown
+from services.manager.responder import manager_responder
 from transport.client import Client
 from transport.connection import subscriptions_ready, unsubscribe_all
+from transport.responder import Route
 from transport.tasks import Tasks
 
 log = logging.getLogger(__name__)
@@ -81,6 +80,7 @@ class CommandServer:
         self.leader_only = leader_only
         self._leader_subs: list[Subscription] = []
         self._tasks = Tasks()
+        self.responder = manager_responder(log, "command")
 
     def scoped_subjects(self) -> list[str]:
         """``hoist.api.*.<x>.<y>`` for each served ``hoist.api.<x>.<y>``, and so for
@@ -125,13 +125,8 @@ class CommandServer:
         self._tasks.spawn(self._serve(msg), msg.subject)
 
     async def _serve(self, msg: Msg) -> None:
-        if not is_inbox_reply(msg):
-            return
         user, subject = self._unscoped(msg.subject)
-        if user is not None and not is_inbox_of(msg.reply, user):
-            log.debug(
-                "ignored a request on %s: its reply %s is not its user's", msg.subject, msg.reply
-            )
+        if not self.responder.answerable(msg, user):
             return
         cls = self.commands.get(subject)
         if cls is None:
@@ -139,30 +134,13 @@ class CommandServer:
             # at a command subject; readers may create none, see natsauth). Nothing to answer.
             log.warning("ignored a message on %s: not a command", msg.subject)
             return
-        reply: object
-        try:
-            if user is None:
-                set_requester("admin" if subject.startswith(_ADMIN) else "client")
-                reply = await self.bus.handle(decode(msg.data, cls, what=msg.subject))
-            else:
-                set_requester(user)
-                reply = await self._serve_user(user, msg, cls, admin=subject.startswith(_ADMIN))
-        except RequestError as e:
-            reply = e.reply()
-        except InvalidField as e:
-            reply = RequestError("invalid-request", str(e)).reply()
-        except (IllegalTransition, NotNow) as e:
-            reply = RequestError("illegal-transition", str(e)).reply()
-        except SessionUnknown as e:
-            message = f"session_id: {unknown_session(e.args[0])}"
-            reply = RequestError("not-found", message).reply()
-        except (StoreError, ConcurrencyError) as e:
-            reply = RequestError("unavailable", f"{e}; retry the request").reply()
-        except Exception as e:
-            log.exception("%s", msg.subject)
-            message = f"{type(e).__name__}: {quote(str(e))}; see the manager log"
-            reply = RequestError("internal", message).reply()
-        await msg.respond(encode_reply(reply))
+        if user is None:
+            set_requester("admin" if subject.startswith(_ADMIN) else "client")
+            await self.responder.serve(msg, Route(cls, self.bus.handle))
+        else:
+            set_requester(user)
+            admin = subject.startswith(_ADMIN)
+            await self.responder.reply(msg, lambda: self._serve_user(user, msg, cls, admin))
 
     def _unscoped(self, subject: str) -> tuple[str | None, str]:
         """(user, the unscoped subject) of ``hoist.api.<user>.<x>.<y>`` and
@@ -179,32 +157,27 @@ class CommandServer:
         """One request on ``user``'s own subject (``admin``: an admin command's): the owner is
         ``user``, the sessions and streams it names must be ``user``'s; an admin user may name
         any owner, session and stream, as the admin role may."""
-        if self.user_enabled is not None and not self.user_enabled(user):
-            raise RequestError("forbidden", not_enabled(user))
-        is_admin = self.user_admin is not None and self.user_admin(user)
-        if admin and not is_admin:
-            raise RequestError("forbidden", f"user {user!r} is no admin; {msg.subject} is admin's")
-        if is_admin:  # an owner filter left out is every owner's; a required owner, theirs
+        enabled = self.user_enabled is None or self.user_enabled(user)
+        scope = UserScope.of(
+            user, enabled=enabled, admin=bool(self.user_admin and self.user_admin(user))
+        )
+        if admin:
+            scope.require_admin(f"; {msg.subject} is admin's")
+        if scope.admin:  # an owner filter left out is every owner's; a required owner, theirs
             data = _owner_filled(msg.data, user, cls) if _owner_required(cls) else msg.data
             return await self.bus.handle(decode(data, cls, what=msg.subject))
         req = decode(_owner_filled(msg.data, user, cls), cls, what=msg.subject)
-        given = getattr(req, "owner", user)
-        if given != user:
-            raise RequestError(
-                "forbidden",
-                f"owner: {quote(str(given))} is not {user!r}, the user whose subject"
-                f" ({msg.subject}) this came on; leave owner out",
-            )
+        scope.owner(getattr(req, "owner", None), msg.subject)
         session_id = getattr(req, "session_id", None)
         assert self.owner_of is not None
-        if isinstance(session_id, str) and self.owner_of(session_id) != user:
-            raise SessionUnknown(session_id)  # never a hint that another user's exists
+        if isinstance(session_id, str):
+            scope.session(session_id, self.owner_of(session_id))
         if isinstance(req, ReadStream):
             opened = self.streams.get(req.agent_id, req.stream_id)
-            if opened is None or opened.owner != user:
-                raise RequestError(
-                    "not-found",
-                    f"stream_id: no stream {req.stream_id!r} on agent {req.agent_id!r}; open"
+            if not scope.sees(opened and opened.owner):
+                raise NotFound(
+                    "stream_id",
+                    f"no stream {req.stream_id!r} on agent {req.agent_id!r}; open"
                     " one with session logs or exec",
                 )
         return await self.bus.handle(req)
@@ -225,10 +198,3 @@ def _owner_filled(data: bytes, user: str, cls: type[msgspec.Struct]) -> bytes:
     if not isinstance(payload, dict) or payload.get("owner") is not None:
         return data
     return msgspec.json.encode({**payload, "owner": user})
-
-
-def is_inbox_reply(msg: Msg) -> bool:
-    if is_inbox(msg.reply):
-        return True
-    log.debug("ignored a request on %s: its reply %s is no inbox", msg.subject, msg.reply)
-    return False
