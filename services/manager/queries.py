@@ -194,13 +194,13 @@ async def serve_queries(
         SQL_SUBJECT: lambda r: _answer_sql(runner, r),
         VERIFY_SUBJECT: lambda r: _answer_verify(runner, r),
     }
-    for subject, answer in admin_queries.items():
-        subs.append(await nc.subscribe(subject, queue=queue, cb=serving(answer)))
+    for subject, admin_answer in admin_queries.items():
+        subs.append(await nc.subscribe(subject, queue=queue, cb=serving(admin_answer)))
         subs.append(
             await nc.subscribe(
                 _admin_scoped(subject),
                 queue=queue,
-                cb=serving(answer, scoped=True, admin_only=True),
+                cb=serving(admin_answer, scoped=True, admin_only=True),
             )
         )
     return subs

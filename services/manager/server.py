@@ -3,7 +3,9 @@ request/reply, decoded to its request struct and handed to the message bus.
 
 Every failure answers ``{"error": {"code", "message"}}`` and changed nothing: ``invalid-request``
 (the message names the field), ``not-found``, ``conflict``, ``illegal-transition``,
-``forbidden``, ``unavailable`` (the event store did not take the write: retry), ``internal``.
+``forbidden``, ``unavailable`` (the event store did not take the write: retry), ``internal``;
+the one responder (services.manager.responder) maps what a handler raises to them, and who may
+do what on a user's subject is domain.user_scope's rule.
 
 Per-user subjects: every ``hoist.api.<x>.<y>`` command is also served as
 ``hoist.api.<user>.<x>.<y>`` (when the server is given ``owner_of``), and every
