@@ -11,14 +11,37 @@ domain.contracts requests; each has one handler, which answers the reply.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-EventHandler = Callable[[Any], None]
+M = TypeVar("M")
+
+EventHandler = Callable[[Any], object]
 CommandHandler = Callable[[Any], Awaitable[object]]
+
+
+@dataclass(frozen=True, init=False)
+class On(Generic[M]):
+    """One row of the events table: ``On(Event, *handlers)``, each handler typed for ``Event``
+    (mypy checks them where the table is written)."""
+
+    event: type[M]
+    handlers: tuple[Callable[[M], object], ...]
+
+    def __init__(self, event: type[M], *handlers: Callable[[M], object]) -> None:
+        object.__setattr__(self, "event", event)
+        object.__setattr__(self, "handlers", handlers)
+
+
+@dataclass(frozen=True)
+class Serve(Generic[M]):
+    """One row of the commands table: the command's type and its one handler, typed for it."""
+
+    command: type[M]
+    handler: Callable[[M], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +59,8 @@ class LookAgain:
 
 class MessageBus:
     """``bus = MessageBus()``; the parts are built with ``bus.publish``; then ``bus.wire(...)``
-    once, with the whole table (publishing before that reaches nobody)."""
+    once, with the whole table of ``On`` and ``Serve`` rows (publishing before that reaches
+    nobody)."""
 
     def __init__(self) -> None:
         self._events: dict[type, tuple[EventHandler, ...]] = {}
@@ -44,15 +68,17 @@ class MessageBus:
         self._by_type: dict[type, tuple[EventHandler, ...]] = {}
         self._wired = False
 
-    def wire(
-        self,
-        events: Mapping[type, Sequence[EventHandler]],
-        commands: Mapping[type, CommandHandler],
-    ) -> None:
+    def wire(self, events: Iterable[On[Any]], commands: Iterable[Serve[Any]]) -> None:
         if self._wired:
             raise RuntimeError("the bus is wired once, in the bootstrap")
-        self._events = {t: tuple(hs) for t, hs in events.items()}
-        self._commands = dict(commands)
+        for row in events:
+            if row.event in self._events:
+                raise ValueError(f"{row.event.__name__} has two rows: give it one")
+            self._events[row.event] = row.handlers
+        for command in commands:
+            if command.command in self._commands:
+                raise ValueError(f"{command.command.__name__} has two handlers: give it one")
+            self._commands[command.command] = command.handler
         self._by_type.clear()
         self._wired = True
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from domain import events as ev
@@ -48,7 +48,7 @@ from eventstore.repository import Repository
 from eventstore.store import Write, event_store
 from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
-from services.manager.bus import LookAgain, MessageBus, RoomFreed
+from services.manager.bus import LookAgain, MessageBus, On, RoomFreed, Serve
 from services.manager.fleet import Fleet
 from services.manager.groups import Groups
 from services.manager.history import History
@@ -93,6 +93,10 @@ LEADER_ONLY: frozenset[type] = frozenset(
         SyncAgents,
     }
 )
+
+
+M = TypeVar("M")  # a message of the bus (an event or a command)
+R = TypeVar("R")  # a command's reply
 
 
 @dataclass(frozen=True)
@@ -291,11 +295,11 @@ class Manager:
         NotLeading if this manager does not lead); none without a lease (one manager)."""
         return () if self.leadership is None else self.leadership.fence()
 
-    def _if_leading(self, handler: Callable[[Any], object]) -> Callable[[Any], object]:
+    def _if_leading(self, handler: Callable[[M], object]) -> Callable[[M], object]:
         """``handler``, called only while this manager leads (a follower folds and serves
         commands and queries; the leader acts on what happens)."""
 
-        def handle(message: Any) -> object:
+        def handle(message: M) -> object:
             return handler(message) if self.leads() else None
 
         return handle
@@ -350,10 +354,10 @@ class Manager:
         user = self.fleet.users.get(name)
         return user is not None and user.enabled and user.admin
 
-    def _use(self, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    def _use(self, handler: Callable[[M], Awaitable[R]]) -> Callable[[M], Awaitable[R]]:
         """``handler``, each request it serves counted as a use of its session (idle timeout)."""
 
-        async def handle(request: Any) -> Any:
+        async def handle(request: M) -> R:
             reply = await handler(request)
             self.quotas.used(request, reply)
             return reply
@@ -371,65 +375,68 @@ class Manager:
             self.images,
         )
         bus.wire(
-            events={
-                ev.SessionEnqueued: [lead(s.wake)],
-                ev.SessionScheduled: [lead(r.session_changed), lead(sync.scheduled)],
-                ev.KernelEvent: [lead(r.session_changed)],
-                LookAgain: [lead(r.look_again), lead(s.wake)],  # a reloaded session may be pending
-                RoomFreed: [lead(s.wake)],
-                ev.KernelCreated: [self.metrics.kernel_created],  # on every manager
-                ev.AgentRegistered: [
+            events=[
+                On(ev.SessionEnqueued, lead(s.wake)),
+                On(ev.SessionScheduled, lead(r.session_changed), lead(sync.scheduled)),
+                On(ev.KernelEvent, lead(r.session_changed)),
+                # a reloaded session may be pending
+                On(LookAgain, lead(r.look_again), lead(s.wake)),
+                On(RoomFreed, lead(s.wake)),
+                On(ev.KernelCreated, self.metrics.kernel_created),  # on every manager
+                On(
+                    ev.AgentRegistered,
                     lead(s.wake),
                     lead(sync.agent_registered),
                     lead(prepull.agent_registered),
-                ],
-                ev.AgentReregistered: [
+                ),
+                On(
+                    ev.AgentReregistered,
                     self._agent_restarted,  # before the reactors look at its sessions again
                     lead(s.wake),
                     lead(r.agent_changed),
                     lead(sync.agent_registered),
                     lead(prepull.agent_registered),
-                ],
-                ev.AgentLost: [self._agent_lost, lead(r.agent_changed), lead(prepull.wake)],
-                ev.ImagePulled: [lead(s.wake), lead(r.pull_ended), images.pull_ended],
-                ev.ImagePullFailed: [lead(r.pull_ended), images.pull_ended],
-                ev.KernelExited: [lead(r.kernel_exited)],
-                ev.PrepullPolicySet: [lead(prepull.wake)],
-                ev.PrepullPolicyRemoved: [lead(prepull.wake)],
-                ev.ResourcePolicySet: [lead(s.wake)],  # a raised quota may let sessions start
-                ev.ResourcePolicyRemoved: [lead(s.wake)],
-            },
-            commands={
-                CreateSession: self.sessions.create,
-                GetSession: self._use(self.sessions.get),
-                DestroySession: self.sessions.destroy,
-                CancelKernel: self.sessions.cancel_kernel,
-                SessionLogs: self._use(self.kernel_io.logs),
-                SessionExec: self._use(self.kernel_io.exec),
-                ReadStream: self._use(self.kernel_io.read),
-                ListVolumes: self.kernel_io.list_volumes,
-                RemoveVolume: self.kernel_io.remove_volume,
-                SyncAgents: sync.handle,
-                PreloadRequest: images.preload,
-                UnloadRequest: images.unload,
-                JobRequest: images.job,
-                ListJobs: images.list_jobs,
-                SetPolicy: prepull.set_policy,
-                RemovePolicy: prepull.remove_policy,
-                ListPolicies: prepull.list_policies,
-                ShowPlans: prepull.show_plan,
-                SetQuota: self.quotas.set,
-                RemoveQuota: self.quotas.remove,
-                ShowQuotas: self.quotas.show,
-                MyQuota: self.quotas.mine,
-                SetGroup: self.groups.set,
-                RemoveGroup: self.groups.remove,
-                ListGroups: self.groups.list,
-                AddUser: self.users.add,
-                DisableUser: self.users.disable,
-                ListUsers: self.users.list,
-                ShowStats: self.stats.show,
-            },
+                ),
+                On(ev.AgentLost, self._agent_lost, lead(r.agent_changed), lead(prepull.wake)),
+                On(ev.ImagePulled, lead(s.wake), lead(r.pull_ended), images.pull_ended),
+                On(ev.ImagePullFailed, lead(r.pull_ended), images.pull_ended),
+                On(ev.KernelExited, lead(r.kernel_exited)),
+                On(ev.PrepullPolicySet, lead(prepull.wake)),
+                On(ev.PrepullPolicyRemoved, lead(prepull.wake)),
+                On(ev.ResourcePolicySet, lead(s.wake)),  # a raised quota may let sessions start
+                On(ev.ResourcePolicyRemoved, lead(s.wake)),
+            ],
+            commands=[
+                Serve(CreateSession, self.sessions.create),
+                Serve(GetSession, self._use(self.sessions.get)),
+                Serve(DestroySession, self.sessions.destroy),
+                Serve(CancelKernel, self.sessions.cancel_kernel),
+                Serve(SessionLogs, self._use(self.kernel_io.logs)),
+                Serve(SessionExec, self._use(self.kernel_io.exec)),
+                Serve(ReadStream, self._use(self.kernel_io.read)),
+                Serve(ListVolumes, self.kernel_io.list_volumes),
+                Serve(RemoveVolume, self.kernel_io.remove_volume),
+                Serve(SyncAgents, sync.handle),
+                Serve(PreloadRequest, images.preload),
+                Serve(UnloadRequest, images.unload),
+                Serve(JobRequest, images.job),
+                Serve(ListJobs, images.list_jobs),
+                Serve(SetPolicy, prepull.set_policy),
+                Serve(RemovePolicy, prepull.remove_policy),
+                Serve(ListPolicies, prepull.list_policies),
+                Serve(ShowPlans, prepull.show_plan),
+                Serve(SetQuota, self.quotas.set),
+                Serve(RemoveQuota, self.quotas.remove),
+                Serve(ShowQuotas, self.quotas.show),
+                Serve(MyQuota, self.quotas.mine),
+                Serve(SetGroup, self.groups.set),
+                Serve(RemoveGroup, self.groups.remove),
+                Serve(ListGroups, self.groups.list),
+                Serve(AddUser, self.users.add),
+                Serve(DisableUser, self.users.disable),
+                Serve(ListUsers, self.users.list),
+                Serve(ShowStats, self.stats.show),
+            ],
         )
 
     async def start(self) -> None:
