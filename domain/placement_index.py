@@ -97,9 +97,10 @@ class GroupIndex:
             a = self.agents[view.agent_id] = _Agent(view)
             for image, size in view.images.items():
                 self.holders.setdefault(image, {})[view.agent_id] = size
-            if self._keyed(a):
+            key = self._keyed(a)
+            if key is not None:
                 for order in self._lists(a):
-                    order.append(a.key)  # type: ignore[arg-type]  # _keyed set it
+                    order.append(key)
         self._held_size.clear()
         self._idle.clear()
         self._never.clear()
@@ -130,19 +131,20 @@ class GroupIndex:
             lists.append(self.holder_orders.setdefault(image, []))
         return lists
 
-    def _keyed(self, a: _Agent) -> bool:
-        """Give ``a`` its entry at its current score; False when no request fits it."""
+    def _keyed(self, a: _Agent) -> Key | None:
+        """Give ``a`` its entry at its current score; None when no request fits it."""
         if a.free_cpu < 1 or a.free_mem < 1:
-            return False  # every request asks for some cpu and some memory
+            return None  # every request asks for some cpu and some memory
         used = (1 - a.free_cpu / a.cap_cpu + 1 - a.free_mem / a.cap_mem) / 2
         score = used if self.concentrated else 1 - used
         a.key = (-score, a.view.agent_id, a)
-        return True
+        return a.key
 
     def _index(self, a: _Agent) -> None:
-        if self._keyed(a):
+        key = self._keyed(a)
+        if key is not None:
             for order in self._lists(a):
-                bisect.insort(order, a.key)
+                bisect.insort(order, key)
 
     def _unindex(self, a: _Agent) -> None:
         key = a.key
