@@ -4,7 +4,7 @@
 the per-owner session counts, the limits and the policy, it decides every session once —
 ``Scheduled`` with a placement for each kernel, or ``Unschedulable`` with the status_info the
 session keeps while it stays PENDING (``predicate-checks-failed: ...`` or
-``no-available-instances: ...``, the reasons Backend.AI's clients already read).
+``no-available-instances: ...``, Backend.AI's status_info wording).
 
 How it decides, per session in FIFO order (enqueued_at, then session_id):
 1. Predicates (per-owner concurrent sessions, per-session cpu / mem totals, cluster size, and
