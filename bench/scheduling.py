@@ -17,8 +17,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from domain.events import Capacity, Resources
-from domain.placement_index import AgentIndex, plan_indexed
-from domain.scheduling import AgentView, Limits, PendingSession, Policy, plan
+from domain.placement_index import AgentIndex
+from domain.scheduling import AgentView, Limits, PendingSession, Policy, plan, plan_indexed
 
 GiB = 2**30
 IMAGE = "bench/base:1"

@@ -589,7 +589,7 @@ class ResourcePolicySet(
     """An owner's resource policy (or the ``default`` one) was created or replaced (also after
     a removal).  Every limit is optional: None is unlimited.  What counts against it is what
     the owner's kernels hold in USER_RESOURCE_OCCUPYING statuses (a PULLING kernel holds
-    nothing, seed 000); see domain.quota."""
+    nothing: a user is not charged while an image downloads); see domain.quota."""
 
     originator_topic: Topic
     max_cpu: QuotaCpu | None = None  # cores held at once

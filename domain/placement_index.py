@@ -1,47 +1,32 @@
-"""The live agents kept sorted for the scheduler across plans, so a plan costs what is pending.
+"""The live agents kept sorted for the scheduler, between plans and within one.
 
-``plan`` (domain.scheduling) builds its view of the fleet for every call: every live agent of
-a pending session's group is visited, scored and sorted, ~8 ms a pass at 1,000 agents when a
-single session waits.  ``AgentIndex`` keeps that work between passes: each resource group's
-live agents with room sit in lists sorted best first for the strategy (all of them, those
-offering each slot, the holders of each image), and an agent whose view changed moves in
-them (``put``, O(log n) plus a list insert).  ``plan_indexed`` then decides the pending
-sessions exactly as ``plan`` does (same predicates, order, scores, ties and messages:
-``decide_all`` is shared), walking the lists from the best agent down; what a plan reserves
-is written into the lists and taken back when it ends, so the index always mirrors the views.
+Each resource group's live agents with room sit in lists sorted best first for the strategy
+(all of them, those offering each slot, the holders of each image), and an agent whose view
+changed moves in them (``put``, O(log n) plus a list insert), so a plan walks them from the
+best agent down and costs what is pending, not the size of the fleet.  What a plan reserves is
+written into the lists and taken back when it ends (``begin`` / ``end``), so a kept index
+always mirrors the views.
 
 Only agents that could hold nothing (no cpu or no memory left; every request asks for some of
-both, domain.limits) leave the lists; ``plan`` also drops those too full for the smallest
-pending request, which changes nothing but the walk.  Capacity questions (could the group
-ever hold this session, and why not) go to a ``_Group`` of the idle capacities, built again
-only when an agent's capacity, group or liveness changes.
+both, domain.limits) leave the lists.  Capacity questions (could the group ever hold this
+session, and why not) go to a ``GroupCapacity`` of the idle capacities, built again only when
+an agent's capacity, group or liveness changes.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from domain.quota import Quota, Usage
-from domain.scheduling import (
+from domain.group_capacity import GroupCapacity, asked_slots, no_live_agents, no_room_info
+from domain.milli_units import SlotAsk, mc_down, mc_up, slot_ask, times
+from domain.scheduling_types import (
     AgentView,
-    Limits,
     PendingSession,
-    PlanStats,
     Policy,
-    Scheduled,
-    SlotAsk,
-    Unschedulable,
-    _check_unique,
-    _Group,
-    _mc_down,
-    _mc_up,
-    _single,
-    _slot_ask,
-    _times,
-    decide_all,
+    check_unique,
     locality_bonus,
-    no_live_agents,
+    single_block,
 )
 
 Key = tuple[float, str, "_Agent"]  # (-score, agent_id, the agent): best first
@@ -54,19 +39,19 @@ class _Agent:
 
     def __init__(self, view: AgentView) -> None:
         self.view = view
-        self.cap_cpu = max(1, _mc_down(view.capacity.cpu))
+        self.cap_cpu = max(1, mc_down(view.capacity.cpu))
         self.cap_mem = max(1, view.capacity.mem)
-        self.free_cpu = self.cap_cpu - _mc_up(view.reserved_cpu)
+        self.free_cpu = self.cap_cpu - mc_up(view.reserved_cpu)
         self.free_mem = self.cap_mem - view.reserved_mem
         # every slot offered or held: an agent that does not offer a slot has 0 of it
-        free = {k: _mc_down(v) for k, v in view.capacity.slots.items()}
+        free = {k: mc_down(v) for k, v in view.capacity.slots.items()}
         for k, v in view.reserved_slots.items():
-            free[k] = free.get(k, 0) - _mc_up(v)
+            free[k] = free.get(k, 0) - mc_up(v)
         self.free_slots = free
         self.key: Key | None = None  # its entry in the lists, None while it has no room
 
 
-class _IndexedGroup:
+class GroupIndex:
     """One resource group's live agents, sorted best first, kept between plans."""
 
     def __init__(self, name: str, policy: Policy, live_groups: Collection[str] = ()) -> None:
@@ -80,7 +65,7 @@ class _IndexedGroup:
         self.holder_orders: dict[str, list[Key]] = {}  # image -> those holding it
         self.holders: dict[str, dict[str, int]] = {}  # image -> agent -> size (with room or not)
         self._held_size: dict[str, int] = {}  # image -> largest size a holder reports (cache)
-        self._idle: dict[frozenset[str], _Group] = {}  # by slots asked: idle capacities
+        self._idle: dict[frozenset[str], GroupCapacity] = {}  # by slots asked: idle capacities
         self._never: dict[tuple[object, ...], str] = {}  # shape -> why it never fits
         # During a plan: each agent's room before the plan first took from it, and the shapes
         # that found no room (room only shrinks during a plan, so bigger ones find none).
@@ -105,6 +90,23 @@ class _IndexedGroup:
             self._never.clear()
         self._index(a)
 
+    def load(self, views: Iterable[AgentView]) -> None:
+        """``put`` views of agents the group does not hold yet, sorting each list once at the
+        end rather than inserting agent by agent (the same lists: the keys are unique)."""
+        for view in views:
+            a = self.agents[view.agent_id] = _Agent(view)
+            for image, size in view.images.items():
+                self.holders.setdefault(image, {})[view.agent_id] = size
+            key = self._keyed(a)
+            if key is not None:
+                for order in self._lists(a):
+                    order.append(key)
+        self._held_size.clear()
+        self._idle.clear()
+        self._never.clear()
+        for order in (self.order, *self.slot_orders.values(), *self.holder_orders.values()):
+            order.sort()
+
     def remove(self, agent_id: str) -> None:
         a = self.agents.pop(agent_id)
         self._drop(a)
@@ -123,20 +125,26 @@ class _IndexedGroup:
     def _lists(self, a: _Agent) -> list[list[Key]]:
         lists = [self.order]
         for k, v in a.view.capacity.slots.items():
-            if _mc_down(v) > 0:
+            if mc_down(v) > 0:
                 lists.append(self.slot_orders.setdefault(k, []))
         for image in a.view.images:
             lists.append(self.holder_orders.setdefault(image, []))
         return lists
 
-    def _index(self, a: _Agent) -> None:
+    def _keyed(self, a: _Agent) -> Key | None:
+        """Give ``a`` its entry at its current score; None when no request fits it."""
         if a.free_cpu < 1 or a.free_mem < 1:
-            return  # no request fits (cpu and mem are > 0)
+            return None  # every request asks for some cpu and some memory
         used = (1 - a.free_cpu / a.cap_cpu + 1 - a.free_mem / a.cap_mem) / 2
         score = used if self.concentrated else 1 - used
         a.key = (-score, a.view.agent_id, a)
-        for order in self._lists(a):
-            bisect.insort(order, a.key)
+        return a.key
+
+    def _index(self, a: _Agent) -> None:
+        key = self._keyed(a)
+        if key is not None:
+            for order in self._lists(a):
+                bisect.insort(order, key)
 
     def _unindex(self, a: _Agent) -> None:
         key = a.key
@@ -209,7 +217,8 @@ class _IndexedGroup:
         return None
 
     def _pick(self, cpu: int, mem: int, slots: SlotAsk, image: str) -> _Agent | None:
-        """As ``_Group._pick``: the best score with room, a holder of the image by its bonus."""
+        """The agent with room for (cpu, mem, slots) and the highest score, plus the image's
+        locality bonus if it holds the image; ties to the smaller agent_id."""
         slot = slots[0][0] if slots else None
         best = self._first_fit(
             self.order if slot is None else self.slot_orders.get(slot, []), cpu, mem, slots
@@ -231,43 +240,43 @@ class _IndexedGroup:
             for c, m, s in self._no_room
         )
 
-    def idle(self, session: PendingSession) -> _Group:
+    def idle(self, session: PendingSession) -> GroupCapacity:
         """The group's idle capacities for the slots ``session`` asks (kept until one changes)."""
-        names = frozenset(k for k, v in session.resources.slots.items() if v > 0)
+        names = asked_slots(session.resources)
         group = self._idle.get(names)
         if group is None:
-            group = self._idle[names] = _Group(self.name, self.policy)
-            group.note_request(session)  # the slot names its capacities keep
-            for agent_id in sorted(self.agents):
-                group.add_agent(self.agents[agent_id].view)
+            views = [self.agents[agent_id].view for agent_id in sorted(self.agents)]
+            group = self._idle[names] = GroupCapacity(self.name, views, names)
         return group
 
     def could_ever_fit(self, session: PendingSession) -> bool:
         return self.idle(session).could_ever_fit(session)
 
     def place(self, session: PendingSession) -> tuple[dict[str, str] | None, str]:
-        """As ``_Group.place``: placements for every kernel, or None and why not."""
+        """Placements for every kernel, or None and the status_info saying what was needed.
+        A session is placed all-or-nothing: the kernels placed before one that finds no room
+        are taken back."""
         if not self.agents:
             return None, no_live_agents(self.name, self.live_groups)
-        n, single = session.cluster_size, _single(session)
-        cpu, mem = _mc_up(session.resources.cpu), session.resources.mem
-        slots = _slot_ask(session.resources)
+        n, single = session.cluster_size, single_block(session)
+        cpu, mem = mc_up(session.resources.cpu), session.resources.mem
+        slots = slot_ask(session.resources)
         idle = self.idle(session)
         if not idle.could_ever_fit(session):
             r = session.resources
             shape = (r.cpu, r.mem, tuple(sorted(r.slots.items())), n, single)
             if shape not in self._never:
-                self._never[shape] = idle._never_info(session)
+                self._never[shape] = idle.never_info(session)
             return None, self._never[shape]
         if single:
-            cpu, mem, slots = cpu * n, mem * n, _times(slots, n)
+            cpu, mem, slots = cpu * n, mem * n, times(slots, n)
         if self._known_no_room(cpu, mem, slots):
-            return None, idle._no_room_info(session, 0)
+            return None, no_room_info(self.name, session, 0)
         if single:
             a = self._pick(cpu, mem, slots, session.image)
             if a is None:
                 self._no_room.append((cpu, mem, slots))
-                return None, idle._no_room_info(session, 0)
+                return None, no_room_info(self.name, session, 0)
             self._take(a, cpu, mem, slots)
             return {k: a.view.agent_id for k in session.kernel_ids}, ""
         taken: list[_Agent] = []
@@ -279,12 +288,12 @@ class _IndexedGroup:
             taken.append(a)
         if len(taken) == n:
             return {k: a.view.agent_id for k, a in zip(session.kernel_ids, taken, strict=True)}, ""
-        back = _times(slots, -1)
+        back = times(slots, -1)
         for a in taken:  # all-or-nothing
             self._take(a, -cpu, -mem, back)
         if not taken:
             self._no_room.append((cpu, mem, slots))
-        return None, idle._no_room_info(session, len(taken))
+        return None, no_room_info(self.name, session, len(taken))
 
 
 def _capacity(view: AgentView) -> tuple[object, ...]:
@@ -298,12 +307,20 @@ class AgentIndex:
 
     def __init__(self, policy: Policy, agents: Sequence[AgentView] = ()) -> None:
         self.policy = policy
-        self.groups: dict[str, _IndexedGroup] = {}
+        self.groups: dict[str, GroupIndex] = {}
         self._group_of: dict[str, str] = {}  # agent id -> its group, while live
-        self.totals: dict[str, int] = {"cpu": 0, "mem": 0}  # live_totals, kept
-        _check_unique("agents", [a.agent_id for a in agents])
+        # what the live agents offer together (milli-cpu, bytes, milli-slots): drf's denominator
+        self.totals: dict[str, int] = {"cpu": 0, "mem": 0}
+        check_unique("agents", [a.agent_id for a in agents])
+        by_group: dict[str, list[AgentView]] = {}
         for view in agents:
-            self.put(view)
+            if view.live:
+                by_group.setdefault(view.resource_group, []).append(view)
+                self._group_of[view.agent_id] = view.resource_group
+                self._count(view, 1)
+        for name, views in by_group.items():
+            self.groups[name] = GroupIndex(name, self.policy)
+            self.groups[name].load(views)
 
     def put(self, view: AgentView) -> None:
         group = self._group_of.get(view.agent_id)
@@ -316,7 +333,7 @@ class AgentIndex:
             return
         name = view.resource_group
         if name not in self.groups:
-            self.groups[name] = _IndexedGroup(name, self.policy)
+            self.groups[name] = GroupIndex(name, self.policy)
         self.groups[name].put(view)
         self._group_of[view.agent_id] = name
         self._count(view, 1)
@@ -333,49 +350,11 @@ class AgentIndex:
 
     def _count(self, view: AgentView, sign: int) -> None:
         t = self.totals
-        t["cpu"] += sign * _mc_down(view.capacity.cpu)
+        t["cpu"] += sign * mc_down(view.capacity.cpu)
         t["mem"] += sign * view.capacity.mem
         for k, v in view.capacity.slots.items():
-            t[k] = t.get(k, 0) + sign * _mc_down(v)
+            t[k] = t.get(k, 0) + sign * mc_down(v)
 
-    def group(self, name: str) -> _IndexedGroup:
+    def group(self, name: str) -> GroupIndex:
         """The group's agents (an empty one, not kept, when it has no live agent)."""
-        return self.groups.get(name) or _IndexedGroup(name, self.policy, tuple(self.groups))
-
-
-def plan_indexed(
-    pending: Sequence[PendingSession],
-    index: AgentIndex,
-    owner_sessions: Mapping[str, int],
-    limits: Limits,
-    image_sizes: Mapping[str, int] = {},  # read only
-    stats: PlanStats | None = None,
-    *,
-    quotas: Mapping[str, Quota] = {},  # read only
-    usage: Mapping[str, Usage] = {},  # read only
-) -> list[Scheduled | Unschedulable]:
-    """``plan(pending, the index's agents, ..., index.policy, ...)``, visiting only the agents
-    the pending sessions' picks walk past; the index is as it was when this returns."""
-    _check_unique("pending", [s.session_id for s in pending])
-    queue = sorted(pending, key=lambda s: (s.enqueued_at, s.session_id))
-    used: dict[str, _IndexedGroup] = {}
-    for session in queue:
-        if session.resource_group not in used:
-            used[session.resource_group] = index.group(session.resource_group)
-            used[session.resource_group].begin(image_sizes)
-    try:
-        return decide_all(
-            queue,
-            used.__getitem__,
-            index.totals,
-            owner_sessions,
-            limits,
-            index.policy,
-            quotas,
-            usage,
-        )
-    finally:
-        for group in used.values():
-            group.end()
-            if stats is not None:
-                stats.agents_examined += group.examined
+        return self.groups.get(name) or GroupIndex(name, self.policy, tuple(self.groups))

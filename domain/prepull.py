@@ -1,4 +1,4 @@
-"""Prepull policies (seed 003): rules kept as events, and the pure function that turns them into
+"""Prepull policies: rules kept as events, and the pure function that turns them into
 the images each agent should hold, within that agent's disk budget.
 
 A ``PrepullPolicy`` aggregate (subject ``hoist.events.prepull-policy.<name>``) is set (created or

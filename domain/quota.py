@@ -1,4 +1,4 @@
-"""Resource policies (seed 004's keypair resource policy): per-owner quotas, kept as events.
+"""Resource policies (Backend.AI's keypair resource policy): per-owner quotas, kept as events.
 
 A ``ResourcePolicy`` aggregate (subject ``hoist.events.resource-policy.<name>``) is set
 (created or replaced) and removed by admin commands.  ``name`` is an owner, or ``default``.
@@ -8,16 +8,16 @@ any printable text today: an owner whose name is not a token can have no policy 
 and always gets ``default``.  The name ``default`` is the default policy, so an owner named
 ``default`` gets it too.
 
-What counts against a quota is exactly what the owner's kernels hold in
-USER_RESOURCE_OCCUPYING statuses (domain.status): a PULLING kernel holds nothing (seed 000),
-so a user at quota can have a session pulling while another runs.  ``max_sessions`` counts
-sessions from SCHEDULED until they end, PULLING included: a pull holds nothing, but it is a
-session, so it bounds how far pulls ending can take usage past the quota.  The scheduler checks the
-quota when it places a session (``quota_failures``); once a pull ends, the kernel is charged
-again and goes on to start even if that puts its owner over the quota, as seed 000's
-check-pulling-kernels loop starts every pulled kernel: the quota only keeps new sessions
-PENDING until the owner's usage is below it again.  A session that could never fit its owner's
-quota (``never_fits``) is refused at create.
+What counts against a quota is exactly what the owner's kernels hold in USER_RESOURCE_OCCUPYING
+statuses (domain.status): a PULLING kernel holds nothing (a download uses no cpu or memory of
+the owner's), so a user at quota can have a session pulling while another runs.
+``max_sessions`` counts sessions from SCHEDULED until they end, PULLING included: a pull holds
+nothing, but it is a session, so it bounds how far pulls ending can take usage past the quota.
+The scheduler checks the quota when it places a session (``quota_failures``); once a pull ends,
+the kernel is charged again and goes on to start even if that puts its owner over the quota, as
+every pulled kernel does: the quota only keeps new sessions PENDING until the owner's usage is
+below it again.  A session that could never fit its owner's quota (``never_fits``) is refused at
+create.
 """
 
 from __future__ import annotations

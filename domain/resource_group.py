@@ -1,4 +1,4 @@
-"""Resource groups (seed 004's ``check_scaling_group``): which owners may create sessions in a
+"""Resource groups (Backend.AI's scaling groups): which owners may create sessions in a
 group, kept as events.
 
 Agents join a group by name (``hoist agent --resource-group``), as before; a session asks for

@@ -124,7 +124,8 @@ class _Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class CheckAndPull(_Request, frozen=True, kw_only=True):
-    """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (seed 000).
+    """Make ``images`` present; reply ``{image: ImagePresent | PullTask}`` (a pull runs as
+    a task the caller follows, so the reply does not wait for it).
     ``kernel_ids``: the kernels that wait for the pull (pull-cancel names them when they no
     longer do); none: someone who never says (an admin's pull), so the pull is never
     cancelled for want of waiters."""
@@ -197,7 +198,8 @@ class KernelDestroyed(_Reply, frozen=True, kw_only=True):
 
 
 class SyncKernels(_Request, frozen=True, kw_only=True):
-    """The manager's truth about this agent's kernels, by status (seed 002).
+    """The manager's truth about this agent's kernels, by status (the log decides; the agent
+    brings its containers in line).
 
     The agent destroys containers of kernels in none of the lists and of the ``terminating``
     ones, and reports ``running``/``terminating`` kernels it has no live container for as

@@ -67,8 +67,8 @@ FAILED: frozenset[KernelStatus] = frozenset({S.ERROR, S.CANCELLED})
 AGENT_RESOURCE_OCCUPYING: frozenset[KernelStatus] = frozenset(
     {S.SCHEDULED, S.PREPARING, S.PULLING, S.PREPARED, S.CREATING, S.RUNNING, S.TERMINATING}
 )
-# A user's quota is not charged while the image is pulling (seed 000: "PULLING status kernels
-# don't occupy any resources"); PENDING never occupies anything.
+# A user's quota is not charged while the image is pulling (a download is not use of the
+# agent's cpu or memory); PENDING never occupies anything.
 USER_RESOURCE_OCCUPYING: frozenset[KernelStatus] = AGENT_RESOURCE_OCCUPYING - {S.PULLING}
 # Not running yet: a destroy cancels these, and a superadmin may force-cancel them.
 PRE_RUNNING: frozenset[KernelStatus] = frozenset(

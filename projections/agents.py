@@ -164,7 +164,7 @@ class AgentsProjection(Projection):
 
 
 class ImagesProjection(Projection):
-    """Which images each agent holds (seed 000 step 4's mapping table)."""
+    """Which images each agent holds (what image locality and prepull read)."""
 
     name: ClassVar[str] = "images"
     # v2: preload marks (pinned, reason, time) from ImagePreloaded.  v3: built under the

@@ -1,4 +1,4 @@
-"""Prepull policies (seed 003) as the log records them: one row per policy, its latest version.
+"""Prepull policies as the log records them: one row per policy, its latest version.
 
 A removed policy keeps its row (``removed`` true, the removal's reason) so ``hoist query
 policies`` shows what was there and why it went; a later PrepullPolicySet brings it back.

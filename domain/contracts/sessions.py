@@ -6,8 +6,9 @@ changed nothing):
 - ``hoist.api.session.create`` ``{owner, image, resources: {cpu, mem}, cluster_size=1,
   resource_group="default", max_wait=0, request_id?}`` -> the session (``SessionView``).
   ``max_wait`` > 0: the reply waits up to that many seconds for RUNNING or a final status and
-  answers with the status at that moment (seed 001); PULLING kernels carry ``agent_id`` and
-  ``pull_task_id`` so the client can watch ``hoist.progress.<agent_id>.<pull_task_id>``.
+  answers with the status at that moment (a client creates and waits in one request); PULLING
+  kernels carry ``agent_id`` and ``pull_task_id`` so the client can watch
+  ``hoist.progress.<agent_id>.<pull_task_id>``.
   ``request_id``: the session id is derived from (owner, request_id), so the same request twice
   creates one session (the append expects an empty subject); the same request_id with other
   parameters is refused (``conflict``).

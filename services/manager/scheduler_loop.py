@@ -1,5 +1,5 @@
 """The scheduler reactor: places pending sessions with ``domain.scheduling``'s policy, on the
-fleet's kept index of live agents (``domain.placement_index.plan_indexed``: a pass visits the
+fleet's kept index of live agents (``domain.scheduling.plan_indexed``: a pass visits the
 agents the pending sessions' picks walk past, not every agent).
 
 Woken on SessionEnqueued and whenever room may have appeared (a kernel stopped occupying an
@@ -28,7 +28,6 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from domain.errors import DomainError
-from domain.placement_index import plan_indexed
 from domain.quota import Quota, effective
 from domain.reasons import Reason
 from domain.reservation import AgentReservations, lacks
@@ -38,6 +37,7 @@ from domain.scheduling import (
     Policy,
     Scheduled,
     Unschedulable,
+    plan_indexed,
 )
 from domain.session import Session
 from eventstore.store import MAX_BATCH, Write

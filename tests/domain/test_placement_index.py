@@ -1,4 +1,5 @@
-"""The kept index (domain.placement_index) decides exactly as the full plan does."""
+"""The kept index (domain.placement_index): kept through changes and plans, it decides as one
+built afresh for the call (``plan``) does, and is left as it was."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.placement_index import AgentIndex, plan_indexed
+from domain.placement_index import AgentIndex
 from domain.quota import Quota, Usage
-from domain.scheduling import AgentView, Limits, PendingSession, PlanStats, Policy, plan
+from domain.scheduling import (
+    AgentView,
+    Limits,
+    PendingSession,
+    PlanStats,
+    Policy,
+    plan,
+    plan_indexed,
+)
 from tests.domain.test_scheduling import (
     GiB,
     agent,
@@ -18,27 +27,11 @@ from tests.domain.test_scheduling import (
     policies,
     quotas,
     requests,
+    roomy_fleets,
     session,
     usages,
 )
 
-# Roomier than test_scheduling's fleets, most holding big images: locality decides often.
-roomy_fleets = st.lists(
-    st.builds(
-        agent,
-        st.sampled_from([f"a{i}" for i in range(12)]),
-        st.integers(4, 16),
-        st.integers(8, 32).map(lambda g: g * GiB),
-        group=st.sampled_from(["default", "default", "gpu"]),
-        reserved_cpu=st.integers(0, 12).map(lambda c: c / 4),
-        reserved_mem=st.integers(0, 8).map(lambda g: g * GiB),
-        images=st.dictionaries(st.sampled_from(["i1", "i2"]), st.sampled_from([3 * GiB, 8 * GiB])),
-        live=st.booleans() | st.just(True),
-        slots=st.dictionaries(st.just("gpu"), st.integers(0, 8).map(lambda g: g / 2)),
-    ),
-    max_size=12,
-    unique_by=lambda a: a.agent_id,
-)
 image_sizes = st.dictionaries(st.sampled_from(["i1", "i3"]), st.sampled_from([2**20, 5 * GiB]))
 
 
@@ -66,7 +59,7 @@ def index_state(index: AgentIndex) -> object:
     image_sizes,
     st.sampled_from([None, 2]),
 )
-def test_property_the_indexed_plan_equals_the_full_plan(
+def test_property_a_kept_index_plans_as_one_built_for_the_call(
     fleet: list[AgentView],
     pending: list[PendingSession],
     policy: Policy,

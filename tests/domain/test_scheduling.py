@@ -607,13 +607,37 @@ def test_property_no_owner_goes_over_its_quota(
             assert "user " not in d.status_info
 
 
+# Roomier than test_scheduling's fleets, most holding big images: locality decides often.
+roomy_fleets = st.lists(
+    st.builds(
+        agent,
+        st.sampled_from([f"a{i}" for i in range(12)]),
+        st.integers(4, 16),
+        st.integers(8, 32).map(lambda g: g * GiB),
+        group=st.sampled_from(["default", "default", "gpu"]),
+        reserved_cpu=st.integers(0, 12).map(lambda c: c / 4),
+        reserved_mem=st.integers(0, 8).map(lambda g: g * GiB),
+        images=st.dictionaries(st.sampled_from(["i1", "i2"]), st.sampled_from([3 * GiB, 8 * GiB])),
+        live=st.booleans() | st.just(True),
+        slots=st.dictionaries(st.just("gpu"), st.integers(0, 8).map(lambda g: g / 2)),
+    ),
+    max_size=12,
+    unique_by=lambda a: a.agent_id,
+)
+
+
 @settings(max_examples=200, deadline=None)
-@given(fleets, requests, st.sampled_from(["concentrated", "dispersed"]), st.booleans())
+@given(
+    fleets | roomy_fleets,
+    requests,
+    st.sampled_from(["concentrated", "dispersed"]),
+    st.booleans(),
+)
 def test_property_each_kernel_goes_to_a_best_scoring_agent_with_room(
     fleet: list[AgentView], pending: list[PendingSession], strategy: str, locality: bool
 ) -> None:
-    """A brute-force replay: every pick is the best score among agents with room at that
-    moment, and every no-room rejection really had no room (non-strict FIFO)."""
+    """A brute-force replay of the policy: every pick is the best score among agents with room
+    at that moment, and every no-room rejection really had no room (non-strict FIFO)."""
     policy = Policy(strategy=strategy, image_locality=locality)  # type: ignore[arg-type]
     out = plan(pending, fleet, {}, Limits(), policy)
     by_id = {s.session_id: s for s in pending}
