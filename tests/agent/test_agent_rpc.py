@@ -385,7 +385,7 @@ async def test_a_label_spares_for_what_is_left_of_spare_s_once(
         agent.spares.recall_from_labels([old, ahead, far])
         assert set(agent.spares.asked_at) == {"k-ahead"}
         assert time.monotonic() - agent.spares.asked_at["k-ahead"][1] < 5  # from now, not later
-        agent.spares.asked_at.clear()  # as _housekeep prunes it SPARE_S later
+        agent.spares.asked_at.clear()  # as Exits.housekeep prunes it SPARE_S later
         agent.spares.recall_from_labels([old, ahead, far])
         assert agent.spares.asked_at == {}
         # A container gone from the listing is forgotten: its id could come back only anew
