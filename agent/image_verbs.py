@@ -116,8 +116,8 @@ class ImageVerbs:
             users = sorted(k.kernel_id for k in kernels if k.image == image)
             task = self.pulls.active.get(image)
             if users:
-                why = f"in-use: kernels {first_few(users)}"  # ended ones' are kept for their logs
-                out[image] = rpc.UnloadResult(removed=False, reason=why)
+                in_use = f"in-use: kernels {first_few(users)}"  # ended ones' are kept for logs
+                out[image] = rpc.UnloadResult(removed=False, reason=in_use)
                 continue
             if task is not None:
                 out[image] = rpc.UnloadResult(removed=False, reason=f"pulling: task {task.task_id}")
