@@ -77,7 +77,13 @@ class AgentServer:
         self.spares = Spares()
         self.volume_names = VolumeNames(self.id, runtime)
         self.image_gc = ImageGc(
-            self.id, runtime, self.facts, self.pulls, self.metrics, config.gc, self._capacity
+            self.id,
+            runtime,
+            self.facts,
+            self.pulls,
+            self.metrics,
+            config.gc,
+            lambda: self.room.capacity,
         )
         self.kernels = Kernels(
             self.id,
@@ -108,9 +114,6 @@ class AgentServer:
         )
 
     # -- what tests and the agent's process read -------------------------------------------------
-
-    def _capacity(self) -> ev.Capacity | None:
-        return self.room.capacity
 
     @property
     def capacity(self) -> ev.Capacity | None:
