@@ -6,7 +6,7 @@ host's disk), the least recently used images go, oldest use first, until they ta
 kernel is about to use (the manager's ``pin-images`` ``expected`` list, and a lease on every
 check-and-pull, so a kernel between "image present" and "container created" keeps it), one a
 preload job pinned, one a prepull policy wants.  ``plan_gc`` is the pure decision; the agent
-(agent.server) gathers the facts, removes, and records one ImageRemoved per image with the
+(agent.image_gc) gathers the facts, removes, and records one ImageRemoved per image with the
 reason, e.g. ``gc: disk 91% > 85%, least recently used (last used 2026-05-01T10:00:00Z)``.
 """
 

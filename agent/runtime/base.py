@@ -25,7 +25,7 @@ LABEL_SLOTS = "hoist.slots"  # JSON of the resource slots it was given, e.g. {"g
 LABEL_GPUS = "hoist.gpus"  # comma-separated GPU ids the kernel was given
 LABEL_OWNER = "hoist.owner"  # on volumes: whose they are
 # The stream sequence its create-kernel came from and when (unix time): a restarted agent
-# still spares it from a sync whose view lags behind that sequence (agent/server.py _past).
+# still spares it from a sync whose view lags behind that sequence (agent.spares).
 LABEL_ASKED_SEQ = "hoist.asked-seq"
 LABEL_ASKED_AT = "hoist.asked-at"
 

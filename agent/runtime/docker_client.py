@@ -18,9 +18,9 @@ def _shutdown_response(r: requests.Response) -> None:
     response keeps its socket on the connection; a hijacked one (exec) in its file object."""
     socks: list[Any] = []
     with contextlib.suppress(Exception):
-        socks.append(r.raw.connection.sock)  # type: ignore[union-attr]
+        socks.append(r.raw.connection.sock)
     with contextlib.suppress(Exception):
-        raw = r.raw._fp.fp.raw  # type: ignore[union-attr]
+        raw = r.raw._fp.fp.raw
         socks.append(getattr(raw, "_sock", raw))
     for sock in socks:
         with contextlib.suppress(Exception):

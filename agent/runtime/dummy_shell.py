@@ -107,7 +107,8 @@ def _split_script(script: str, env: Mapping[str, str]) -> list[Step]:
     lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
     lexer.whitespace_split = True
     steps: list[Step] = []
-    op, words = ";", []
+    op = ";"
+    words: list[str] = []
     for token in lexer:
         if token in (";", "&&", "\n"):
             steps.append((op, words))

@@ -82,16 +82,16 @@ async def test_each_gpu_goes_to_one_kernel_and_comes_back_when_it_ends(
         third = await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k3", resources=GPU))
         assert "container_id" in third, third
         assert runtime.kernels["k3"].spec.gpu_ids == given["k2"]
-        assert agent.gpus == {"k1": given["k1"], "k3": given["k2"]}
+        assert agent.room.gpus == {"k1": given["k1"], "k3": given["k2"]}
 
     # A restarted agent knows which GPUs its running kernels hold (k2's ended container none).
     restarted = dummy(runtime.host, slots={"gpu": 2})
     async with running(nc, store, restarted, cfg) as agent:
-        assert agent.gpus == {"k1": given["k1"], "k3": given["k2"]}
+        assert agent.room.gpus == {"k1": given["k1"], "k3": given["k2"]}
         full = await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k5", resources=GPU))
         assert full["error"]["code"] == "insufficient-resources", full
         await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
-        assert agent.gpus == {"k3": given["k2"]}
+        assert agent.room.gpus == {"k3": given["k2"]}
         await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k5", resources=GPU))
         assert restarted.kernels["k5"].spec.gpu_ids == given["k1"]
 
@@ -105,7 +105,7 @@ async def test_gpu_ids_named_in_the_config_are_handed_out(nc: Client, store: Eve
         assert runtime.kernels["k1"].spec.gpu_ids == ("GPU-aaa", "GPU-bbb")
         failed = await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k2", resources=GPU))
         assert failed["error"]["code"] == "insufficient-resources"
-        assert agent.gpus == {"k1": ("GPU-aaa", "GPU-bbb")}  # a failed create holds none
+        assert agent.room.gpus == {"k1": ("GPU-aaa", "GPU-bbb")}  # a failed create holds none
 
 
 # -- containers not running, without an exit ----------------------------------------------------
@@ -153,7 +153,7 @@ async def test_an_exit_noted_while_a_heartbeat_lists_is_not_recorded_again(
         async def slow_list_images() -> Any:
             # After the beat's listing: a kernel starts, ends and its exit is noted.
             await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k1", ["true"]))
-            await wait_for(lambda: agent._exits_noted, 5, "k1's exit noted")
+            await wait_for(lambda: agent.exits.noted, 5, "k1's exit noted")
             return await list_images()
 
         runtime.list_images = slow_list_images  # type: ignore[method-assign]
@@ -175,7 +175,7 @@ async def test_the_exit_of_a_container_the_agent_destroyed_is_never_recorded(
         [k] = await runtime.list_kernels()
         await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
         # The kill's die event, after the destroy returned (docker's watcher may be late).
-        agent._on_exit(
+        agent.exits.on_exit(
             KernelContainer("k1", "s1", k.container_id, "base:1", False, exit=ExitInfo(137))
         )
         # The kernel made again: its own exit is recorded.

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agent import server
+from agent import heartbeats
 from agent.runtime.dummy import DummyRuntime
 from domain import events as ev
 from domain.codec import decode
@@ -59,11 +59,11 @@ async def test_a_silent_agent_is_marked_lost_and_reregisters_when_back(
 async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_beat(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "LOOK_EVERY_S", 10.0**6)  # no backstop: only the notice
+    monkeypatch.setattr(heartbeats, "LOOK_EVERY_S", 10.0**6)  # no backstop: only the notice
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
     cfg = config("a5", heartbeat_interval_s=0.05)
     async with running(nc, store, DummyRuntime("a5"), cfg) as agent:
-        reads, beats = count_calls(agent.facts, "refresh"), count_calls(agent, "send_heartbeat")
+        reads, beats = count_calls(agent.facts, "refresh"), count_calls(agent.heartbeats, "send")
         await wait_for(lambda: beats[0] >= 10, 10, "10 beats")
         assert reads[0] <= 1, (beats, reads)  # it read at every beat once
 
@@ -76,7 +76,7 @@ async def test_a_beating_agent_reads_its_liveness_when_it_changes_not_at_every_b
 async def test_an_agent_that_missed_the_notice_finds_its_loss_within_a_few_beats(
     nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "LOOK_EVERY_S", 0.6)  # 3 beats at 0.2 s
+    monkeypatch.setattr(heartbeats, "LOOK_EVERY_S", 0.6)  # 3 beats at 0.2 s
     watcher = LivenessWatcher(nc, Repository(store), deadline_s=60.0, check_interval_s=60.0)
 
     async def lost_notice(agent_id: str) -> None:

@@ -8,10 +8,11 @@ import time
 import msgspec
 import pytest
 
-from agent import server as agent_server
+from agent import room, spares
+from agent.image_verbs import first_few
 from agent.runtime.base import KernelContainer
 from agent.runtime.dummy import DummyConfig, DummyHost, DummyRuntime
-from agent.server import _first
+from agent.server import AgentServer
 from domain import events as ev
 from domain import rpc, subjects
 from eventstore.store import EventStore
@@ -41,6 +42,13 @@ def dummy(agent_id: str = "a1", host: DummyHost | None = None, **cfg: object) ->
         "preloaded": {"base:1"},
     }
     return DummyRuntime(agent_id, DummyConfig(**{**values, **cfg}), host)  # type: ignore[arg-type]
+
+
+async def test_every_verb_has_its_handler(nc: Client, store: EventStore) -> None:
+    """The verbs are listed once (rpc.REQUESTS): the agent answers each, and nothing else."""
+    agent = AgentServer(nc, config("a1"), dummy(), store)
+    assert set(agent.handlers) == set(rpc.REQUESTS)
+    assert all(callable(handler) for handler in agent.handlers.values())
 
 
 async def test_registers_with_capacity_and_images_then_heartbeats(
@@ -139,7 +147,7 @@ async def test_create_kernel_is_idempotent_and_destroy_removes_it(
         failed = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k3", **no_image})
         assert failed["error"]["code"] == "image-missing"  # the manager pulls it and asks again
         assert "pull it" in failed["error"]["message"]
-        assert "k3" not in runtime.kernels and "k3" not in server.reserved
+        assert "k3" not in runtime.kernels and "k3" not in server.room.reserved
 
         assert await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"}) == {"destroyed": True}
         assert runtime.kernels == {}
@@ -170,7 +178,7 @@ async def test_a_create_waits_for_the_room_a_create_in_flight_will_free(
     its room and destroys k1 once it has recorded k1's create reply (a few ms after the create
     ended here): k2's create waits for that destroy (ROOM_GRACE_S), and fits."""
     # 0.2 s by default: a margin for a loaded host between the create's end and the destroy
-    monkeypatch.setattr(agent_server, "ROOM_GRACE_S", 1.0)
+    monkeypatch.setattr(room, "ROOM_GRACE_S", 1.0)
     runtime = dummy(create_delay_s=0.3)
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
@@ -195,7 +203,7 @@ async def test_a_create_that_comes_after_the_create_ended_waits_for_the_destroy_
     """k1's create ended before k2's came (the manager placed k2 in k1's room, k1 being
     cancelled meanwhile); the destroy of k1 is still on its way: k2 waits for it."""
     # 0.2 s by default: a margin for a loaded host between the create's end and the destroy
-    monkeypatch.setattr(agent_server, "ROOM_GRACE_S", 1.0)
+    monkeypatch.setattr(room, "ROOM_GRACE_S", 1.0)
     runtime = dummy()
     big = {**KERNEL, "resources": {"cpu": 2, "mem": 256 * MB}}
     async with running(nc, store, runtime, config("a1", cpu=2, mem=GB)):
@@ -305,13 +313,13 @@ async def test_a_create_asked_again_while_a_sync_waits_to_destroy_keeps_its_cont
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")) as agent:
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
-        stray = agent._destroy_stray
+        stray = agent.strays.destroy_stray
 
         async def late(kernel_id: str, view_seq: int | None) -> bool:
             await asyncio.sleep(0.3)  # the create below comes first
             return await stray(kernel_id, view_seq)
 
-        agent._destroy_stray = late  # type: ignore[method-assign]
+        agent.strays.destroy_stray = late  # type: ignore[method-assign]
         syncing = asyncio.create_task(call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10}))
         await asyncio.sleep(0.1)
         again = await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL, "seq": 12})
@@ -326,13 +334,13 @@ async def test_a_container_is_spared_only_for_a_while_after_its_create(
 ) -> None:
     """A sequence no view ever reaches (a buggy sender, a stream recreated with lower
     sequences) spares its container for SPARE_S, not for ever."""
-    monkeypatch.setattr(agent_server, "SPARE_S", 1.5)
+    monkeypatch.setattr(spares, "SPARE_S", 1.5)
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")) as agent:
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL, "seq": 2**62})
         assert (await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10}))["spared"] == ["k1"]
-        seq, at = agent._asked_at["k1"]
-        agent._asked_at["k1"] = (seq, at - 1.6)  # its create 1.6 s ago, not waited out
+        seq, at = agent.spares.asked_at["k1"]
+        agent.spares.asked_at["k1"] = (seq, at - 1.6)  # its create 1.6 s ago, not waited out
         late = await call(nc, "a1", rpc.SYNC_KERNELS, {"view_seq": 10})
         assert (late["destroyed"], late.get("spared", [])) == (["k1"], [])
         assert runtime.kernels == {}
@@ -362,7 +370,7 @@ async def test_a_label_spares_for_what_is_left_of_spare_s_once(
     one dated ahead (a clock set back) counts from now, one more than SPARE_S ahead not at
     all; and a container's labels are read once per process, so an entry pruned after SPARE_S
     is not seeded again (a container is spared SPARE_S at most)."""
-    spare = agent_server.SPARE_S
+    spare = spares.SPARE_S
     now = time.time()
 
     def made(kid: str, at: float) -> KernelContainer:
@@ -374,22 +382,24 @@ async def test_a_label_spares_for_what_is_left_of_spare_s_once(
             made("k-ahead", now + 30),
             made("k-far", now + spare + 1),
         )
-        agent._recall_asked([old, ahead, far])
-        assert set(agent._asked_at) == {"k-ahead"}
-        assert time.monotonic() - agent._asked_at["k-ahead"][1] < 5  # from now, not later
-        agent._asked_at.clear()  # as _housekeep prunes it SPARE_S later
-        agent._recall_asked([old, ahead, far])
-        assert agent._asked_at == {}
+        agent.spares.recall_from_labels([old, ahead, far])
+        assert set(agent.spares.asked_at) == {"k-ahead"}
+        assert time.monotonic() - agent.spares.asked_at["k-ahead"][1] < 5  # from now, not later
+        agent.spares.asked_at.clear()  # as Exits.housekeep prunes it SPARE_S later
+        agent.spares.recall_from_labels([old, ahead, far])
+        assert agent.spares.asked_at == {}
         # A container gone from the listing is forgotten: its id could come back only anew
-        agent._recall_asked([old])
-        assert agent._recalled == {"c-k-old"}
+        agent.spares.recall_from_labels([old])
+        assert agent.spares.recalled == {"c-k-old"}
 
 
 async def test_preload_and_unload(nc: Client, store: EventStore) -> None:
     runtime = dummy()
     async with running(nc, store, runtime, config("a1")) as agent:
         reply = await call(nc, "a1", rpc.PRELOAD, {"images": ["extra:1"]})
-        assert "task_id" in reply["extra:1"] and agent.preloaded == {"docker.io/library/extra:1"}
+        assert "task_id" in reply["extra:1"] and agent.image_gc.preloaded == {
+            "docker.io/library/extra:1"
+        }
         await event_of(store, "a1", ev.ImagePulled, image="extra:1")
         await call(nc, "a1", rpc.CREATE_KERNEL, {"kernel_id": "k1", **KERNEL})
         reply = await call(nc, "a1", rpc.UNLOAD, {"images": ["base:1", "extra:1", "none:1"]})
@@ -472,5 +482,5 @@ async def test_a_restarted_agent_reports_what_it_has_and_forgets_old_tasks(
 
 
 def test_a_reason_names_at_most_three_kernels() -> None:
-    assert _first(["k1"]) == "k1"
-    assert _first([f"k{i}" for i in range(21)]) == "k0, k1, k2 and 18 more"
+    assert first_few(["k1"]) == "k1"
+    assert first_few([f"k{i}" for i in range(21)]) == "k0, k1, k2 and 18 more"

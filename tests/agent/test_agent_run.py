@@ -79,7 +79,7 @@ async def test_an_exit_is_recorded_once_and_the_container_kept_for_its_logs(
         assert (exited.session_id, exited.exit_code, exited.oom_killed) == ("s1", 3, False)
         assert exited.reason == "exited: code 3" and 0.2 <= exited.ran_s < 2
         # Its cpu and mem are free again; its container stays.
-        assert agent._free().cpu == 1 and set(runtime.kernels) == {"k1", "k2"}
+        assert agent.room.free().cpu == 1 and set(runtime.kernels) == {"k1", "k2"}
         beat = await agent.send_heartbeat()
         assert {k.kernel_id: k.status for k in beat.kernels} == {"k1": "exited", "k2": "running"}
 
@@ -308,7 +308,7 @@ async def test_gpu_slots_are_offered_reserved_and_freed(nc: Client, store: Event
         third = await call(nc, "a1", rpc.CREATE_KERNEL, kernel("k3", None, resources=gpu))
         assert "container_id" in third, third
         await call(nc, "a1", rpc.DESTROY_KERNEL, {"kernel_id": "k1"})
-        assert agent._free().slots == {"gpu": 1}
+        assert agent.room.free().slots == {"gpu": 1}
 
     no_gpu = dummy()  # the agent says gpu=2, the host has none: the runtime's own error
     async with running(nc, store, no_gpu, config("a1", slots={"gpu": 2.0})):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -119,7 +120,7 @@ async def test_agents_beat_at_the_leaders_floor_and_back_when_the_fleet_fits(
             assert one.beat_interval_s() == 4.0
             await one.send_heartbeat()
             await wait_for(lambda: watcher.last_beat["p1"].pace_s == 4.0, 5, "the floor beaten")
-            beats = count_calls(one, "send_heartbeat")
+            beats = count_calls(one.heartbeats, "send")
             await asyncio.sleep(1.5)  # 7 beats at its own 0.2 s
             assert beats[0] <= 1, beats
             # Paced, an agent silent for the manager's own 1 s deadline is not lost.
@@ -153,7 +154,7 @@ async def test_an_agent_is_judged_by_the_floor_its_last_beat_kept_and_beats_at_a
             assert "p4" not in watcher.marked and watcher.floor_s() == 0.0
 
             # A lower floor is beaten at once, not after the 3 s wait under way.
-            beats = count_calls(agent, "send_heartbeat")
+            beats = count_calls(agent.heartbeats, "send")
             assert await call(nc, "p4", rpc.BEAT_PACE, {"floor_s": 0}) == {"interval_s": 0.2}
             await wait_for(lambda: beats[0] >= 1, 1.0, "a beat at the new floor")
             await wait_for(lambda: watcher.silence_deadline_s("p4") == 1.0, 2, "0 kept")
@@ -188,13 +189,15 @@ async def test_agents_paced_at_once_spread_their_beats_over_the_floor(
             )
 
             async def timed(
-                agent: AgentServer = agent, times: list[float] = beats[agent_id]
-            ) -> None:
+                agent: AgentServer = agent,
+                times: list[float] = beats[agent_id],
+                send: Callable[[], Awaitable[rpc.Heartbeat]] = agent.heartbeats.send,
+            ) -> rpc.Heartbeat:
                 if agent.pace_s == 1.0:
                     times.append(time.monotonic())
-                await AgentServer.send_heartbeat(agent)
+                return await send()
 
-            agent.send_heartbeat = timed  # type: ignore[method-assign]
+            agent.heartbeats.send = timed  # type: ignore[method-assign]
         paced_at = time.monotonic()
         replies = await asyncio.gather(*(call(nc, a, rpc.BEAT_PACE, {"floor_s": 1}) for a in ids))
         assert all(r == {"interval_s": 1.0} for r in replies)

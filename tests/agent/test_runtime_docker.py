@@ -167,7 +167,7 @@ def test_daemon_messages_are_classified() -> None:
 def test_a_containers_create_sequence_is_read_back_from_its_labels(
     labels: dict[str, str], asked: tuple[int, float]
 ) -> None:
-    """What a restarted agent spares by (agent/server.py _recall_asked); a label that does not
+    """What a restarted agent spares by (agent.spares recall_from_labels); a label that does not
     read spares nothing and lists the container all the same."""
     k = _kernel({"hoist.kernel": "k1", **labels}, "c1", "base:1", True, (), None)
     assert (k.kernel_id, k.asked_seq, k.asked_at) == ("k1", *asked)

@@ -79,7 +79,7 @@ async def test_a_preload_job_on_docker_reports_progress_and_pins_the_image(
         assert job["overall"]["succeeded"] == 1 and job["overall"]["current"] == pulled["total"]
         marked = await event_of(store, agent_id, ev.ImagePreloaded, image=image)
         assert marked.pinned and marked.reason == f"preload: job {job['job_id']}"
-        assert image in agent.preloaded and await runtime.has_image(image) is not None
+        assert image in agent.image_gc.preloaded and await runtime.has_image(image) is not None
 
 
 async def test_unload_is_refused_for_an_image_a_container_uses(
@@ -139,7 +139,7 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
 
         async def wait_until_held(image: str) -> None:
             for _ in range(600):
-                if await runtime.has_image(image) is not None and image in agent.last_used:
+                if await runtime.has_image(image) is not None and image in agent.image_gc.last_used:
                     return
                 await asyncio.sleep(0.1)
             raise AssertionError(f"{image} never arrived")

@@ -43,7 +43,9 @@ async def test_a_preload_job_pulls_with_bounded_parallelism_and_reports_progress
         for agent_id, result in job["agents"].items():
             assert result["state"] == "succeeded" and result["attempts"] == 1
             assert result["images"]["docker.io/library/py:3"]["state"] == "pulled"
-            assert "docker.io/library/py:3" in agents[agent_id].preloaded  # pinned against image GC
+            assert (
+                "docker.io/library/py:3" in agents[agent_id].image_gc.preloaded
+            )  # pinned against image GC
         [preloaded] = [e for e in await agent_events(store, "p0") if type(e) is ev.ImagePreloaded]
         assert preloaded.image == "docker.io/library/py:3" and preloaded.pinned
         assert preloaded.reason == f"preload: job {job['job_id']}"

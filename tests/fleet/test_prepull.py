@@ -159,7 +159,7 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
             held = agent.runtime.images  # type: ignore[attr-defined]
             assert {w["image"] for w in plans[agent_id]["desired"]} <= set(map(canonical, held))
             assert sum(i.size_bytes for i in held.values()) <= agent.capacity.disk * 0.85
-            assert agent.policy_pins == {w["image"] for w in plans[agent_id]["desired"]}
+            assert agent.image_gc.policy_pins == {w["image"] for w in plans[agent_id]["desired"]}
         assert plans["g000"]["to_pull"] == [] and plans["g000"]["desired"][0]["image"] == (
             "docker.io/ml/tiny:2"
         )
@@ -172,7 +172,7 @@ async def test_100_agents_converge_within_their_budgets_and_again_after_a_change
         assert [p["name"] for p in listed["policies"]] == ["torch"]
         removed = await admin(nc, POLICY_REMOVE, {"name": "torch"})
         assert all(not p["desired"] for p in removed["plans"].values())
-        await wait_for(lambda: not agents["g004"].policy_pins, 20, "pins dropped")
+        await wait_for(lambda: not agents["g004"].image_gc.policy_pins, 20, "pins dropped")
         gone = await request(nc, POLICY_REMOVE, {"name": "torch"})
         assert gone["error"]["code"] == "not-found"
         bad = await request(nc, POLICY_SET, {"name": "x", "rules": [{"kind": "fattest"}]})

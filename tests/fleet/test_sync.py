@@ -115,7 +115,7 @@ async def test_a_view_behind_a_create_does_not_destroy_its_container(
     async with fleet(nc, store, {"a1": 10 * GB}) as agents, manager(nc, **NO_RECONCILE) as m:
         created = await create(nc, max_wait=5)
         [kernel] = created["kernels"]
-        asked_at, _ = agents["a1"]._asked_at[kernel["kernel_id"]]
+        asked_at, _ = agents["a1"].spares.asked_at[kernel["kernel_id"]]
         session = m.fleet.sessions[created["session_id"]]
         assert 0 < asked_at < loaded_seq(session)  # the CREATING record, before RUNNING's
         await wait_for(lambda: m.fleet.last_seq >= asked_at, 5, "the view past the create")
@@ -140,7 +140,9 @@ async def test_heartbeats_repair_drift_without_any_trigger(nc: Client, store: Ev
         # and once the manager acknowledged a full beat, beats carry the changes only.
         await wait_for(lambda: m.sync.visited == 0, 10, "a round that visits no agent")
         await wait_for(
-            lambda: all(a.beats.base is not None for a in agents.values()), 10, "beats acked"
+            lambda: all(a.heartbeats.beats.base is not None for a in agents.values()),
+            10,
+            "beats acked",
         )
         victim = first["kernels"][0]
         host = agents[victim["agent_id"]].runtime

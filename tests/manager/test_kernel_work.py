@@ -452,7 +452,7 @@ async def test_an_exit_quicker_than_the_create_reply_is_recorded_with_its_code(
         manager(nc, reconcile_interval_s=3600) as m,
     ):
         agent = running_["a1"]
-        create_kernel = agent.create_kernel
+        create_kernel = agent.handlers[rpc.CREATE_KERNEL]
 
         async def slow_reply(request: Any) -> Any:
             reply = await create_kernel(request)
@@ -464,7 +464,7 @@ async def test_an_exit_quicker_than_the_create_reply_is_recorded_with_its_code(
             )
             return reply
 
-        agent._verbs[rpc.CREATE_KERNEL] = slow_reply
+        agent.handlers[rpc.CREATE_KERNEL] = slow_reply
         created = await create(nc, session_type="batch", command=["exit", "0"])
         done = await until(nc, created["session_id"], ended, what="ended", within=10)
         assert (done["status"], done["status_info"]) == ("TERMINATED", "succeeded"), done

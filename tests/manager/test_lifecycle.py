@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agent.kernels import Kernels
 from agent.server import AgentServer
 from domain import rpc, subjects
 from domain.status import Kernel
@@ -64,7 +65,7 @@ async def test_a_session_whose_image_is_present_runs(nc: Client, store: EventSto
         assert statuses(history) == ["PENDING", "SCHEDULED", "PREPARED", "CREATING", "RUNNING"]
         assert history[2].status_info == "image-present: a1 holds it, by the event log"
         assert all(c.status_info for c in history)
-        assert running["a1"].leases == {}  # what a check-and-pull leaves
+        assert running["a1"].image_gc.leases == {}  # what a check-and-pull leaves
         assert running["a1"].runtime.pull_attempts == {}
 
 
@@ -151,10 +152,10 @@ async def test_an_agent_records_an_image_gone_only_when_it_is(
             return await store.read_subject("hoist.events.agent.a1")
 
         before = len(await agent_log())
-        await a1._record_missing("base:1")  # the engine holds it (a pull brought it back)
+        await a1.kernels.record_missing("base:1")  # the engine holds it (a pull brought it back)
         assert len(await agent_log()) == before
         assert await a1.runtime.remove_image("base:1")
-        await a1._record_missing("base:1")
+        await a1.kernels.record_missing("base:1")
         [*_, removed] = await agent_log()
         assert removed.headers["Hoist-Event"] == "ImageRemoved"
         assert a1.facts.aggregate is not None and "base:1" not in a1.facts.aggregate.images
@@ -173,7 +174,7 @@ async def test_an_engine_error_while_recording_an_image_gone_is_only_logged(
 
         monkeypatch.setattr(a1.runtime, "has_image", broken)
         before = await store.read_subject("hoist.events.agent.a1")
-        await a1._record_missing("base:1")
+        await a1.kernels.record_missing("base:1")
         assert await store.read_subject("hoist.events.agent.a1") == before
         assert "could not record base:1 gone" in caplog.text
 
@@ -222,10 +223,10 @@ async def test_a_kernel_sent_back_waits_for_its_pull_though_the_view_shows_the_i
     check-pulling-kernels loop (every 0.2 s here, over a 0.8 s pull) takes the stale image for
     the pulled one: the kernel goes back once, and runs once its pull is seen finished."""
 
-    async def lost(self: AgentServer, image: str) -> None:
+    async def lost(self: Kernels, image: str) -> None:
         return None
 
-    monkeypatch.setattr(AgentServer, "_record_missing", lost)
+    monkeypatch.setattr(Kernels, "record_missing", lost)
     async with (
         agents(nc, store, ["a1"], bandwidth_bps=50 * MB, default_size=40 * MB) as running,
         manager(nc) as m,

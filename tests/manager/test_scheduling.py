@@ -83,7 +83,7 @@ async def test_image_locality_prefers_holders_without_piling_onto_them(
         manager(nc, policy=Policy(strategy="dispersed")) as m,
     ):
         # a2 pulls the big image; the manager learns it from ImagePulled.
-        await running["a2"].check_and_pull(rpc.CheckAndPull(images=["big:1"]))
+        await running["a2"].image_verbs.check_and_pull(rpc.CheckAndPull(images=["big:1"]))
         await wait_for(
             lambda: "docker.io/library/big:1" in m.fleet.agents["a2"].agent.images,
             10,
