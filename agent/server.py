@@ -216,7 +216,7 @@ class AgentServer:
         self._tasks.spawn(self._serve(msg))
 
     async def _serve(self, msg: Msg) -> None:
-        await answer(self.id, self.handlers, msg)
+        await answer(self.handlers, msg)
 
     # -- pull facts (agent.pulls.PullEvents): recorded, and the image's last use is its arrival
 

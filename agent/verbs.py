@@ -15,9 +15,9 @@ from agent.image_verbs import ImageVerbs
 from agent.kernel_io import KernelIo
 from agent.kernels import Kernels
 from agent.strays import Strays
-from domain import limits, rpc
+from domain import rpc
 from domain.image_ref import canonical_or_same
-from domain.subjects import is_inbox
+from transport.responder import Responder
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +58,25 @@ def verb_handlers(
     }
 
 
-async def answer(agent_id: str, handlers: dict[str, Handler], msg: Msg) -> None:
+# The one responder (transport.responder); its internal replies say what failed, since the
+# manager, the only requester, shows them in the kernel's status_info.
+_RESPONDER = Responder("agent", log, "agent", detail=True)
+
+
+async def answer(handlers: dict[str, Handler], msg: Msg) -> None:
     """Decode the request, run its verb's handler, reply (errors as rpc.ErrorReply)."""
-    if not is_inbox(msg.reply):
+    if not _RESPONDER.answerable(msg):
         return  # a reply subject is the requester's to choose: only inboxes are answered
     verb = msg.subject.rsplit(".", 1)[-1]
-    reply: object
-    try:
+
+    async def handle() -> object:
         request = rpc.decode_request(verb, msg.data)  # refuses a verb not in rpc.REQUESTS
         reply = await handlers[verb](request)
         if isinstance(reply, dict) and verb in _IMAGE_KEYED:
-            reply = _as_asked(reply, msg.data)
-    except rpc.RequestError as e:
-        reply = e.reply()
-    except Exception as e:
-        log.exception("agent %s: %s", agent_id, verb)
-        message = f"{verb} failed: {type(e).__name__}: {limits.quote(str(e))}"
-        reply = rpc.RequestError("internal", message).reply()
-    await msg.respond(rpc.encode_reply(reply))
+            return _as_asked(reply, msg.data)
+        return reply
+
+    await _RESPONDER.reply(msg, handle)
 
 
 def _as_asked(reply: dict[str, Any], data: bytes) -> dict[str, Any]:

@@ -145,23 +145,6 @@ async def test_an_unexpected_error_is_internal_generic_and_its_traceback_logged(
     assert "Traceback" in caplog.text and "/var/lib/secret" in caplog.text
 
 
-async def test_dispatch_serves_a_verb_from_the_table_and_names_the_verbs_for_an_unknown_one(
-    responder: Responder,
-) -> None:
-    verbs: dict[str, Route[Any]] = {"ping": Route(Ping, echo), "fail": raising(NotNow("later"))}
-    known = FakeMsg()
-    await responder.dispatch(cast(Msg, known), verbs, "ping")
-    assert known.replies == [{"pong": 2, "word": "ping"}]
-    unknown = FakeMsg()
-    await responder.dispatch(cast(Msg, unknown), verbs, "pong")
-    [reply] = unknown.replies
-    assert reply["error"]["code"] == "invalid-request"
-    assert "unknown verb" in reply["error"]["message"] and "ping, fail" in reply["error"]["message"]
-    elsewhere = FakeMsg(reply="hoist.elsewhere")
-    await responder.dispatch(cast(Msg, elsewhere), verbs, "pong")
-    assert elsewhere.replies == []
-
-
 async def test_a_process_names_itself_in_the_internal_reply() -> None:
     agent = Responder("agent", log, "agent")
     reply = await answered(agent, FakeMsg(), raising(RuntimeError("boom")))
@@ -169,3 +152,19 @@ async def test_a_process_names_itself_in_the_internal_reply() -> None:
     # the transport's table alone knows nothing of the event store: a bug there is internal
     reply = await answered(agent, FakeMsg(), raising(StoreError("no quorum")))
     assert reply["error"]["code"] == "internal"
+
+
+async def test_the_agents_internal_reply_says_what_failed_for_the_managers_status_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent's one requester is the manager, which shows an agent's failure in the kernel's
+    status_info: its internal reply names the verb and the error; the traceback is logged."""
+    agent = Responder("agent", log, "agent", detail=True)
+    msg = FakeMsg(subject="hoist.agent.a1.create-kernel")
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        reply = await answered(agent, msg, raising(RuntimeError("port 8888 is taken")))
+    assert reply["error"] == {
+        "code": "internal",
+        "message": "create-kernel failed: RuntimeError: 'port 8888 is taken'",
+    }
+    assert "Traceback" in caplog.text

@@ -7,14 +7,15 @@ which code each becomes.  Anything else is a bug: it is answered ``internal`` wi
 text and logged with its traceback, since an exception's text may show any internals (a path, a
 query, another user's name) to whoever asked.
 
-A process with many verbs keeps them in one table, verb → Route (request type, handler), and
-serves each message with ``Responder.dispatch``.
+A server that decodes by a type serves each message with its ``Route`` (request type,
+handler); one that decodes by more (the agent: a verb's type, then canonical image names)
+hands ``Responder.reply`` its own call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -51,7 +52,11 @@ class Responder:
     """Answers requests for the process ``process`` (named in the generic internal reply),
     logging unexpected failures to ``log`` as "<kind> request on <subject> failed"; ``errors``
     is the error table, first matching row wins (a process adds the rows of the layers above
-    the transport, e.g. the event store's, in front of ``ERRORS``)."""
+    the transport, e.g. the event store's, in front of ``ERRORS``).
+
+    ``detail``: the internal reply also says what failed (the verb, the exception's type and
+    text), for a server whose only requester is trusted and shows it on: the agent, whose
+    failures the manager turns into a kernel's status_info."""
 
     def __init__(
         self,
@@ -59,10 +64,13 @@ class Responder:
         log: logging.Logger,
         kind: str,
         errors: Sequence[ErrorRow] = ERRORS,
+        *,
+        detail: bool = False,
     ) -> None:
         self.log = log
         self.kind = kind
         self.errors = tuple(errors)
+        self.detail = detail
         self.internal = f"internal error; see the {process}'s log"
 
     def answerable(self, msg: Msg, user: str | None = None) -> bool:
@@ -81,20 +89,6 @@ class Responder:
         inbox (of ``user``, on a user's own subject)."""
         if self.answerable(msg, user):
             await self.reply(msg, lambda: route.handle(self.decode(msg, route.request)))
-
-    async def dispatch(
-        self, msg: Msg, verbs: Mapping[str, Route[Any]], verb: str, *, user: str | None = None
-    ) -> None:
-        """``serve`` with the route of ``verb`` in ``verbs``; an unknown verb is answered
-        ``invalid-request`` naming the verbs there are."""
-        route = verbs.get(verb)
-        if route is not None:
-            await self.serve(msg, route, user=user)
-        elif self.answerable(msg, user):
-            error = RequestError(
-                "invalid-request", f"unknown verb {quote(verb)}; use one of {', '.join(verbs)}"
-            )
-            await msg.respond(encode_reply(error.reply()))
 
     @staticmethod
     def decode(msg: Msg, request: type[Req]) -> Req:
@@ -119,4 +113,8 @@ class Responder:
             if isinstance(error, types):
                 return wire(error).reply()
         self.log.error("%s request on %s failed", self.kind, subject, exc_info=error)
+        if self.detail:
+            verb = subject.rsplit(".", 1)[-1]
+            what = f"{verb} failed: {type(error).__name__}: {quote(str(error))}"
+            return RequestError("internal", what).reply()
         return RequestError("internal", self.internal).reply()
