@@ -18,7 +18,7 @@ from domain.status import KernelStatus as S
 from domain.subjects import SESSION_DESTROY, manager_lease
 from eventstore.repository import Repository
 from eventstore.store import EventStore
-from services.manager import fleet as fleet_module
+from services.manager import fleet_view as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.leadership import Leadership
 from services.stack.natsserver import NatsServer

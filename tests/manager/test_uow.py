@@ -15,7 +15,7 @@ from domain.session import Session
 from domain.status import KernelStatus
 from eventstore.repository import Repository
 from eventstore.store import Recorded, StoreError, event_store
-from services.manager import fleet as fleet_module
+from services.manager import fleet_view as fleet_module
 from services.manager.fleet import Fleet
 from services.manager.uow import SessionUnknown, UnitOfWork
 from tests.agent.agent_harness import wait_for
