@@ -56,15 +56,16 @@ class Fleet:
         tasks = Tasks()  # the log follower and reloads
         self.view = view = FleetView(store, bulk, publish, tasks)
         self.waiters = SettledWaiters(view.sessions)
-        self.indexes = indexes = FleetIndexes(
-            view.sessions,
-            view.agents,
-            lambda: self.reservations,
-            self._room_freed,
-            self.waiters.settled,
+        # every agent's reservations (domain.reservation): the other account of its room; what
+        # they change of an agent's room goes to the indexes, built next over them
+        self.reservations = Reservations(
+            repository,
+            view.sessions.get,
+            lambda agent_id, freed: self.indexes.room_changed(agent_id, freed),
         )
-        # every agent's reservations (domain.reservation): the other account of its room
-        self.reservations = Reservations(repository, view.sessions.get, indexes.room_changed)
+        self.indexes = indexes = FleetIndexes(
+            view.sessions, view.agents, self.reservations, self._room_freed, self.waiters.settled
+        )
         self.locks = SessionLocks(view.sessions, self.reload, tasks)
         self.writes = FleetWrites(
             repository, view.admin, indexes, self.locks, self.reservations, publish

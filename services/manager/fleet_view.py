@@ -65,8 +65,8 @@ class FleetView:
         tasks: Tasks,
     ) -> None:
         self.store = store
-        # Reads a long start-up fold in a child process (eventstore.bulk): parsing
-        # 150,000 records took a third of a 10 s fold on the manager's loop.
+        # Reads a long start-up fold in a child process (eventstore.bulk): parsing the
+        # records is much of a long fold, and would otherwise hold the manager's loop.
         self.bulk = bulk
         # Where what the fold learns goes once caught up (services.manager.bus): agent,
         # liveness and policy events as folded, LookAgain.
