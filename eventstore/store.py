@@ -254,6 +254,7 @@ class EventStore:
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
         # subject -> the least last stream sequence it is known to have (read-after-write).
         self._floors: dict[str, int] = {}
+        self._max_subject: tuple[int, int] | None = None  # (max_payload, max_subject_bytes)
         self.tail = SharedTail(self, PAGE)  # one read of the log's tail for its caught-up followers
 
     # -- stream ----------------------------------------------------------------------------------
@@ -369,7 +370,7 @@ class EventStore:
                 "messages",
             )
         if idempotency_key is not None:
-            if not idempotency_key or any(c.isspace() for c in idempotency_key):
+            if idempotency_key.split() != [idempotency_key]:  # empty, or has whitespace
                 raise ValueError(
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
@@ -415,14 +416,29 @@ class EventStore:
         """The longest subject (UTF-8 bytes) the store appends to: the line that publishes a
         message must fit nats-server's ``MAX_CONTROL_LINE`` with the request's reply subject
         and the sizes (as many digits as the server's max_payload)."""
-        sizes = 2 * (1 + len(str(self.nc.max_payload)))
-        return MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+        max_payload = self.nc.max_payload
+        # Kept per max_payload (a reconnect may bring another server's): making an inbox for
+        # its length each append cost more than the rest of the checks together.
+        if self._max_subject is None or self._max_subject[0] != max_payload:
+            sizes = 2 * (1 + len(str(max_payload)))
+            room = MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+            self._max_subject = (max_payload, room)
+        return self._max_subject[1]
 
     def _check_limits(self, out: list[tuple[str, bytes, dict[str, str]]]) -> None:
         """LimitError for a message the server would refuse, or close the connection for."""
         max_payload, max_subject = self.nc.max_payload, self.max_subject_bytes
         batch = _BATCH_HEADER_BYTES if len(out) > 1 else 0
         for i, (subject, data, headers) in enumerate(out):
+            # A character is at most 4 bytes in UTF-8: a message within every limit at that
+            # size needs no exact count (no encoded copy of its subject and each header).
+            most = _quick_header_bound(headers) + batch
+            if (
+                4 * len(subject) <= max_subject
+                and most <= MAX_HEADERS
+                and most + len(data) <= max_payload
+            ):
+                continue
             where = f"message {i + 1} of {len(out)} ({_shown(subject)})"
             length = len(subject.encode())
             if length > max_subject:
@@ -1044,6 +1060,12 @@ def _header_bytes(headers: Mapping[str, str]) -> int:
     """The size of the header block nats-py sends for ``headers``, empty or not (at most: it
     strips names and values)."""
     return len(_NO_STATUS) + 2 + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+
+
+def _quick_header_bound(headers: Mapping[str, str]) -> int:
+    """At least ``_header_bytes(headers)``, counted without encoding: 4 bytes a character."""
+    chars = sum(map(len, headers)) + sum(map(len, headers.values()))
+    return len(_NO_STATUS) + 2 + 4 * chars + 4 * len(headers)  # ": " and CRLF each
 
 
 def _shown(subject: str) -> str:
