@@ -139,9 +139,9 @@ class Write:
     ``expected_subject``: the check is on that other subject of the stream instead (a fence:
     the write is refused once a lease subject moved on).
 
-    ``rides``: the write is its check only (a fence's one message says nothing else): when the
-    append has a message that checks nothing itself (a subject's second, say), the check goes
-    in that message's headers and this message is not stored.  nats-server then stages and
+    ``check_only``: the write says nothing but its check (a fence's one message): when the
+    append has a message that checks nothing itself (a subject's second, say), the check moves
+    into that message's headers and this message is not stored.  nats-server then stages and
     stores one message less, and the log keeps no record that expires (each one an interior
     delete that direct gets walk past); the term stays in the carrier's headers."""
 
@@ -149,7 +149,7 @@ class Write:
     messages: Sequence[Message]
     expected_last_seq: int | None = None
     expected_subject: str | None = None
-    rides: bool = False
+    check_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +334,7 @@ class EventStore:
         original sequences.  Raises ConcurrencyError on a sequence conflict.
         """
         out: list[tuple[str, bytes, dict[str, str]]] = []
-        rider: tuple[int, dict[str, str]] | None = None  # a riding check: where, its headers
+        moving: tuple[int, dict[str, str]] | None = None  # a check_only write: where, headers
         for i, write in enumerate(writes):
             if not write.messages:
                 raise ValueError(f"writes[{i}] ({write.subject}) has no messages")
@@ -343,11 +343,11 @@ class EventStore:
                 raise ValueError(
                     f"writes[{i}].expected_last_seq must be an int >= 0 or None, got {expected!r}"
                 )
-            if write.rides and (
+            if write.check_only and (
                 expected is None or write.expected_subject is None or len(write.messages) != 1
             ):
                 raise ValueError(
-                    f"writes[{i}] rides: it must be one message checking another subject"
+                    f"writes[{i}] is check_only: it must be one message checking another subject"
                     " (expected_last_seq and expected_subject)"
                 )
             for j, message in enumerate(write.messages):
@@ -357,12 +357,13 @@ class EventStore:
                     headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
                     if write.expected_subject is not None:
                         headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = write.expected_subject
-                if write.rides and rider is None and out:  # the first keeps the idempotency key
-                    rider = (len(out), headers)
+                # the first message keeps the idempotency key: no check moves from it
+                if write.check_only and moving is None and out:
+                    moving = (len(out), headers)
                 out.append((write.subject, message.data, headers))
         if not out:
             return []
-        carried = _carry(out, rider)
+        check_moved = _move_check(out, moving)
         if len(out) > MAX_BATCH:
             raise LimitError(
                 f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
@@ -384,7 +385,7 @@ class EventStore:
             for (subject, _, headers), seq in zip(out, seqs, strict=True):
                 if MSG_TTL not in headers:  # an expiring message sets no floor: it may vanish
                     self._saw(subject, seq)
-            return _with_carried(seqs, carried)
+            return _with_moved(seqs, check_moved)
         code = error.get("err_code")
         moved = _WRONG_LAST.search(str(error.get("description", "")))
         if moved and len(writes) == 1 and writes[0].expected_subject is None:
@@ -395,7 +396,7 @@ class EventStore:
             if idempotency_key is not None:
                 original = await self._original_seqs(writes[0], idempotency_key, len(out))
                 if original is not None:
-                    return _with_carried(original, carried)
+                    return _with_moved(original, check_moved)
             if code in WRONG_LAST:
                 raise await self._conflict(writes, error.get("description", ""))
             raise StoreError(
@@ -1019,29 +1020,29 @@ class EventStore:
             await deaf()
 
 
-def _carry(
-    out: list[tuple[str, bytes, dict[str, str]]], rider: tuple[int, dict[str, str]] | None
+def _move_check(
+    out: list[tuple[str, bytes, dict[str, str]]], moving: tuple[int, dict[str, str]] | None
 ) -> tuple[int, int] | None:
-    """Move a riding write's check (``Write.rides``) onto a message that checks nothing
-    itself, dropping the rider's own message; (where the rider was, where its check went), or
-    None when no message can carry it (the rider is stored as it is)."""
-    if rider is None:
+    """Move a check_only write's check onto a message that checks nothing itself, dropping the
+    write's own message; (where that message was, where its check went), or None when no
+    message can carry it (the write is stored as it is)."""
+    if moving is None:
         return None
-    at, headers = rider
+    at, headers = moving
     check = {k: headers[k] for k in (EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT)}
     for i, (_, _, carrier) in enumerate(out):
-        if EXPECTED_LAST_SUBJECT_SEQ not in carrier:  # the rider's own has its check
+        if EXPECTED_LAST_SUBJECT_SEQ not in carrier:  # the check_only write's own has its check
             carrier.update(check)
             del out[at]
             return at, i - (i > at)
     return None
 
 
-def _with_carried(seqs: list[int], carried: tuple[int, int] | None) -> list[int]:
-    """One sequence per message of the writes: a carried rider gets its carrier's."""
-    if carried is None:
+def _with_moved(seqs: list[int], moved: tuple[int, int] | None) -> list[int]:
+    """One sequence per message of the writes: a moved check_only write gets its carrier's."""
+    if moved is None:
         return seqs
-    at, carrier = carried
+    at, carrier = moved
     return [*seqs[:at], seqs[carrier], *seqs[at:]]
 
 
