@@ -109,8 +109,8 @@ class LocalCopy:
         self.head = 0  # every message up to this stream sequence is applied
         self._ready_at = 0  # the stream's head at open: the copy answers once it holds that
         self._subjects: dict[str, _Subject] = {}
-        self._note_ids: list[int] = []
-        self._notes: list[Notification] = []
+        self._notification_ids: list[int] = []
+        self._notifications: list[Notification] = []
         self._bytes = 0
         self._known: dict[str, int] = {}  # subject -> a sequence this process knows it holds
         self._known_head = 0  # the highest sequence this process knows the stream holds
@@ -148,7 +148,9 @@ class LocalCopy:
         """Read the stream into the copy, for as long as the copy is enabled."""
         signal = self._signal
         assert signal is not None, "start() first"
-        sub = await self.store.nc.subscribe_raw(f"{self.prefix}.>", lambda _s, _b, _d: self._note())
+        sub = await self.store.nc.subscribe_raw(
+            f"{self.prefix}.>", lambda _s, _b, _d: self._signal_news()
+        )
         settle = chase = 0
         try:
             while self.enabled:
@@ -192,12 +194,12 @@ class LocalCopy:
             with contextlib.suppress(Exception):  # the connection may be closing
                 await sub.unsubscribe()
 
-    def _note(self) -> None:
+    def _signal_news(self) -> None:
         self._news = True
         if self._signal is not None:
             self._signal.set()
 
-    def _noted_ack(self) -> None:
+    def _signal_ack(self) -> None:
         self._acked = True
         if self._signal is not None:
             self._signal.set()
@@ -247,7 +249,7 @@ class LocalCopy:
                 held.events.extend(write.events)
             self._cond.notify_all()
         self._learn_head(top)
-        self._noted_ack()  # its signal does not come back to this connection (no_echo)
+        self._signal_ack()  # its signal does not come back to this connection (no_echo)
 
     def _learn_head(self, seq: int) -> None:
         with self._cond:
@@ -305,8 +307,8 @@ class LocalCopy:
                 return  # nor a notification: every reader skips it
             held.events.append(event)
         if kind == "events":
-            self._note_ids.append(record.seq)
-            self._notes.append(
+            self._notification_ids.append(record.seq)
+            self._notifications.append(
                 Notification(
                     id=record.seq,
                     originator_id=event.originator_id,
@@ -322,8 +324,8 @@ class LocalCopy:
                 return
             self.enabled = False
             self._subjects.clear()
-            self._note_ids.clear()
-            self._notes.clear()
+            self._notification_ids.clear()
+            self._notifications.clear()
             self._known.clear()
             self._cond.notify_all()
         log.info("local copy of stream %s dropped: %s", self.store.stream, why)
@@ -398,13 +400,17 @@ class LocalCopy:
         with self._cond:
             if not self._holds(None):
                 return None
-            start = bisect.bisect_left(self._note_ids, first)
-            end = len(self._note_ids) if stop is None else bisect.bisect_right(self._note_ids, stop)
+            start = bisect.bisect_left(self._notification_ids, first)
+            end = (
+                len(self._notification_ids)
+                if stop is None
+                else bisect.bisect_right(self._notification_ids, stop)
+            )
             if not topics:
-                return self._notes[start : min(end, start + limit)]
+                return self._notifications[start : min(end, start + limit)]
             wanted = set(topics)
             found: list[Notification] = []
-            for note in self._notes[start:end]:
+            for note in self._notifications[start:end]:
                 if note.topic in wanted:
                     found.append(note)
                     if len(found) >= limit:
@@ -416,4 +422,4 @@ class LocalCopy:
         with self._cond:
             if not self._holds(None):
                 return None
-            return (self._note_ids[-1] if self._note_ids else None,)
+            return (self._notification_ids[-1] if self._notification_ids else None,)

@@ -16,13 +16,8 @@ subject (or, without one, the subject's messages of the duplicate window): if it
 the command was already appended and, since a committed batch is stored contiguously, its
 sequences are ``first .. first + n - 1`` (checked against the stored ``Nats-Batch-Id``).
 
-Read-after-write on a cluster: a direct get may be answered by any replica (or a mirror), and
-one that lags answers from before the last write (ADR-31; nats-server 2.15 ignores the
-``min_last_seq`` of a direct get).  So the store remembers, per subject, the least last
-sequence it knows the subject has (``_floors``: its own appends, the sequence a conflict
-names, what it read before) and never returns a read of that subject from below it: it asks
-again, after short pauses, until a replica that has caught up answers (``_fresh``).  Reads by
-stream order (replay, pages) are for followers of the log, which wait anyway.
+The reads (and the floors that keep them from going back in time) are eventstore.reads;
+EventStore adds the stream and the appends to them.
 """
 
 from __future__ import annotations
@@ -32,15 +27,12 @@ import contextlib
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
 import nats.errors
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
@@ -52,172 +44,78 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from domain import subjects
-from domain.codec import REFLECTED_HEADER
+from eventstore.messages import (
+    BATCH_COMMIT,
+    BATCH_ID,
+    BATCH_SEQ,
+    ERR_BATCH_DUPLICATE_MSG_ID,
+    ERR_WRONG_LAST_SEQUENCE,
+    ERR_WRONG_LAST_SEQUENCE_CONSTANT,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    EXPECTED_LAST_SUBJECT_SEQ_SUBJECT,
+    MAX_BATCH,
+    MAX_CONTROL_LINE,
+    MAX_HEADERS,
+    MSG_ID,
+    MSG_TTL,
+    WRONG_LAST,
+    ConcurrencyError,
+    LimitError,
+    Message,
+    Recorded,
+    StoreError,
+    StoreUnavailable,
+    Write,
+)
+from eventstore.reads import PAGE, StoreReads
 from eventstore.tail import SharedTail
-from transport.client import Client, cluster_replicas, parse_header_lines
-
-MAX_BATCH = 1000  # the server's limit for one atomic batch
-# nats-server's default max_control_line: a client line longer than this (a publish's
-# "HPUB <subject> <reply> <header bytes> <total bytes>") closes the connection.
-MAX_CONTROL_LINE = 4096
-MAX_HEADERS = 65535  # JetStream refuses a message whose header block is larger (err_code 10097)
-
-# Protocol headers
-MSG_ID = "Nats-Msg-Id"
-EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
-MSG_TTL = "Nats-TTL"  # a message's own time to live (streams with allow_msg_ttl)
-BATCH_ID = "Nats-Batch-Id"
-BATCH_SEQ = "Nats-Batch-Sequence"
-BATCH_COMMIT = "Nats-Batch-Commit"
-
-# JetStream err_codes the store maps
-ERR_WRONG_LAST_SEQUENCE = 10071  # "wrong last sequence: N" (one server, or the store's check)
-# "wrong last sequence" with no N: a replicated stream refuses a message expecting a subject's
-# sequence while another message expecting it is still being proposed, or a batch that writes
-# a subject it also checks.  A lost race all the same (nats.py's KV maps both alike).
-ERR_WRONG_LAST_SEQUENCE_CONSTANT = 10164
-WRONG_LAST = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_WRONG_LAST_SEQUENCE_CONSTANT})
-ERR_BATCH_DUPLICATE_MSG_ID = 10201
+from transport.client import Client, cluster_replicas
 
 # The most the batch headers _publish_batch adds take (id, sequence up to MAX_BATCH, commit).
+# The store's API, as the rest of Hoist imports it.
+__all__ = [
+    "BATCH_COMMIT",
+    "BATCH_ID",
+    "BATCH_SEQ",
+    "ERR_BATCH_DUPLICATE_MSG_ID",
+    "ERR_WRONG_LAST_SEQUENCE",
+    "ERR_WRONG_LAST_SEQUENCE_CONSTANT",
+    "EXPECTED_LAST_SUBJECT_SEQ",
+    "EXPECTED_LAST_SUBJECT_SEQ_SUBJECT",
+    "IN_FLIGHT",
+    "MAX_BATCH",
+    "MAX_CONTROL_LINE",
+    "MAX_HEADERS",
+    "MSG_ID",
+    "MSG_TTL",
+    "PAGE",
+    "WRONG_LAST",
+    "ConcurrencyError",
+    "EventStore",
+    "LimitError",
+    "Message",
+    "Recorded",
+    "StoreError",
+    "StoreUnavailable",
+    "Write",
+    "event_store",
+]
+
 _BATCH_HEADER_BYTES = sum(
     len(f"{name}: {value}\r\n")
     for name, value in ((BATCH_ID, "0" * 32), (BATCH_SEQ, str(MAX_BATCH)), (BATCH_COMMIT, "1"))
 )
+_HEADER_FRAME = len(b"NATS/1.0\r\n") + 2  # a header block's first line and its last CRLF
 _REQUEST_TOKEN = 27  # a request's reply: <inbox>.<22 characters of nuid + 4 of hex>
-
-# Headers a direct get adds to the stored ones; stripped so both read paths return the same.
-_DIRECT_HEADERS = (
-    "Nats-Stream",
-    "Nats-Subject",
-    "Nats-Sequence",
-    "Nats-Time-Stamp",
-    "Nats-Num-Pending",
-    "Nats-Last-Sequence",
-)
-_NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
-_SEQUENCE_LINE = b"\r\nNats-Sequence:"
 IN_FLIGHT = 64  # requests to the stream awaiting their answer (EventStore.__init__)
-PAGE = 1000  # messages per batched direct get request: the most a replay page holds
-_FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
-# After a signal, re-read after each of these pauses (or at the next signal): a core subscriber
-# can get a message before the stream has stored it.
-_SETTLE = (0.002, 0.02, 0.1)
-# A read that came from a replica behind what the store knows is asked again after these pauses
-# (a follower applies a write milliseconds after the quorum acknowledged it); then StoreError.
-_LAG_PAUSES = (0.002, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
-# Pauses before a batched read asks again after a continuation that brought nothing, though the
-# batch before counted more pending (store._direct_pages): then it ends.
-_EMPTY_PAUSES = _LAG_PAUSES[:3]
 # An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
 # after these pauses: a cluster elects a new leader within seconds of a node's loss.
 _ELECTION_PAUSES = (0.1, 0.25, 0.5, 1.0, 1.0, 2.0, 2.0)
-# A direct get answered "no responders" (503) is asked again after these pauses: a node that
-# just restarted or rejoined knows its peers' replicas a moment after it answers clients (CI
-# once read through one in that moment).  Then StoreUnavailable.
-_UNSERVED_PAUSES = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 _UNAVAILABLE = 503  # JetStream's answer while a stream (or the meta layer) has no leader
-_FLOORS_KEPT = 100_000  # subjects whose floor is remembered; the oldest go first
 _WRONG_LAST = re.compile(r"wrong last sequence: (\d+)")
-_T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One message to append: payload bytes and headers (event type, schema version, ...)."""
-
-    data: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """Messages for one subject, appended only if that subject's last stream sequence is still
-    ``expected_last_seq`` (0 = the subject is empty; None = no check).
-
-    ``expected_subject``: the check is on that other subject of the stream instead (a fence:
-    the write is refused once a lease subject moved on).
-
-    ``rides``: the write is its check only (a fence's one message says nothing else): when the
-    append has a message that checks nothing itself (a subject's second, say), the check goes
-    in that message's headers and this message is not stored.  nats-server then stages and
-    stores one message less, and the log keeps no record that expires (each one an interior
-    delete that direct gets walk past); the term stays in the carrier's headers."""
-
-    subject: str
-    messages: Sequence[Message]
-    expected_last_seq: int | None = None
-    expected_subject: str | None = None
-    rides: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """A message as stored: its stream sequence, subject, headers, payload, and store time.
-
-    ``headers`` are the stored headers, including the store's own ``Nats-Msg-Id``,
-    ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-Batch-*`` where they were sent."""
-
-    seq: int
-    subject: str
-    headers: Mapping[str, str]
-    data: bytes
-    time: datetime
-
-
-class ConcurrencyError(Exception):
-    """A subject moved on since the caller read it: reload and decide again. Nothing was written."""
-
-    def __init__(self, subject: str, expected_last_seq: int | None, detail: str = "") -> None:
-        self.subject = subject
-        self.expected_last_seq = expected_last_seq
-        super().__init__(
-            f"{subject} was changed by someone else (expected last sequence {expected_last_seq})"
-            f"{': ' + detail if detail else ''}; reload it and try again"
-        )
-
-
-class StoreError(Exception):
-    """JetStream refused or could not take a request for another reason than a conflict."""
-
-
-class StoreUnavailable(StoreError):
-    """The stream did not take or answer a request now: no answer in time, no stream leader (a
-    cluster electing one, or without a quorum), no connection.  Worth a retry.
-
-    ``reason`` says what happened; ``stored`` is for an append: False if it was certainly not
-    stored, True if it may have been (unanswered); None for a read."""
-
-    def __init__(self, reason: str, stored: bool | None) -> None:
-        if stored is None:
-            advice = "retry"
-        elif stored:
-            advice = "it may or may not be stored: retry with the same idempotency key"
-        else:
-            advice = "nothing was stored: retry"
-        super().__init__(f"{reason}; {advice}")
-        self.reason = reason
-        self.stored = stored
-
-
-class _Unserved(StoreUnavailable):
-    """No replica answered a direct get (503): asked again a while before it is raised."""
-
-
-class LimitError(ValueError):
-    """An append the server would not take, refused before anything was sent: too many
-    messages, a subject too long for a NATS protocol line, headers or a message too large.
-    (nats-server closes the connection on a line or message over its limits.)
-
-    ``limit``: which one ("messages", "subject", "headers", "max_payload")."""
-
-    def __init__(self, message: str, limit: str) -> None:
-        super().__init__(message)
-        self.limit = limit
-
-
-class EventStore:
+class EventStore(StoreReads):
     """Append and read messages of one JetStream stream."""
 
     def __init__(
@@ -254,6 +152,7 @@ class EventStore:
         self.msg_ttl = False  # whether the stream takes per-message TTLs (ensure_stream says)
         # subject -> the least last stream sequence it is known to have (read-after-write).
         self._floors: dict[str, int] = {}
+        self._max_subject: tuple[int, int] | None = None  # (max_payload, max_subject_bytes)
         self.tail = SharedTail(self, PAGE)  # one read of the log's tail for its caught-up followers
 
     # -- stream ----------------------------------------------------------------------------------
@@ -333,7 +232,7 @@ class EventStore:
         original sequences.  Raises ConcurrencyError on a sequence conflict.
         """
         out: list[tuple[str, bytes, dict[str, str]]] = []
-        rider: tuple[int, dict[str, str]] | None = None  # a riding check: where, its headers
+        moving: tuple[int, dict[str, str]] | None = None  # a check_only write: where, headers
         for i, write in enumerate(writes):
             if not write.messages:
                 raise ValueError(f"writes[{i}] ({write.subject}) has no messages")
@@ -342,11 +241,11 @@ class EventStore:
                 raise ValueError(
                     f"writes[{i}].expected_last_seq must be an int >= 0 or None, got {expected!r}"
                 )
-            if write.rides and (
+            if write.check_only and (
                 expected is None or write.expected_subject is None or len(write.messages) != 1
             ):
                 raise ValueError(
-                    f"writes[{i}] rides: it must be one message checking another subject"
+                    f"writes[{i}] is check_only: it must be one message checking another subject"
                     " (expected_last_seq and expected_subject)"
                 )
             for j, message in enumerate(write.messages):
@@ -356,12 +255,13 @@ class EventStore:
                     headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected)
                     if write.expected_subject is not None:
                         headers[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = write.expected_subject
-                if write.rides and rider is None and out:  # the first keeps the idempotency key
-                    rider = (len(out), headers)
+                # the first message keeps the idempotency key: no check moves from it
+                if write.check_only and moving is None and out:
+                    moving = (len(out), headers)
                 out.append((write.subject, message.data, headers))
         if not out:
             return []
-        carried = _carry(out, rider)
+        check_moved = _move_check(out, moving)
         if len(out) > MAX_BATCH:
             raise LimitError(
                 f"one append holds at most {MAX_BATCH} messages (a JetStream atomic batch),"
@@ -369,7 +269,7 @@ class EventStore:
                 "messages",
             )
         if idempotency_key is not None:
-            if not idempotency_key or any(c.isspace() for c in idempotency_key):
+            if idempotency_key.split() != [idempotency_key]:  # empty, or has whitespace
                 raise ValueError(
                     f"idempotency_key must be non-empty without whitespace, got {idempotency_key!r}"
                 )
@@ -383,7 +283,7 @@ class EventStore:
             for (subject, _, headers), seq in zip(out, seqs, strict=True):
                 if MSG_TTL not in headers:  # an expiring message sets no floor: it may vanish
                     self._saw(subject, seq)
-            return _with_carried(seqs, carried)
+            return _with_moved(seqs, check_moved)
         code = error.get("err_code")
         moved = _WRONG_LAST.search(str(error.get("description", "")))
         if moved and len(writes) == 1 and writes[0].expected_subject is None:
@@ -394,7 +294,7 @@ class EventStore:
             if idempotency_key is not None:
                 original = await self._original_seqs(writes[0], idempotency_key, len(out))
                 if original is not None:
-                    return _with_carried(original, carried)
+                    return _with_moved(original, check_moved)
             if code in WRONG_LAST:
                 raise await self._conflict(writes, error.get("description", ""))
             raise StoreError(
@@ -415,14 +315,29 @@ class EventStore:
         """The longest subject (UTF-8 bytes) the store appends to: the line that publishes a
         message must fit nats-server's ``MAX_CONTROL_LINE`` with the request's reply subject
         and the sizes (as many digits as the server's max_payload)."""
-        sizes = 2 * (1 + len(str(self.nc.max_payload)))
-        return MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+        max_payload = self.nc.max_payload
+        # Kept per max_payload (a reconnect may bring another server's): making an inbox for
+        # its length each append cost more than the rest of the checks together.
+        if self._max_subject is None or self._max_subject[0] != max_payload:
+            sizes = 2 * (1 + len(str(max_payload)))
+            room = MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+            self._max_subject = (max_payload, room)
+        return self._max_subject[1]
 
     def _check_limits(self, out: list[tuple[str, bytes, dict[str, str]]]) -> None:
         """LimitError for a message the server would refuse, or close the connection for."""
         max_payload, max_subject = self.nc.max_payload, self.max_subject_bytes
         batch = _BATCH_HEADER_BYTES if len(out) > 1 else 0
         for i, (subject, data, headers) in enumerate(out):
+            # A character is at most 4 bytes in UTF-8: a message within every limit at that
+            # size needs no exact count (no encoded copy of its subject and each header).
+            most = _quick_header_bound(headers) + batch
+            if (
+                4 * len(subject) <= max_subject
+                and most <= MAX_HEADERS
+                and most + len(data) <= max_payload
+            ):
+                continue
             where = f"message {i + 1} of {len(out)} ({_shown(subject)})"
             length = len(subject.encode())
             if length > max_subject:
@@ -585,87 +500,6 @@ class EventStore:
             first.expected_subject or first.subject, first.expected_last_seq, detail
         )
 
-    # -- read ------------------------------------------------------------------------------------
-
-    async def head(self) -> int:
-        """The stream's last sequence (0 while empty)."""
-        return int((await self.js.stream_info(self.stream)).state.last_seq)
-
-    async def last(
-        self, subject: str, *, urgent: bool = False, expiring: bool = False
-    ) -> Recorded | None:
-        """The subject's last message (``subject`` may hold wildcards), None if it has none;
-        never older than what this store wrote or read of the subject (read-after-write).
-        ``urgent``: not queued behind the requests in flight.  ``expiring``: the subject's
-        messages have a TTL (a lease), so a read below an earlier one is no lag: no floor."""
-        if expiring:
-            return await self._last(subject, urgent)
-        return await self._fresh(subject, lambda: self._last(subject, urgent), _seq_or_zero)
-
-    async def _served(self, read: Callable[[], Awaitable[_T]]) -> _T:
-        """``read()``, asked again a few times while no replica serves direct gets (503)."""
-        for pause in _UNSERVED_PAUSES:
-            try:
-                return await read()
-            except _Unserved:
-                await asyncio.sleep(pause)
-        return await read()
-
-    async def _last(self, subject: str, urgent: bool = False) -> Recorded | None:
-        if urgent:  # its caller asks again on its own clock (the managers' lease): no 503 ride
-            return await self._last_once(subject, urgent)
-        return await self._served(lambda: self._last_once(subject))
-
-    async def _last_once(self, subject: str, urgent: bool = False) -> Recorded | None:
-        # Raw, like the batches: the header block is read whole (see _stored).
-        reply: asyncio.Future[tuple[bytes | None, bytes]] = (
-            asyncio.get_running_loop().create_future()
-        )
-
-        def on_msg(block: bytes | None, data: bytes) -> None:
-            if not reply.done():
-                reply.set_result((block, data))
-
-        inbox = await self.nc.reply_inbox(on_msg)
-
-        # The subject in the request's own subject (as ADR-31 has it), unless that line would be
-        # too long for the server (it would close the connection): then in the request body.
-        request, body = f"{self._direct}.{subject}", b""
-        if len(request.encode()) + len(inbox) + 3 > MAX_CONTROL_LINE:
-            request, body = self._direct, json.dumps({"last_by_subj": subject}).encode()
-        try:
-            async with contextlib.nullcontext() if urgent else self._slots:
-                await self.nc.publish(request, body, reply=inbox)
-                async with asyncio.timeout(self.timeout):  # not wait_for: see replay
-                    block, data = await reply
-        except TimeoutError:
-            raise self._no_direct_answer() from None
-        finally:
-            self.nc.end_reply(inbox)
-        if block is not None and block.startswith(_NO_STATUS):
-            return _stored(block, data).record
-        code, description = _status_line(block or b"")
-        if code == "404":
-            return None
-        if code == "503":
-            raise self._no_direct_get()
-        raise StoreError(f"last message of {subject}: status {code} {description}".strip())
-
-    def _no_direct_answer(self) -> StoreUnavailable:
-        """A direct get unanswered within the store's timeout."""
-        return StoreUnavailable(
-            f"stream {self.stream} did not answer a direct get in {self.timeout}s", stored=None
-        )
-
-    def _no_direct_get(self) -> StoreUnavailable:
-        """A direct get answered "no responders" (503)."""
-        return _Unserved(
-            f"stream {self.stream} does not answer direct gets: no replica of it serves them now"
-            " (a cluster electing a leader, or without a quorum of its nodes), or there is no"
-            " such stream",
-            stored=None,
-        )
-
     async def _moved_to(self, write: Write) -> int:
         """Where the subject ``write`` expected is now: a direct get (one round trip, any
         replica), and only where that says it did not move, the stream's leader (a lagging
@@ -688,344 +522,30 @@ class EventStore:
                 f"stream {self.stream} did not say where {subject} is: {e}", stored=None
             ) from None
 
-    async def last_seq(self, subject: str) -> int:
-        """The stream sequence of the subject's last message, 0 if it has none."""
-        last = await self.last(subject)
-        return 0 if last is None else last.seq
 
-    async def read_subject(
-        self, subject: str, after_seq: int = 0, *, at_least: int = 0
-    ) -> list[Recorded]:
-        """One aggregate's history in order (messages with seq > after_seq), up to at least
-        what this store wrote or read of the subject (read-after-write), and ``at_least``:
-        a sequence the caller knows the subject reached (it read a message of it there)."""
-        if type(after_seq) is not int or after_seq < 0:
-            raise ValueError(f"after_seq must be an int >= 0, got {after_seq!r}")
-        if at_least:
-            self._saw(subject, at_least)
-
-        def read() -> Awaitable[list[Recorded]]:
-            return self._direct_batch({"seq": after_seq + 1, "next_by_subj": subject})
-
-        if self._floors.get(subject, 0) <= after_seq:
-            # Nothing past what the caller has is known: an empty answer is no lag (and
-            # ``after_seq`` is no evidence that the subject reached it).
-            msgs = await read()
-            if msgs:
-                self._saw(subject, msgs[-1].seq)
-            return msgs
-        return await self._fresh(subject, read, lambda msgs: msgs[-1].seq if msgs else 0)
-
-    async def _fresh(
-        self,
-        subject: str,
-        read: Callable[[], Awaitable[_T]],
-        last_of: Callable[[_T], int],
-    ) -> _T:
-        """``read()`` of ``subject``, asked again while the replica that answered is behind the
-        subject's floor (it has not applied a write the store knows of yet)."""
-        floor = self._floors.get(subject, 0)
-        for pause in (*_LAG_PAUSES, None):
-            got = await read()
-            seen = last_of(got)
-            if seen >= floor:
-                self._saw(subject, seen)
-                return got
-            if pause is None:
-                raise StoreUnavailable(
-                    f"the replicas of stream {self.stream} that answered are behind {subject}'s"
-                    f" sequence {floor} (they answered up to {seen}) after"
-                    f" {sum(_LAG_PAUSES):g}s: is the cluster partitioned? (when it heals)",
-                    stored=None,
-                )
-            await asyncio.sleep(pause)
-        raise AssertionError("unreachable: the last pause is None")
-
-    def _saw(self, subject: str, seq: int) -> None:
-        """``subject`` has at least ``seq`` (a write acknowledged, a conflict, a read)."""
-        floors = self._floors
-        if seq > floors.get(subject, 0):
-            floors.pop(subject, None)  # re-inserted last: the dict's order is least recent first
-            if len(floors) >= _FLOORS_KEPT:
-                del floors[next(iter(floors))]
-            floors[subject] = seq
-
-    async def read(
-        self, from_seq: int, limit: int, subject_filter: str | None = None
-    ) -> list[Recorded]:
-        """At most ``limit`` messages from ``from_seq`` in stream order (only those matching
-        ``subject_filter`` if given); fewer only when the stream holds no more yet.
-
-        A bounded page for callers that want a few messages: unlike replay(), nothing past the
-        page is sent to us."""
-        if type(from_seq) is not int or from_seq < 1:
-            raise ValueError(f"from_seq must be an int >= 1, got {from_seq!r}")
-        if type(limit) is not int or limit < 0:
-            raise ValueError(f"limit must be an int >= 0, got {limit!r}")
-        if limit == 0:
-            return []
-        return await self._direct_batch(
-            {"seq": from_seq, "next_by_subj": subject_filter or ">"}, limit=limit
-        )
-
-    async def _direct_get(self, req: dict[str, Any]) -> Recorded | None:
-        return await self._served(lambda: self._direct_get_once(req))
-
-    async def _direct_get_once(self, req: dict[str, Any]) -> Recorded | None:
-        try:
-            async with self._slots:
-                msg = await self.nc.request(
-                    self._direct, json.dumps(req).encode(), timeout=self.timeout
-                )
-        except NoRespondersError:
-            raise self._no_direct_get() from None
-        except NatsTimeoutError:
-            raise self._no_direct_answer() from None
-        headers = msg.headers or {}
-        if "Nats-Sequence" in headers:
-            return _from_direct(msg)
-        if headers.get("Status") == "404":
-            return None
-        if headers.get("Status") == "503":
-            raise self._no_direct_get()
-        raise StoreError(f"direct get {req} from {self.stream}: {_status(msg)}")
-
-    async def _direct_batch(self, req: dict[str, Any], limit: int | None = None) -> list[Recorded]:
-        """The messages a batched direct get request selects, in order, at most ``limit``
-        (server 2.11+)."""
-
-        async def read() -> list[Recorded]:
-            async with self._slots:
-                return await self._direct_pages(req, limit)
-
-        return await self._served(read)
-
-    async def _direct_pages(self, req: dict[str, Any], limit: int | None) -> list[Recorded]:
-        out: list[Recorded] = []
-        done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        pending = 0
-
-        def on_msg(block: bytes | None, data: bytes) -> None:
-            nonlocal pending
-            if done.done():
-                return  # a failed page: the rest is ignored
-            try:
-                if block is None:
-                    raise ValueError("a reply without headers")
-                if block.startswith(_NO_STATUS):  # a stored message
-                    record = _stored(block, data)
-                    pending = record.pending
-                    out.append(record.record)
-                else:  # end of batch (204), nothing found (404), or an error status
-                    code, description = _status_line(block)
-                    done.set_result(
-                        None if code in ("204", "404") else f"status {code} {description}".strip()
-                    )
-            except Exception as e:  # never into nats-py's reader; the page fails instead
-                done.set_exception(StoreError(f"bad direct get reply from {self.stream}: {e!r}"))
-
-        inbox = await self.nc.reply_inbox(on_msg)
-        empty = 0  # continuations in a row that brought nothing
-        try:
-            while True:
-                had = len(out)
-                want = PAGE if limit is None else min(PAGE, limit - len(out))
-                req = {**req, "batch": want}
-                await self.nc.publish(self._direct, json.dumps(req).encode(), reply=inbox)
-                try:
-                    async with asyncio.timeout(self.timeout):  # not wait_for: see replay
-                        error = await done
-                except TimeoutError:
-                    raise self._no_direct_answer() from None
-                if error == "status 503":
-                    raise self._no_direct_get()
-                if error is not None:
-                    raise StoreError(f"direct get {req} from {self.stream}: {error}")
-                if not out or pending == 0 or (limit is not None and len(out) >= limit):
-                    return out
-                done = asyncio.get_running_loop().create_future()
-                if len(out) == had:
-                    # Nothing, though the batch before counted more pending: a replica behind
-                    # the one that counted answered (asked again after a pause), or the count
-                    # included messages whose TTL expired but are not yet removed (a lapsed
-                    # lease: asking on got 404 for ever, at full speed).  A few tries, then the
-                    # read ends with what it has.
-                    if empty == len(_EMPTY_PAUSES):
-                        return out
-                    await asyncio.sleep(_EMPTY_PAUSES[empty])
-                    empty += 1
-                    continue
-                empty = 0
-                # More than one batch (or the server capped its bytes): continue after the last.
-                req = {**req, "seq": out[-1].seq + 1}
-                req.pop("start_time", None)
-        finally:
-            self.nc.end_reply(inbox)
-
-    async def replay(
-        self,
-        *,
-        from_seq: int = 1,
-        until_seq: int | None = None,
-        subject_filter: str | None = None,
-        follow: bool = False,
-    ) -> AsyncIterator[Recorded]:
-        """Every message from ``from_seq`` in stream order, one at a time: see replay_pages."""
-        pages = self.replay_pages(
-            from_seq=from_seq, until_seq=until_seq, subject_filter=subject_filter, follow=follow
-        )
-        async with contextlib.aclosing(pages):
-            async for page in pages:
-                for record in page:
-                    yield record
-
-    async def replay_pages(
-        self,
-        *,
-        from_seq: int = 1,
-        until_seq: int | None = None,
-        subject_filter: str | None = None,
-        follow: bool = False,
-        share: bool = True,
-    ) -> AsyncIterator[list[Recorded]]:
-        """Every message from ``from_seq`` in stream order, in pages of up to 1,000 (never
-        empty); stops when caught up (or at ``until_seq``) unless ``follow``, then waits for
-        new ones.  A follow of the whole log that caught up takes the pages of the store's
-        shared tail (eventstore.tail) unless ``share`` is False.
-
-        Pulled in pages of read() at the caller's pace (the next page is fetched while the
-        caller takes this one), so a slow caller holds at most two pages (a sharing one, up to
-        tail.MAX_RECORDS records) and never loses a message; a pushed consumer would overflow
-        its client buffer and drop some.  A page may be another follower's too: never change
-        one.  Following,
-        a core subscription on the same subjects says "something new" (a JetStream publish
-        reaches core subscribers too); only the read is trusted, so a lost or early signal
-        costs latency, never a message, and a poll every ``_FOLLOW_POLL`` s backs it up."""
-        if type(from_seq) is not int or from_seq < 1:
-            raise ValueError(f"from_seq must be an int >= 1, got {from_seq!r}")
-        if until_seq is not None and (type(until_seq) is not int or until_seq < from_seq - 1):
-            raise ValueError(f"until_seq must be an int >= from_seq - 1, got {until_seq!r}")
-        if until_seq is not None and until_seq < from_seq:
-            return
-        # A filtered follow ends once the stream holds until_seq (no later message can match at
-        # or before it): the stream's head must be taken *before* the read that comes up short.
-        bounded = follow and until_seq is not None and bool(subject_filter)
-        woke = asyncio.Event()
-        signals: list[Subscription] = []
-
-        async def listen() -> None:
-            for subject in [subject_filter] if subject_filter else self.subjects:
-                # Raw: a signal is called in the reader, without a message object or a task.
-                signals.append(await self.nc.subscribe_raw(subject, lambda *_: woke.set()))
-
-        async def deaf() -> None:
-            while signals:
-                with contextlib.suppress(Exception):  # the connection may be closing
-                    await signals.pop().unsubscribe()
-
-        shared = follow and share and subject_filter is None and until_seq is None
-        if follow:
-            await listen()
-        ahead: asyncio.Task[list[Recorded]] | None = None
-
-        def fetch(seq: int) -> asyncio.Task[list[Recorded]]:
-            woke.clear()  # a signal from now on may be for a message this read misses
-            return asyncio.ensure_future(self.read(seq, limit(seq), subject_filter))
-
-        def limit(seq: int) -> int:
-            # No more than until_seq - seq + 1 messages can lie in seq..until_seq.
-            return PAGE if until_seq is None else min(PAGE, until_seq - seq + 1)
-
-        try:
-            seq = from_seq
-            settle = 0  # quick re-reads left after a signal (its message may not be stored yet)
-            task = asyncio.current_task()
-            while True:
-                if task is not None and task.cancelling():
-                    # nats-py swallows a CancelledError in places (e.g. _flush_pending); a
-                    # cancel lost there must still end a follow that would otherwise run on.
-                    raise asyncio.CancelledError
-                head = None
-                if bounded and ahead is None:
-                    head = await self.head()
-                page = await (ahead or fetch(seq))
-                ahead = None
-                full = len(page) == limit(seq)
-                if page:
-                    seq = page[-1].seq + 1
-                    if full and (until_seq is None or seq <= until_seq):
-                        ahead = fetch(seq)
-                if until_seq is not None and page and page[-1].seq > until_seq:
-                    page = [r for r in page if r.seq <= until_seq]
-                if page:
-                    yield page
-                if until_seq is not None and seq > until_seq:
-                    return
-                if full:
-                    continue
-                # Caught up.
-                if not follow:
-                    return
-                if shared:
-                    await deaf()  # the tail's signals wake it: ours would cost a message each
-                    pages = self.tail.pages(seq)
-                    async with contextlib.aclosing(pages):
-                        async for page in pages:
-                            seq = page[-1].seq + 1
-                            yield page
-                    # Dropped (too far behind, or the tail's read failed): read on our own.
-                    await listen()
-                    continue
-                if bounded:
-                    if head is None:
-                        continue  # read once more, knowing the head
-                    if until_seq is not None and head >= until_seq:
-                        return
-                if woke.is_set():
-                    settle = len(_SETTLE)
-                    continue
-                # Wait for a signal, at most the next settle pause (a signalled message may not
-                # have been stored when it was read), else the poll's.  A signal ends the wait
-                # at once: a pause slept through would hold a new message back for all of it
-                # (an event another process wrote reached the manager up to 100 ms late).
-                pause = _SETTLE[-settle] if settle else _FOLLOW_POLL
-                settle = max(settle - 1, 0)
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await woke.wait()
-                if woke.is_set():
-                    settle = len(_SETTLE)
-        finally:
-            if ahead is not None:
-                ahead.cancel()
-                await asyncio.wait([ahead])  # its inbox unsubscribed; raises nothing of its own
-            await deaf()
-
-
-def _carry(
-    out: list[tuple[str, bytes, dict[str, str]]], rider: tuple[int, dict[str, str]] | None
+def _move_check(
+    out: list[tuple[str, bytes, dict[str, str]]], moving: tuple[int, dict[str, str]] | None
 ) -> tuple[int, int] | None:
-    """Move a riding write's check (``Write.rides``) onto a message that checks nothing
-    itself, dropping the rider's own message; (where the rider was, where its check went), or
-    None when no message can carry it (the rider is stored as it is)."""
-    if rider is None:
+    """Move a check_only write's check onto a message that checks nothing itself, dropping the
+    write's own message; (where that message was, where its check went), or None when no
+    message can carry it (the write is stored as it is)."""
+    if moving is None:
         return None
-    at, headers = rider
+    at, headers = moving
     check = {k: headers[k] for k in (EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT)}
     for i, (_, _, carrier) in enumerate(out):
-        if EXPECTED_LAST_SUBJECT_SEQ not in carrier:  # the rider's own has its check
+        if EXPECTED_LAST_SUBJECT_SEQ not in carrier:  # the check_only write's own has its check
             carrier.update(check)
             del out[at]
             return at, i - (i > at)
     return None
 
 
-def _with_carried(seqs: list[int], carried: tuple[int, int] | None) -> list[int]:
-    """One sequence per message of the writes: a carried rider gets its carrier's."""
-    if carried is None:
+def _with_moved(seqs: list[int], moved: tuple[int, int] | None) -> list[int]:
+    """One sequence per message of the writes: a moved check_only write gets its carrier's."""
+    if moved is None:
         return seqs
-    at, carrier = carried
+    at, carrier = moved
     return [*seqs[:at], seqs[carrier], *seqs[at:]]
 
 
@@ -1043,64 +563,17 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def _header_bytes(headers: Mapping[str, str]) -> int:
     """The size of the header block nats-py sends for ``headers``, empty or not (at most: it
     strips names and values)."""
-    return len(_NO_STATUS) + 2 + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+    return _HEADER_FRAME + sum(len(f"{k}: {v}\r\n".encode()) for k, v in headers.items())
+
+
+def _quick_header_bound(headers: Mapping[str, str]) -> int:
+    """At least ``_header_bytes(headers)``, counted without encoding: 4 bytes a character."""
+    chars = sum(map(len, headers)) + sum(map(len, headers.values()))
+    return _HEADER_FRAME + 4 * chars + 4 * len(headers)  # ": " and CRLF each
 
 
 def _shown(subject: str) -> str:
     return subject if len(subject) <= 80 else f"{subject[:80]}... ({len(subject)} characters)"
-
-
-def _seq_or_zero(record: Recorded | None) -> int:
-    return 0 if record is None else record.seq
-
-
-def _from_direct(msg: Msg) -> Recorded:
-    return _record(dict(msg.headers or {}), msg.data)
-
-
-def _status_line(block: bytes) -> tuple[str, str]:
-    """(code, description) of a header block's status line (``NATS/1.0 404 Not Found``)."""
-    status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
-    return status.decode(errors="replace").strip(), description.decode(errors="replace").strip()
-
-
-class _Stored(NamedTuple):
-    record: Recorded
-    pending: int  # Nats-Num-Pending of a batch reply
-
-
-def _stored(block: bytes, data: bytes) -> _Stored:
-    """The stored message a direct get reply carries (its raw header block and payload).
-
-    A stored message whose own headers already hold a direct get's (``Nats-Sequence``) is
-    marked ``REFLECTED_HEADER``: nats-server answers a JetStream request on any reply subject
-    its requester names, unchecked, so a reader can have an answer land on a subject the stream
-    captures; no writer appended it.  Only the raw block shows it: parsed, the reply's own
-    header of the same name wins."""
-    headers = parse_header_lines(block[len(_NO_STATUS) :])
-    pending = int(headers.get("Nats-Num-Pending", 0))
-    record = _record(headers, data)
-    first = block.find(_SEQUENCE_LINE)
-    if first >= 0 and block.find(_SEQUENCE_LINE, first + 1) >= 0:
-        end = block.find(b"\r\n", first + 2)
-        original = block[first + len(_SEQUENCE_LINE) : end].decode(errors="replace").strip()
-        headers[REFLECTED_HEADER] = original  # the same dict the record holds
-    return _Stored(record, pending)
-
-
-def _record(headers: dict[str, str], data: bytes) -> Recorded:
-    """The stored message a direct get reply carries; ``headers`` loses the reply's own."""
-    seq = int(headers["Nats-Sequence"])
-    subject = headers["Nats-Subject"]
-    time = datetime.fromisoformat(headers["Nats-Time-Stamp"])
-    for name in _DIRECT_HEADERS:
-        headers.pop(name, None)
-    return Recorded(seq, subject, headers, data, time)
-
-
-def _status(msg: Msg) -> str:
-    headers = msg.headers or {}
-    return f"status {headers.get('Status')} {headers.get('Description', '')}".strip()
 
 
 # Every setting that decides whether the stream keeps each event for ever, answers the store's

@@ -12,8 +12,8 @@ The leader fences its scheduling batches, and the writes its loops decide on tim
 own memory (an agent lost, a session's lifetime or idle time over, a pull stalled, an agent's
 drift corrected): a ManagerFence in the same atomic batch, expecting the term subject
 (``hoist.events.lease.manager-term``) at the record of its take
-(``Nats-Expected-Last-Subject-Sequence-Subject``; ``fence()``); the check rides on a
-message of the batch that checks nothing itself where there is one (``Write.rides``: a
+(``Nats-Expected-Last-Subject-Sequence-Subject``; ``fence()``); the check moves onto a
+message of the batch that checks nothing itself where there is one (``Write.check_only``: a
 scheduling batch's second event of a session), so no fence record is stored then.  A take,
 unlike a renewal, appends a ManagerTermBegan there in the same atomic batch as the lease, so
 a paused ex-leader's write is refused whole once another manager took the lease, and the
@@ -174,7 +174,7 @@ class Leadership:
                 [fence],
                 expected_last_seq=self.term_seq,
                 expected_subject=manager_term(),
-                rides=True,
+                check_only=True,
             ),
         )
 

@@ -133,7 +133,7 @@ class SchedulerLoop:
         placed = 0
         if pending:
             self.passes += 1
-            # one for the fence, which rides on a session's event when the batch places one
+            # one for the fence, whose check moves onto a session's event when the batch places one
             room = MAX_BATCH - 1 - sum(len(r.pending_events) for r in touched.values())
             for decision in self._plan(pending):
                 if isinstance(decision, Unschedulable):

@@ -120,7 +120,7 @@ FENCE = aggregate_subject("lease", "fence")
 
 def fence(term_seq: int) -> Write:
     return Write(
-        FENCE, msgs("fence"), expected_last_seq=term_seq, expected_subject=TERM, rides=True
+        FENCE, msgs("fence"), expected_last_seq=term_seq, expected_subject=TERM, check_only=True
     )
 
 
@@ -150,7 +150,9 @@ async def test_a_riding_check_with_nothing_to_ride_on_is_stored(store: EventStor
     assert len(await store.read_subject(FENCE)) == 2
 
 
-async def test_a_rider_first_or_checking_nothing_is_refused_or_stored(store: EventStore) -> None:
+async def test_a_check_only_write_first_or_checking_nothing_is_refused_or_stored(
+    store: EventStore,
+) -> None:
     [term] = await store.append([Write(TERM, msgs("term"))])
     # first: it is stored as it is (the first message keeps an idempotency key), and a retry
     # under the key finds the original sequences
@@ -158,11 +160,13 @@ async def test_a_rider_first_or_checking_nothing_is_refused_or_stored(store: Eve
     assert await store.append(writes, idempotency_key="k1") == [2, 3, 4]
     assert await store.append(writes, idempotency_key="k1") == [2, 3, 4]
     for bad in (
-        Write(FENCE, msgs("f"), rides=True),
-        Write(FENCE, msgs("f"), expected_last_seq=term, rides=True),
-        Write(FENCE, msgs("f", "g"), expected_last_seq=term, expected_subject=TERM, rides=True),
+        Write(FENCE, msgs("f"), check_only=True),
+        Write(FENCE, msgs("f"), expected_last_seq=term, check_only=True),
+        Write(
+            FENCE, msgs("f", "g"), expected_last_seq=term, expected_subject=TERM, check_only=True
+        ),
     ):
-        with pytest.raises(ValueError, match=r"writes\[1\] rides: it must be one message"):
+        with pytest.raises(ValueError, match=r"writes\[1\] is check_only: it must be one message"):
             await store.append([Write(B, msgs("b1", "b2")), bad])
     assert await store.read_subject(B) == []
 

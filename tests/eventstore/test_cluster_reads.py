@@ -14,7 +14,7 @@ import pytest
 
 from domain import subjects
 from domain.subjects import aggregate_subject
-from eventstore import store as store_module
+from eventstore import reads as reads_module
 from eventstore.store import ConcurrencyError, EventStore, Message, StoreError, Write
 from services.stack.natsserver import NatsCluster, wait_jetstream
 from tests.infra.cluster import stream_leader
@@ -169,7 +169,7 @@ async def test_a_read_from_behind_the_floor_is_asked_again_until_the_write_shows
     await later
     assert [r.data for r in history] == [b"created", b"later"]
 
-    monkeypatch.setattr(store_module, "_LAG_PAUSES", (0.01, 0.02))
+    monkeypatch.setattr(reads_module, "_LAG_PAUSES", (0.01, 0.02))
     store._saw(A, first + 5)
     with pytest.raises(StoreError, match="behind"):
         await store.read_subject(A)

@@ -18,8 +18,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from eventstore import store as store_module
-from eventstore.store import _UNSERVED_PAUSES, EventStore, StoreUnavailable
+from eventstore import reads as reads_module
+from eventstore.reads import _UNSERVED_PAUSES
+from eventstore.store import EventStore, StoreUnavailable
 from services.stack.natsserver import NatsServer
 from transport.client import Client
 
@@ -166,7 +167,7 @@ async def test_no_serving_replica_for_seconds_is_unavailable(
 ) -> None:
     assert sum(_UNSERVED_PAUSES) >= 3  # a read rides out seconds of 503 (a node restarting)
     # The same schedule a tenth as long here: the asks are counted, not the seconds.
-    monkeypatch.setattr(store_module, "_UNSERVED_PAUSES", tuple(p / 10 for p in _UNSERVED_PAUSES))
+    monkeypatch.setattr(reads_module, "_UNSERVED_PAUSES", tuple(p / 10 for p in _UNSERVED_PAUSES))
     never = StaleResponder(pending=0, unserved=1_000)
     async with responding(nats_server.url, never):
         store = EventStore(nc, STREAM, ["stale.>"], timeout=2.0)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from domain.subjects import aggregate_subject
-from eventstore import store as store_module
+from eventstore import reads as reads_module
 from eventstore.store import MAX_BATCH, EventStore, Message, Recorded, Write
 
 A = aggregate_subject("session", "a")
@@ -93,8 +93,8 @@ async def test_a_follow_settling_after_a_signal_takes_the_next_message_at_once(
 ) -> None:
     # Settle pauses and a poll far longer than the test may wait: only the next message's
     # signal can end the wait that follows the first message's read.
-    monkeypatch.setattr(store_module, "_SETTLE", (60.0, 60.0, 60.0))
-    monkeypatch.setattr(store_module, "_FOLLOW_POLL", 60.0)
+    monkeypatch.setattr(reads_module, "_SETTLE", (60.0, 60.0, 60.0))
+    monkeypatch.setattr(reads_module, "_FOLLOW_POLL", 60.0)
     first = asyncio.Event()
     seen: list[bytes] = []
 
