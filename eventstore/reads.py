@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -338,7 +338,7 @@ class StoreReads:
         until_seq: int | None = None,
         subject_filter: str | None = None,
         follow: bool = False,
-    ) -> AsyncIterator[Recorded]:
+    ) -> AsyncGenerator[Recorded, None]:
         """Every message from ``from_seq`` in stream order, one at a time: see replay_pages."""
         pages = self.replay_pages(
             from_seq=from_seq, until_seq=until_seq, subject_filter=subject_filter, follow=follow
@@ -356,7 +356,7 @@ class StoreReads:
         subject_filter: str | None = None,
         follow: bool = False,
         share: bool = True,
-    ) -> AsyncIterator[list[Recorded]]:
+    ) -> AsyncGenerator[list[Recorded], None]:
         """Every message from ``from_seq`` in stream order, in pages of up to 1,000 (never
         empty); stops when caught up (or at ``until_seq``) unless ``follow``, then waits for
         new ones.  A follow of the whole log that caught up takes the pages of the store's

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,7 +45,7 @@ class Log(Protocol):
         subject_filter: str | None = None,
         follow: bool = False,
         share: bool = True,
-    ) -> AsyncIterator[Page]: ...
+    ) -> AsyncGenerator[Page, None]: ...
 
 
 @dataclass(eq=False)
@@ -80,7 +80,7 @@ class SharedTail:
         """How many followers take the shared pages now."""
         return 0 if self._run is None else len(self._run.followers)
 
-    async def pages(self, seq: int) -> AsyncIterator[Page]:
+    async def pages(self, seq: int) -> AsyncGenerator[Page, None]:
         """The log's pages from ``seq`` on (never empty), until this follower is dropped."""
         follower = self._attach(seq)
         try:
