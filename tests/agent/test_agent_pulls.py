@@ -150,11 +150,15 @@ async def test_progress_is_rate_bounded_monotonic_and_ends_at_the_total() -> Non
         DummyConfig(default_size=20 * MB, bandwidth_bps=20 * MB, tick_s=0.005, layers=2),
         progress_interval_s=0.1,
     )
+    started = time.monotonic()
     task = pm.request("img:1")
     await wait_for(lambda: facts.log and facts.log[-1][0] == "pulled", 10, "pulled")
+    elapsed = time.monotonic() - started  # about 1 s; longer on a loaded host, with more ticks
     currents = [p.current for p in published]
     assert currents == sorted(currents)
-    assert 3 <= len(published) <= 14, len(published)
+    # One message per 0.1 s at most, plus the first and the last (the bound, not a count that
+    # holds only where the pull takes exactly 1 s)
+    assert 3 <= len(published) <= elapsed / 0.1 + 4, (len(published), elapsed)
     last = published[-1]
     assert last.done and last.error is None and last.current == last.total == 20 * MB
     assert [layer.current for layer in last.layers] == [layer.total for layer in last.layers]

@@ -92,6 +92,13 @@ async def test_the_session_page_shows_history_kernels_and_destroy_ends_it(
         assert event in text
     assert await p.locator("#session-page tr[data-kernel]").count() == 1
     await p.click("#destroy")
+    # The page says what the manager answered first (a refusal would show here, not as a
+    # status that never comes).
+    asked = p.locator("#destroy-result")
+    await p.wait_for_function(
+        "() => document.querySelector('#destroy-result')?.textContent !== ''", timeout=20_000
+    )
+    assert (await asked.inner_text()).startswith("destroy asked"), await asked.inner_text()
     await p.wait_for_selector("#session-page .status.s-TERMINATED", timeout=20_000)
     ended = await ask(client, SESSION_GET, {"session_id": sid})
     assert ended["status"] == "TERMINATED", ended
