@@ -111,6 +111,14 @@ class _PrivateLoop:
         try:
             return future.result(timeout)
         except FutureTimeout:
+            # Since Python 3.11 a request's own TimeoutError is this one too: only a future
+            # still running means the whole call outlived ``timeout``.
+            if future.done():
+                raise OperationalError(
+                    "a JetStream request was not answered (check that nats-server is up and that"
+                    " this NATS user may use the stream: a permissions violation is in the"
+                    f" server's log and is answered by no one); if this was a save, {MAYBE_SAVED}"
+                ) from None
             future.cancel()
             raise OperationalError(
                 f"JetStream did not answer within {timeout}s (check that nats-server is up); if"
