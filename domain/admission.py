@@ -31,6 +31,7 @@ from domain.subjects import (
     EVENTS,
     LEASE,
     LIVENESS,
+    PREPULL_POLICY,
     RESERVATION,
     RESOURCE_GROUP,
     RESOURCE_POLICY,
@@ -74,7 +75,7 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     "session": SESSION_EVENTS,
     "agent": AGENT_EVENTS,
     LIVENESS: LIVENESS_EVENTS,
-    "prepull-policy": POLICY_EVENTS,
+    PREPULL_POLICY: POLICY_EVENTS,
     RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
     RESOURCE_GROUP: RESOURCE_GROUP_EVENTS,
     USER: USER_EVENTS,
@@ -86,7 +87,7 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     "session": (ev.SessionEnqueued,),
     "agent": (ev.AgentRegistered,),
     LIVENESS: (ev.AgentLost,),
-    "prepull-policy": (ev.PrepullPolicySet,),
+    PREPULL_POLICY: (ev.PrepullPolicySet,),
     RESOURCE_POLICY: (ev.ResourcePolicySet,),
     RESOURCE_GROUP: (ev.ResourceGroupSet,),
     USER: (ev.UserAdded,),
@@ -94,7 +95,7 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
 }
 # Kinds whose start event may come again (a policy or group is set again, also after a
 # removal; a disabled user is added again).
-_SET_AGAIN = frozenset({"prepull-policy", RESOURCE_POLICY, RESOURCE_GROUP, USER})
+_SET_AGAIN = frozenset({PREPULL_POLICY, RESOURCE_POLICY, RESOURCE_GROUP, USER})
 # Kinds whose messages are no aggregate's history: each stands alone (most expire), so no
 # order is checked and folding one changes nothing.
 STANDALONE = frozenset({LEASE})

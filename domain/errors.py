@@ -45,6 +45,15 @@ class Forbidden(DomainError):
     """The asker may not do this (a user not enabled, no admin, another user's owner)."""
 
 
+class Conflict(DomainError):
+    """The command contradicts what the aggregate already is (removed, disabled), or another
+    writer changed it meanwhile; ``field`` names what the asker sent."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
 class NotFound(DomainError):
     """``field`` names nothing the asker may see: another user's reads as none at all."""
 

@@ -28,7 +28,7 @@ import msgspec
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
-from domain.errors import DomainError, InvalidField, convert, require_text
+from domain.errors import Conflict, InvalidField, convert, require_text
 from domain.image_ref import (
     canonical_all,
     canonical_or_same,
@@ -83,7 +83,7 @@ class PrepullPolicy(BaseAggregate[str]):
     def remove(self, reason: str = "removed-by-admin") -> None:
         require_text(reason, "reason")
         if self.removed:
-            raise DomainError(f"prepull policy {self.id!r} is already removed")
+            raise Conflict("name", f"prepull policy {self.id!r} is already removed")
         self.trigger_event(ev.PrepullPolicyRemoved, reason=reason)
 
     # --- state changes: what each event does to the policy (Event.apply calls WHEN) ---------

@@ -30,7 +30,7 @@ import msgspec
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
-from domain.errors import DomainError, InvalidField, require_text
+from domain.errors import Conflict, InvalidField, require_text
 from domain.events import Resources
 from domain.subjects import check_token
 
@@ -113,7 +113,7 @@ class ResourcePolicy(BaseAggregate[str]):
     def remove(self, reason: str = "removed-by-admin") -> None:
         require_text(reason, "reason")
         if self.removed:
-            raise DomainError(f"resource policy {self.id!r} is already removed")
+            raise Conflict("name", f"resource policy {self.id!r} is already removed")
         self.trigger_event(ev.ResourcePolicyRemoved, reason=reason)
 
     # --- state changes (Event.apply calls WHEN) ---------------------------------------------

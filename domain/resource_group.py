@@ -31,7 +31,7 @@ import msgspec
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
-from domain.errors import DomainError, InvalidField, require_text
+from domain.errors import Conflict, InvalidField, require_text
 from domain.subjects import RESOURCE_GROUP, check_token
 
 KIND = RESOURCE_GROUP
@@ -85,7 +85,7 @@ class ResourceGroup(BaseAggregate[str]):
     def remove(self, reason: str = "removed-by-admin") -> None:
         require_text(reason, "reason")
         if self.removed:
-            raise DomainError(f"resource group {self.id!r} is already removed")
+            raise Conflict("name", f"resource group {self.id!r} is already removed")
         self.trigger_event(ev.ResourceGroupRemoved, reason=reason)
 
     @property

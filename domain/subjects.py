@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from domain.errors import InvalidField
+
 EVENT_STREAM = "HOIST"
 EVENTS = "hoist.events"
 EVENTS_ALL = f"{EVENTS}.>"
@@ -56,11 +58,13 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 
 def check_token(value: str, field: str) -> str:
-    """A value used as one subject token: letters, digits, '_' and '-' only."""
+    """A value used as one subject token: letters, digits, '_' and '-' only (else
+    InvalidField naming ``field``)."""
     if not _TOKEN.match(value):
-        raise ValueError(
-            f"{field} must be 1-128 letters, digits, '_' or '-' (it becomes a NATS subject token),"
-            f" got {value!r}"
+        raise InvalidField(
+            field,
+            f"must be 1-128 letters, digits, '_' or '-' (it becomes a NATS subject token),"
+            f" got {value!r}",
         )
     return value
 
@@ -78,6 +82,8 @@ def agent_events(agent_id: str) -> str:
 # can say an agent (itself or another) was lost.  Manager-only facts per agent (e.g. issue 17's
 # reservations) get subjects of this shape too: ``hoist.events.<manager kind>.<agent id>``.
 LIVENESS = "liveness"
+# Prepull policies (domain.prepull): hoist.events.prepull-policy.<name>.
+PREPULL_POLICY = "prepull-policy"
 # Per-owner resource policies (domain.quota): hoist.events.resource-policy.<owner or "default">.
 RESOURCE_POLICY = "resource-policy"
 # Resource groups' access (domain.resource_group): hoist.events.resource-group.<group name>.
@@ -123,7 +129,7 @@ def manager_term() -> str:
 MANAGER_KINDS = (
     "session",
     LIVENESS,
-    "prepull-policy",
+    PREPULL_POLICY,
     RESOURCE_POLICY,
     RESOURCE_GROUP,
     USER,

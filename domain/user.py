@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from eventsourcing.domain import BaseAggregate
 
 from domain import events as ev
-from domain.errors import DomainError, InvalidField
+from domain.errors import Conflict, InvalidField
 from domain.subjects import HISTORY, QUERY_NAMES, USER, check_token
 
 KIND = USER
@@ -66,7 +66,7 @@ class User(BaseAggregate[str]):
 
     def disable(self, by: str) -> None:
         if self.disabled:
-            raise DomainError(f"user {self.id!r} is already disabled")
+            raise Conflict("name", f"user {self.id!r} is already disabled")
         self.trigger_event(ev.UserDisabled, by=by)
 
     @property

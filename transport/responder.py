@@ -21,7 +21,14 @@ from typing import Any, Generic, TypeVar
 
 from nats.aio.msg import Msg
 
-from domain.errors import Forbidden, IllegalTransition, InvalidField, NotFound, NotNow
+from domain.errors import (
+    Conflict,
+    Forbidden,
+    IllegalTransition,
+    InvalidField,
+    NotFound,
+    NotNow,
+)
 from domain.limits import quote
 from domain.rpc import ErrorReply, RequestError, decode, encode_reply
 from domain.subjects import is_inbox, is_inbox_of
@@ -37,6 +44,7 @@ ERRORS: tuple[ErrorRow, ...] = (
     ((IllegalTransition, NotNow), lambda e: RequestError("illegal-transition", str(e))),
     ((Forbidden,), lambda e: RequestError("forbidden", str(e))),
     ((NotFound,), lambda e: RequestError("not-found", str(e))),
+    ((Conflict,), lambda e: RequestError("conflict", str(e))),
 )
 
 

@@ -78,6 +78,7 @@ class Fleet:
         self.resource_groups = view.resource_groups
         self.users = view.users
         self.policies = view.policies
+        self.admin = view.admin  # the four above, by subject kind (the unit of work's)
         self.liveness = view.liveness
         self.image_sizes = view.image_sizes
         self.pull_retasked = view.pull_retasked
@@ -219,13 +220,8 @@ class Fleet:
     async def reload(self, session_id: str) -> None:
         await self.writes.reload(session_id)
 
-    async def change_admin(
-        self, aggregate: Any, kind: str, what: str, change: Callable[[Any], None]
-    ) -> Any:
-        return await self.writes.change_admin(aggregate, kind, what, change)
-
-    async def save_admin(self, aggregate: Any, kind: str, what: str) -> None:
-        await self.writes.save_admin(aggregate, kind, what)
+    async def save_admin(self, aggregate: Any, kind: str) -> None:
+        await self.writes.save_admin(aggregate, kind)
 
     # -- waiting -------------------------------------------------------------------------
 

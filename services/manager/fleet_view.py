@@ -34,7 +34,15 @@ from domain.quota import ResourcePolicy
 from domain.resource_group import ResourceGroup
 from domain.session import Session, sent_back
 from domain.status import Kernel, KernelStatus
-from domain.subjects import LEASE, LIVENESS, RESERVATION, RESOURCE_GROUP, RESOURCE_POLICY, USER
+from domain.subjects import (
+    LEASE,
+    LIVENESS,
+    PREPULL_POLICY,
+    RESERVATION,
+    RESOURCE_GROUP,
+    RESOURCE_POLICY,
+    USER,
+)
 from domain.user import User
 from eventstore.bulk import BULK_MIN, BulkReader
 from eventstore.quarantine import quarantined
@@ -81,9 +89,9 @@ class FleetView:
         self.last_seq = 0  # the last stream sequence folded
         self.policies: dict[str, PrepullPolicy] = {}  # prepull policies, removed ones too
         # The aggregates an admin sets through the manager, by subject kind: folded, and saved
-        # by ``save_admin``, one way.
+        # by the unit of work (services.manager.uow), one way.
         self.admin: dict[str, dict[str, Any]] = {
-            "prepull-policy": self.policies,
+            PREPULL_POLICY: self.policies,
             RESOURCE_POLICY: self.resource_policies,
             RESOURCE_GROUP: self.resource_groups,
             USER: self.users,
@@ -210,7 +218,7 @@ class FleetView:
     def _fold_admin(self, table: dict[str, Any], name: str, rec: Recorded, event: ev.Event) -> None:
         aggregate = table.get(name)
         if aggregate is not None and rec.seq <= loaded_seq(aggregate):
-            return  # our own write, kept by save_admin
+            return  # our own write, kept by the unit of work
         table[name] = _applied(aggregate, event, rec)
         if self.caught_up.is_set():
             self.publish(event)

@@ -9,15 +9,12 @@ the caller decides again on what is really there.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from domain.errors import DomainError
 from domain.reservation import AgentReservations
-from domain.rpc import RequestError
 from domain.session import Session
 from eventstore.repository import NotFound, Repository
 from eventstore.store import ConcurrencyError, StoreError, Write
@@ -117,33 +114,12 @@ class FleetWrites:
         self.indexes.reindex(session)
         self.publish(LookAgain(session_id))
 
-    async def change_admin(
-        self, aggregate: Any, kind: str, what: str, change: Callable[[Any], None]
-    ) -> Any:
-        """``change`` a copy of a folded admin-set ``aggregate`` (the folded one stays as the
-        log has it until the save lands) and save it; a change its aggregate refuses is a
-        ``conflict`` naming ``name``.  The saved copy."""
-        changed = copy.deepcopy(aggregate)
-        try:
-            change(changed)
-        except DomainError as e:
-            raise RequestError("conflict", f"name: {e}") from None
-        await self.save_admin(changed, kind, what)
-        return changed
-
-    async def save_admin(self, aggregate: Any, kind: str, what: str) -> None:
-        """Save an aggregate an admin set (over hoist.admin) and publish its events; another
-        writer meanwhile is a ``conflict`` the admin sends again (``what``: its name there)."""
-        events = list(aggregate.pending_events)
-        try:
-            # A fresh key makes the append idempotent, so the store sends it again while a
-            # cluster elects a new stream leader (a node's loss) instead of failing the admin.
-            key = uuid.uuid4().hex
-            await self.repository.save(aggregate, request_id=key, actor=requester("admin"))
-        except ConcurrencyError:
-            raise RequestError(
-                "conflict", f"name: {what} {aggregate.id!r} changed meanwhile; send it again"
-            ) from None
+    async def save_admin(self, aggregate: Any, kind: str) -> None:
+        """Save an aggregate an admin set (over hoist.admin) and keep it in the view: the
+        unit of work's (services.manager.uow), which publishes its events.  ConcurrencyError:
+        another writer meanwhile."""
+        # A fresh key makes the append idempotent, so the store sends it again while a
+        # cluster elects a new stream leader (a node's loss) instead of failing the admin.
+        key = uuid.uuid4().hex
+        await self.repository.save(aggregate, request_id=key, actor=requester("admin"))
         self.admin[kind][aggregate.id] = aggregate
-        for event in events:
-            self.publish(event)

@@ -9,49 +9,37 @@ agents only.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup, group_view
 from domain.resource_group import ResourceGroup
-from domain.rpc import RequestError
 from domain.subjects import RESOURCE_GROUP
-from eventstore.repository import Repository
 from services.manager.fleet import Fleet
+from services.manager.uow import UnitOfWork, removal
 
 
 class Groups:
-    def __init__(self, fleet: Fleet, repository: Repository) -> None:
+    def __init__(self, fleet: Fleet, uow: UnitOfWork) -> None:
         self.fleet = fleet
-        self.repository = repository
+        self.uow = uow
 
     async def set(self, req: SetGroup) -> dict[str, Any]:
-        existing = self.fleet.resource_groups.get(req.name)
-        try:
-            group = ResourceGroup.set(
-                None if existing is None else copy.deepcopy(existing),
-                name=req.name,
-                users=req.users,
-                public=req.public,
-                description=req.description,
-            )
-        except ValueError as e:
-            raise RequestError("invalid-request", str(e)) from None
-        recorded = bool(group.pending_events)
-        if recorded:
-            await self._save(group)
+        group, recorded = await self.uow.admin(
+            RESOURCE_GROUP,
+            req.name,
+            lambda g: ResourceGroup.set(
+                g, name=req.name, users=req.users, public=req.public, description=req.description
+            ),
+        )
         return {"group": group_view(group.id, group), "recorded": recorded}
 
     async def remove(self, req: RemoveGroup) -> dict[str, Any]:
-        existing = self.fleet.resource_groups.get(req.name)
-        if existing is None or existing.removed:
-            raise RequestError(
-                "not-found",
-                f"name: no resource group {req.name!r} is defined (an undefined group is open to"
-                " everyone already); `hoist group list` shows them",
-            )
-        await self.fleet.change_admin(existing, RESOURCE_GROUP, "group", ResourceGroup.remove)
-        return {"group": req.name, "recorded": True}
+        missing = (
+            f"no resource group {req.name!r} is defined (an undefined group is open to"
+            " everyone already); `hoist group list` shows them"
+        )
+        _, recorded = await self.uow.admin(RESOURCE_GROUP, req.name, removal(missing))
+        return {"group": req.name, "recorded": recorded}
 
     async def list(self, req: ListGroups) -> dict[str, Any]:
         defined = self.fleet.resource_groups
@@ -87,6 +75,3 @@ class Groups:
                 }
             )
         return {"groups": rows}
-
-    async def _save(self, group: ResourceGroup) -> None:
-        await self.fleet.save_admin(group, RESOURCE_GROUP, "group")

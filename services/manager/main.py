@@ -230,7 +230,7 @@ class Manager:
         self.kernel_io = KernelIO(self.fleet, self.rpc)
         self.prepull = PrepullLoop(
             self.fleet,
-            self.repository,
+            self.uow,
             self.rpc,
             interval_s=config.prepull_interval_s,
             parallelism=config.prepull_parallelism,
@@ -247,13 +247,12 @@ class Manager:
         self.streams = OpenStreams()  # what logs and exec opened, for whose session
         self.quotas = Quotas(
             self.fleet,
-            self.repository,
             self.uow,
             interval_s=config.lifetime_check_interval_s,
             streams=self.streams,
         )
-        self.groups = Groups(self.fleet, self.repository)
-        self.users = Users(self.fleet, self.repository)
+        self.groups = Groups(self.fleet, self.uow)
+        self.users = Users(self.fleet, self.uow)
         self.metrics_server: MetricsServer | None = None
         self._wire(self.bus)
         self.server = CommandServer(

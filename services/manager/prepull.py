@@ -15,7 +15,6 @@ no job pinned and no policy wants are unloaded first (largest first, ImageRemove
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from datetime import UTC, datetime
@@ -39,11 +38,11 @@ from domain.prepull import (
     PrepullPolicy,
     plan_fleet,
 )
-from domain.rpc import RequestError
 from domain.status import TERMINAL
-from eventstore.repository import Repository
+from domain.subjects import PREPULL_POLICY
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
+from services.manager.uow import UnitOfWork, removal
 from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
@@ -55,7 +54,7 @@ class PrepullLoop:
     def __init__(
         self,
         fleet: Fleet,
-        repository: Repository,
+        uow: UnitOfWork,
         agents: AgentRpc,
         *,
         interval_s: float = 10.0,
@@ -64,7 +63,7 @@ class PrepullLoop:
         high: float = 0.85,
     ) -> None:
         self.fleet = fleet
-        self.repository = repository
+        self.uow = uow
         self.agents = agents
         self.interval_s = interval_s
         self.parallelism = parallelism
@@ -161,26 +160,21 @@ class PrepullLoop:
     # -- commands ------------------------------------------------------------------------
 
     async def set_policy(self, req: SetPolicy) -> dict[str, Any]:
-        existing = self.fleet.policies.get(req.name)
-        try:
-            policy = PrepullPolicy.set(
-                None if existing is None else _copy(existing),
+        others = [p for p in self.live_policies() if p.name != req.name]
+        policy, recorded = await self.uow.admin(
+            PREPULL_POLICY,
+            req.name,
+            lambda p: PrepullPolicy.set(
+                p,
                 name=req.name,
                 resource_groups=req.resource_groups,
                 rules=req.rules,
                 priority=req.priority,
-            )
-        except ValueError as e:
-            raise RequestError("invalid-request", str(e)) from None
-        others = [p for p in self.live_policies() if p.name != req.name]
+            ),
+            dry_run=req.dry_run,
+        )
         candidate = Policy(req.name, policy.resource_groups, policy.rules, policy.priority)
         plans = self.plan([*others, candidate])
-        recorded = False
-        if not req.dry_run and policy.pending_events:
-            await self._save(policy)
-            recorded = True
-        elif not req.dry_run:
-            policy.collect_events()
         return {
             "policy": policy_view(policy),
             "recorded": recorded,
@@ -189,19 +183,14 @@ class PrepullLoop:
         }
 
     async def remove_policy(self, req: RemovePolicy) -> dict[str, Any]:
-        existing = self.fleet.policies.get(req.name)
-        if existing is None or existing.removed:
-            raise RequestError(
-                "not-found", f"name: no prepull policy {req.name!r}; list them with policy list"
-            )
+        missing = f"no prepull policy {req.name!r}; list them with policy list"
         plans = self.plan([p for p in self.live_policies() if p.name != req.name])
-        if not req.dry_run:
-            await self.fleet.change_admin(
-                existing, "prepull-policy", "policy", PrepullPolicy.remove
-            )
+        _, recorded = await self.uow.admin(
+            PREPULL_POLICY, req.name, removal(missing), dry_run=req.dry_run
+        )
         return {
             "policy": req.name,
-            "recorded": not req.dry_run,
+            "recorded": recorded,
             "dry_run": req.dry_run,
             "plans": {a: plan_view(p) for a, p in plans.items()},
         }
@@ -215,9 +204,6 @@ class PrepullLoop:
             "plans": {a: plan_view(p) for a, p in plans.items()},
             "converged": all(not p.to_pull for p in plans.values()),
         }
-
-    async def _save(self, policy: PrepullPolicy) -> None:
-        await self.fleet.save_admin(policy, "prepull-policy", "policy")
 
     # -- convergence ---------------------------------------------------------------------
 
@@ -295,8 +281,3 @@ class PrepullLoop:
                 raise TimeoutError(f"the fleet did not converge within {within_s:g}s")
             await asyncio.sleep(0.05)
         return time.monotonic() - start
-
-
-def _copy(policy: PrepullPolicy) -> PrepullPolicy:
-    """A working copy to record on: the view's aggregate changes only once stored."""
-    return copy.deepcopy(policy)

@@ -27,7 +27,6 @@ sessions are never in the index, so never idle-ended.
 
 from __future__ import annotations
 
-import copy
 import logging
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -44,14 +43,12 @@ from domain.contracts.quotas import (
 )
 from domain.contracts.sessions import ReadStream, StreamOpened
 from domain.quota import ResourcePolicy, Usage, effective
-from domain.rpc import RequestError
 from domain.session import Session
 from domain.subjects import RESOURCE_POLICY
-from eventstore.repository import Repository
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.open_streams import OpenStreams
-from services.manager.uow import UnitOfWork
+from services.manager.uow import UnitOfWork, removal
 from transport.tasks import Tasks, every
 
 log = logging.getLogger(__name__)
@@ -61,14 +58,12 @@ class Quotas:
     def __init__(
         self,
         fleet: Fleet,
-        repository: Repository,
         uow: UnitOfWork,
         *,
         interval_s: float = 5.0,
         streams: OpenStreams | None = None,
     ) -> None:
         self.fleet = fleet
-        self.repository = repository
         self.uow = uow
         self.interval_s = interval_s
         self.ended = 0  # sessions ended lifetime-exceeded (for tests)
@@ -87,28 +82,16 @@ class Quotas:
     # -- commands ------------------------------------------------------------------------
 
     async def set(self, req: SetQuota) -> dict[str, Any]:
-        existing = self.fleet.resource_policies.get(req.name)
-        try:
-            policy = ResourcePolicy.set(
-                None if existing is None else copy.deepcopy(existing),
-                name=req.name,
-                quota=req.quota(),
-            )
-        except ValueError as e:
-            raise RequestError("invalid-request", str(e)) from None
-        recorded = bool(policy.pending_events)
-        if recorded:
-            await self._save(policy)
+        quota = req.quota()
+        policy, recorded = await self.uow.admin(
+            RESOURCE_POLICY, req.name, lambda p: ResourcePolicy.set(p, name=req.name, quota=quota)
+        )
         return {"policy": resource_policy_view(policy), "recorded": recorded}
 
     async def remove(self, req: RemoveQuota) -> dict[str, Any]:
-        existing = self.fleet.resource_policies.get(req.name)
-        if existing is None or existing.removed:
-            raise RequestError(
-                "not-found", f"name: no resource policy {req.name!r}; `hoist quota show` shows them"
-            )
-        await self.fleet.change_admin(existing, RESOURCE_POLICY, "policy", ResourcePolicy.remove)
-        return {"policy": req.name, "recorded": True}
+        missing = f"no resource policy {req.name!r}; `hoist quota show` shows them"
+        _, recorded = await self.uow.admin(RESOURCE_POLICY, req.name, removal(missing))
+        return {"policy": req.name, "recorded": recorded}
 
     async def show(self, req: ShowQuotas) -> dict[str, Any]:
         policies = self.fleet.resource_policies
@@ -143,9 +126,6 @@ class Quotas:
             "usage": usage_view(self.fleet.owner_usage.get(owner) or Usage()),
             "pending": pending,
         }
-
-    async def _save(self, policy: ResourcePolicy) -> None:
-        await self.fleet.save_admin(policy, RESOURCE_POLICY, "policy")
 
     # -- lifetime ------------------------------------------------------------------------
 

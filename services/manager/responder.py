@@ -1,16 +1,14 @@
 """The manager's responder (transport.responder) for its request servers: commands, read-model
-queries and history.  Its error table is the transport's with the rows of the layers above it
-in front: the event store not taking a write, or not answering, is ``unavailable`` (retry); a
-session the view does not hold is ``not-found``."""
+queries and history.  Its error table is the transport's with the event store's row in front:
+the store not taking a write, or not answering, is ``unavailable`` (retry).  Handlers raise
+domain errors (a session the view does not hold is a NotFound, services.manager.uow)."""
 
 from __future__ import annotations
 
 import logging
 
-from domain.errors import unknown_session
 from domain.rpc import RequestError
 from eventstore.store import ConcurrencyError, StoreError
-from services.manager.uow import SessionUnknown
 from transport.responder import ERRORS, ErrorRow, Responder
 
 
@@ -20,10 +18,6 @@ def _unavailable(e: Exception) -> RequestError:
 
 MANAGER_ERRORS: tuple[ErrorRow, ...] = (
     ((StoreError, ConcurrencyError, TimeoutError), _unavailable),
-    (
-        (SessionUnknown,),
-        lambda e: RequestError("not-found", f"session_id: {unknown_session(e.args[0])}"),
-    ),
     *ERRORS,
 )
 

@@ -22,16 +22,15 @@ from domain.contracts.sessions import (
     session_id_for,
     session_view,
 )
-from domain.errors import unknown_kernel, unknown_session
+from domain.errors import Conflict, Forbidden, InvalidField, NotFound, unknown_kernel
 from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
-from domain.rpc import RequestError
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
 from services.manager.requester import requester
-from services.manager.uow import UnitOfWork
+from services.manager.uow import SessionUnknown, UnitOfWork
 
 
 class SessionCommands:
@@ -46,34 +45,29 @@ class SessionCommands:
             sid = session_id_for(req.owner, req.request_id)
         else:
             sid = uuid.uuid4().hex
-        try:
-            new = Session.enqueue(
-                owner=req.owner,
-                image=req.image,
-                resources=req.kernel_resources(),
-                resource_group=req.resource_group,
-                cluster_size=req.cluster_size,
-                request_id=req.request_id,
-                session_id=sid,
-                session_type=req.session_type,
-                cluster_mode=req.cluster_mode,
-                spec=req.spec(),
-            )
-        except ValueError as e:  # InvalidField, or a resource_group unfit for subjects
-            raise RequestError("invalid-request", str(e)) from None
+        new = Session.enqueue(
+            owner=req.owner,
+            image=req.image,
+            resources=req.kernel_resources(),
+            resource_group=req.resource_group,
+            cluster_size=req.cluster_size,
+            request_id=req.request_id,
+            session_id=sid,
+            session_type=req.session_type,
+            cluster_mode=req.cluster_mode,
+            spec=req.spec(),
+        )
         groups = self.fleet.resource_groups
         if not may_use(req.owner, new.resource_group, groups):  # may this owner use the group?
-            raise RequestError(
-                "forbidden",
-                refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups()),
+            raise Forbidden(
+                refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups())
             )
         policy = effective(req.owner, self.fleet.resource_policies)
         never = policy and never_fits(policy.quota, new.resources, req.cluster_size)
         if policy is not None and never:
             field, why = never
-            raise RequestError(
-                "invalid-request",
-                f"{field}: {why} (resource policy {policy.id!r}): this session could never start",
+            raise InvalidField(
+                field, f"{why} (resource policy {policy.id!r}): this session could never start"
             )
         # The live agents of its group could never hold it, even idle: refused now rather than
         # PENDING for ever.  A group with no live agent yet (a stack starting) waits for them.
@@ -87,10 +81,9 @@ class SessionCommands:
                 advice = f"leave {field} out, or use a resource group whose agents offer it"
             else:
                 advice = "ask for less, or use a resource group with bigger agents"
-            raise RequestError(
-                "invalid-request",
-                f"{field}: {why}: this session could never start; {advice} (hoist agents"
-                " lists them)",
+            raise InvalidField(
+                field,
+                f"{why}: this session could never start; {advice} (hoist agents lists them)",
             )
         # Not the store's idempotency key: a retried append would come back with the
         # original's sequences while we hold other kernel ids. The derived session id and
@@ -114,7 +107,7 @@ class SessionCommands:
     async def cancel_kernel(self, req: CancelKernel) -> SessionView:
         sid = self.fleet.kernel_session.get(req.kernel_id)
         if sid is None:
-            raise RequestError("not-found", f"kernel_id: {unknown_kernel(req.kernel_id)}")
+            raise NotFound("kernel_id", unknown_kernel(req.kernel_id))
         async with self.uow.session(sid, actor=requester("admin")) as session:
             session.force_cancel(req.kernel_id, req.reason)
         self.uow.publish(LookAgain(sid))
@@ -124,7 +117,7 @@ class SessionCommands:
         """What the log holds of the session (never a change still being saved)."""
         session = await self.fleet.committed(session_id)
         if session is None:
-            raise RequestError("not-found", f"session_id: {unknown_session(session_id)}")
+            raise SessionUnknown(session_id)
         return session_view(session)
 
 
@@ -149,8 +142,8 @@ def _same_request(session: Session, req: CreateSession) -> None:
     }
     differs = [name for name in asked if asked[name] != have[name]]
     if differs:
-        raise RequestError(
-            "conflict",
-            f"request_id: {req.request_id!r} already created session {session.id} with other"
+        raise Conflict(
+            "request_id",
+            f"{req.request_id!r} already created session {session.id} with other"
             f" {', '.join(differs)}; use a new request_id for a new session",
         )

@@ -1,4 +1,4 @@
-"""The unit of work: the one way the manager changes a session.
+"""The unit of work: the one way the manager changes an aggregate.
 
     async with uow.session(session_id, actor="client") as s:
         s.destroy(forced)
@@ -19,30 +19,48 @@ one that raised had already applied their events to the view's copy) and the err
 does a DomainError of a command called again after a conflict.  A store error the view cannot
 recover from goes on as StoreError, and the view reloads that session before anyone decides on
 it again (services.manager.fleet).
+
+An aggregate an admin sets (a user, a resource group or policy, a prepull policy) is changed
+the same way, by ``admin(kind, name, decide)``: ``decide`` gets a copy of it as the view folded
+it (the view's stays as the log has it until the save lands) and raises a domain error to
+refuse; another writer meanwhile is a Conflict the admin sends again.  Handlers raise domain
+errors only: the responder (services.manager.responder) maps them to wire errors.
+
+The one write outside it is an agent's loss (services.manager.liveness): the liveness watcher
+decides on the log itself, not on the view, so a manager whose view lags never marks an agent
+lost on beats it has not folded yet; its append is fenced like a loop's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
-from domain.errors import DomainError
+from eventsourcing.domain import BaseAggregate
+
+from domain.errors import Conflict, DomainError, NotFound, unknown_session
 from domain.reservation import AgentReservations
 from domain.session import Session
-from eventstore.store import StoreError, Write
+from eventstore.store import ConcurrencyError, StoreError, Write
 from services.manager.fleet import Fleet
 from services.manager.leadership import NotLeading
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 5
+A = TypeVar("A", bound=BaseAggregate[Any])
 
 
-class SessionUnknown(LookupError):
+class SessionUnknown(NotFound):
     """No such session in the view (and so in the log)."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__("session_id", unknown_session(session_id))
 
 
 class KeptChanging(StoreError):
@@ -122,11 +140,11 @@ class UnitOfWork:
                 before = len(session.pending_events)
                 decide(session)
                 return len(session.pending_events) > before
+        except SessionUnknown:
+            return False
         except DomainError as e:
             log.warning("session %s: %s", session_id, e)
             return True
-        except SessionUnknown:
-            return False
 
     async def try_change(
         self, session_id: str, decide: Callable[[Session], None], *, fenced: bool = True
@@ -151,6 +169,33 @@ class UnitOfWork:
                     raise KeptChanging("the event store did not take the session")
                 return stored
             return session
+
+    async def admin(
+        self,
+        kind: str,
+        name: str,
+        decide: Callable[[A | None], A],
+        *,
+        dry_run: bool = False,
+    ) -> tuple[A, bool]:
+        """``decide`` on a copy of the admin-set aggregate ``name`` of subject ``kind`` (None if
+        never set) and save what it recorded (unless ``dry_run``): the aggregate as decided,
+        and whether it was recorded.  Another writer meanwhile is a Conflict (send it again)."""
+        folded = self.fleet.admin[kind].get(name)
+        aggregate = decide(None if folded is None else copy.deepcopy(folded))
+        if dry_run or not aggregate.pending_events:
+            aggregate.collect_events()
+            return aggregate, False
+        events = list(aggregate.pending_events)
+        try:
+            await self.fleet.save_admin(aggregate, kind)
+        except ConcurrencyError:
+            raise Conflict(
+                "name", f"{name!r} changed meanwhile (another admin's change); send it again"
+            ) from None
+        for event in events:
+            self.publish(event)
+        return aggregate, True
 
     def change_now(
         self, session_id: str, change: Callable[[Session], None]
@@ -218,6 +263,28 @@ class UnitOfWork:
             for event in events:
                 self.publish(event)
         return stored
+
+
+class Removable(Protocol):
+    removed: bool
+
+    def remove(self) -> None: ...
+
+
+R = TypeVar("R", bound=Removable)
+
+
+def removal(missing: str) -> Callable[[R | None], R]:
+    """The ``decide`` of an admin's remove: NotFound naming ``name`` (``missing`` says what to do)
+    when the aggregate was never set or is removed already."""
+
+    def decide(aggregate: R | None) -> R:
+        if aggregate is None or aggregate.removed:
+            raise NotFound("name", missing)
+        aggregate.remove()
+        return aggregate
+
+    return decide
 
 
 class _Recording:

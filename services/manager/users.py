@@ -6,55 +6,42 @@ not by the manager, which may run elsewhere."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from domain.contracts.users import AddUser, DisableUser, ListUsers, user_view
-from domain.errors import InvalidField
-from domain.rpc import RequestError
+from domain.errors import NotFound
 from domain.subjects import USER
 from domain.user import User
-from eventstore.repository import Repository
 from services.manager.fleet import Fleet
 from services.manager.requester import requester
+from services.manager.uow import UnitOfWork
 
 
 class Users:
-    def __init__(self, fleet: Fleet, repository: Repository) -> None:
+    def __init__(self, fleet: Fleet, uow: UnitOfWork) -> None:
         self.fleet = fleet
-        self.repository = repository
+        self.uow = uow
 
     async def add(self, req: AddUser) -> dict[str, Any]:
         existing = self.fleet.users.get(req.name)
-        try:
-            user = User.add(
-                None if existing is None else copy.deepcopy(existing),
-                name=req.name,
-                admin=req.admin,
-                by=requester("admin"),
-            )
-        except InvalidField as e:
-            raise RequestError("invalid-request", str(e)) from None
-        recorded = bool(user.pending_events)
-        if recorded:
-            await self._save(user)
+        user, recorded = await self.uow.admin(
+            USER,
+            req.name,
+            lambda u: User.add(u, name=req.name, admin=req.admin, by=requester("admin")),
+        )
         # ``before``: so a client says added, enabled again or changed, not "added" for all
         before = None if existing is None else user_view(existing)
         return {"user": user_view(user), "recorded": recorded, "before": before}
 
     async def disable(self, req: DisableUser) -> dict[str, Any]:
-        existing = self.fleet.users.get(req.name)
-        if existing is None:
-            raise RequestError(
-                "not-found", f"name: no user {req.name!r}; `hoist user list` shows them"
-            )
-        user = await self.fleet.change_admin(
-            existing, USER, "user", lambda u: u.disable(by=requester("admin"))
-        )
-        return {"user": user_view(user), "recorded": True}
+        def disable(user: User | None) -> User:
+            if user is None:
+                raise NotFound("name", f"no user {req.name!r}; `hoist user list` shows them")
+            user.disable(by=requester("admin"))
+            return user
+
+        user, recorded = await self.uow.admin(USER, req.name, disable)
+        return {"user": user_view(user), "recorded": recorded}
 
     async def list(self, req: ListUsers) -> dict[str, Any]:
         return {"users": [user_view(u) for _, u in sorted(self.fleet.users.items())]}
-
-    async def _save(self, user: User) -> None:
-        await self.fleet.save_admin(user, USER, "user")

@@ -45,7 +45,7 @@ MEDIUM_IMAGE_SIZE = 240 * MiB
 BIG_IMAGE_SIZE = 800 * MiB
 TEST_IMAGES = [f"test/image-{i}:1" for i in range(12)]
 MEDIUM_IMAGES = [f"test/medium-{i}:1" for i in range(4)]
-BIG_IMAGES = [f"test/big-{i}:1" for i in range(4)]
+BIG_IMAGES = [f"test/big-{i}:1" for i in range(6)]
 DUMMY_CONFIG = {
     "image_sizes": {
         **dict.fromkeys(TEST_IMAGES, TEST_IMAGE_SIZE),

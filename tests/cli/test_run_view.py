@@ -27,7 +27,9 @@ def _record_until(terminal: Terminal, marker: str, timeout: float) -> list[str]:
 def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_running(
     hoist_stack: Stack, terminal: Terminal
 ) -> None:
-    image = hoist_stack.next_medium_image()  # ~3 s of pull: bars seen advancing
+    # ~10 s of pull, 2.5 s a layer: a layer's bar is seen at several byte counts even when a
+    # loaded host starts `hoist` late or captures the screen slowly (3 s of pull was not).
+    image = hoist_stack.next_big_image()
     # A process in a terminal (tmux): the live view a person sees.
     terminal.type(
         f"{HOIST} --data-dir {hoist_stack.data_dir} run {image} --cluster-size 2; echo EXIT=$?"

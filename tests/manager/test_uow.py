@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from domain import events as ev
-from domain.errors import NotNow
+from domain.errors import Conflict, NotNow
 from domain.session import Session
 from domain.status import KernelStatus
+from domain.subjects import USER
+from domain.user import User
 from eventstore.repository import Repository
 from eventstore.store import Recorded, StoreError, event_store
 from services.manager import fleet_view as fleet_module
@@ -283,3 +285,51 @@ async def test_a_save_cancelled_mid_append_leaves_no_change_in_the_view_that_the
     assert not fleet.try_lock("s7")  # stale: the next lock reloads it first
     async with fleet.locked("s7") as reloaded:
         assert reloaded is not None and reloaded.status is S.PENDING
+
+
+# -- aggregates an admin sets ------------------------------------------------------------
+
+
+async def test_an_admin_change_is_decided_on_a_copy_and_saved_once(
+    nc: Client, view: View
+) -> None:
+    fleet, uow, published = view
+    user, recorded = await uow.admin(USER, "ann", lambda u: User.add(u, name="ann", by="admin"))
+    assert recorded and fleet.users["ann"] is user
+    assert [type(e) for e in published] == [ev.UserAdded]
+    # The same again records nothing; the view's aggregate is never the one decided on.
+    again, recorded = await uow.admin(USER, "ann", lambda u: User.add(u, name="ann", by="admin"))
+    assert not recorded and again is not fleet.users["ann"]
+    # A dry run decides and keeps nothing.
+    _, recorded = await uow.admin(USER, "ann", lambda u: _disabled(u), dry_run=True)
+    assert not recorded and not fleet.users["ann"].disabled
+    assert len(published) == 1
+    # A refusal is the aggregate's domain error (the responder's ``conflict``); nothing saved.
+    await uow.admin(USER, "ann", _disabled)
+    with pytest.raises(Conflict, match="name: user 'ann' is already disabled"):
+        await uow.admin(USER, "ann", _disabled)
+    stored = await Repository(event_store(nc)).get(User, "ann")
+    assert stored.disabled and len(published) == 2
+
+
+async def test_an_admin_change_another_writer_beat_is_a_conflict_saving_nothing(
+    nc: Client, view: View
+) -> None:
+    fleet, uow, published = view
+    await uow.admin(USER, "bob", lambda u: User.add(u, name="bob", by="admin"))
+    # Another manager disables bob, and this view has not folded it (it stopped following).
+    await fleet.stop()
+    other = await Repository(event_store(nc)).get(User, "bob")
+    other.disable(by="admin")
+    await Repository(event_store(nc)).save(other)
+    with pytest.raises(Conflict, match="'bob' changed meanwhile.*send it again"):
+        await uow.admin(USER, "bob", lambda u: User.add(u, name="bob", admin=True, by="admin"))
+    stored = await Repository(event_store(nc)).get(User, "bob")
+    assert stored.disabled and not stored.admin
+    assert len(published) == 1
+
+
+def _disabled(user: User | None) -> User:
+    assert user is not None
+    user.disable(by="admin")
+    return user
