@@ -262,6 +262,7 @@ class AgentSync:
                     exited=exited,
                     exits=exits,
                 ),
+                fenced=True,
             )
             after = self.fleet.sessions.get(sid)
             repaired.extend(
@@ -400,5 +401,5 @@ class AgentSync:
         grace_s = self.lost_grace.total_seconds()
         for sid in {s.id for s, k in self._kernels_on(agent_id) if k.status is S.RUNNING}:
             await self.uow.try_change(
-                sid, lambda s: s.given_up_on(agent_id, state.status_info, grace_s)
+                sid, lambda s: s.given_up_on(agent_id, state.status_info, grace_s), fenced=True
             )

@@ -81,7 +81,9 @@ class PullingLoop:
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
                 if self.fleet.image_there_on(session, agent_id):
-                    await self.uow.try_change(sid, partial(_prepared, agent_id=agent_id))
+                    await self.uow.try_change(
+                        sid, partial(_prepared, agent_id=agent_id), fenced=True
+                    )
                     continue
                 for k in self.fleet.pulling_there(session, agent_id):
                     pulling.add(k.kernel_id)
@@ -148,7 +150,7 @@ class PullingLoop:
 
     async def _ready(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         for sid in dict.fromkeys(sid for sid, _ in kernels):
-            await self.uow.try_change(sid, lambda s: _prepared(s, agent_id, why))
+            await self.uow.try_change(sid, lambda s: _prepared(s, agent_id, why), fenced=True)
 
     async def _end(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         by_session: defaultdict[str, list[str]] = defaultdict(list)
@@ -158,6 +160,7 @@ class PullingLoop:
             await self.uow.try_change(
                 sid,
                 partial(Session.pull_ended, agent_id=agent_id, status_info=why, kernel_ids=kids),
+                fenced=True,
             )
             for kid in kids:
                 self.fleet.retasked(kid, None)

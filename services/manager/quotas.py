@@ -159,7 +159,9 @@ class Quotas:
         """End each overdue session; the number ended."""
         ended = 0
         for sid, limit in self.overdue(datetime.now(UTC)):
-            if await self.uow.try_change(sid, partial(Session.lifetime_exceeded, limit_s=limit)):
+            if await self.uow.try_change(
+                sid, partial(Session.lifetime_exceeded, limit_s=limit), fenced=True
+            ):
                 ended += 1
                 self.uow.publish(LookAgain(sid))  # its worker removes the containers
         self.ended += ended
@@ -218,7 +220,9 @@ class Quotas:
         """End each idle session; the number ended."""
         ended = 0
         for sid, limit in self.idle(datetime.now(UTC)):
-            if await self.uow.try_change(sid, partial(Session.idle_timed_out, limit_s=limit)):
+            if await self.uow.try_change(
+                sid, partial(Session.idle_timed_out, limit_s=limit), fenced=True
+            ):
                 ended += 1
                 self.last_use.pop(sid, None)
                 self.uow.publish(LookAgain(sid))  # its worker removes the containers

@@ -219,7 +219,7 @@ class Reactors:
         publishes meanwhile is its own change (the session's lock is held): no wake for it."""
         token = _worker_of.set(session_id)
         try:
-            return await self.uow.change(session_id, decide)
+            return await self.uow.change(session_id, decide, fenced=False)
         finally:
             _worker_of.reset(token)
 

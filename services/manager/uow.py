@@ -129,8 +129,8 @@ class UnitOfWork:
         session_id: str,
         decide: Callable[[Session], None],
         *,
+        fenced: bool,
         actor: str | None = None,
-        fenced: bool = False,
     ) -> bool:
         """``decide(session)`` in ``session()``, for the manager's own reactions: True if it
         stored something, or the session was reloaded under a stale decision (look again);
@@ -147,11 +147,11 @@ class UnitOfWork:
             return True
 
     async def try_change(
-        self, session_id: str, decide: Callable[[Session], None], *, fenced: bool = True
+        self, session_id: str, decide: Callable[[Session], None], *, fenced: bool
     ) -> bool:
         """``change()`` for a periodic loop, which tries again next round: a store error is
-        logged and the loop goes on with its other sessions.  Fenced unless told: a loop
-        decides on time or on the leader's memory (``fenced=False``: a reaction to an event)."""
+        logged and the loop goes on with its other sessions.  ``fenced`` for a loop's
+        decision (on time or on the leader's memory), not for a reaction to an event."""
         try:
             return await self.change(session_id, decide, fenced=fenced)
         except StoreError as e:

@@ -149,7 +149,7 @@ async def test_two_changes_at_once_are_serialized(nc: Client, view: View) -> Non
     kernel_id = await _preparing(uow, "s4")
 
     async def checked(task_id: str | None) -> None:
-        await uow.change("s4", lambda s: s.image_checked("a1", task_id))
+        await uow.change("s4", lambda s: s.image_checked("a1", task_id), fenced=False)
 
     await asyncio.gather(checked("t1"), checked(None))
     k = (await Repository(event_store(nc)).get(Session, "s4")).kernels[kernel_id]
@@ -290,9 +290,7 @@ async def test_a_save_cancelled_mid_append_leaves_no_change_in_the_view_that_the
 # -- aggregates an admin sets ------------------------------------------------------------
 
 
-async def test_an_admin_change_is_decided_on_a_copy_and_saved_once(
-    nc: Client, view: View
-) -> None:
+async def test_an_admin_change_is_decided_on_a_copy_and_saved_once(nc: Client, view: View) -> None:
     fleet, uow, published = view
     user, recorded = await uow.admin(USER, "ann", lambda u: User.add(u, name="ann", by="admin"))
     assert recorded and fleet.users["ann"] is user
