@@ -57,6 +57,25 @@ def sent_back(kernel: Kernel) -> bool:
     return any(reason_of(c.status_info) == Reason.IMAGE_MISSING for c in kernel.status_history)
 
 
+def hoist_env(
+    session_id: str, kernel_id: str, cluster_mode: str, hostnames: Mapping[str, str]
+) -> dict[str, str]:
+    """The ``HOIST_*`` variables a kernel gets (``hostnames``: kernel id -> main1, sub1, ...
+    in enqueue order); `hoist describe` shows them as the kernel sees them."""
+    name = hostnames[kernel_id]
+    role = "main" if name.startswith("main") else "sub"
+    return {
+        "HOIST_SESSION_ID": session_id,
+        "HOIST_KERNEL_ID": kernel_id,
+        "HOIST_CLUSTER_MODE": cluster_mode,
+        "HOIST_CLUSTER_ROLE": role,
+        "HOIST_CLUSTER_IDX": name.removeprefix(role),
+        "HOIST_CLUSTER_HOST": name,
+        "HOIST_CLUSTER_SIZE": str(len(hostnames)),
+        "HOIST_CLUSTER_HOSTS": ",".join(hostnames.values()),
+    }
+
+
 def hostname_of(index: int) -> str:
     """The name of a session's kernel number ``index`` (enqueue order, from 0) in its cluster:
     ``main1``, then ``sub1``, ``sub2``, ... (Backend.AI's naming)."""
@@ -205,19 +224,9 @@ class Session(BaseAggregate[str]):
 
     def cluster_env(self, kernel_id: str) -> dict[str, str]:
         """What a kernel is told about its cluster, besides the session's own env."""
-        names = self._hostnames()
-        name = names[kernel_id]
-        role = "main" if name.startswith("main") else "sub"
         return {
             **self.spec.env,
-            "HOIST_SESSION_ID": self.id,
-            "HOIST_KERNEL_ID": kernel_id,
-            "HOIST_CLUSTER_MODE": self.cluster_mode,
-            "HOIST_CLUSTER_ROLE": role,
-            "HOIST_CLUSTER_IDX": name.removeprefix(role),
-            "HOIST_CLUSTER_HOST": name,
-            "HOIST_CLUSTER_SIZE": str(len(names)),
-            "HOIST_CLUSTER_HOSTS": ",".join(names.values()),
+            **hoist_env(self.id, kernel_id, self.cluster_mode, self._hostnames()),
         }
 
     def extra_hosts(self, kernel_id: str, addresses: Mapping[str, str]) -> dict[str, str]:

@@ -35,6 +35,7 @@ from domain.subjects import (
 )
 from eventstore.store import StoreError
 from services.cli import completion, ids, output, stack_cmds
+from services.cli import describe as describe_cli
 from services.cli import history as history_cli
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
@@ -497,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernel_cli.register(sub, connected, _default_owner())
 
     history_cli.register(sub)
+    describe_cli.register(sub)
 
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.

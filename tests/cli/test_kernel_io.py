@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.stack_harness import HOIST, Stack, run_hoist
+from tests.cli.stack_harness import HOIST, Stack, run_hoist, wait_for
 
 _CREATED = re.compile(r"session ([0-9a-f]{32}) created")
 
@@ -147,3 +147,82 @@ def test_cluster_mode_choices_are_named(tmp_path: Path) -> None:
         ["--data-dir", str(tmp_path), "run", "x:1", "--cluster-mode", "one", "--", "true"]
     )
     assert done.returncode == 2 and "--cluster-mode" in done.stderr
+
+
+def test_describe_shows_the_spec_each_kernel_the_quota_and_the_last_events(
+    hoist_stack: Stack, image: str
+) -> None:
+    session_id = interactive(
+        hoist_stack, image, "-n", "2", "-e", "GREETING=hi", "-p", "8080", "-v", "notes:/notes"
+    )
+    hoist_stack.in_read_model(session_id)  # a prefix resolves once the read models have it
+    done = hoist_stack.hoist("describe", session_id[:10])
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"Session:     {session_id}" in out
+    assert "Status:      RUNNING  (running)" in out
+    assert re.search(rf"^Image:       \S*{re.escape(image)}$", out, re.M), out
+    assert re.search(
+        r"^Type:        interactive, cluster \S+ of 2 kernel\(s\), resource group default$",
+        out,
+        re.M,
+    ), out
+    assert "Command:     sleep infinity" in out and "Env:         GREETING=hi" in out
+    assert "Ports:       8080" in out and "Volumes:     notes:/notes" in out
+    # Each kernel: where, status and why, its container, published port, its HOIST_* env.
+    for name in ("main1", "sub1"):
+        kernel = re.search(rf"^  {name}\s+([0-9a-f]{{32}})\s+on (agent-\d)\s+RUNNING", out, re.M)
+        assert kernel, out
+    assert len(re.findall(r"^\s+container [0-9a-f]{12}", out, re.M)) == 2, out
+    assert len(re.findall(r"^\s+port 8080 -> [\d.]+:\d+$", out, re.M)) == 2, out
+    assert f"HOIST_SESSION_ID={session_id}" in out
+    assert "HOIST_CLUSTER_HOST=sub1" in out and "HOIST_CLUSTER_SIZE=2" in out
+    # The owner's quota row, and the last events with who caused them.
+    assert re.search(r"^Quota:\n  \S+: policy none", out, re.M), out
+    events = re.search(r"^Events \(the last (\d+) of (\d+); all: hoist history\):", out, re.M)
+    assert events and int(events[1]) == min(10, int(events[2])), out
+    assert re.search(r"KernelCreated .*by manager", out), out
+    assert "pull " not in out  # a finished pull is no longer shown (its task id is in -o json)
+
+    # -o json: the same as one document (inspect: docker's word for it).
+    doc = json.loads(hoist_stack.hoist("inspect", session_id, "-o", "json", "--events", "3").stdout)
+    assert doc["session_id"] == session_id and doc["spec"]["env"] == {"GREETING": "hi"}
+    assert [k["env"]["HOIST_CLUSTER_HOST"] for k in doc["kernels"]] == ["main1", "sub1"]
+    assert all(k["ports"][0]["port"] == 8080 for k in doc["kernels"])
+    assert doc["quota"]["owner"] == doc["owner"] and doc["quota_error"] is None
+    assert len(doc["events"]) == 3 and doc["events_total"] >= 3
+    assert doc["events"][0]["type"] and doc["events"][-1]["actor"]
+    assert hoist_stack.hoist("destroy", session_id).returncode == 0
+
+
+def test_describe_of_a_pulling_kernel_shows_the_pull_and_how_far_it_is(
+    hoist_stack: Stack,
+) -> None:
+    done = hoist_stack.hoist("run", hoist_stack.next_big_image(), "-d")  # ~10 s of pull
+    assert done.returncode == 0, done.stderr
+    session_id = done.stdout.split()[1]
+    out = ""
+
+    def pulling() -> bool:
+        nonlocal out
+        out = hoist_stack.hoist("describe", session_id).stdout
+        return re.search(r"pull [0-9a-f-]+: [\d.]+ MiB / 800\.0 MiB \([\d.]+ %\)", out) is not None
+
+    wait_for(pulling, 20, interval=0.3)
+    assert "PULLING" in out, out
+    assert hoist_stack.hoist("destroy", session_id).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("describe", "0" * 32), "unknown session"),
+        (("describe", "x", "--events", "-1"), "--events -1: a number of events >= 0"),
+    ],
+)
+def test_describe_refuses_what_names_nothing(
+    hoist_stack: Stack, args: tuple[str, ...], said: str
+) -> None:
+    done = hoist_stack.hoist(*args)
+    assert done.returncode == 1 and said in done.stderr, done.stdout + done.stderr
+    assert done.stdout == ""
