@@ -47,11 +47,13 @@ from domain.limits import (
     ExitCode,
     Id,
     Image,
+    Labels,
     Mem,
     MountPath,
     Owner,
     Port,
     Reason,
+    SessionName,
     Size,
     SlotName,
     Slots,
@@ -209,6 +211,9 @@ class SessionEnqueued(
     session_type: SessionType = "interactive"
     cluster_mode: ClusterMode = "multi-node"
     spec: KernelSpec = KernelSpec()
+    # Added later with defaults (an older event has neither): `hoist run --name`, `--label`.
+    name: SessionName | None = None
+    labels: Labels = {}
 
     # v2: what the kernels run (``spec``), ``session_type`` and ``cluster_mode``.  A v1 session's
     # kernels ran ``sleep infinity`` on any agent: the upcast says so.

@@ -31,6 +31,7 @@ MAX_ENV_NAME = 256  # characters of one environment variable's name
 MAX_PATH = 1024  # a path inside a container
 MAX_PORTS = 32  # ports one kernel exposes
 MAX_MOUNTS = 32  # volumes one kernel mounts
+MAX_LABELS = 32  # labels of one session
 MAX_SLOT = 1_000_000.0  # units of one resource slot (gpu, ...) of one kernel or agent
 MAX_EXEC_S = 3600.0  # seconds an exec may run
 MAX_DEPTH = 16  # nesting of a JSON request
@@ -56,6 +57,12 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
 ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
 # Where a volume is mounted: an absolute path, not "/" itself, no trailing or doubled "/".
 MOUNT_PATH = r"^(?!.*//)(?!.*/\Z)(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
+# A session's name (`hoist run --name`), as Docker's container names: 1-63 characters.
+SESSION_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z"
+# A label's key and value, as Kubernetes': a key of 1-63 characters (a '/'-prefix allowed),
+# a value of at most 63, both without spaces, so `k=v` on a command line is never ambiguous.
+LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,62}\Z"
+LABEL_VALUE = r"^[A-Za-z0-9_.-]{0,63}\Z"
 # A resource slot's name: lower-case letters, digits, '.', '_' and '-' (``gpu``, ``cuda.shares``).
 SLOT_NAME = r"^[a-z][a-z0-9._-]*\Z"
 
@@ -82,6 +89,10 @@ SlotName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=SLOT
 SlotAmount = Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOT)]
 Slots = Annotated[dict[SlotName, SlotAmount], msgspec.Meta(max_length=64)]
 ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+SessionName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=SESSION_NAME)]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=LABEL_KEY)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=63, pattern=LABEL_VALUE)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
 
 
 def kernel_floor(cpu: float, mem: int) -> tuple[str, str] | None:

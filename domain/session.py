@@ -23,7 +23,7 @@ from domain.errors import (
     require_text,
 )
 from domain.image_ref import canonical, canonical_or_same
-from domain.limits import MAX_DETAIL, MAX_REASON, clip
+from domain.limits import MAX_DETAIL, MAX_REASON, Labels, SessionName, clip
 from domain.reasons import Reason, exit_reason, info, reason_of
 from domain.status import (
     FAILED,
@@ -44,6 +44,9 @@ _WAITING_FOR_IMAGE = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING})
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
+_NAME = "1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+_LABELS = "at most 32 key=value labels: keys 1-63 of letters, digits, '_', '.', '/' or '-'"
+_LABELS += ", values at most 63 of letters, digits, '_', '.' or '-'"
 
 
 # Names a kernel's environment must not set: the cluster info Hoist gives every kernel.
@@ -128,6 +131,8 @@ class Session(BaseAggregate[str]):
         session_type: ev.SessionType
         cluster_mode: ev.ClusterMode
         spec: ev.KernelSpec  # what every kernel runs
+        name: str | None  # unique among its owner's sessions that have not ended
+        labels: dict[str, str]
         kernels: dict[str, Kernel]  # kernel id -> kernel, in enqueue order
 
     @classmethod
@@ -144,6 +149,8 @@ class Session(BaseAggregate[str]):
         session_type: ev.SessionType = "interactive",
         cluster_mode: ev.ClusterMode = "multi-node",
         spec: ev.KernelSpec | Mapping[str, object] | None = None,
+        name: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> Session:
         if isinstance(cluster_size, bool) or not isinstance(cluster_size, int) or cluster_size < 1:
             raise InvalidField("cluster_size", f"must be an integer >= 1, got {cluster_size!r}")
@@ -178,6 +185,9 @@ class Session(BaseAggregate[str]):
             )
         if request_id is not None:
             require_text(request_id, "request_id")
+        if name is not None:
+            name = convert(name, SessionName, "name", _NAME)
+        labels = convert(labels or {}, Labels, "labels", _LABELS)
         return cls._create(
             ev.SessionEnqueued,
             id=check_token(session_id or uuid4().hex, "session_id"),
@@ -192,6 +202,8 @@ class Session(BaseAggregate[str]):
             session_type=session_type,
             cluster_mode=cluster_mode,
             spec=spec,
+            name=name,
+            labels=labels,
         )
 
     # --- derived state ---------------------------------------------------------------------
@@ -253,6 +265,8 @@ class Session(BaseAggregate[str]):
         self.session_type = e.session_type
         self.cluster_mode = e.cluster_mode
         self.spec = e.spec
+        self.name = e.name
+        self.labels = dict(e.labels)
         self.kernels = {}
         for kernel_id in e.kernel_ids:
             kernel = Kernel(kernel_id=kernel_id)

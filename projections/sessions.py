@@ -52,6 +52,8 @@ KERNELS = Table(
         ("ports", "VARCHAR"),  # "8080->127.0.0.1:32768, ..." once created
         ("exit_code", "INTEGER"),  # once its process ended on its own
         ("ran_s", "DOUBLE"),  # how long its command ran
+        ("session_name", "VARCHAR"),  # its session's (`hoist run --name`)
+        ("labels", "MAP(VARCHAR, VARCHAR)"),  # its session's
         ("last_seq", "BIGINT"),
     ),
     key=("kernel_id",),
@@ -85,6 +87,8 @@ SESSIONS = Table(
         ("status_info", "VARCHAR"),
         ("created_at", "TIMESTAMPTZ"),
         ("updated_at", "TIMESTAMPTZ"),
+        ("name", "VARCHAR"),  # `hoist run --name`
+        ("labels", "MAP(VARCHAR, VARCHAR)"),  # `hoist run --label k=v`
         ("last_seq", "BIGINT"),
     ),
     key=("session_id",),
@@ -131,7 +135,8 @@ class SessionsProjection(Projection):
     # v3: what kernels run and how they ended (hostname, slots, ports, exit_code, ran_s;
     # session_type, cluster_mode, command).  v4: images in canonical form (domain.image_ref).
     # v5: each kernel's slots as a map too (slot_amounts), which slots_by_agent sums.
-    version: ClassVar[int] = 5
+    # v6: sessions' names and labels (on their kernels too, for `hoist ps -l`).
+    version: ClassVar[int] = 6
     tables: ClassVar[tuple[Table, ...]] = (KERNELS, KERNEL_STATUS_HISTORY, SESSIONS)
     views: ClassVar[Mapping[str, str]] = {
         "occupancy_by_owner": f"""
@@ -192,6 +197,8 @@ class SessionsProjection(Projection):
             if e.spec.command is None
             else msgspec.json.encode(e.spec.command).decode(),
             "created_at": e.timestamp,
+            "name": e.name,
+            "labels": dict(e.labels),
         }
         slots = slots_text(e.resources.slots)
         kernels: dict[str, Row] = {}
@@ -211,6 +218,8 @@ class SessionsProjection(Projection):
                 "mem": e.resources.mem,
                 "status": status,
                 "status_info": info,
+                "session_name": e.name,
+                "labels": dict(e.labels),
             }
         live = self.live[e.originator_id] = _Live(row, kernels)
         for kernel in kernels.values():

@@ -25,6 +25,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
     "MAP(VARCHAR, DOUBLE)": pa.map_(pa.string(), pa.float64()),  # a dict, e.g. resource slots
+    "MAP(VARCHAR, VARCHAR)": pa.map_(pa.string(), pa.string()),  # a dict, e.g. labels
 }
 
 

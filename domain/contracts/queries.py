@@ -73,8 +73,10 @@ SQL_DEFAULT_TIME_LIMIT_S = 10.0
 SQL_MAX_TIME_LIMIT_S = 30.0
 
 # What a filter takes: a string or a list of strings (any of them), a kernel status, a pull
-# outcome (PULL_OUTCOMES), a boolean, or the start of an id (field ``<column>_prefix``).
+# outcome (PULL_OUTCOMES), a boolean, the start of an id (field ``<column>_prefix``), or labels
+# (``key=value`` or ``key`` alone, a string or a list: every one must match).
 TEXT, STATUS, OUTCOME, BOOL, PREFIX = "text", "status", "outcome", "bool", "prefix"
+LABELS = "labels"
 
 # Each query's filters: field -> what it takes.
 FILTERS: dict[str, dict[str, str]] = {
@@ -88,6 +90,8 @@ FILTERS: dict[str, dict[str, str]] = {
         "status": STATUS,
         "kernel_id_prefix": PREFIX,
         "session_id_prefix": PREFIX,
+        "session_name": TEXT,
+        "labels": LABELS,
     },
     "sessions": {
         "session_id": TEXT,
@@ -96,6 +100,8 @@ FILTERS: dict[str, dict[str, str]] = {
         "resource_group": TEXT,
         "status": STATUS,
         "session_id_prefix": PREFIX,
+        "name": TEXT,
+        "labels": LABELS,
     },
     "occupancy": {"owner": TEXT, "agent_id": TEXT},
     "agents": {"agent_id": TEXT, "resource_group": TEXT, "alive": BOOL},

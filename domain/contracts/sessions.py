@@ -79,9 +79,11 @@ from domain.limits import (
     ExitCode,
     Id,
     Image,
+    Labels,
     Mem,
     Owner,
     Port,
+    SessionName,
     SlotAmount,
     SlotName,
     kernel_floor,
@@ -114,6 +116,8 @@ class CreateSession(_Request, frozen=True, kw_only=True):
     workdir: AbsPath | None = None
     ports: Annotated[list[Port], msgspec.Meta(max_length=MAX_PORTS)] = []
     mounts: Annotated[list[Mount], msgspec.Meta(max_length=MAX_MOUNTS)] = []
+    name: SessionName | None = None  # unique among the owner's sessions that have not ended
+    labels: Labels = {}
 
     def kernel_resources(self) -> Resources:
         """``resources`` as the domain holds them: cpu, mem (whole bytes), the rest slots."""
@@ -262,6 +266,8 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     status_info: str
     kernels: list[KernelView]
+    name: str | None = None
+    labels: dict[str, str] = {}
 
 
 def session_view(session: Session) -> SessionView:
@@ -276,6 +282,8 @@ def session_view(session: Session) -> SessionView:
         session_type=session.session_type,
         cluster_mode=session.cluster_mode,
         spec=session.spec,
+        name=session.name,
+        labels=session.labels,
         status=session.status.value,
         status_info=session.status_info,
         kernels=[

@@ -110,6 +110,9 @@ def text_lines(doc: dict[str, Any]) -> list[str]:
     res = doc["resources"]
     out = [
         f"Session:     {doc['session_id']}",
+        f"Name:        {doc.get('name') or '-'}",
+        "Labels:      "
+        + (",".join(f"{k}={v}" for k, v in sorted((doc.get("labels") or {}).items())) or "-"),
         f"Owner:       {doc['owner']}",
         f"Status:      {doc['status']}  ({doc['status_info']})",
         f"Image:       {doc['image']}",

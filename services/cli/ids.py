@@ -1,5 +1,5 @@
 """Short ids, as Docker takes them: a session or kernel id may be given by any unique prefix
-(tables print 12 characters).
+(tables print 12 characters), and a session by its name (`hoist run --name`).
 
 A prefix is resolved through the read-model query (``hoist.query.sessions`` / ``kernels``,
 filter ``*_id_prefix``).  A Hoist user's connection sends it on their own subject, which the
@@ -16,11 +16,16 @@ from typing import Any
 from client.connection import CliError, Connection
 from domain.errors import unknown_kernel, unknown_session
 from domain.limits import MAX_ID
+from domain.limits import SESSION_NAME as SESSION_NAME_PATTERN
+from domain.status import TERMINAL
 from domain.subjects import query_subject
 
 FULL_ID = re.compile(r"^[0-9a-f]{32}\Z")
 HOSTNAME = re.compile(r"^(main|sub)[0-9]+\Z")  # a kernel named by its hostname in its session
 SHOWN = 10  # candidates an ambiguous prefix lists
+MAX_NAMED = 1000  # sessions of one name looked at: every ended one is a candidate too
+SESSION_NAME = re.compile(SESSION_NAME_PATTERN)
+ENDED = {s.value for s in TERMINAL}
 
 
 class NoMatch(CliError):
@@ -43,15 +48,39 @@ def _check_given(kind: str, given: str) -> None:
 
 
 async def session_id(conn: Connection, given: str) -> str:
-    """The one session id starting with ``given``."""
+    """The one session named ``given`` (`hoist run --name`) or whose id starts with it; a
+    name and a prefix of two different sessions is ambiguous, said with both."""
     _check_given("session", given)
     if FULL_ID.match(given):
         return given
-    reply = await conn.request(
-        query_subject("sessions"), {"session_id_prefix": given, "limit": SHOWN}
-    )
+    sessions = query_subject("sessions")
+    reply = await conn.request(sessions, {"session_id_prefix": given, "limit": SHOWN})
     ids = [row["session_id"] for row in reply["rows"]]
-    return _one("session", given, ids, reply, unknown_session(given))
+    named = await _named(conn, given) if SESSION_NAME.match(given) else None
+    if named is None:
+        return _one("session", given, ids, reply, unknown_session(given))
+    others = [i for i in ids if i != named]
+    if others:
+        raise CliError(
+            f"{given} is ambiguous: the name of session {named} and the start of session"
+            f" {', '.join(others)}; give the id (or more of it)"
+        )
+    return named
+
+
+async def _named(conn: Connection, name: str) -> str | None:
+    """The session of that name that has not ended (names are unique among those), else the
+    newest that has; None if no session the caller sees has it.  Several owners' (the client
+    role sees every owner's) of one name are ambiguous."""
+    reply = await conn.request(query_subject("sessions"), {"name": name, "limit": MAX_NAMED})
+    rows = reply["rows"]
+    live = [r for r in rows if r["status"] not in ENDED]
+    if len(live) > 1:
+        owners = ", ".join(f"{r['session_id']} ({r['owner']})" for r in live)
+        raise CliError(f"{name} names sessions of several owners: {owners}; give the id")
+    if live:
+        return str(live[0]["session_id"])
+    return str(rows[-1]["session_id"]) if rows else None
 
 
 async def kernel_id(conn: Connection, given: str, session: str | None = None) -> str:

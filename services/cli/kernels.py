@@ -16,7 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from client.connection import CliError, Connection
-from domain.limits import ABS_PATH, ENV_NAME, MAX_ENV_NAME, TOKEN
+from domain.limits import (
+    ABS_PATH,
+    ENV_NAME,
+    LABEL_KEY,
+    LABEL_VALUE,
+    MAX_ENV_NAME,
+    SESSION_NAME,
+    TOKEN,
+)
 from domain.subjects import SESSION_EXEC, SESSION_LOGS, VOLUME_LIST, VOLUME_REMOVE
 from services.cli import ids, output
 from services.cli.output import add_output_flags, print_json, wants_json
@@ -130,7 +138,38 @@ def kernel_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
         spec["ports"] = ports
     if mounts := parse_mounts(args.volume or []):
         spec["mounts"] = mounts
+    if args.name is not None:
+        if not re.match(SESSION_NAME, args.name):
+            raise CliError(
+                f"--name {args.name}: 1-63 letters, digits, '_', '.' or '-', starting with a"
+                " letter or digit"
+            )
+        spec["name"] = args.name
+    if labels := parse_labels(args.label or [], "--label"):
+        spec["labels"] = labels
     return spec
+
+
+def parse_labels(specs: list[str], flag: str) -> dict[str, str]:
+    """``k=v`` items (repeated) -> a dict; what a key or value may hold the manager checks."""
+    labels: dict[str, str] = {}
+    for item in specs:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise CliError(f"{flag} {item}: give key=value (e.g. {flag} team=ml)")
+        if not re.match(LABEL_KEY, key):
+            raise CliError(
+                f"{flag} {item}: the key is 1-63 letters, digits, '_', '.', '/' or '-',"
+                " starting with a letter or digit"
+            )
+        if not re.match(LABEL_VALUE, value):
+            raise CliError(
+                f"{flag} {item}: the value is at most 63 letters, digits, '_', '.' or '-'"
+            )
+        if key in labels and labels[key] != value:
+            raise CliError(f"{flag} {item}: {key} is given twice")
+        labels[key] = value
+    return labels
 
 
 def port_lines(view: dict[str, Any]) -> list[str]:
@@ -306,6 +345,18 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         help="a named volume on the agent (created on first use, kept)",
     )
     run.add_argument("--workdir", "-w", help="the command's working directory")
+    run.add_argument(
+        "--name",
+        help="a name for the session, unique among yours that have not ended; every command"
+        " that takes a session id takes it too",
+    )
+    run.add_argument(
+        "--label",
+        "-l",
+        action="append",
+        metavar="K=V",
+        help="a label (repeat); shown by describe, filtered by ps -l and sessions -l",
+    )
     run.add_argument(
         "--batch",
         action="store_true",

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         (
             "kernel_id",
             "session_id",
+            "session_name",
             "hostname",
             "owner",
             "image",
@@ -54,12 +55,14 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "sessions",
         (
             "session_id",
+            "name",
             "owner",
             "image",
             "session_type",
             "cluster_size",
             "status",
             "status_info",
+            "labels",
             "created_at",
         ),
     ),
@@ -100,7 +103,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
 }
 # Shown only when some row has a value: most kernels publish no port and have not ended.
-_SPARSE_COLUMNS = ("exit_code", "ran_s", "ports", "slots")  # shown when some row has one
+# Shown when some row has one.
+_SPARSE_COLUMNS = ("exit_code", "ran_s", "ports", "slots", "session_name", "name", "labels")
 _ID_COLUMNS = ("kernel_id", "session_id", "task_id")  # shortened in tables, whole in --json
 _BYTE_COLUMNS = ("mem", "free_mem", "disk", "free_disk", "size_bytes", "bytes")
 _SECONDS_COLUMNS = ("ran_s", "duration_s")
@@ -127,9 +131,11 @@ def add_commands(
     ps.add_argument("--session", help="only this session's kernels (an id or its prefix)")
     ps.add_argument("--owner")
     ps.add_argument("--status", action="append", help="e.g. PULLING (repeatable)")
+    ps.add_argument("--label", "-l", action="append", metavar="K=V", help=_LABEL_HELP)
     sessions = table_command("sessions", "sessions and their status")
     sessions.add_argument("--owner")
     sessions.add_argument("--status", action="append")
+    sessions.add_argument("--label", "-l", action="append", metavar="K=V", help=_LABEL_HELP)
     agents = table_command("agents", "agents: capacity, free room, liveness")
     agents.add_argument("--resource-group")
     images = table_command("images", "images held by each agent")
@@ -141,6 +147,9 @@ def add_commands(
     pulls.add_argument("--outcome", choices=("pulling", "pulled", "failed", "abandoned"))
 
 
+_LABEL_HELP = "only those with this label (K=V, or K: any value; repeat: all of them)"
+
+
 def request_of(args: argparse.Namespace) -> dict[str, Any]:
     """The query's filters from the command's options (unset ones left out)."""
     options = {
@@ -150,6 +159,7 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
         "resource_group": getattr(args, "resource_group", None),
         "agent_id": getattr(args, "agent", None),
         "outcome": getattr(args, "outcome", None),
+        "labels": getattr(args, "label", None),
         "limit": args.limit,
     }
     if args.read == "occupancy":
@@ -180,7 +190,7 @@ async def run_read(conn: Connection, args: argparse.Namespace, console: Console)
         [
             c
             for c in columns
-            if any(c in r and (c not in _SPARSE_COLUMNS or r[c] is not None) for r in rows)
+            if any(c in r and (c not in _SPARSE_COLUMNS or r[c] not in (None, {})) for r in rows)
         ]
         or sorted({k for r in rows for k in r})
         or [c for c in columns if c not in _SPARSE_COLUMNS]  # no row: the header says what
@@ -250,4 +260,6 @@ def _cell(column: str, value: Any, whole_ids: bool = False) -> str:
             return value
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, dict):  # labels: as they were given
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
     return str(value)

@@ -86,6 +86,7 @@ class Fleet:
         self.kernel_session = indexes.kernel_session
         self.pending = indexes.pending
         self.owner_sessions = indexes.owner_sessions
+        self.session_names = indexes.session_names
         self.owner_usage = indexes.owner_usage
         self.running_since = indexes.running_since
         self.running_order = indexes.running_order

@@ -81,6 +81,8 @@ class FleetIndexes:
         self.kernel_session: dict[str, str] = {}
         self.pending: dict[str, int] = {}  # session id -> enqueue order
         self.owner_sessions: defaultdict[str, int] = defaultdict(int)
+        # (owner, name) -> the session of that name that has not ended (`hoist run --name`)
+        self.session_names: dict[tuple[str, str], str] = {}
         # owner -> what their kernels in USER_RESOURCE_OCCUPYING hold (quotas, domain.quota)
         self.owner_usage: defaultdict[str, Usage] = defaultdict(Usage)
         # interactive session id -> when it became RUNNING (max_lifetime_s, domain.quota), and
@@ -208,9 +210,19 @@ class FleetIndexes:
         since = session.running_since() if session.session_type == "interactive" else None
         self._set_running_since(sid, since)
         self.sessions[sid] = session
+        self._set_name(session)
         self._set_footprint(sid, session.owner, new)
         if is_settled(session):
             self._settled(sid)
+
+    def _set_name(self, session: Session, gone: bool = False) -> None:
+        if session.name is None:
+            return
+        key = (session.owner, session.name)
+        if not gone and session.status not in TERMINAL:
+            self.session_names[key] = session.id
+        elif self.session_names.get(key) == session.id:
+            del self.session_names[key]
 
     def _set_footprint(self, sid: str, owner: str, new: _Footprint) -> None:
         old = self._footprints.get(sid, _EMPTY)
@@ -297,6 +309,7 @@ class FleetIndexes:
         session = self.sessions.pop(session_id, None)
         self._set_running_since(session_id, None)
         if session is not None:
+            self._set_name(session, gone=True)
             self._set_footprint(session_id, session.owner, _EMPTY)
             self._footprints.pop(session_id, None)
 

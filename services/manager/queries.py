@@ -35,6 +35,7 @@ from domain.contracts.queries import (
     DEFAULT_LIMIT,
     DEFAULT_WAIT_S,
     FILTERS,
+    LABELS,
     MAX_LIMIT,
     MAX_WAIT_S,
     OCCUPANCY_BY,
@@ -44,7 +45,7 @@ from domain.contracts.queries import (
     STATUS,
 )
 from domain.image_ref import canonical_or_same
-from domain.limits import MAX_ID, MAX_IMAGE, MAX_LIST, quote
+from domain.limits import MAX_ID, MAX_IMAGE, MAX_LABELS, MAX_LIST, quote
 from domain.rpc import RequestError
 from domain.status import KernelStatus
 from domain.subjects import SQL_SUBJECT, VERIFY_SUBJECT
@@ -321,6 +322,8 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
         if not isinstance(value, bool):
             raise InvalidRequest(f"{name} must be true or false, got {quote(value)}")
         return f"{name} = ?", [value]
+    if kind == LABELS:
+        return _labels(name, value)
     if kind == PREFIX:  # the start of an id: a short id the CLI resolves
         if not isinstance(value, str) or not 0 < len(value) <= MAX_ID:
             raise InvalidRequest(
@@ -344,6 +347,28 @@ def _filter(name: str, kind: str, value: Any) -> tuple[str, list[Any]]:
     if name == "image":  # the read models hold canonical references: any spelling finds them
         values = [canonical_or_same(v) for v in values]
     return f"{name} IN ({', '.join('?' for _ in values)})", values
+
+
+def _labels(name: str, value: Any) -> tuple[str, list[Any]]:
+    """Every ``key=value`` (the label has that value) or ``key`` (the label is set) given."""
+    values = value if isinstance(value, list) else [value]
+    if not 0 < len(values) <= MAX_LABELS or not all(
+        isinstance(v, str) and 0 < len(v) <= 2 * 64 for v in values
+    ):
+        raise InvalidRequest(
+            f"{name} must be key=value (or key) or a list of 1 to {MAX_LABELS} of them,"
+            f" got {quote(value)}"
+        )
+    clauses, params = [], []
+    for v in values:
+        key, eq, val = v.partition("=")
+        if eq:
+            clauses.append(f"{name}[?] = ?")
+            params += [key, val]
+        else:
+            clauses.append(f"map_contains({name}, ?)")
+            params.append(key)
+    return " AND ".join(clauses), params
 
 
 def _parse(name: str, query: Query, request: dict[str, Any]) -> tuple[str, list[Any], int]:

@@ -10,6 +10,8 @@ domain.scheduling.never_holds; a group with no live agent yet is waited for).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -39,6 +41,9 @@ class SessionCommands:
     def __init__(self, fleet: Fleet, uow: UnitOfWork) -> None:
         self.fleet = fleet
         self.uow = uow
+        # Held from a named create's check to its append: two creates of one name in this
+        # manager cannot both find it free.
+        self._naming = asyncio.Lock()
 
     async def create(self, req: CreateSession) -> SessionView:
         if req.request_id is not None:
@@ -56,6 +61,8 @@ class SessionCommands:
             session_type=req.session_type,
             cluster_mode=req.cluster_mode,
             spec=req.spec(),
+            name=req.name,
+            labels=req.labels,
         )
         groups = self.fleet.resource_groups
         if not may_use(req.owner, new.resource_group, groups):  # may this owner use the group?
@@ -89,11 +96,25 @@ class SessionCommands:
         # original's sequences while we hold other kernel ids. The derived session id and
         # "subject must be empty" make the retry a conflict instead, and we get what the first
         # attempt stored.
-        stored = await self.uow.add(new, actor=requester("client"))
+        async with self._naming if req.name is not None else contextlib.nullcontext():
+            if req.name is not None and sid not in self.fleet.sessions:
+                self._name_free(req.owner, req.name)
+            stored = await self.uow.add(new, actor=requester("client"))
         if stored is not new:
             _same_request(stored, req)
         await self.fleet.wait_settled(sid, req.max_wait)
         return await self._view(sid)
+
+    def _name_free(self, owner: str, name: str) -> None:
+        """Conflict naming the session that holds ``name`` among the owner's that have not
+        ended (a name is free again once its session ends)."""
+        holder = self.fleet.session_names.get((owner, name))
+        if holder is not None:
+            raise Conflict(
+                "name",
+                f"{name!r} is the name of session {holder}, which has not ended: destroy it"
+                f" (hoist destroy {name}) or choose another name",
+            )
 
     async def get(self, req: GetSession) -> SessionView:
         return await self._view(req.session_id)
@@ -130,6 +151,8 @@ def _same_request(session: Session, req: CreateSession) -> None:
         "session_type": req.session_type,
         "cluster_mode": req.cluster_mode,
         "spec": req.spec(),
+        "name": req.name,
+        "labels": req.labels,
     }
     have: dict[str, Any] = {
         "image": session.image,
@@ -139,6 +162,8 @@ def _same_request(session: Session, req: CreateSession) -> None:
         "session_type": session.session_type,
         "cluster_mode": session.cluster_mode,
         "spec": session.spec,
+        "name": session.name,
+        "labels": session.labels,
     }
     differs = [name for name in asked if asked[name] != have[name]]
     if differs:

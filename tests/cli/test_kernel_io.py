@@ -226,3 +226,65 @@ def test_describe_refuses_what_names_nothing(
     done = hoist_stack.hoist(*args)
     assert done.returncode == 1 and said in done.stderr, done.stdout + done.stderr
     assert done.stdout == ""
+
+
+def test_names_and_labels_name_sessions_filter_tables_and_stay_in_the_log(
+    hoist_stack: Stack, image: str
+) -> None:
+    web = interactive(hoist_stack, image, "--name", "web", "-l", "team=ml", "-l", "tier=front")
+    # The name is taken until its session ends: a second is refused naming the holder.
+    again = hoist_stack.hoist("run", image, "-d", "--name", "web", "--", "sleep", "infinity")
+    assert again.returncode == 1, again.stdout
+    assert f"--name: 'web' is the name of session {web}, which has not ended" in again.stderr
+    db = interactive(hoist_stack, image, "--name", "db", "-l", "team=ml")
+    hoist_stack.in_read_model(db)
+
+    # Every command that takes a session id takes its name.
+    described = hoist_stack.hoist("describe", "web")
+    assert f"Session:     {web}" in described.stdout, described.stdout + described.stderr
+    assert "Name:        web" in described.stdout
+    assert "Labels:      team=ml,tier=front" in described.stdout
+    done = hoist_stack.hoist("exec", "db", "printenv", "HOIST_SESSION_ID")
+    assert done.stdout.strip() == db, done.stdout + done.stderr
+
+    # Filters: every label given must match; a key alone matches any value.
+    def ids(*args: str) -> set[str]:
+        reply = json.loads(hoist_stack.hoist(*args, "-o", "json").stdout)
+        return {row["session_id"] for row in reply["rows"]}
+
+    assert ids("sessions", "-l", "team=ml") == {web, db}
+    assert ids("sessions", "-l", "team=ml", "-l", "tier=front") == {web}
+    assert ids("sessions", "-l", "tier") == {web}
+    assert ids("ps", "-l", "tier=front") == {web}
+    table = hoist_stack.hoist("sessions", "-l", "team=ml").stdout
+    assert re.search(r"\bweb\b.*team=ml,tier=front", table), table
+
+    # The name and labels are in the event that created the session (replay and audit).
+    history = hoist_stack.hoist("history", "web").stdout
+    assert '"name":"web"' in history and '"labels":{"team":"ml","tier":"front"}' in history
+
+    # Ended, the name is free again; the name still finds the ended session until reused.
+    assert hoist_stack.hoist("destroy", "web").returncode == 0
+    reused = interactive(hoist_stack, image, "--name", "web")
+    hoist_stack.in_read_model(reused)
+    assert f"Session:     {reused}" in hoist_stack.hoist("describe", "web").stdout
+    for sid in (db, reused):
+        assert hoist_stack.hoist("destroy", sid).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--name=-bad",), "--name -bad: 1-63 letters, digits"),
+        (("--name", "a b"), "--name a b: 1-63 letters, digits"),
+        (("-l", "team"), "--label team: give key=value (e.g. --label team=ml)"),
+        (("-l", "a b=c"), "--label a b=c: the key is 1-63 letters"),
+        (("-l", "k=v v"), "--label k=v v: the value is at most 63"),
+    ],
+)
+def test_bad_names_and_labels_are_refused_naming_the_flag(
+    hoist_stack: Stack, image: str, args: tuple[str, ...], said: str
+) -> None:
+    done = hoist_stack.hoist("run", image, "-d", *args, "--", "true")
+    assert done.returncode in (1, 2) and said in done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

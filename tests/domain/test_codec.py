@@ -90,6 +90,7 @@ FIELDS = [(name, field) for name, e in ONE_OF_EACH.items() for field in e.__stru
 BAD_VALUES: list[object] = [True, [True], {"k": True}, None, ""]
 VALID_ODDITIES = [
     ("request_id", None),
+    ("name", None),  # a session without a name (`hoist run --name`)
     ("detail", ""),
     ("pinned", True),
     ("oom_killed", True),
@@ -185,3 +186,20 @@ def test_a_command_that_ended_within_the_clocks_resolution_ran_zero_seconds() ->
     policy = msgspec.structs.replace(ONE_OF_EACH["ResourcePolicySet"], max_lifetime_s=0.0)
     with pytest.raises(EventDecodeError, match="max_lifetime_s"):
         decode(*encode(policy))  # a limit of 0 s is no limit: refused
+
+
+def test_a_session_enqueued_before_names_and_labels_decodes_without_them() -> None:
+    data, headers = encode(SAMPLES[0])
+    payload = json.loads(data)
+    payload.pop("name", None)
+    payload.pop("labels", None)
+    back = decode(json.dumps(payload).encode(), headers)
+    assert isinstance(back, ev.SessionEnqueued)
+    assert back.name is None and back.labels == {}
+    named = msgspec.structs.replace(back, name="web", labels={"team": "ml"})
+    again = decode(*encode(named))
+    assert isinstance(again, ev.SessionEnqueued)
+    assert (again.name, again.labels) == ("web", {"team": "ml"})
+    payload["labels"] = {"a b": "c"}  # what the door refuses, a forged event is refused too
+    with pytest.raises(EventDecodeError, match="labels"):
+        decode(json.dumps(payload).encode(), headers)
