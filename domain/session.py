@@ -361,6 +361,24 @@ class Session(BaseAggregate[str]):
             ev.KernelPulling, kernel_id, status_info, task_id=check_token(task_id, "task_id")
         )
 
+    def pull_asked_again(self, agent_id: str, kernel_ids: Collection[str], task_id: str) -> None:
+        """The agent pulls the image again as ``task_id`` (it restarted and forgot the pull its
+        kernels waited for): each of ``kernel_ids`` still PULLING there waits for the new task,
+        recorded (KernelPulling again) so whoever follows the pull follows the new one."""
+        why = info(
+            Reason.IMAGE_PULLING,
+            f"asked again of {agent_id} as task {task_id} (the agent lost the first pull)",
+        )
+        for kernel_id in kernel_ids:
+            kernel = self.kernels.get(kernel_id)
+            if (
+                kernel is not None
+                and kernel.status is S.PULLING
+                and kernel.agent_id == agent_id
+                and kernel.pull_task_id != task_id
+            ):
+                self.mark_pulling(kernel_id, task_id, why)
+
     def mark_prepared(self, kernel_id: str, status_info: str = "prepared") -> None:
         self._move(ev.KernelPrepared, kernel_id, status_info)
 

@@ -40,8 +40,9 @@ TRANSITIONS: Mapping[KernelStatus, frozenset[KernelStatus]] = {
     # Check-and-pull in progress: its answer decides between pulling and ready.
     S.PREPARING: frozenset({S.PULLING, S.PREPARED, S.CANCELLED}),
     # Background pull: done -> PREPARED; pull failed or superadmin force-cancel -> CANCELLED,
-    # which frees the agent's reserved resources.
-    S.PULLING: frozenset({S.PREPARED, S.CANCELLED}),
+    # which frees the agent's reserved resources; PULLING again: the pull asked again as a new
+    # task (its agent restarted and forgot the first), so every reader follows the new one.
+    S.PULLING: frozenset({S.PULLING, S.PREPARED, S.CANCELLED}),
     # Image on the agent: the manager asks for the container, or it is cancelled first.
     S.PREPARED: frozenset({S.CREATING, S.CANCELLED}),
     # The agent creates the container: it runs, fails to start (ERROR), or is cancelled

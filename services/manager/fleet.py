@@ -81,7 +81,6 @@ class Fleet:
         self.admin = view.admin  # the four above, by subject kind (the unit of work's)
         self.liveness = view.liveness
         self.image_sizes = view.image_sizes
-        self.pull_retasked = view.pull_retasked
         self.caught_up = view.caught_up
         self.kernel_session = indexes.kernel_session
         self.pending = indexes.pending
@@ -132,12 +131,6 @@ class Fleet:
 
     def image_there_on(self, session: Session, agent_id: str) -> bool:
         return self.view.image_there_on(session, agent_id)
-
-    def pull_tasks_of(self, kernel: Kernel) -> set[str]:
-        return self.view.pull_tasks_of(kernel)
-
-    def retasked(self, kernel_id: str, task_id: str | None) -> None:
-        self.view.retasked(kernel_id, task_id)
 
     def unsettled_sessions(self) -> Iterable[str]:
         return self.view.unsettled_sessions()

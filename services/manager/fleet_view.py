@@ -100,9 +100,6 @@ class FleetView:
         self.caught_up = asyncio.Event()
         # image -> its size in bytes as an agent last reported it (locality weighs bytes)
         self.image_sizes: dict[str, int] = {}
-        # kernel id -> the pull it waits for when that is no longer the one its KernelPulling
-        # named (the agent restarted and check-and-pull started another; check-pulling-kernels)
-        self.pull_retasked: dict[str, str] = {}
 
     def attach(
         self,
@@ -302,7 +299,7 @@ class FleetView:
         state = self.agents.get(kernel.agent_id or "")
         if state is None or image not in state.agent.images:
             return False
-        return not sent_back(kernel) or state.pulled.get(image) in self.pull_tasks_of(kernel)
+        return not sent_back(kernel) or state.pulled.get(image) == kernel.pull_task_id
 
     def pulling_there(self, session: Session, agent_id: str) -> list[Kernel]:
         """The session's PULLING kernels on ``agent_id``."""
@@ -315,20 +312,6 @@ class FleetView:
         (``image_there_for``): they may be PREPARED."""
         waiting = self.pulling_there(session, agent_id)
         return bool(waiting) and all(self.image_there_for(k, session.image) for k in waiting)
-
-    def pull_tasks_of(self, kernel: Kernel) -> set[str]:
-        """The pulls a PULLING kernel may be waiting for: the one its KernelPulling named, and
-        the one check-and-pull started instead after its agent restarted."""
-        tasks = {kernel.pull_task_id, self.pull_retasked.get(kernel.kernel_id)}
-        tasks.discard(None)
-        return tasks  # type: ignore[return-value]
-
-    def retasked(self, kernel_id: str, task_id: str | None) -> None:
-        """The kernel now waits for pull ``task_id`` (None: no other than its own)."""
-        if task_id is None:
-            self.pull_retasked.pop(kernel_id, None)
-        else:
-            self.pull_retasked[kernel_id] = task_id
 
     def unsettled_sessions(self) -> Iterable[str]:
         return [sid for sid, s in self.sessions.items() if not is_settled(s)]

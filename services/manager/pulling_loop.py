@@ -8,10 +8,10 @@ For each PULLING kernel:
 - otherwise its agent is asked ``pull-status`` for the task (once per task):
   done -> PREPARED (its ImagePulled was lost); failed -> CANCELLED ``image-pull-failed``;
   unknown to the agent (it restarted) -> check-and-pull again (present -> PREPARED, else the
-  new task is followed); no byte of progress for the stall timeout -> CANCELLED
+  new task is recorded, KernelPulling again, and followed by everyone); no byte of progress for the stall timeout -> CANCELLED
   ``pull-stalled: ...``.
 Progress marks live in memory: after a manager restart the stall clock starts again, the pull
-timeout does not (it counts from the PULLING status in the log).
+timeout does not (it counts from the first PULLING status in the log, asked again or not).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import msgspec
 from domain import rpc
 from domain.reasons import Reason, info
 from domain.session import Session
+from domain.status import Kernel
+from domain.status import KernelStatus as S
 from services.manager.agent_rpc import AgentCallFailed, AgentRpc
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
@@ -76,7 +78,6 @@ class PullingLoop:
         """One round over every PULLING kernel."""
         now = datetime.now(UTC)
         pulls: defaultdict[Pull, list[tuple[str, str]]] = defaultdict(list)
-        pulling: set[str] = set()
         for agent_id, sids in list(self.fleet.pulling_on_agent.items()):
             for sid in list(sids):
                 session = self.fleet.sessions[sid]
@@ -86,22 +87,17 @@ class PullingLoop:
                     )
                     continue
                 for k in self.fleet.pulling_there(session, agent_id):
-                    pulling.add(k.kernel_id)
-                    waited = (now - k.status_history[-1].at).total_seconds()
+                    waited = (now - _pulling_since(k)).total_seconds()
                     if waited >= self.pull_timeout_s:
                         why = info(
                             Reason.PULL_TIMEOUT, f"not pulled after {self.pull_timeout_s:g}s"
                         )
                         await self._end(agent_id, [(sid, k.kernel_id)], why)
                         continue
-                    task_id = self.fleet.pull_retasked.get(k.kernel_id) or k.pull_task_id or ""
-                    pulls[(agent_id, task_id)].append((sid, k.kernel_id))
+                    pulls[(agent_id, k.pull_task_id or "")].append((sid, k.kernel_id))
         await asyncio.gather(*(self._follow(pull, ks) for pull, ks in pulls.items()))
         for key in self._progress.keys() - pulls.keys():
             del self._progress[key]
-        # A kernel that left PULLING (prepared by the pull, cancelled) waits for no pull now.
-        for kid in self.fleet.pull_retasked.keys() - pulling:
-            self.fleet.retasked(kid, None)
 
     async def _follow(self, pull: Pull, kernels: list[tuple[str, str]]) -> None:
         agent_id, task_id = pull
@@ -145,25 +141,44 @@ class PullingLoop:
         if task_id is None:
             await self._ready(agent_id, kernels, info(Reason.IMAGE_PRESENT, f"{agent_id} holds it"))
             return
-        for _, kid in kernels:
-            self.fleet.retasked(kid, task_id)
+        for sid, kids in _by_session(kernels).items():
+            await self.uow.try_change(
+                sid,
+                partial(
+                    Session.pull_asked_again, agent_id=agent_id, kernel_ids=kids, task_id=task_id
+                ),
+                fenced=True,
+            )
 
     async def _ready(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
         for sid in dict.fromkeys(sid for sid, _ in kernels):
             await self.uow.try_change(sid, lambda s: _prepared(s, agent_id, why), fenced=True)
 
     async def _end(self, agent_id: str, kernels: list[tuple[str, str]], why: str) -> None:
-        by_session: defaultdict[str, list[str]] = defaultdict(list)
-        for sid, kid in kernels:
-            by_session[sid].append(kid)
-        for sid, kids in by_session.items():
+        for sid, kids in _by_session(kernels).items():
             await self.uow.try_change(
                 sid,
                 partial(Session.pull_ended, agent_id=agent_id, status_info=why, kernel_ids=kids),
                 fenced=True,
             )
-            for kid in kids:
-                self.fleet.retasked(kid, None)
+
+
+def _by_session(kernels: list[tuple[str, str]]) -> dict[str, list[str]]:
+    by_session: defaultdict[str, list[str]] = defaultdict(list)
+    for sid, kid in kernels:
+        by_session[sid].append(kid)
+    return by_session
+
+
+def _pulling_since(kernel: Kernel) -> datetime:
+    """When the kernel entered PULLING first: a pull asked again (PULLING again) does not
+    restart the pull timeout, so an agent that keeps restarting cannot hold a kernel for ever."""
+    since = kernel.status_history[-1].at
+    for entry in reversed(kernel.status_history):
+        if entry.status is not S.PULLING:
+            break
+        since = entry.at
+    return since
 
 
 def _prepared(session: Session, agent_id: str, why: str = Reason.IMAGE_PULLED) -> None:

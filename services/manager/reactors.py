@@ -384,7 +384,7 @@ class Reactors:
             if k.agent_id is None or self.fleet.image_there_for(k, session.image):
                 continue
             failure = self.fleet.agents[k.agent_id].failed_pulls.get(session.image)
-            if failure is not None and failure[0] in self.fleet.pull_tasks_of(k):
+            if failure is not None and failure[0] == k.pull_task_id:
                 why = info(Reason.IMAGE_PULL_FAILED, failure[1])
                 failed.setdefault(k.agent_id, (why, []))[1].append(k.kernel_id)
         if not there and not failed:

@@ -14,6 +14,7 @@ from domain import events as ev
 from domain.codec import decode
 from domain.subjects import SESSION_CREATE, SESSION_GET, session_events
 from eventstore.store import event_store
+from transport import progress as progress_stream
 from transport.client import Client, connect
 
 MiB = 1024**2
@@ -96,6 +97,18 @@ async def test_an_agent_killed_mid_pull_recovers_its_kernel(tmp_path: Path) -> N
             # The pull ended after the kill (the kill cut it off), once.
             pulled = await phase_ends(nc, after["session_id"], "PULLING")
             assert len(pulled) == 1 and pulled[0] > after["killed_at"], (pulled, after)
+            # The pull asked again is in the log (KernelPulling again, a new task), so whoever
+            # follows the kernel's pull (hoist watch, describe, the web view) follows the new
+            # one, whose bytes moved to the end.
+            history = await event_store(nc).read_subject(session_events(after["session_id"]))
+            events = [decode(r.data, r.headers) for r in history]
+            tasks = [e.task_id for e in events if isinstance(e, ev.KernelPulling)]
+            assert len(tasks) == 2 and tasks[0] != tasks[1], tasks
+            again = [e for e in events if isinstance(e, ev.KernelPulling)][1]
+            assert "asked again" in again.status_info, again
+            progress = await progress_stream.latest(nc.jetstream(), after["agent_id"], tasks[1])
+            assert progress is not None and progress.done and not progress.error, progress
+            assert progress.current == progress.total == 256 * MiB, progress
         finally:
             await nc.close()
 
