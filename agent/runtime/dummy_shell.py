@@ -17,9 +17,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 Step = tuple[str, list[str]]  # (the operator before it: ";" or "&&", argv)
 Write = Callable[[bytes], None]
+# What a dummy kernel runs, said to a newcomer (its "not found", `hoist up`, `hoist status`).
+UNDERSTOOD = "sleep, echo, exit, true, false, printenv and sh -c of those"
 NOT_FOUND_HINT = (
-    " (a dummy kernel runs only sleep, echo, exit, true, false, printenv and sh -c of those;"
-    " real commands need an agent with --runtime docker)"
+    f" (a dummy kernel runs only {UNDERSTOOD}; real commands need an agent with --runtime docker)"
+)
+# Everything the dummy runtime only pretends, in one line.
+SIMULATES = (
+    f"pulls, and kernels that run only {UNDERSTOOD} (anything else exits 127);"
+    " published ports and volumes are simulated too: nothing listens on a port, no volume"
+    " holds data"
 )
 _SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash"}
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")

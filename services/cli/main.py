@@ -40,6 +40,7 @@ from services.cli import history as history_cli
 from services.cli import kernels as kernel_cli
 from services.cli import read as cli_read
 from services.cli.connected import connected
+from services.cli.did_you_mean import HoistParser, innermost
 from services.cli.flag_errors import in_flag_terms
 from services.cli.kernels import INTERRUPTED, kernel_spec, port_lines
 from services.cli.output import add_output_flags, print_json, wants_json
@@ -367,7 +368,7 @@ async def cmd_creds(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hoist", description=__doc__)
+    parser: argparse.ArgumentParser = HoistParser(prog="hoist", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hoist {package_version()}")
     parser.add_argument(
         "--data-dir",
@@ -619,7 +620,7 @@ def _main(argv: list[str]) -> int:
     if command is not None:
         args.cmd = command
     args.data_dir = str(stack_home.resolve_data_dir(args.data_dir))
-    return run(args.func, args, command_parser(parser, args))
+    return run(args.func, args, innermost(parser, args))
 
 
 def _command_word(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
@@ -639,18 +640,6 @@ def _command_word(parser: argparse.ArgumentParser, argv: list[str]) -> str | Non
         else:
             return word
     return None
-
-
-def command_parser(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> argparse.ArgumentParser:
-    """The (sub)parser of the command ``args`` came from (`hoist admin cancel-kernel`'s own)."""
-    while True:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        name = getattr(args, subs[0].dest, None) if subs else None
-        if not subs or name not in subs[0].choices:
-            return parser
-        parser = subs[0].choices[name]
 
 
 if __name__ == "__main__":

@@ -241,6 +241,8 @@ async def _follow_progress(
 # so growing numbers move nothing; longer texts (agent ids, reasons) widen a column for good.
 _KERNEL_COLUMNS = (21, 18, 24, 23, 25, 0)
 _SESSION_COLUMNS = (12, 40, 32, 25)
+# A terminal narrower than the full layout gets the narrow one.
+FULL_WIDTH = sum(_KERNEL_COLUMNS) + len(_KERNEL_COLUMNS) - 1
 _FAILED = "red"
 
 
@@ -255,7 +257,9 @@ def _bar(fraction: float | None, width: int = 30, failed: bool = False) -> Progr
     return ProgressBar(total=1.0, completed=fraction, width=width)
 
 
-def _bytes(current: int, total: int) -> str:
+def _bytes(current: int, total: int, narrow: bool = False) -> str:
+    if narrow:
+        return f"{human_bytes(current):>10}/{human_bytes(total):<10}"
     return f"{human_bytes(current):>10} / {human_bytes(total):<10}"
 
 
@@ -291,11 +295,75 @@ def _status_text(status: KernelStatus | None) -> Text:
     return Text(name, style=_STATUS_STYLE.get(status, "bold") if status else "dim")
 
 
-def render(state: SessionState) -> RenderableType:
-    now = state.clock()
+def render(state: SessionState, width: int | None = None) -> RenderableType:
+    """The view, for a terminal ``width`` columns wide (None: as wide as it needs).  Narrower
+    than the full layout, the bars shrink, then names shorten and the layer bars go: the byte
+    counts, rates and ETAs stay (issue 38)."""
     session = state.session
     if session is None:
         return Text(f"session {state.session_id}: waiting for its first event...")
+    narrow = width is not None and width < FULL_WIDTH
+    items = _items(state, session)
+    if narrow:
+        assert width is not None
+        rows = _narrow_rows(state, session, items, width)
+    else:
+        rows = _full_rows(state, session, items)
+    return Group(*rows)
+
+
+# What the view shows, in order, whatever the layout: a kernel, a layer of its pull, its image
+# pulled, its pull not heard from yet.  Failed pulls are said under the table.
+_Item = tuple[str, Kernel, "rpc.PullProgress | None", "rpc.LayerProgress | None"]
+
+
+def _items(state: SessionState, session: Session) -> list[_Item]:
+    items: list[_Item] = []
+    for kernel in session.kernels.values():
+        items.append(("kernel", kernel, None, None))
+        if kernel.agent_id is None or kernel.pull_task_id is None:
+            continue
+        pull = state.pulls.get((kernel.agent_id, kernel.pull_task_id))
+        if pull is not None and pull.done and pull.error:  # whatever the kernel's status now
+            items.append(("failed", kernel, pull, None))
+        elif kernel.status != S.PULLING:
+            if pull is not None and pull.done:
+                items.append(("pulled", kernel, pull, None))
+        elif pull is None:
+            items.append(("waiting", kernel, None, None))
+        else:
+            items.extend(("layer", kernel, pull, layer) for layer in pull.layers)
+    return items
+
+
+def _layer_rate(
+    state: SessionState, pull: rpc.PullProgress, layer: rpc.LayerProgress
+) -> float | None:
+    if layer.current >= layer.total:
+        return None
+    return state.rates.get((pull.agent_id, pull.task_id, layer.id), Rate()).per_s(state.clock())
+
+
+def _failure(kernel: Kernel, pull: rpc.PullProgress) -> Text:
+    where = f"kernel {kernel.kernel_id[:12]} on {kernel.agent_id}"
+    return Text(
+        f"  pull failed ({where}, at {human_bytes(pull.current)}): {pull.error}",
+        style=f"bold {_FAILED}",
+    )
+
+
+def _session_last(state: SessionState, fraction: float, narrow: bool) -> RenderableType:
+    """After the session bar: why its pull failed, in red, else its rate and ETA."""
+    failures = state.failures()
+    if failures:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        return Text(f"pull failed: {failures[0]}{more}", style=f"bold {_FAILED}")
+    current, total, _ = state.totals()
+    rate = state.rates.get(("session",), Rate()).per_s(state.clock())
+    return _rate_text(rate, current, total, narrow) if fraction < 1 else ""
+
+
+def _full_rows(state: SessionState, session: Session, items: list[_Item]) -> list[RenderableType]:
     head = Text.assemble(
         ("session ", "bold"),
         (state.session_id, "bold"),
@@ -307,49 +375,34 @@ def render(state: SessionState) -> RenderableType:
     # Under the table, not in it: a reason as wide as its text would widen the kernel column
     # of every row.
     pull_failures: list[RenderableType] = []
-    for kernel in session.kernels.values():
-        cells.append(
-            [
-                Text(f"  kernel {kernel.kernel_id[:12]}"),
-                Text(kernel.agent_id or "-", style="magenta"),
-                _status_text(kernel.status),
-                Text(kernel_info(kernel), style="dim"),
-                "",
-                "",
-            ]
-        )
-        if kernel.agent_id is None or kernel.pull_task_id is None:
-            continue
-        key = (kernel.agent_id, kernel.pull_task_id)
-        pull = state.pulls.get(key)
-        if pull is not None and pull.done and pull.error:  # whatever the kernel's status now
-            where = f"kernel {kernel.kernel_id[:12]} on {kernel.agent_id}"
-            pull_failures.append(
-                Text(
-                    f"  pull failed ({where}, at {human_bytes(pull.current)}): {pull.error}",
-                    style=f"bold {_FAILED}",
-                )
+    for kind, kernel, pull, layer in items:
+        if kind == "kernel":
+            cells.append(
+                [
+                    Text(f"  kernel {kernel.kernel_id[:12]}"),
+                    Text(kernel.agent_id or "-", style="magenta"),
+                    _status_text(kernel.status),
+                    Text(kernel_info(kernel), style="dim"),
+                    "",
+                    "",
+                ]
             )
-            continue
-        if kernel.status != S.PULLING:
-            if pull is not None and pull.done:
-                cells.append(["    image pulled", "", "", _bytes(pull.total, pull.total), "", ""])
-            continue
-        if pull is None:
+        elif kind == "failed" and pull is not None:
+            pull_failures.append(_failure(kernel, pull))
+        elif kind == "pulled" and pull is not None:
+            cells.append(["    image pulled", "", "", _bytes(pull.total, pull.total), "", ""])
+        elif kind == "waiting":
             cells.append(["    waiting for progress", "", "", "", "", ""])
-            continue
-        for layer in pull.layers:
-            rate = state.rates.get((*key, layer.id), Rate()).per_s(now)
+        elif pull is not None and layer is not None:
             fraction = layer.current / layer.total if layer.total else None
+            rate = _layer_rate(state, pull, layer)
             cells.append(
                 [
                     Text(f"    {layer.id[:12]}"),
                     Text(layer.status),
                     _bar(fraction, 24),
                     _bytes(layer.current, layer.total),
-                    _rate_text(rate, layer.current, layer.total)
-                    if layer.current < layer.total
-                    else "",
+                    _rate_text(rate, layer.current, layer.total) if rate is not None else "",
                     "",
                 ]
             )
@@ -361,23 +414,110 @@ def render(state: SessionState) -> RenderableType:
     fraction = state.fraction()
     if fraction is not None:
         current, total, _ = state.totals()
-        failures = state.failures()
-        if failures:  # drawn as what it is: red, where it stopped, and why
-            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-            last: RenderableType = Text(
-                f"pull failed: {failures[0]}{more}", style=f"bold {_FAILED}"
-            )
-        else:
-            rate = state.rates.get(("session",), Rate()).per_s(now)
-            last = _rate_text(rate, current, total) if fraction < 1 else ""
         line: list[RenderableType] = [
             Text("  all agents", style="bold"),
-            _bar(fraction, 40, failed=bool(failures)),
+            _bar(fraction, 40, failed=bool(state.failures())),
             f"{fraction * 100:5.1f} %  {_bytes(current, total)}",
-            last,
+            _session_last(state, fraction, narrow=False),
         ]
         rows.append(_grid(state, "session", _SESSION_COLUMNS, [line]))
-    return Group(*rows)
+    return rows
+
+
+# The narrow layout's fixed columns: a layer's id (8 hex), its status, its bytes, its rate and
+# ETA; the session's name, percent and bytes, rate and ETA.  A bar goes in what is left, if
+# at least _MIN_BAR.
+_NARROW_LAYER = (12, 13, 21, 24)
+_NARROW_SESSION = (12, 29, 24)
+_MIN_BAR = 8
+_AGENT_MAX = 16
+
+
+def _fixed_grid(widths: list[int], cells: list[RenderableType]) -> Table:
+    """One row of columns of these exact widths (a cell too long ends in an ellipsis)."""
+    grid = Table.grid(padding=(0, 1))
+    for w in widths:
+        grid.add_column(width=w, no_wrap=True, overflow="ellipsis")
+    grid.add_row(*cells)
+    return grid
+
+
+def _with_bar(
+    widths: tuple[int, ...], cells: list[RenderableType], at: int, width: int, bar: ProgressBar
+) -> Table:
+    """``cells`` in ``widths``, with ``bar`` put at column ``at`` when what is left of ``width``
+    holds one (at most its own width), else without it."""
+    room = width - sum(widths) - len(widths)  # each column and its padding
+    if room >= _MIN_BAR:
+        bar.width = min(room, bar.width or room)
+        return _fixed_grid([*widths[:at], bar.width, *widths[at:]], [*cells[:at], bar, *cells[at:]])
+    return _fixed_grid(list(widths), cells)
+
+
+def _narrow_rows(
+    state: SessionState, session: Session, items: list[_Item], width: int
+) -> list[RenderableType]:
+    image = familiar(session.image)
+    head = Text.assemble(
+        ("session ", "bold"),
+        (state.session_id[:12], "bold"),
+        "  ",
+        _status_text(session.status),
+        f"  {len(session.kernels)} kernel(s)  ",
+        image,
+        f"  {session.status_info}",
+        no_wrap=True,
+        overflow="ellipsis",
+    )
+    head.truncate(width, overflow="ellipsis")
+    agent_width = min(
+        _AGENT_MAX, max((len(k.agent_id or "-") for k in session.kernels.values()), default=1)
+    )
+    rows: list[RenderableType] = [head]
+    pull_failures: list[RenderableType] = []
+    for kind, kernel, pull, layer in items:
+        if kind == "kernel":
+            agent = (kernel.agent_id or "-")[:agent_width]
+            line = Text.assemble(
+                f"  kernel {kernel.kernel_id[:8]} ",
+                (agent.ljust(agent_width), "magenta"),
+                " ",
+                _status_text(kernel.status),
+                " " * (10 - len(kernel.status.value)),
+                (kernel_info(kernel), "dim"),
+                no_wrap=True,
+                overflow="ellipsis",
+            )
+            line.truncate(width, overflow="ellipsis")
+            rows.append(line)
+        elif kind == "failed" and pull is not None:
+            pull_failures.append(_failure(kernel, pull))
+        elif kind == "pulled" and pull is not None:
+            rows.append(Text(f"    image pulled  {_bytes(pull.total, pull.total, narrow=True)}"))
+        elif kind == "waiting":
+            rows.append(Text("    waiting for progress"))
+        elif pull is not None and layer is not None:
+            fraction = layer.current / layer.total if layer.total else None
+            rate = _layer_rate(state, pull, layer)
+            cells: list[RenderableType] = [
+                Text(f"    {layer.id[:8]}"),
+                Text(layer.status),
+                _bytes(layer.current, layer.total, narrow=True),
+                _rate_text(rate, layer.current, layer.total, narrow=True) if rate else "",
+            ]
+            rows.append(_with_bar(_NARROW_LAYER, cells, 2, width, _bar(fraction, 24)))
+    rows += pull_failures
+    fraction = state.fraction()
+    if fraction is not None:
+        current, total, _ = state.totals()
+        bar = _bar(fraction, 40, failed=bool(state.failures()))
+        cells = [
+            Text("  all agents", style="bold"),
+            f"{fraction * 100:5.1f} % {_bytes(current, total, narrow=True)}",
+            _session_last(state, fraction, narrow=True),
+        ]
+        rows.append(_with_bar(_NARROW_SESSION, cells, 1, width, bar))
+    return rows
 
 
 def kernel_info(kernel: Kernel) -> str:
@@ -388,11 +528,12 @@ def kernel_info(kernel: Kernel) -> str:
     return f"{kernel.status_info} (ran {human_duration(kernel.ran_s)})"
 
 
-def _rate_text(rate: float | None, current: int, total: int) -> str:
+def _rate_text(rate: float | None, current: int, total: int, narrow: bool = False) -> str:
     if rate is None:
         return ""
     remaining = (total - current) / rate if rate > 0 and total > current else None
-    return f"{human_bytes(rate)}/s  ETA {eta(remaining)}"
+    gap = " " if narrow else "  "
+    return f"{human_bytes(rate)}/s{gap}ETA {eta(remaining)}"
 
 
 class PlainPrinter:
@@ -477,14 +618,16 @@ async def _show(
 ) -> Outcome:
     printer = None if live else PlainPrinter(console.file)
     view = (
-        Live(render(state), console=console, auto_refresh=False, transient=False) if live else None
+        Live(render(state, console.width), console=console, auto_refresh=False, transient=False)
+        if live
+        else None
     )
     if view is not None:
         view.start()
     try:
         while True:
             if view is not None:
-                view.update(render(state), refresh=True)
+                view.update(render(state, console.width), refresh=True)
             elif printer is not None:
                 printer.update(state)
             if state.status in SETTLED:

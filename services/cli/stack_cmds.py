@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.runtime.dummy_shell import SIMULATES
 from client.connection import CliError, Connection, ReplyError
 from domain import subjects
 from domain.admission import lease_holder
@@ -140,12 +141,23 @@ async def diagnose(data_dir: Path) -> list[Check]:
                 else data_dir / f"logs/{name}.log"
             )
             checks.append(Check(name, False, f"pid {pid} gone", f"see {log}; then `{restart}`"))
+    checks += _addresses(data_dir, info)
     over_nats, runtimes = await _over_nats(data_dir, info, restart)
     checks += over_nats
+    if "dummy" in {info.runtime, *runtimes}:  # what it only pretends, said plainly
+        checks.append(Check("runtime", True, f"dummy, which simulates {SIMULATES}"))
     if "docker" in {info.runtime, *runtimes}:
         checks.append(await asyncio.to_thread(_docker, info.docker_host or None))
     checks.append(_disk(data_dir))
     return checks
+
+
+def _addresses(data_dir: Path, info: stack.StackInfo) -> list[Check]:
+    """Where the web view and each process's Prometheus /metrics answer: the web view's with
+    the token that logs the local admin in (as `hoist web --url` prints it)."""
+    web = info.web_login(data_dir) or "not started (hoist up --no-web); `hoist web` serves one"
+    metrics = ", ".join(f"{name} {url}" for name, url in info.metrics.items())
+    return [Check("web-view", True, web), Check("metrics", True, metrics or "none")]
 
 
 async def _over_nats(

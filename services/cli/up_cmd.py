@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.runtime.dummy_shell import SIMULATES
 from client.connection import CliError, Connection
 from domain.subjects import SESSION_CREATE
 from services.cli import demo, stack_cmds
@@ -107,6 +108,7 @@ def _print_started(local: stack.Stack, data_dir: Path) -> None:
     if local.runtime == "dummy":
         images = ", ".join(stack.DEMO_IMAGES)
         print(f"  dummy agents' images (others are not found): {images}", flush=True)
+        print(f"  the dummy runtime simulates {SIMULATES}", flush=True)
     if local.web_url:
         print(f"  web view: {local.web_url}?token={local.web_token}", flush=True)
     metrics = ", ".join(f"{n} :{p}" for n, p in local.metrics_ports.items())

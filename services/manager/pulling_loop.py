@@ -8,8 +8,8 @@ For each PULLING kernel:
 - otherwise its agent is asked ``pull-status`` for the task (once per task):
   done -> PREPARED (its ImagePulled was lost); failed -> CANCELLED ``image-pull-failed``;
   unknown to the agent (it restarted) -> check-and-pull again (present -> PREPARED, else the
-  new task is recorded, KernelPulling again, and followed by everyone); no byte of progress for the stall timeout -> CANCELLED
-  ``pull-stalled: ...``.
+  new task is recorded, KernelPulling again, and followed by everyone); no byte of progress
+  for the stall timeout -> CANCELLED ``pull-stalled: ...``.
 Progress marks live in memory: after a manager restart the stall clock starts again, the pull
 timeout does not (it counts from the first PULLING status in the log, asked again or not).
 """

@@ -149,6 +149,17 @@ class StackInfo:
             metrics=dict(raw.get("metrics", {})),
         )
 
+    def web_login(self, data_dir: Path) -> str:
+        """The web view's address with the token it takes now (a restarted web view gets a
+        new one), which logs the local admin in; "" when the stack runs none."""
+        if not self.web_url:
+            return ""
+        try:
+            token = (data_dir / WEB_TOKEN_FILE).read_text().strip()
+        except OSError:  # another user's stack: its address without the login
+            return self.web_url
+        return f"{self.web_url}?token={token}"
+
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / f"{STATE_FILE}.tmp"  # readers never see half a file
         tmp.write_text(json.dumps(asdict(self)))

@@ -14,8 +14,9 @@ import pytest
 
 from client.connection import ReplyError
 from domain.errors import unknown_session
+from services.cli.did_you_mean import innermost as command_parser
 from services.cli.flag_errors import in_flag_terms
-from services.cli.main import build_parser, command_parser
+from services.cli.main import build_parser
 from tests.cli.stack_harness import HOIST, Stack, run_hoist
 from tests.cli.test_errors import one_line_error
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from services.cli.stack_cmds import _docker
 from services.stack.up import DEFAULT_PORT, _running, remembered_port
 from tests.cli.stack_harness import Stack, run_hoist, start_stack, stop_stack, wait_for
@@ -180,3 +182,44 @@ def test_a_data_dir_without_a_good_remembered_port_gets_the_default(tmp_path: Pa
         assert remembered_port(tmp_path) == DEFAULT_PORT, text
     (tmp_path / "nats-port").write_text("4411\n")
     assert remembered_port(tmp_path) == 4411
+
+
+def test_status_says_where_the_web_view_and_metrics_answer_and_what_dummy_simulates(
+    hoist_stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 38, items 5 and 8: the web view's login link (what `hoist web --url` prints), each
+    process's /metrics, and on the dummy runtime that ports and volumes are simulated."""
+    code, checks = _status(tmp_path, hoist_stack.data_dir)
+    assert code == 0, checks
+    login = str(checks["web-view"]["detail"])
+    printed = _hoist(tmp_path, hoist_stack.data_dir, "web", "--url")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == f"{login}\n"
+    assert login.startswith("http://127.0.0.1:") and "/?token=" in login
+    with httpx.Client(follow_redirects=True, timeout=10) as web:
+        assert web.get(login).status_code == 200  # the link logs the admin in
+        assert web.get(login.split("?")[0]).status_code == 200  # by its cookie now
+    assert httpx.get(login.split("?")[0], timeout=10).status_code == 401  # the token is needed
+    metrics = dict(part.split(" ") for part in str(checks["metrics"]["detail"]).split(", "))
+    assert {"manager", "agent-1", "agent-2"} <= set(metrics), metrics
+    for url in metrics.values():
+        answer = httpx.get(url, timeout=10)
+        assert answer.status_code == 200 and "hoist_" in answer.text, url
+    runtime = str(checks["runtime"]["detail"])
+    assert runtime.startswith("dummy, which simulates pulls, and kernels that run only sleep,")
+    assert "published ports and volumes are simulated too" in runtime
+    text = _hoist(tmp_path, hoist_stack.data_dir, "status").stdout
+    assert f"ok       web-view     {login}" in text, text
+    # `hoist up` said the same when it started.
+    assert f"the dummy runtime simulates {runtime.removeprefix('dummy, which simulates ')}" in (
+        hoist_stack.log.read_text()
+    )
+
+
+def test_web_url_without_a_web_view_says_what_to_do(tmp_path: Path) -> None:
+    result = _hoist(tmp_path, tmp_path / "none", "web", "--url")
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"hoist: no Hoist stack runs in {tmp_path / 'none'}: start one with"
+        f" `hoist up --data-dir {tmp_path / 'none'}` (it starts the web view)\n"
+    )

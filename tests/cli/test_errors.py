@@ -36,8 +36,11 @@ def test_max_wait_takes_seconds_at_least_zero(
     """Refused before anything is asked (a newcomer's trial ran ``--max-wait -1``)."""
     result = run_hoist(["--data-dir", str(tmp_path), *cmd, "--max-wait", wait], timeout=30)
     assert result.returncode == 2, (result.stdout, result.stderr)
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.endswith(f"--max-wait: '{wait}': give seconds >= 0 like 30 (0: no limit)"), last
+    [line] = result.stderr.strip().splitlines()
+    assert line == (
+        f"hoist: --max-wait: '{wait}': give seconds >= 0 like 30 (0: no limit)."
+        f" See `hoist {cmd[0]} --help`."
+    ), line
 
 
 def test_an_overlong_variable_name_is_refused_in_the_clis_words(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -288,3 +289,21 @@ def test_bad_names_and_labels_are_refused_naming_the_flag(
     done = hoist_stack.hoist("run", image, "-d", *args, "--", "true")
     assert done.returncode in (1, 2) and said in done.stderr, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_the_readme_tour_runs_on_the_dummy_runtime(hoist_stack: Stack, image: str) -> None:
+    """Issue 38, item 8: the tour's `hoist run` and `hoist exec` are what every runtime runs
+    (its image swapped for one the test agents know), exiting as its comment says."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    tour = readme.split("## A five-minute tour", 1)[1].split("```sh\n", 1)[1].split("```")[0]
+    argvs = [shlex.split(line.split("#")[0])[1:] for line in tour.splitlines()]
+    run = next(argv for argv in argvs if argv[0] == "run")[1:]  # the first example
+    assert run[0] == "python:3.12-slim", run
+    done = hoist_stack.hoist_process("run", image, *run[1:])
+    assert (done.returncode, done.stdout) == (3, "hello\n"), done.stderr
+    assert "then hello; exits 3" in tour
+    session_id = interactive(hoist_stack, image)
+    exec_argv = next(argv for argv in argvs if argv[0] == "exec")[1:]
+    assert exec_argv[0] == "1a2b3c", exec_argv
+    ran = hoist_stack.hoist("exec", session_id, *exec_argv[1:])
+    assert ran.returncode == 0 and re.fullmatch(r"[0-9a-f]{32}\n", ran.stdout), ran

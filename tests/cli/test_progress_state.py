@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 
 from rich.console import Console
 
@@ -15,10 +16,10 @@ from services.cli.progress_view import PlainPrinter, SessionState, render
 MiB = 1024**2
 
 
-def pulling_session(agents: list[str]) -> SessionState:
+def pulling_session(agents: list[str], image: str = "img:1") -> SessionState:
     session = Session.enqueue(
         owner="ann",
-        image="img:1",
+        image=image,
         resources={"cpu": 1, "mem": MiB},
         resource_group="default",
         cluster_size=len(agents),
@@ -178,3 +179,39 @@ def test_status_lines_print_every_change_even_those_made_together() -> None:
         f"{kernel[:12]} a1 PREPARED image-present: a1 holds it, by the event log",
         f"{kernel[:12]} a1 CREATING creating",
     ]
+
+
+def test_the_view_fits_80_columns_with_every_rate_and_eta() -> None:
+    """Issue 38, item 7: in an 80-column terminal the bars go and names shorten first; every
+    downloading layer and the session keep their bytes, rate and ETA on one line each."""
+    agents = ["agent-with-a-long-name-1", "agent-2"]
+    state = pulling_session(agents, image="tensorflow/tensorflow:2.16.1-gpu")
+    for second in range(3):
+        now[0] = float(second)
+        for agent in agents:
+            p = progress(agent, [(second * 300 * MiB, 1023 * MiB), (second * MiB, 2 * 1024 * MiB)])
+            layers = [LayerProgress(id=f"{x.id}ae38a0dc9508", status="Verifying Checksum",
+                                    current=x.current, total=x.total)
+                      for x in p.layers]  # fmt: skip
+            state.apply_progress(PullProgress(**{**{f: getattr(p, f) for f in p.__struct_fields__},
+                                                 "layers": layers}))  # fmt: skip
+    for width in (80, 100):
+        console = Console(width=width, record=True, force_terminal=True, color_system="standard")
+        console.print(render(state, width))
+        lines = console.export_text().splitlines()
+        assert all(len(line.rstrip()) <= width for line in lines), "\n".join(lines)
+        layer_lines = [line for line in lines if "/2.0 GiB" in line or "/1023.0 MiB" in line]
+        assert len(layer_lines) == 4, "\n".join(lines)  # two layers on each of two agents
+        for line in layer_lines:
+            assert re.search(r"MiB/s ETA \d:\d\d:\d\d", line), "\n".join(lines)
+        session_line = next(line for line in lines if "all agents" in line)
+        assert re.search(r"% .*MiB/s ETA \d:\d\d:\d\d", session_line), "\n".join(lines)
+        assert "agent-2" in "\n".join(lines) and "PULLING" in lines[0]
+        # The bar goes first: none on the layers at 80, back in the room 100 leaves.
+        assert any("━" in line for line in layer_lines) == (width == 100), "\n".join(lines)
+    # As wide as the full layout: the full layout, names whole.
+    full = Console(width=160, record=True)
+    full.print(render(state, 160))
+    text = full.export_text()
+    assert state.session_id in text and "agent-with-a-long-name-1" in text
+    assert "l0ae38a0dc95 " in text

@@ -59,6 +59,34 @@ def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_runnin
     assert "EXIT=0" in final
 
 
+def test_in_an_80_column_terminal_rates_and_etas_stay_on_their_lines(hoist_stack: Stack) -> None:
+    """Issue 38, item 7: the bars go and the names shorten; no line wraps, and a layer's and the
+    session's rate and ETA are on their own lines, beside their bytes."""
+    term = Terminal(width=80)
+    try:
+        image = hoist_stack.next_medium_image()
+        term.type(f"{HOIST} --data-dir {hoist_stack.data_dir} run {image} -n 2; echo EXIT=$?")
+        screens = _record_until(term, r"EXIT=\d", 60)
+    finally:
+        term.close()
+    layer = re.compile(
+        r"^    [0-9a-f]{8} +Downloading +[\d.]+ MiB/[\d.]+ MiB +[\d.]+ MiB/s ETA \d:", re.M
+    )
+    total = re.compile(r"^  all agents .*%.* MiB/s ETA \d:\d\d:\d\d", re.M)
+    assert any(layer.search(s) for s in screens), screens[-1]
+    assert any(total.search(s) for s in screens), screens[-1]
+    # What tmux shows is cut at 80 columns: a line that ran over would wrap onto the next,
+    # which then starts with none of the view's own beginnings.
+    starts = ("session ", "  kernel ", "    ", "  all agents")
+    for screen in screens:
+        view = screen.partition(" created (Ctrl-C detaches; it goes on)\n")[2]
+        view = view.partition("EXIT=")[0]
+        for line in view.splitlines():
+            if line.strip():
+                assert line.startswith(starts), screen
+    assert "EXIT=0" in screens[-1]
+
+
 def test_run_without_a_terminal_prints_status_lines(hoist_stack: Stack) -> None:
     image = hoist_stack.next_medium_image()  # a pull long enough to be watched from its start
     result = hoist_stack.hoist(
