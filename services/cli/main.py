@@ -34,7 +34,7 @@ from domain.subjects import (
     inbox_prefix,
 )
 from eventstore.store import StoreError
-from services.cli import completion, ids, output, stack_cmds
+from services.cli import complete_values, completion, ids, output, stack_cmds
 from services.cli import describe as describe_cli
 from services.cli import history as history_cli
 from services.cli import kernels as kernel_cli
@@ -603,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:1] == [complete_values.WORD]:  # a shell's TAB: not a command anyone types
+        return complete_values.answer(argv[1:])
     # A process parses its own options (its --help too), also after `--data-dir D`.
     first = 0
     if argv[:1] == ["--data-dir"]:

@@ -5,7 +5,6 @@ closed pipe, shell completion."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from importlib import metadata
 from typing import Any
@@ -172,9 +171,18 @@ def test_completion_scripts_come_from_the_parser(tmp_path: Any) -> None:
     zsh = run_hoist(["completion", "zsh"])
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef hoist"), zsh.stderr
     assert "destroy" in zsh.stdout and "--cluster-size" in zsh.stdout
-    if shutil.which("zsh"):
-        (tmp_path / "_hoist").write_text(zsh.stdout)
-        assert subprocess.run(["zsh", "-n", str(tmp_path / "_hoist")]).returncode == 0
+    (tmp_path / "_hoist").write_text(zsh.stdout)  # zsh and fish: installed by ./dev test
+    assert subprocess.run(["zsh", "-n", str(tmp_path / "_hoist")]).returncode == 0
+
+    fish = run_hoist(["completion", "fish"])
+    assert fish.returncode == 0 and "complete -c hoist" in fish.stdout, fish.stderr
+    (tmp_path / "hoist.fish").write_text(fish.stdout)
+    assert subprocess.run(["fish", "-n", str(tmp_path / "hoist.fish")]).returncode == 0
+    listed = subprocess.run(
+        ["fish", "-c", f"source {tmp_path / 'hoist.fish'}; complete -C 'hoist desc'"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert listed.stdout.split("\t")[0] == "describe", listed.stdout + listed.stderr
 
 
 def test_nested_and_renamed_fields_name_their_flags() -> None:

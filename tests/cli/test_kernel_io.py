@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -307,3 +308,49 @@ def test_the_readme_tour_runs_on_the_dummy_runtime(hoist_stack: Stack, image: st
     assert exec_argv[0] == "1a2b3c", exec_argv
     ran = hoist_stack.hoist("exec", session_id, *exec_argv[1:])
     assert ran.returncode == 0 and re.fullmatch(r"[0-9a-f]{32}\n", ran.stdout), ran
+
+
+def test_completion_offers_the_stacks_sessions_agents_and_images_in_bash_and_fish(
+    hoist_stack: Stack, image: str, tmp_path: Path
+) -> None:
+    session_id = interactive(hoist_stack, image, "--name", "tabme")
+    hoist_stack.in_read_model(session_id)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(HOIST).parent}:{os.environ['PATH']}",
+        "HOIST_HOME": str(hoist_stack.data_dir),
+    }
+    bash, fish = tmp_path / "hoist.bash", tmp_path / "hoist.fish"
+    bash.write_text(run_hoist(["completion", "bash"]).stdout)
+    fish.write_text(run_hoist(["completion", "fish"]).stdout)
+
+    def in_bash(line: str) -> list[str]:
+        words = line.split(" ")
+        driver = (
+            f"source {bash}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1};"
+            f" COMP_LINE='{line}'; COMP_POINT={len(line)}; _shtab_hoist;"
+            ' printf "%s\\n" "${COMPREPLY[@]}"'
+        )
+        done = subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    def in_fish(line: str) -> list[str]:
+        driver = f"source {fish}; complete -C '{line}'"
+        done = subprocess.run(["fish", "-c", driver], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return [row.split("\t")[0] for row in done.stdout.splitlines()]
+
+    assert in_bash("hoist describe tab") == ["tabme"]
+    assert session_id[:12] in in_bash(f"hoist destroy {session_id[:3]}")
+    assert {"agent-1", "agent-2"} <= set(in_bash("hoist images --agent agent-"))
+    assert "tabme" in in_fish("hoist watch ")
+    assert session_id[:12] in in_fish("hoist logs ")
+    assert f"{image}" in in_fish("hoist run test/")
+    # Nothing to offer without a stack: no error on the user's prompt.
+    gone = {**env, "HOIST_HOME": str(tmp_path / "none")}
+    quiet = subprocess.run(
+        [HOIST, "__complete", "sessions", ""], env=gone, capture_output=True, text=True
+    )
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    assert hoist_stack.hoist("destroy", session_id).returncode == 0
