@@ -39,7 +39,13 @@ from domain.subjects import (
 )
 
 SESSION_EVENTS: frozenset[type[ev.Event]] = frozenset(
-    {ev.SessionEnqueued, ev.SessionSchedulingFailed, ev.SessionScheduled, *ev.KERNEL_EVENTS}
+    {
+        ev.SessionEnqueued,
+        ev.SessionSchedulingFailed,
+        ev.HookSkipped,
+        ev.SessionScheduled,
+        *ev.KERNEL_EVENTS,
+    }
 )
 # What an agent appends about itself (agent.facts), and nothing else.
 AGENT_EVENTS: frozenset[type[ev.Event]] = frozenset(

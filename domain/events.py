@@ -240,6 +240,18 @@ class SessionSchedulingFailed(Event, frozen=True, kw_only=True, tag="SessionSche
     status_info: Reason
 
 
+HookPhase = Literal["enqueue", "schedule", "end"]
+
+
+class HookSkipped(Event, frozen=True, kw_only=True, tag="HookSkipped"):
+    """A lifecycle hook (a plugin, services.manager.hooks) raised or outlived its time limit
+    at ``phase`` of the session: the manager went on without it.  Changes no status."""
+
+    hook: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=PRINTABLE)]
+    phase: HookPhase
+    reason: Reason
+
+
 class SessionScheduled(Event, frozen=True, kw_only=True, tag="SessionScheduled"):
     """Every kernel was placed on an agent (its capacity is reserved from now on)."""
 
@@ -684,6 +696,7 @@ class UserDisabled(Event, frozen=True, kw_only=True, tag="UserDisabled"):
 AnyEvent = (
     SessionEnqueued
     | SessionSchedulingFailed
+    | HookSkipped
     | SessionScheduled
     | KernelPreparing
     | KernelPulling

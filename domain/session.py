@@ -311,10 +311,14 @@ class Session(BaseAggregate[str]):
         if e.exit_code is not None:
             kernel.exit_code, kernel.ran_s = e.exit_code, e.ran_s
 
+    def _on_note(self, e: ev.Event) -> None:
+        """A note in the session's log (HookSkipped): nothing of the session changes."""
+
     WHEN: ClassVar[dict[type, Callable[[Any, Any], object]]] = {  # event class -> state change
         ev.SessionEnqueued: _on_enqueued,
         ev.SessionSchedulingFailed: _on_scheduling_failed,
         ev.SessionScheduled: _on_scheduled,
+        ev.HookSkipped: _on_note,
         **dict.fromkeys(ev.KERNEL_EVENTS, _on_kernel_event),
         ev.KernelPulling: _on_kernel_pulling,
         ev.KernelCreated: _on_kernel_created,
@@ -322,6 +326,16 @@ class Session(BaseAggregate[str]):
     }
 
     # --- commands --------------------------------------------------------------------------
+
+    def hook_skipped(self, hook: str, phase: ev.HookPhase, reason: str) -> None:
+        """Note in the session's log that lifecycle hook ``hook`` failed at ``phase`` and the
+        manager went on without it (services.manager.hooks)."""
+        self.trigger_event(
+            ev.HookSkipped,
+            hook=clip(require_text(hook, "hook"), 128),
+            phase=phase,
+            reason=clip(require_text(reason, "reason"), MAX_REASON),
+        )
 
     def scheduling_failed(self, status_info: str) -> None:
         """Record why no placement was found; the kernels stay PENDING.  Repeating the same

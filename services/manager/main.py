@@ -52,6 +52,8 @@ from services.manager.bus import LookAgain, MessageBus, On, RoomFreed, Serve
 from services.manager.fleet import Fleet
 from services.manager.groups import Groups
 from services.manager.history import History
+from services.manager.hooks import DEFAULT_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
+from services.manager.hooks import HookCalls, Hooks
 from services.manager.images_admin import ImagesAdmin
 from services.manager.kernel_io import KernelIO
 from services.manager.leadership import DEFAULT_TTL_S, Leadership
@@ -150,6 +152,10 @@ class ManagerConfig:
     # /metrics (services.manager.metrics) on this port of metrics_host; None: not served
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # Lifecycle hooks (services.manager.hooks): besides the installed entry points, these
+    # (``MODULE:ATTR``), and how long a call may take before the manager goes on without it.
+    hooks: tuple[str, ...] = ()
+    hook_timeout_s: float = DEFAULT_HOOK_TIMEOUT_S
 
 
 class Manager:
@@ -226,7 +232,9 @@ class Manager:
             fence=self._fence,
             on_pass=self.stats.scheduling_passes.add,
         )
-        self.sessions = SessionCommands(self.fleet, self.uow)
+        self.hooks = Hooks.load(config.hooks, config.hook_timeout_s)
+        self.hook_calls = HookCalls(self.hooks, self.fleet, self.uow)
+        self.sessions = SessionCommands(self.fleet, self.uow, self.hooks)
         self.kernel_io = KernelIO(self.fleet, self.rpc)
         self.prepull = PrepullLoop(
             self.fleet,
@@ -376,8 +384,13 @@ class Manager:
         bus.wire(
             events=[
                 On(ev.SessionEnqueued, lead(s.wake)),
-                On(ev.SessionScheduled, lead(r.session_changed), lead(sync.scheduled)),
-                On(ev.KernelEvent, lead(r.session_changed)),
+                On(
+                    ev.SessionScheduled,
+                    lead(r.session_changed),
+                    lead(sync.scheduled),
+                    lead(self.hook_calls.scheduled),
+                ),
+                On(ev.KernelEvent, lead(r.session_changed), lead(self.hook_calls.kernel_changed)),
                 # a reloaded session may be pending
                 On(LookAgain, lead(r.look_again), lead(s.wake)),
                 On(RoomFreed, lead(s.wake)),
@@ -483,6 +496,7 @@ class Manager:
         await self.pulling.stop()
         await self.scheduler.stop()
         await self.reactors.stop()
+        await self.hook_calls.stop()
         await self.liveness.stop()
         await self.fleet.stop()
 
@@ -616,6 +630,18 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)"
     )
     p.add_argument(
+        "--hook",
+        action="append",
+        metavar="MODULE:ATTR",
+        help="a lifecycle hook besides the installed ones (entry points hoist.hooks); repeat",
+    )
+    p.add_argument(
+        "--hook-timeout",
+        type=_positive,
+        default=d.hook_timeout_s,
+        help="seconds a hook's call may take before the manager goes on without it",
+    )
+    p.add_argument(
         "--metrics-host", default=d.metrics_host, help="the address /metrics binds (default local)"
     )
     p.add_argument("--log-level", default="INFO")
@@ -686,6 +712,8 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         drills=Drills(fencing=not args.no_fence, step_down_after_s=args.step_down_after),
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        hooks=tuple(args.hook or ()),
+        hook_timeout_s=args.hook_timeout,
     )
 
 

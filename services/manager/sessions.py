@@ -25,12 +25,14 @@ from domain.contracts.sessions import (
     session_view,
 )
 from domain.errors import Conflict, Forbidden, InvalidField, NotFound, unknown_kernel
+from domain.hooks import session_info
 from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
 from domain.resource_group import may_use, refusal
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
+from services.manager.hooks import Hooks, noted
 from services.manager.requester import requester
 from services.manager.uow import SessionUnknown, UnitOfWork
 
@@ -38,9 +40,10 @@ from services.manager.uow import SessionUnknown, UnitOfWork
 class SessionCommands:
     """The handlers of the session commands: get, call the aggregate, save (the unit of work)."""
 
-    def __init__(self, fleet: Fleet, uow: UnitOfWork) -> None:
+    def __init__(self, fleet: Fleet, uow: UnitOfWork, hooks: Hooks | None = None) -> None:
         self.fleet = fleet
         self.uow = uow
+        self.hooks = hooks or Hooks()
         # Held from a named create's check to its append: two creates of one name in this
         # manager cannot both find it free.
         self._naming = asyncio.Lock()
@@ -96,6 +99,11 @@ class SessionCommands:
         # original's sequences while we hold other kernel ids. The derived session id and
         # "subject must be empty" make the retry a conflict instead, and we get what the first
         # attempt stored.
+        if sid not in self.fleet.sessions:  # not a retry of a create that was stored
+            refused, skipped = await self.hooks.enqueue(session_info(new))
+            if refused is not None:
+                raise Forbidden(refused)
+            noted("enqueue", skipped)(new)  # in the create's own append
         async with self._naming if req.name is not None else contextlib.nullcontext():
             if req.name is not None and sid not in self.fleet.sessions:
                 self._name_free(req.owner, req.name)

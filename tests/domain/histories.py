@@ -82,6 +82,7 @@ def full_session_history() -> list[ev.Event]:
     k1, k2 = session.kernels
     session.scheduling_failed("no-available-instances")
     session.scheduling_failed("predicate-checks-failed: concurrency")
+    session.hook_skipped("audit", "enqueue", "timed out after 2s")
     session.schedule({k1: "agent-1", k2: "agent-2"})
     session.mark_preparing(k1)
     session.mark_pulling(k1, "pull-1")

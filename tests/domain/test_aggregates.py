@@ -106,6 +106,9 @@ def test_every_status_change_carries_status_info() -> None:
         changed = [
             k for k in after.kernels.values() if len(k.status_history) > lengths.get(k.kernel_id, 0)
         ]
+        if isinstance(event, ev.HookSkipped):  # a note: no status changes
+            assert not changed, changed
+            continue
         assert changed, f"{type(event).__name__} changed no kernel"
         for kernel in changed:
             last = kernel.status_history[-1]

@@ -1,0 +1,1 @@
+"""Plugins Hoist ships as examples of its extension points (entry points in pyproject.toml)."""
