@@ -4,7 +4,9 @@ Subjects (domain.subjects) and payloads (every failure is ``{"error": {"code", "
 changed nothing):
 
 - ``hoist.api.session.create`` ``{owner, image, resources: {cpu, mem}, cluster_size=1,
-  resource_group="default", max_wait=0, request_id?}`` -> the session (``SessionView``).
+  resource_group="default", max_wait=0, request_id?}`` -> the session and whether this request
+  created it (``SessionCreated``: ``created`` false for a retry of a request_id that found the
+  session the first try stored).
   ``max_wait`` > 0: the reply waits up to that many seconds for RUNNING or a final status and
   answers with the status at that moment (a client creates and waits in one request); PULLING
   kernels carry ``agent_id`` and ``pull_task_id`` so the client can watch
@@ -262,6 +264,17 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     status_info: str
     kernels: list[KernelView]
+
+
+class SessionCreated(SessionView, frozen=True, kw_only=True):
+    """The reply of a create: the session, and whether this request created it (false: the
+    same request_id was asked before, and this retry found the session that try stored)."""
+
+    created: bool
+
+
+def created_view(session: Session, created: bool) -> SessionCreated:
+    return SessionCreated(**msgspec.structs.asdict(session_view(session)), created=created)
 
 
 def session_view(session: Session) -> SessionView:

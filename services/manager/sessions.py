@@ -18,7 +18,9 @@ from domain.contracts.sessions import (
     CreateSession,
     DestroySession,
     GetSession,
+    SessionCreated,
     SessionView,
+    created_view,
     session_id_for,
     session_view,
 )
@@ -40,7 +42,7 @@ class SessionCommands:
         self.fleet = fleet
         self.uow = uow
 
-    async def create(self, req: CreateSession) -> SessionView:
+    async def create(self, req: CreateSession) -> SessionCreated:
         if req.request_id is not None:
             sid = session_id_for(req.owner, req.request_id)
         else:
@@ -93,7 +95,7 @@ class SessionCommands:
         if stored is not new:
             _same_request(stored, req)
         await self.fleet.wait_settled(sid, req.max_wait)
-        return await self._view(sid)
+        return created_view(await self._committed(sid), created=stored is new)
 
     async def get(self, req: GetSession) -> SessionView:
         return await self._view(req.session_id)
@@ -114,11 +116,14 @@ class SessionCommands:
         return await self._view(sid)
 
     async def _view(self, session_id: str) -> SessionView:
+        return session_view(await self._committed(session_id))
+
+    async def _committed(self, session_id: str) -> Session:
         """What the log holds of the session (never a change still being saved)."""
         session = await self.fleet.committed(session_id)
         if session is None:
             raise SessionUnknown(session_id)
-        return session_view(session)
+        return session
 
 
 def _same_request(session: Session, req: CreateSession) -> None:
