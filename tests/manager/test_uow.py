@@ -320,7 +320,7 @@ async def test_an_admin_change_another_writer_beat_is_a_conflict_saving_nothing(
     other = await Repository(event_store(nc)).get(User, "bob")
     other.disable(by="admin")
     await Repository(event_store(nc)).save(other)
-    with pytest.raises(Conflict, match="'bob' changed meanwhile.*send it again"):
+    with pytest.raises(Conflict, match=r"'bob' changed meanwhile.*send it again"):
         await uow.admin(USER, "bob", lambda u: User.add(u, name="bob", admin=True, by="admin"))
     stored = await Repository(event_store(nc)).get(User, "bob")
     assert stored.disabled and not stored.admin
