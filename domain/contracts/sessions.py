@@ -88,6 +88,7 @@ from domain.limits import (
     SlotName,
     kernel_floor,
 )
+from domain.resource_group import DEFAULT_GROUP
 from domain.session import Session
 
 
@@ -106,7 +107,7 @@ class CreateSession(_Request, frozen=True, kw_only=True):
     image: Image
     resources: ResourceRequest  # per kernel
     cluster_size: ClusterSize = 1
-    resource_group: Id = "default"
+    resource_group: Id = DEFAULT_GROUP
     max_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0  # seconds
     request_id: Id | None = None
     session_type: SessionType = "interactive"

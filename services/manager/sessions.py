@@ -1,11 +1,13 @@
 """The session commands' handlers: ``hoist.api.session.create``, ``.get``, ``.destroy`` and the
 superadmin's ``hoist.admin.kernel.cancel`` (domain.contracts.sessions says what each takes and
 answers; services.manager.server serves them).  Each gets the session, calls its aggregate and
-saves through the unit of work.  A create is refused before anything is appended when its owner
-may not use its resource group (``forbidden``, domain.resource_group), it could never fit its
-owner's resource policy (``invalid-request``, domain.quota), or the live agents of its group
-could not hold it even when idle (``invalid-request`` naming the largest agent,
-domain.scheduling.never_holds; a group with no live agent yet is waited for).
+saves through the unit of work.  A create is refused before anything is appended when its
+resource group is unknown (``invalid-request``: no admin defined it and no agent ever joined it,
+domain.resource_group.check_known), its owner may not use its resource group (``forbidden``,
+domain.resource_group), it could never fit its owner's resource policy (``invalid-request``,
+domain.quota), or the live agents of its group could not hold it even when idle
+(``invalid-request`` naming the largest agent, domain.scheduling.never_holds; a known group
+with no live agent yet is waited for).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from domain.contracts.sessions import (
 from domain.errors import Conflict, Forbidden, InvalidField, NotFound, unknown_kernel
 from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
-from domain.resource_group import may_use, refusal
+from domain.resource_group import check_known, may_use, refusal
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -60,6 +62,7 @@ class SessionCommands:
             spec=req.spec(),
         )
         groups = self.fleet.resource_groups
+        check_known(new.resource_group, groups, self.fleet.agent_groups())
         if not may_use(req.owner, new.resource_group, groups):  # may this owner use the group?
             raise Forbidden(
                 refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups())
