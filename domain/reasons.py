@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from domain.limits import MAX_REASON, clip
+
 
 class Reason(StrEnum):
     # The way to RUNNING.
@@ -25,6 +27,7 @@ class Reason(StrEnum):
     # Why a session waits (the kernels stay PENDING).
     PREDICATE_CHECKS_FAILED = "predicate-checks-failed"
     NO_AVAILABLE_INSTANCES = "no-available-instances"
+    SCHEDULER_ERROR = "scheduler-error"
     # Why a kernel never ran.
     CHECK_AND_PULL_FAILED = "check-and-pull-failed"
     IMAGE_PULL_FAILED = "image-pull-failed"
@@ -65,6 +68,8 @@ TEXT: dict[Reason, str] = {
     Reason.RUNNING: "the container runs",
     Reason.PREDICATE_CHECKS_FAILED: "a limit refuses the session (too large, too many sessions)",
     Reason.NO_AVAILABLE_INSTANCES: "no live agent of the resource group has room now",
+    Reason.SCHEDULER_ERROR: "the scheduler failed while placing the session (the detail is the"
+    " error); it tries again at its next pass",
     Reason.CHECK_AND_PULL_FAILED: "the agent refused check-and-pull (e.g. a bad image name)",
     Reason.IMAGE_PULL_FAILED: "the agent's pull of the image failed (the detail says why)",
     Reason.PULL_TIMEOUT: "the image was not pulled within the pull timeout",
@@ -105,6 +110,14 @@ def exit_reason(exit_code: int, oom_killed: bool = False) -> str:
     if 128 < exit_code < 128 + 65:
         return info(Reason.KILLED, f"signal {exit_code - 128}")
     return info(Reason.EXITED, f"code {exit_code}")
+
+
+def scheduler_error(error: BaseException) -> str:
+    """The status_info of a session the scheduler raised ``error`` on, on one line and within
+    the length an event takes: ``scheduler-error: KeyError: 'a1'``."""
+    text = " ".join(str(error).split())
+    detail = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return clip(info(Reason.SCHEDULER_ERROR, detail), MAX_REASON)
 
 
 def reason_of(status_info: str) -> str:

@@ -7,6 +7,10 @@ admin may *define* a group: a ``ResourceGroup`` aggregate (subject
 ``hoist.events.resource-group.<name>``) set (created or replaced) and removed by admin commands,
 naming the owners who may use it (``users``) or opening it to everyone (``public``).
 
+A session's group must be known (``check_known``): ``default``, a group an admin defined or
+one an agent ever joined; any other name (a misspelt one) is refused at create, naming the
+nearest known ones.  A known group with no live agent is waited for, as agents come and go.
+
 The access rule (``may_use``), checked when a session is created (a create for a group its owner
 may not use is refused, and nothing is appended):
 
@@ -24,6 +28,7 @@ held.  Users are sessions' ``owner`` strings (a Hoist user's name on their own s
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +40,7 @@ from domain.errors import Conflict, InvalidField, require_text
 from domain.subjects import RESOURCE_GROUP, check_token
 
 KIND = RESOURCE_GROUP
+DEFAULT_GROUP = "default"  # a session's group unless it names one: always known
 
 
 class _Users(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -151,6 +157,22 @@ def check_name(name: str) -> str:
 
 
 # --- the access rule -------------------------------------------------------------------------
+
+
+def check_known(group: str, groups: Mapping[str, ResourceGroup], joined: Iterable[str]) -> None:
+    """InvalidField naming ``resource_group`` when ``group`` is none an admin defined (and did
+    not remove), none an agent ever ``joined`` (live or lost) and not ``default``: a misspelt
+    name, refused at create with the nearest known names rather than waiting for ever."""
+    known = {DEFAULT_GROUP, *joined} | {name for name, g in groups.items() if g.defined}
+    if group in known:
+        return
+    near = sorted(difflib.get_close_matches(group, known, n=3))
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+    raise InvalidField(
+        "resource_group",
+        f"no resource group {group!r} is known (no admin defined it and no agent joined it);"
+        f" {hint}`hoist group list` shows them",
+    )
 
 
 def may_use(owner: str, group: str, groups: Mapping[str, ResourceGroup]) -> bool:

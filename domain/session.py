@@ -24,7 +24,7 @@ from domain.errors import (
 )
 from domain.image_ref import canonical, canonical_or_same
 from domain.limits import MAX_DETAIL, MAX_REASON, Labels, SessionName, clip
-from domain.reasons import Reason, exit_reason, info, reason_of
+from domain.reasons import Reason, exit_reason, info, reason_of, scheduler_error
 from domain.status import (
     FAILED,
     PRE_RUNNING,
@@ -347,6 +347,15 @@ class Session(BaseAggregate[str]):
         if all(k.status_info == status_info for k in self.kernels.values()):
             return
         self.trigger_event(ev.SessionSchedulingFailed, status_info=status_info)
+
+    def scheduler_failed(self, error: Exception) -> None:
+        """The scheduler raised ``error`` while placing this session: it stays PENDING with
+        ``scheduler-error: <ExceptionType: text>`` as its reason (the same error again records
+        nothing).  Nothing either once it is not PENDING (placed or ended meanwhile: the error
+        is not why it waits)."""
+        if any(k.status != S.PENDING for k in self.kernels.values()):
+            return
+        self.scheduling_failed(scheduler_error(error))
 
     def schedule(self, placements: Mapping[str, str], status_info: str = "scheduled") -> None:
         """Place every kernel: ``placements`` maps each kernel id to an agent id."""

@@ -4,7 +4,9 @@ Subjects (domain.subjects) and payloads (every failure is ``{"error": {"code", "
 changed nothing):
 
 - ``hoist.api.session.create`` ``{owner, image, resources: {cpu, mem}, cluster_size=1,
-  resource_group="default", max_wait=0, request_id?}`` -> the session (``SessionView``).
+  resource_group="default", max_wait=0, request_id?}`` -> the session and whether this request
+  created it (``SessionCreated``: ``created`` false for a retry of a request_id that found the
+  session the first try stored).
   ``max_wait`` > 0: the reply waits up to that many seconds for RUNNING or a final status and
   answers with the status at that moment (a client creates and waits in one request); PULLING
   kernels carry ``agent_id`` and ``pull_task_id`` so the client can watch
@@ -88,6 +90,7 @@ from domain.limits import (
     SlotName,
     kernel_floor,
 )
+from domain.resource_group import DEFAULT_GROUP
 from domain.session import Session
 
 
@@ -106,7 +109,7 @@ class CreateSession(_Request, frozen=True, kw_only=True):
     image: Image
     resources: ResourceRequest  # per kernel
     cluster_size: ClusterSize = 1
-    resource_group: Id = "default"
+    resource_group: Id = DEFAULT_GROUP
     max_wait: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 0.0  # seconds
     request_id: Id | None = None
     session_type: SessionType = "interactive"
@@ -268,6 +271,17 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     kernels: list[KernelView]
     name: str | None = None
     labels: dict[str, str] = {}
+
+
+class SessionCreated(SessionView, frozen=True, kw_only=True):
+    """The reply of a create: the session, and whether this request created it (false: the
+    same request_id was asked before, and this retry found the session that try stored)."""
+
+    created: bool
+
+
+def created_view(session: Session, created: bool) -> SessionCreated:
+    return SessionCreated(**msgspec.structs.asdict(session_view(session)), created=created)
 
 
 def session_view(session: Session) -> SessionView:

@@ -163,12 +163,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
             if wants_json(args):
                 print_json(reply)
             else:
+                if not reply.get("created", True):
+                    print(_found(session_id), flush=True)
                 print(f"session {session_id} {reply['status']} {reply['status_info']}")
                 _print_ports(reply)
             return 1 if reply["status"] in FAILED else 0
         if command is not None:  # like `docker run`: the output, then its exit code
-            return await _run_attached(conn, session_id, args.max_wait, detach)
-        print(f"session {session_id} created (Ctrl-C detaches; it goes on)", flush=True)
+            return await _run_attached(conn, reply, args.max_wait, detach)
+        print(_started(reply), flush=True)
         console = output.console()
         outcome = await watch(
             conn,
@@ -184,18 +186,32 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return code
 
 
+def _found(session_id: str) -> str:
+    """What `hoist run` says when its create found the session an earlier try of the same
+    request stored (a reply lost on the way: the manager answers ``created: false``)."""
+    return f"found session {session_id} (created by an earlier try of this request)"
+
+
+def _started(reply: dict[str, Any]) -> str:
+    session_id = reply["session_id"]
+    if reply.get("created", True):
+        return f"session {session_id} created (Ctrl-C detaches; it goes on)"
+    return f"{_found(session_id)}; Ctrl-C detaches, it goes on"
+
+
 def _print_ports(view: dict[str, Any], file: TextIO | None = None) -> None:
     for line in port_lines(view):
         print(line, file=file or sys.stdout, flush=True)
 
 
 async def _run_attached(
-    conn: Connection, session_id: str, max_wait: float, detach: asyncio.Event
+    conn: Connection, reply: dict[str, Any], max_wait: float, detach: asyncio.Event
 ) -> int:
     """The pull view and status lines on stderr (stdout is the command's output, for pipes),
     then the main kernel's output until it ends; its exit code becomes ours."""
     err = sys.stderr
-    print(f"session {session_id} created (Ctrl-C detaches; it goes on)", file=err, flush=True)
+    session_id = reply["session_id"]
+    print(_started(reply), file=err, flush=True)
     console = output.console(stderr=True)
     outcome = await watch(
         conn, session_id, console, live=console.is_terminal, max_wait=max_wait, detach=detach

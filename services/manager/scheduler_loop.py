@@ -25,11 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 
 from domain.errors import DomainError
 from domain.quota import Quota, effective
-from domain.reasons import Reason
+from domain.reasons import Reason, scheduler_error
 from domain.reservation import AgentReservations, lacks
 from domain.scheduling import (
     Limits,
@@ -135,27 +135,30 @@ class SchedulerLoop:
             self.passes += 1
             # one for the fence, whose check moves onto a session's event when the batch places one
             room = MAX_BATCH - 1 - sum(len(r.pending_events) for r in touched.values())
-            for decision in self._plan(pending):
-                if isinstance(decision, Unschedulable):
-                    self._save_alone(decision)
-                    continue
-                on_agents = _by_agent(decision)
-                if any(booked.busy(a) for a in on_agents):
-                    continue  # the end of that append wakes the next pass
-                holding = self._holding(decision.session_id, on_agents)
-                # SessionScheduled, a KernelPreparing per kernel (or KernelPrepared and
-                # KernelCreating when its agents hold the image), a reservation per agent
-                per_kernel = 2 if holding else 1
-                messages = 1 + per_kernel * len(decision.placements) + len(on_agents)
-                if messages > room:
-                    self.wake()  # the rest in the next pass's batch
-                    break
-                if not self._room_held(decision, on_agents):
-                    continue
+            for decision in self._decisions(pending):
                 try:
+                    if isinstance(decision, Unschedulable):
+                        self._save_alone(decision)
+                        continue
+                    on_agents = _by_agent(decision)
+                    if any(booked.busy(a) for a in on_agents):
+                        continue  # the end of that append wakes the next pass
+                    holding = self._holding(decision.session_id, on_agents)
+                    # SessionScheduled, a KernelPreparing per kernel (or KernelPrepared and
+                    # KernelCreating when its agents hold the image), a reservation per agent
+                    per_kernel = 2 if holding else 1
+                    messages = 1 + per_kernel * len(decision.placements) + len(on_agents)
+                    if messages > room:
+                        self.wake()  # the rest in the next pass's batch
+                        break
+                    if not self._room_held(decision, on_agents):
+                        continue
                     session = self.uow.claim(decision.session_id, _decided(decision, holding))
                 except DomainError as e:
                     log.warning("session %s: %s", decision.session_id, e)
+                    continue
+                except Exception as e:  # a bug: this session says so, the others go on
+                    self._failed(decision.session_id, e)
                     continue
                 if session is None:
                     continue
@@ -179,6 +182,39 @@ class SchedulerLoop:
             batch = self.uow.save_claimed(sessions, list(touched.values()), fence)
             self._saves.spawn(self._saved(batch), f"schedule {len(sessions)} sessions")
         return placed
+
+    def _decisions(self, pending: list[PendingSession]) -> Iterator[Scheduled | Unschedulable]:
+        """The plan's decisions.  A plan that raises is made again one session at a time, in
+        enqueue order, each once the decisions before it were taken (their room is reserved
+        in the view by then): a session whose own plan raises gets ``scheduler-error`` as its
+        reason and the others are placed (FIFO order only: no strict FIFO or drf among them)."""
+        try:
+            decisions = self._plan(pending)
+        except Exception:
+            log.exception("the plan of %d sessions failed: planning each alone", len(pending))
+        else:
+            yield from decisions
+            return
+        for one in sorted(pending, key=lambda s: (s.enqueued_at, s.session_id)):
+            try:
+                alone = self._plan([one])
+            except Exception as e:
+                self._failed(one.session_id, e)
+                continue
+            yield from alone
+
+    def _failed(self, session_id: str, error: Exception) -> None:
+        """The scheduler raised ``error`` on a session: record ``scheduler-error: ...`` as its
+        reason (through the unit of work; logged with the traceback once, not each pass)."""
+        session = self.fleet.sessions.get(session_id)
+        if session is not None and session.status_info == scheduler_error(error):
+            log.debug("session %s: the same scheduler error again: %s", session_id, error)
+            return
+        log.error("session %s not placed: the scheduler raised", session_id, exc_info=error)
+        self._saves.spawn(
+            self.uow.try_change(session_id, lambda s: s.scheduler_failed(error), fenced=True),
+            f"record the scheduler's error on {session_id}",
+        )
 
     def _plan(self, pending: list[PendingSession]) -> list[Scheduled | Unschedulable]:
         if self.planner is None:

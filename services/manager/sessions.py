@@ -1,11 +1,13 @@
 """The session commands' handlers: ``hoist.api.session.create``, ``.get``, ``.destroy`` and the
 superadmin's ``hoist.admin.kernel.cancel`` (domain.contracts.sessions says what each takes and
 answers; services.manager.server serves them).  Each gets the session, calls its aggregate and
-saves through the unit of work.  A create is refused before anything is appended when its owner
-may not use its resource group (``forbidden``, domain.resource_group), it could never fit its
-owner's resource policy (``invalid-request``, domain.quota), or the live agents of its group
-could not hold it even when idle (``invalid-request`` naming the largest agent,
-domain.scheduling.never_holds; a group with no live agent yet is waited for).
+saves through the unit of work.  A create is refused before anything is appended when its
+resource group is unknown (``invalid-request``: no admin defined it and no agent ever joined it,
+domain.resource_group.check_known), its owner may not use its resource group (``forbidden``,
+domain.resource_group), it could never fit its owner's resource policy (``invalid-request``,
+domain.quota), or the live agents of its group could not hold it even when idle
+(``invalid-request`` naming the largest agent, domain.scheduling.never_holds; a known group
+with no live agent yet is waited for).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from domain.contracts.sessions import (
     CreateSession,
     DestroySession,
     GetSession,
+    SessionCreated,
     SessionView,
+    created_view,
     session_id_for,
     session_view,
 )
@@ -28,7 +32,7 @@ from domain.errors import Conflict, Forbidden, InvalidField, NotFound, unknown_k
 from domain.hooks import session_info
 from domain.image_ref import canonical_or_same
 from domain.quota import effective, never_fits
-from domain.resource_group import may_use, refusal
+from domain.resource_group import check_known, may_use, refusal
 from domain.session import Session
 from services.manager.bus import LookAgain
 from services.manager.fleet import Fleet
@@ -48,7 +52,7 @@ class SessionCommands:
         # manager cannot both find it free.
         self._naming = asyncio.Lock()
 
-    async def create(self, req: CreateSession) -> SessionView:
+    async def create(self, req: CreateSession) -> SessionCreated:
         if req.request_id is not None:
             sid = session_id_for(req.owner, req.request_id)
         else:
@@ -68,6 +72,7 @@ class SessionCommands:
             labels=req.labels,
         )
         groups = self.fleet.resource_groups
+        check_known(new.resource_group, groups, self.fleet.agent_groups())
         if not may_use(req.owner, new.resource_group, groups):  # may this owner use the group?
             raise Forbidden(
                 refusal(req.owner, new.resource_group, groups, self.fleet.agent_groups())
@@ -95,15 +100,15 @@ class SessionCommands:
                 field,
                 f"{why}: this session could never start; {advice} (hoist agents lists them)",
             )
-        # Not the store's idempotency key: a retried append would come back with the
-        # original's sequences while we hold other kernel ids. The derived session id and
-        # "subject must be empty" make the retry a conflict instead, and we get what the first
-        # attempt stored.
         if sid not in self.fleet.sessions:  # not a retry of a create that was stored
             refused, skipped = await self.hooks.enqueue(session_info(new))
             if refused is not None:
                 raise Forbidden(refused)
             noted("enqueue", skipped)(new)  # in the create's own append
+        # Not the store's idempotency key: a retried append would come back with the
+        # original's sequences while we hold other kernel ids. The derived session id and
+        # "subject must be empty" make the retry a conflict instead, and we get what the first
+        # attempt stored.
         async with self._naming if req.name is not None else contextlib.nullcontext():
             if req.name is not None and sid not in self.fleet.sessions:
                 self._name_free(req.owner, req.name)
@@ -111,7 +116,7 @@ class SessionCommands:
         if stored is not new:
             _same_request(stored, req)
         await self.fleet.wait_settled(sid, req.max_wait)
-        return await self._view(sid)
+        return created_view(await self._committed(sid), created=stored is new)
 
     def _name_free(self, owner: str, name: str) -> None:
         """Conflict naming the session that holds ``name`` among the owner's that have not
@@ -143,11 +148,14 @@ class SessionCommands:
         return await self._view(sid)
 
     async def _view(self, session_id: str) -> SessionView:
+        return session_view(await self._committed(session_id))
+
+    async def _committed(self, session_id: str) -> Session:
         """What the log holds of the session (never a change still being saved)."""
         session = await self.fleet.committed(session_id)
         if session is None:
             raise SessionUnknown(session_id)
-        return session_view(session)
+        return session
 
 
 def _same_request(session: Session, req: CreateSession) -> None:

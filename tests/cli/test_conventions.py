@@ -43,7 +43,7 @@ def created(stack: Stack, *args: str) -> dict[str, Any]:
 def test_a_unique_prefix_names_the_session(hoist_stack: Stack) -> None:
     session = created(hoist_stack, hoist_stack.next_image(), "--max-wait", "30")
     sid = session["session_id"]
-    assert session["status"] == "RUNNING", session
+    assert session["status"] == "RUNNING" and session["created"] is True, session
     in_read_model(hoist_stack, sid)
     short = sid[:12]  # what the tables print
 
@@ -77,6 +77,11 @@ def test_a_unique_prefix_names_the_session(hoist_stack: Stack) -> None:
         (
             ("run", "test/image-0:1", "-d", "--resource-group", "a b"),
             "--resource-group must be 1-128 letters, digits, '_' or '-'",
+        ),
+        (
+            ("run", "test/image-0:1", "-d", "--resource-group", "defualt"),
+            "--resource-group: no resource group 'defualt' is known (no admin defined it and no"
+            " agent joined it); did you mean 'default'? `hoist group list` shows them",
         ),
         (("ps", "--limit", "0"), "--limit must be an integer from 1 to 10000, got 0"),
     ],

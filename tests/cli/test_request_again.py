@@ -81,7 +81,9 @@ async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
     async def manager(msg: Msg) -> None:
         heard.append(json.loads(msg.data))
         if len(heard) > 1:  # the first reply is lost (a manager paused past the client's wait)
+            # The first try stored the session: this one found it (``created`` false).
             view = {"session_id": "s1", "status": "PENDING", "status_info": "queued"}
+            view["created"] = False
             await msg.respond(json.dumps({**view, "kernels": []}).encode())
 
     await nc.subscribe(SESSION_CREATE, cb=manager)
@@ -91,7 +93,10 @@ async def test_hoist_run_sends_a_request_id_and_asks_again_with_it(
     # Off this event loop, which meanwhile answers as the manager.
     done = await asyncio.to_thread(run_hoist, hoist, env=env)
     assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "session s1 PENDING queued" in done.stdout
+    assert done.stdout.splitlines()[:2] == [
+        "found session s1 (created by an earlier try of this request)",
+        "session s1 PENDING queued",
+    ], done.stdout
     assert len(heard) == 2 and heard[0] == heard[1], heard
     assert isinstance(heard[0]["request_id"], str) and len(heard[0]["request_id"]) == 32
 

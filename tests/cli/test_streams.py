@@ -212,9 +212,11 @@ async def test_an_attached_run_that_loses_its_output_says_so_and_exits_with_the_
 
     monkeypatch.setattr(main, "watch", watch)
     conn = Stack([[b"hello\n", None]], {})
-    code = await main._run_attached(cast(Connection, conn), "sess", 5.0, asyncio.Event())
+    created = {"session_id": "sess", "created": True}  # the create's reply
+    code = await main._run_attached(cast(Connection, conn), created, 5.0, asyncio.Event())
     assert code == 3
     err = capsys.readouterr().err
+    assert err.startswith("session sess created (Ctrl-C detaches; it goes on)"), err
     assert "`hoist logs sess` reads" in err, err
     if lost_at == "read":
         assert "was lost on its agent" in err and "after 6 bytes" in err

@@ -235,3 +235,22 @@ def test_container_removed_and_containers_gone() -> None:
     assert gone.kernels[gid].status is S.RUNNING
     gone.containers_gone("agent-1", [gid], exited=[])
     assert gone.kernels[gid].status_info == "container-gone: not found on agent agent-1"
+
+
+def test_a_scheduler_error_keeps_the_session_pending_with_its_reason_once() -> None:
+    session = new_session(cluster_size=2)
+    session.collect_events()
+    session.scheduler_failed(KeyError("agent\nx"))
+    session.scheduler_failed(KeyError("agent\nx"))  # the same again: nothing new
+    session.scheduler_failed(RuntimeError())
+    events = session.collect_events()
+    assert [e.status_info for e in events] == [  # type: ignore[attr-defined]
+        "scheduler-error: KeyError: 'agent\\nx'",
+        "scheduler-error: RuntimeError",
+    ]
+    assert statuses(session) == [S.PENDING, S.PENDING]
+    assert {k.status_info for k in session.kernels.values()} == {"scheduler-error: RuntimeError"}
+    placed, k1, _ = two_on()
+    placed.collect_events()
+    placed.scheduler_failed(ValueError("late"))  # placed meanwhile: not why it waits
+    assert placed.collect_events() == [] and placed.kernels[k1].status == S.PREPARING

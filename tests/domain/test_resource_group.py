@@ -9,7 +9,7 @@ from domain import events as ev
 from domain.admission import Inadmissible, admit, fold
 from domain.codec import encode
 from domain.errors import DomainError, InvalidField
-from domain.resource_group import ResourceGroup, may_use, refusal, usable
+from domain.resource_group import ResourceGroup, check_known, may_use, refusal, usable
 from domain.subjects import MANAGER_KINDS, RESOURCE_GROUP, aggregate_subject
 
 SUBJECT = aggregate_subject(RESOURCE_GROUP, "gpu")
@@ -111,3 +111,23 @@ def test_the_refusal_names_the_field_and_the_groups_the_user_may_use() -> None:
     assert "may use: none with agents yet, and any group no admin defined" in refusal(
         "bob", "gpu", closed, known=["gpu"]
     )
+
+
+def test_a_group_nobody_defined_or_joined_is_refused_with_the_nearest_known_names() -> None:
+    gpu = ResourceGroup.set(None, name="gpu", users=["alice"])
+    gone = ResourceGroup.set(None, name="gone", public=True)
+    gone.remove()
+    groups = {"gpu": gpu, "gone": gone}
+    for known in ("default", "gpu", "lab"):  # always; defined; an agent joined it (maybe lost)
+        check_known(known, groups, joined=["lab"])
+    with pytest.raises(InvalidField) as e:
+        check_known("gpuu", groups, joined=["lab"])
+    assert e.value.field == "resource_group"
+    assert str(e.value) == (
+        "resource_group: no resource group 'gpuu' is known (no admin defined it and no agent"
+        " joined it); did you mean 'gpu'? `hoist group list` shows them"
+    )
+    with pytest.raises(InvalidField, match=r"'gone' is known .*\); `hoist group list`"):
+        check_known("gone", groups, joined=[])  # removed, and no agent: as never defined
+    with pytest.raises(InvalidField, match="did you mean 'lab-a' or 'lab-b'"):
+        check_known("lab-c", {}, joined=["lab-a", "lab-b", "zzz"])

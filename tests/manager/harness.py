@@ -20,6 +20,7 @@ from domain.scheduling import Limits, Policy
 from domain.subjects import SESSION_CREATE, SESSION_GET, SESSION_LOGS, STREAM_READ, inbox_prefix
 from eventstore.store import EventStore
 from services.manager.main import Manager, ManagerConfig
+from services.manager.scheduler_loop import Plan
 from tests.agent.agent_harness import config, running, wait_for
 from transport.client import Client
 
@@ -81,8 +82,10 @@ def manager_config(**overrides: Any) -> ManagerConfig:
 
 
 @asynccontextmanager
-async def manager(nc: Client, **overrides: Any) -> AsyncIterator[Manager]:
-    m = Manager(nc, manager_config(**overrides))
+async def manager(
+    nc: Client, planner: Plan | None = None, **overrides: Any
+) -> AsyncIterator[Manager]:
+    m = Manager(nc, manager_config(**overrides), planner)
     await m.start()
     try:
         yield m

@@ -9,9 +9,14 @@ import asyncio
 from typing import Any
 
 from domain import subjects
+from domain.agent import Agent
 from domain.codec import TYPE_HEADER
+from domain.liveness import AgentLiveness
 from domain.subjects import GROUP_LIST, GROUP_REMOVE, GROUP_SET, SESSION_CREATE
+from eventstore.repository import Repository
 from eventstore.store import EventStore
+from services.manager.main import Manager
+from tests.agent.agent_harness import wait_for
 from tests.manager.harness import GB, agents, create, create_payload, manager, request, until
 from transport.client import Client
 
@@ -24,6 +29,23 @@ async def set_group(nc: Client, **fields: Any) -> dict[str, Any]:
 
 def running(s: dict[str, Any]) -> bool:
     return s["status"] == "RUNNING"
+
+
+async def joined_once(store: EventStore, m: Manager, group: str) -> None:
+    """An agent joined ``group`` and was lost since: the group is known, with no live agent."""
+    agent_id = f"{group}-1"
+    repository = Repository(store, actor="manager")
+    capacity = {"cpu": 4, "mem": GB, "disk": 16 * GB}
+    await repository.save(
+        Agent.register(agent_id=agent_id, resource_group=group, capacity=capacity, runtime="dummy")
+    )
+    await repository.save(AgentLiveness.mark_lost(None, agent_id, "heartbeat-timeout: a test"))
+
+    def lost() -> bool:
+        state = m.fleet.agents.get(agent_id)
+        return state is not None and not state.live
+
+    await wait_for(lost, 10, f"{agent_id} joined {group} and lost")
 
 
 async def test_only_a_groups_users_create_sessions_in_it(nc: Client, store: EventStore) -> None:
@@ -52,12 +74,14 @@ async def test_only_a_groups_users_create_sessions_in_it(nc: Client, store: Even
 
         bob = await create(nc, owner="bob")  # default: no admin defined it, open to everyone
         await until(nc, bob["session_id"], running, what="bob runs in default")
+        await joined_once(store, m, "nobody-defined-it")
         undefined = await create(nc, owner="bob", resource_group="nobody-defined-it")
         assert undefined["status"] == "PENDING"  # accepted; it waits for an agent of the group
 
         listed = await request(nc, GROUP_LIST, {})
         groups = {g["name"]: g for g in listed["groups"]}
-        assert set(groups) == {"default", "gpu"}  # defined ones and the agents' groups
+        # defined ones and the agents' groups (lost agents' too)
+        assert set(groups) == {"default", "gpu", "nobody-defined-it"}
         gpu = groups["gpu"]
         assert (gpu["defined"], gpu["access"], gpu["users"]) == (True, "users", ["alice"])
         assert gpu["description"] == "the A100s"
@@ -129,3 +153,32 @@ async def test_set_and_remove_are_events_in_the_log_and_folded_after_a_restart(
         carol = await create(nc, owner="carol", resource_group="lab")
         await until(nc, carol["session_id"], running)
         await asyncio.sleep(0)
+
+
+async def test_a_group_nobody_defined_or_joined_is_refused_naming_the_nearest(
+    nc: Client, store: EventStore
+) -> None:
+    """A misspelt group fails at create (``invalid-request`` naming ``resource_group``, the
+    nearest known names, nothing appended); a group an admin defined, or one an agent joined
+    (lost now), has no live agent and is waited for with its reason."""
+    async with agents(nc, store, ["g1"], resource_group="gpu"), manager(nc) as m:
+        await joined_once(store, m, "lab")
+        await set_group(nc, name="night", public=True)  # defined, no agent ever
+        before = await store.last_seq(f"{subjects.EVENTS}.session.>")
+        for misspelt, near in [("gpuu", "did you mean 'gpu'? "), ("zzz", "")]:
+            refused = await request(nc, SESSION_CREATE, create_payload(resource_group=misspelt))
+            assert refused["error"] == {
+                "code": "invalid-request",
+                "message": f"resource_group: no resource group {misspelt!r} is known (no admin"
+                f" defined it and no agent joined it); {near}`hoist group list` shows them",
+            }, refused
+        assert await store.last_seq(f"{subjects.EVENTS}.session.>") == before  # nothing appended
+        assert m.fleet.sessions == {}
+        for group in ("lab", "night"):
+            waiting = await create(nc, resource_group=group, max_wait=0.3)
+            assert waiting["status"] == "PENDING", waiting
+            assert waiting["status_info"].startswith(
+                f"no-available-instances: resource group {group!r} has no live agents"
+            ), waiting
+        gpu = await create(nc, resource_group="gpu", max_wait=5)
+        assert gpu["status"] == "RUNNING", gpu

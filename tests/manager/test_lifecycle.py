@@ -21,6 +21,7 @@ from tests.manager.harness import (
     agents,
     create,
     create_payload,
+    get,
     manager,
     request,
     until,
@@ -291,12 +292,17 @@ async def test_the_same_request_id_creates_one_session(nc: Client, store: EventS
         replies = await asyncio.gather(*(request(nc, SESSION_CREATE, payload) for _ in range(5)))
         assert len({r["session_id"] for r in replies}) == 1, replies
         assert len(m.fleet.sessions) == 1
+        # One of them created it; the others found it (retries of the same request).
+        assert sorted(r["created"] for r in replies) == [False] * 4 + [True], replies
+        again = await request(nc, SESSION_CREATE, payload)
+        assert again["created"] is False and again["session_id"] == replies[0]["session_id"]
+        assert "created" not in await get(nc, again["session_id"])  # a create's reply only
         # Same request id, other parameters: refused, naming what differs.
         other = await request(nc, SESSION_CREATE, create_payload(request_id="req-1", image="x:1"))
         assert other["error"]["code"] == "conflict" and "image" in other["error"]["message"]
         # Another owner may use the same request id for their own session.
         theirs = await request(nc, SESSION_CREATE, create_payload(request_id="req-1", owner="bob"))
-        assert theirs["session_id"] != replies[0]["session_id"]
+        assert theirs["session_id"] != replies[0]["session_id"] and theirs["created"] is True
         events = [r async for r in store.replay()]
         enqueued = [r for r in events if r.headers.get("Hoist-Event") == "SessionEnqueued"]
         assert len(enqueued) == 2

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
+
+import pytest
 
 from domain import rpc
-from domain.scheduling import Limits, Policy
-from domain.subjects import SESSION_CREATE, SESSION_DESTROY
+from domain.codec import TYPE_HEADER
+from domain.scheduling import Limits, PendingSession, Policy, plan
+from domain.subjects import SESSION_CREATE, SESSION_DESTROY, session_events
 from eventstore.store import EventStore
 from tests.agent.agent_harness import wait_for
 from tests.manager.harness import (
@@ -15,6 +19,7 @@ from tests.manager.harness import (
     agents,
     create,
     create_payload,
+    get,
     manager,
     request,
     until,
@@ -130,3 +135,39 @@ async def test_200_concurrent_creates_never_over_commit(nc: Client, store: Event
             assert len(agent.runtime.kernels) == 4, agent_id
             view = m.fleet.agents[agent_id]
             assert (view.reserved_cpu, view.reserved_mem) == (4, 4 * GB)
+
+
+async def test_a_pass_that_raises_on_one_session_records_why_and_places_the_others(
+    nc: Client, store: EventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plan that raises is made again one session at a time: the session whose own plan
+    raises waits with ``scheduler-error: <type: text>``, recorded once however many passes
+    meet it again, and the other sessions of those passes are placed."""
+
+    def planner(pending: list[PendingSession], *args: Any, **kwargs: Any) -> Any:
+        if any(s.owner == "carol" for s in pending):
+            raise KeyError("no view of agent 'a9'")
+        return plan(pending, *args, **kwargs)
+
+    def carols_reason(s: dict[str, Any]) -> bool:
+        return s["status_info"].startswith("scheduler-error:")
+
+    async with agents(nc, store, ["a1"]), manager(nc, planner) as m:
+        carol = await create(nc, owner="carol")
+        failed = await until(nc, carol["session_id"], carols_reason, what="has its reason")
+        assert failed["status"] == "PENDING"
+        assert failed["status_info"] == "scheduler-error: KeyError: \"no view of agent 'a9'\""
+        assert {k["status_info"] for k in failed["kernels"]} == {failed["status_info"]}
+        passes = m.scheduler.passes
+        alice = await create(nc, max_wait=5)  # planned in a pass with carol's session
+        assert alice["status"] == "RUNNING", alice
+        bob = await create(nc, owner="bob", max_wait=5)
+        assert bob["status"] == "RUNNING", bob
+        assert m.scheduler.passes >= passes + 2
+        again = await get(nc, carol["session_id"])
+        assert again["status_info"] == failed["status_info"] and again["status"] == "PENDING"
+        records = await store.read_subject(session_events(carol["session_id"]))
+        kinds = [r.headers[TYPE_HEADER] for r in records]
+        assert kinds == ["SessionEnqueued", "SessionSchedulingFailed"]  # once, not each pass
+        raised = [r for r in caplog.records if "the scheduler raised" in r.getMessage()]
+        assert len(raised) == 1 and raised[0].exc_info is not None

@@ -228,6 +228,9 @@ async def test_the_dashboard_shows_fleet_occupancy_pulls_policies_and_filters(
     def create(owner: str, image: str, **more: Any) -> Any:
         return ask(client, SESSION_CREATE, {"owner": owner, "image": image, **more})
 
+    # A group with no agent: defined (an admin's, open to all), so the create is accepted and
+    # waits; a group nobody defined or joined would be refused as misspelt.
+    await hoist_admin(web, "group", "set", "nowhere", "--public")
     gpu, failed, elsewhere = await asyncio.gather(
         create("gil", web.stack.next_image(), resources={**CPU_MEM, "gpu": 1}, max_wait=30),
         create("fay", "test/missing:1", resources=CPU_MEM, max_wait=30),
