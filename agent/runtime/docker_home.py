@@ -2,11 +2,11 @@
 container's create and its start, so its command finds them.
 
 Which home: ``HOME`` of the container's environment (the image's or the create's) if set,
-else the home ``/etc/passwd`` in the container gives the image's ``User`` (what Docker sets
-``HOME`` to at start), ``/root`` for root, ``/`` for a user the file does not know (Docker's
-own fallback).  The files go in one tar through ``put_archive``, owned by that user (uid and
-gid from ``/etc/passwd``, or numeric ``User``), with their parent directories (mode 0755); a
-home the image lacks is made too, owned by the user.
+else the home ``/etc/passwd`` in the container gives the image's ``User`` (root if none):
+what Docker sets ``HOME`` to at start, and ``/`` as Docker does for a user the file does not
+know (or an image without the file).  The files go in one tar through ``put_archive``, owned
+by that user (uid and gid from ``/etc/passwd``, or numeric ``User``), with their parent
+directories (mode 0755); a home the image lacks is made too, owned by the user.
 """
 
 from __future__ import annotations
@@ -46,12 +46,11 @@ def parse_passwd(text: str) -> dict[str, tuple[int, int, str]]:
 
 
 def home_owner(user: str, env: Iterable[str], passwd: str | None) -> HomeOwner:
-    """Where and as whom the files go, for the container's ``User`` and ``Env``."""
+    """Where and as whom the files go, for the container's ``User`` and ``Env``: as Docker
+    sets ``HOME`` at start (the user's passwd entry, root's if no user, else ``/``)."""
     name, _, group = (user or "").partition(":")
     users = parse_passwd(passwd or "")
-    uid, gid, home = users.get(
-        name or "root", (0, 0, "/root" if name in ("", "root", "0") else "/")
-    )
+    uid, gid, home = users.get(name or "root", (0, 0, "/"))
     if name.isdigit() and name not in users:
         uid = int(name)
     if group.isdigit():
@@ -117,9 +116,7 @@ async def put_home_files(
     config = (await call(api.inspect_container, container_id)).get("Config") or {}
     env = config.get("Env") or []
     user = config.get("User") or ""
-    passwd = None
-    if user.partition(":")[0] not in ("", "root", "0"):
-        passwd = await read_file(call, api, container_id, "/etc/passwd")
+    passwd = await read_file(call, api, container_id, "/etc/passwd")
     owner = home_owner(user, env, passwd)
     try:
         await call(api.put_archive, container_id, owner.home, home_tar(files, owner))

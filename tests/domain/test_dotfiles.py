@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 
 from domain import events as ev
+from domain import rpc
 from domain.admission import fold
 from domain.dotfiles import Dotfile, Dotfiles
 from domain.errors import InvalidField, NotFound
-from domain.limits import MAX_DOTFILE, MAX_DOTFILES, MAX_DOTFILES_BYTES
+from domain.limits import (
+    MAX_DOTFILE,
+    MAX_DOTFILE_PATH,
+    MAX_DOTFILES,
+    MAX_DOTFILES_BYTES,
+    MAX_REQUEST,
+)
 from domain.subjects import DOTFILES, MANAGER_KINDS, aggregate_subject
 
 
@@ -92,3 +99,26 @@ def test_too_big_too_many_too_much_and_bad_modes_are_refused() -> None:
     with pytest.raises(InvalidField) as info:
         Dotfiles.set(None, owner="a b", path=".bashrc", content=b"", by="client")
     assert info.value.field == "owner"
+
+
+def test_the_most_dotfiles_fit_in_one_create_kernel_under_nats_max_payload() -> None:
+    # 32 files of the longest paths, 384 KiB in all (base64 on the wire), with the rest of the
+    # request at MAX_REQUEST: the agent takes it, and it is under nats.conf's 1 MB.
+    each = MAX_DOTFILES_BYTES // MAX_DOTFILES
+    dotfiles = [
+        rpc.KernelDotfile(path=f"{i:02d}" + "p" * (MAX_DOTFILE_PATH - 2), content=b"\xff" * each)
+        for i in range(MAX_DOTFILES)
+    ]
+    request = rpc.CreateKernel(
+        kernel_id="k1",
+        session_id="s1",
+        image="127.0.0.1:5000/busybox:1",
+        resources=ev.Resources(cpu=1.0, mem=2**30),
+        dotfiles=dotfiles,
+    )
+    data = rpc.encode(request)
+    padded = len(data) + MAX_REQUEST  # the spec, env and the rest at their most
+    assert padded <= rpc.max_request(rpc.CREATE_KERNEL) < 1024 * 1024
+    assert rpc.decode_request(rpc.CREATE_KERNEL, data).dotfiles == dotfiles
+    with pytest.raises(rpc.RequestError, match="more than"):
+        rpc.decode_request(rpc.DESTROY_KERNEL, b" " * (MAX_REQUEST + 1))
