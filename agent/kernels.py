@@ -12,6 +12,7 @@ from agent.pulls import PullManager
 from agent.room import Room, whole_gpus
 from agent.runtime.base import (
     ContainerSpec,
+    HomeFile,
     ImageMissing,
     KernelContainer,
     KernelCreateError,
@@ -190,6 +191,7 @@ def container_spec(
         gpu_ids=gpu_ids,
         asked_seq=request.seq,
         asked_at=asked_at if request.seq else 0.0,
+        home_files=tuple(HomeFile(f.path, f.content, f.mode) for f in request.dotfiles),
     )
 
 

@@ -28,6 +28,7 @@ from domain.codec import REFLECTED_HEADER, TYPE_HEADER, decode
 from domain.errors import DomainError, EventDecodeError
 from domain.limits import MAX_REASON, clip
 from domain.subjects import (
+    DOTFILES,
     EVENTS,
     LEASE,
     LIVENESS,
@@ -69,6 +70,7 @@ RESOURCE_GROUP_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.ResourceGroupSet, ev.ResourceGroupRemoved}
 )
 USER_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.UserAdded, ev.UserDisabled})
+DOTFILE_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.DotfileSet, ev.DotfileRemoved})
 RESERVATION_EVENTS: frozenset[type[ev.Event]] = frozenset(
     {ev.CapacityReserved, ev.CapacityReleased}
 )
@@ -85,6 +87,7 @@ BINDINGS: dict[str, frozenset[type[ev.Event]]] = {
     RESOURCE_POLICY: RESOURCE_POLICY_EVENTS,
     RESOURCE_GROUP: RESOURCE_GROUP_EVENTS,
     USER: USER_EVENTS,
+    DOTFILES: DOTFILE_EVENTS,
     RESERVATION: RESERVATION_EVENTS,
     LEASE: LEASE_EVENTS,
 }
@@ -97,11 +100,12 @@ _FIRST: dict[str, tuple[type[ev.Event], ...]] = {
     RESOURCE_POLICY: (ev.ResourcePolicySet,),
     RESOURCE_GROUP: (ev.ResourceGroupSet,),
     USER: (ev.UserAdded,),
+    DOTFILES: (ev.DotfileSet,),
     RESERVATION: (ev.CapacityReserved,),
 }
 # Kinds whose start event may come again (a policy or group is set again, also after a
-# removal; a disabled user is added again).
-_SET_AGAIN = frozenset({PREPULL_POLICY, RESOURCE_POLICY, RESOURCE_GROUP, USER})
+# removal; a disabled user is added again; every dotfile set starts again).
+_SET_AGAIN = frozenset({PREPULL_POLICY, RESOURCE_POLICY, RESOURCE_GROUP, USER, DOTFILES})
 # Kinds whose messages are no aggregate's history: each stands alone (most expire), so no
 # order is checked and folding one changes nothing.
 STANDALONE = frozenset({LEASE})

@@ -43,6 +43,9 @@ from domain.limits import (
     ClusterSize,
     Cpu,
     Detail,
+    DotfileContent,
+    DotfileMode,
+    DotfilePath,
     Env,
     ExitCode,
     Id,
@@ -693,6 +696,32 @@ class UserDisabled(Event, frozen=True, kw_only=True, tag="UserDisabled"):
     by: Owner
 
 
+# --- dotfiles (subject hoist.events.dotfiles.<owner>) -------------------------------------
+
+
+class DotfileSet(Event, CanInitAggregate[str], frozen=True, kw_only=True, tag="DotfileSet"):
+    """The owner (the aggregate id) keeps ``content`` at ``path`` in their kernels' home (a new
+    file, or a replaced one); see domain.dotfiles."""
+
+    originator_topic: Topic
+    path: DotfilePath
+    content: DotfileContent  # base64 in the log's JSON
+    mode: DotfileMode = 0o644
+    by: Owner  # who set it: the user on their own subject, else the role (client, admin)
+
+    def mutate(self, aggregate: Any) -> Any:
+        if aggregate is None:
+            return CanInitAggregate.mutate(self, aggregate)
+        return CanMutateAggregate.mutate(self, aggregate)
+
+
+class DotfileRemoved(Event, frozen=True, kw_only=True, tag="DotfileRemoved"):
+    """The owner's kernels no longer get ``path`` (kernels already started keep theirs)."""
+
+    path: DotfilePath
+    by: Owner
+
+
 AnyEvent = (
     SessionEnqueued
     | SessionSchedulingFailed
@@ -724,6 +753,8 @@ AnyEvent = (
     | ResourceGroupRemoved
     | UserAdded
     | UserDisabled
+    | DotfileSet
+    | DotfileRemoved
     | CapacityReserved
     | CapacityReleased
     | ManagerLeaseTaken

@@ -37,6 +37,16 @@ MAX_EXEC_S = 3600.0  # seconds an exec may run
 MAX_DEPTH = 16  # nesting of a JSON request
 MAX_REQUEST = 256 * 1024  # bytes of one request
 MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 MB) with headers
+# Dotfiles (domain.dotfiles): files a user keeps for their kernels' home.  Each at most 64 KiB,
+# at most 32 per user, and together at most 384 KiB: they travel in one create-kernel message
+# (base64 in JSON: 512 KiB, with the spec's at most MAX_REQUEST under nats' 1 MB max_payload).
+MAX_DOTFILE = 64 * 1024
+MAX_DOTFILES = 32
+MAX_DOTFILES_BYTES = 384 * 1024
+MAX_DOTFILE_PATH = 255  # characters of a path relative to the home
+MAX_DOTFILE_MODE = 0o777  # permission bits only: no setuid, setgid or sticky bit
+# What a create-kernel may carry besides MAX_REQUEST: the dotfiles in base64, with their paths.
+MAX_DOTFILES_WIRE = 4 * -(-MAX_DOTFILES_BYTES // 3) + MAX_DOTFILES * (4 * MAX_DOTFILE_PATH + 64)
 QUOTE = 80  # characters of a bad value an error message quotes
 # The least one kernel may ask for: what a container engine can enforce.  Docker refuses a
 # memory limit under 6 MiB, and a CPU limit under 0.01 cores is a CFS quota under the kernel's
@@ -57,6 +67,8 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
 ABS_PATH = r"^(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
 # Where a volume is mounted: an absolute path, not "/" itself, no trailing or doubled "/".
 MOUNT_PATH = r"^(?!.*//)(?!.*/\Z)(?!.*/\.\.(?:/|\Z))/" + PRINTABLE.removeprefix("^")
+# A dotfile's path: relative to the home, '/'-separated, no empty, '.' or '..' step, printable.
+DOTFILE_PATH = r"^(?!/)(?!.*//)(?!.*/\Z)(?!(?:.*/)?\.\.?(?:/|\Z))" + PRINTABLE.removeprefix("^")
 # A session's name (`hoist run --name`), as Docker's container names: 1-63 characters.
 SESSION_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z"
 # A label's key and value, as Kubernetes': a key of 1-63 characters (a '/'-prefix allowed),
@@ -93,6 +105,11 @@ SessionName = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=S
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=LABEL_KEY)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=63, pattern=LABEL_VALUE)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
+DotfilePath = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_DOTFILE_PATH, pattern=DOTFILE_PATH)
+]
+DotfileContent = Annotated[bytes, msgspec.Meta(max_length=MAX_DOTFILE)]
+DotfileMode = Annotated[int, msgspec.Meta(ge=0, le=MAX_DOTFILE_MODE)]
 
 
 def kernel_floor(cpu: float, mem: int) -> tuple[str, str] | None:

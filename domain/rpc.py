@@ -34,6 +34,9 @@ from domain.limits import (
     MAX_LIST,
     Argv,
     ClusterSize,
+    DotfileContent,
+    DotfileMode,
+    DotfilePath,
     Env,
     ExitCode,
     Id,
@@ -156,6 +159,17 @@ class PullTask(_Reply, frozen=True, kw_only=True):
     task_id: str
 
 
+class KernelDotfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One of the owner's dotfiles (domain.dotfiles), written into the kernel's home."""
+
+    path: DotfilePath  # relative to the home
+    content: DotfileContent  # base64 in JSON
+    mode: DotfileMode = 0o644
+
+
+KernelDotfiles = Annotated[list[KernelDotfile], msgspec.Meta(max_length=limits.MAX_DOTFILES)]
+
+
 class CreateKernel(_Request, frozen=True, kw_only=True):
     """Start a container for the kernel; idempotent (a kernel never gets two containers).
 
@@ -181,6 +195,7 @@ class CreateKernel(_Request, frozen=True, kw_only=True):
     # The stream sequence of the session's record the asking manager had (0: unknown): a sync
     # from a view that has not folded that far spares the container (SyncKernels.view_seq).
     seq: LogSeq = 0
+    dotfiles: KernelDotfiles = []
 
 
 class KernelCreated(_Reply, frozen=True, kw_only=True):
@@ -549,7 +564,14 @@ def decode_request(verb: str, data: bytes) -> Any:
         raise RequestError(
             "invalid-request", f"unknown verb {limits.quote(verb)}; use one of {VERBS}"
         )
-    return _canonical_images(decode(data, cls, what=verb))
+    return _canonical_images(decode(data, cls, what=verb, max_bytes=max_request(verb)))
+
+
+def max_request(verb: str) -> int:
+    """The most bytes a request of ``verb`` may be: a create-kernel carries the owner's
+    dotfiles besides (their bounds keep it under NATS' max_payload)."""
+    extra = limits.MAX_DOTFILES_WIRE if verb == CREATE_KERNEL else 0
+    return limits.MAX_REQUEST + extra
 
 
 def _canonical_images(request: Any) -> Any:

@@ -2,9 +2,10 @@
 
 Events live in one JetStream stream, one subject per aggregate:
 ``hoist.events.<kind>.<id>`` (``kind`` is ``session``, ``agent``, ``liveness``,
-``prepull-policy``, ``resource-policy``, ``resource-group``, ``user``, ``reservation`` or
-``lease``; domain.admission says which events each may hold).  An agent publishes only under
-its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``); nats.conf enforces it.
+``prepull-policy``, ``resource-policy``, ``resource-group``, ``user``, ``dotfiles``,
+``reservation`` or ``lease``; domain.admission says which events each may hold).  An agent
+publishes only under its own id (``hoist.events.agent.<id>``, ``hoist.progress.<id>.>``);
+nats.conf enforces it.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ RESOURCE_POLICY = "resource-policy"
 RESOURCE_GROUP = "resource-group"
 # Hoist users (domain.user): hoist.events.user.<name>; each has a NATS user of that name.
 USER = "user"
+# A user's dotfiles (domain.dotfiles): hoist.events.dotfiles.<owner>, written into the home of
+# each of their kernels at its start.
+DOTFILES = "dotfiles"
 # What the managers reserved on an agent (domain.reservation): hoist.events.reservation.<agent
 # id>.  Only managers write it, each SessionScheduled in one atomic batch with its agents'
 # reservations expecting their last sequences, so two managers never book the same room.
@@ -133,6 +137,7 @@ MANAGER_KINDS = (
     RESOURCE_POLICY,
     RESOURCE_GROUP,
     USER,
+    DOTFILES,
     RESERVATION,
     LEASE,
 )
@@ -188,6 +193,11 @@ GROUP_LIST = f"{ADMIN}.group.list"
 USER_ADD = f"{ADMIN}.user.add"
 USER_DISABLE = f"{ADMIN}.user.disable"
 USER_LIST = f"{ADMIN}.user.list"
+
+# A user's dotfiles (domain.contracts.dotfiles): their own, or any owner's for the client role
+DOTFILE_SET = f"{API}.dotfile.set"
+DOTFILE_REMOVE = f"{API}.dotfile.remove"
+DOTFILE_LIST = f"{API}.dotfile.list"
 
 # Preload and unload jobs (domain.contracts.images)
 PRELOAD = f"{ADMIN}.image.preload"

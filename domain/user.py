@@ -32,6 +32,7 @@ UNSCOPED = frozenset(
     {
         *("session", "stream", "volume", HISTORY, *QUERY_NAMES),
         *("image", "quota", "group", "user", "kernel", "agent", "query", "verify", "manager"),
+        "dotfile",
     }
 )
 # ``default`` names the default resource policy and resource group: a user so named would

@@ -42,6 +42,16 @@ class VolumeMount:
 
 
 @dataclass(frozen=True)
+class HomeFile:
+    """A file the runtime writes into the kernel's home before its command starts (the
+    owner's dotfiles, domain.dotfiles); its parent directories are made as needed."""
+
+    path: str  # relative to the home: no leading '/', no '..' (domain.limits.DOTFILE_PATH)
+    content: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """What a kernel's container runs, besides its image and cpu/mem."""
 
@@ -65,6 +75,7 @@ class ContainerSpec:
     # kept with the container (LABEL_ASKED_SEQ, LABEL_ASKED_AT).
     asked_seq: int = 0
     asked_at: float = 0.0
+    home_files: tuple[HomeFile, ...] = ()  # written into the home before the command starts
 
 
 @dataclass(frozen=True, order=True)  # listed in order: port, host, host_port

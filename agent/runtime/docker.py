@@ -80,6 +80,7 @@ from agent.runtime.docker_containers import (
     _networks,
     _summary_ports,
 )
+from agent.runtime.docker_home import put_home_files
 from agent.runtime.docker_pulls import _Pull, _repo_digest, classify, split_ref
 from agent.runtime.docker_streams import HANDOFF_BYTES, _DockerExec, _drain, _Handoff, _pump
 from domain.image_ref import canonical_or_same
@@ -478,6 +479,7 @@ class DockerRuntime:
                 kernel_id, image, spec, labels, host_config, networking_config
             )
             try:
+                await put_home_files(self._call, self.api, container_id, spec.home_files)
                 await self._call(self.api.start, container_id)
             except docker.errors.APIError as e:
                 with contextlib.suppress(docker.errors.APIError):

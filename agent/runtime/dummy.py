@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import posixpath
 import random
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -52,7 +53,7 @@ from agent.runtime.base import (
     VolumeInUse,
     validate_create,
 )
-from agent.runtime.dummy_shell import Output, Replay, Step, parse, run
+from agent.runtime.dummy_shell import DEFAULT_HOME, Files, Output, Replay, Step, parse, run
 from domain.image_ref import canonical_or_same, familiar
 
 _V = TypeVar("_V")
@@ -156,6 +157,15 @@ class DummyKernel:
     def running(self) -> bool:
         return self.exit is None and not self.stopped
 
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What its processes see: HOME as Docker sets it (root's unless given), the spec's."""
+        return {"HOME": DEFAULT_HOME, **self.spec.env, **(extra or {})}
+
+    def files(self) -> Files:
+        """Its simulated filesystem: its dotfiles (spec.home_files) in its home."""
+        home = self.env().get("HOME") or DEFAULT_HOME
+        return Files(home, {posixpath.join(home, f.path): f.content for f in self.spec.home_files})
+
     def container(self) -> KernelContainer:
         snap = self._snapshot
         if snap is None or snap.running != self.running or snap.exit != self.exit:
@@ -258,7 +268,7 @@ class DummyRuntime:
             elif k.spec.command is not None and not k.stopped:
                 # Its process ran on while the agent was away: on from where it is now.
                 replay = Replay(ran_s, quiet_s=k.saved_at - k.started_at)
-                steps = parse(k.spec.command, k.spec.env)
+                steps = parse(k.spec.command, kernel.env())
                 kernel.task = asyncio.get_running_loop().create_task(
                     self._run(kernel, steps, replay)
                 )
@@ -417,7 +427,7 @@ class DummyRuntime:
         )
         self.kernels[kernel_id] = kernel
         if spec.command is not None:
-            steps = parse(spec.command, spec.env)
+            steps = parse(spec.command, kernel.env())
             kernel.task = asyncio.get_running_loop().create_task(self._run(kernel, steps))
         self._ensure_ticker()
         self._save()
@@ -426,7 +436,7 @@ class DummyRuntime:
     async def _run(
         self, kernel: DummyKernel, steps: list[Step], replay: Replay | None = None
     ) -> None:
-        code = await run(steps, kernel.out.write, kernel.spec.env, replay)
+        code = await run(steps, kernel.out.write, kernel.env(), replay, kernel.files())
         loop = asyncio.get_running_loop()
         ran_s = loop.time() - kernel.started
         if replay is not None and replay.t < replay.ran_s:  # it ended while the agent was away
@@ -487,9 +497,10 @@ class DummyRuntime:
         if not kernel.running:
             raise KernelCreateError(kernel_id, f"container {kernel.container_id} is not running")
         run_ = DummyExec(
-            parse(command, {**kernel.spec.env, **(env or {})}),
-            {**kernel.spec.env, **(env or {})},
+            parse(command, kernel.env(env)),
+            kernel.env(env),
             self.config.log_limit_bytes,
+            kernel.files(),
         )
         kernel.execs.add(run_)
         run_.task.add_done_callback(lambda _: kernel.execs.discard(run_))
@@ -571,14 +582,17 @@ class DummyRuntime:
 class DummyExec:
     """A command "running" in a dummy kernel (base.ExecRun)."""
 
-    def __init__(self, steps: list[Step], env: Mapping[str, str], limit: int) -> None:
+    def __init__(
+        self, steps: list[Step], env: Mapping[str, str], limit: int, files: Files | None = None
+    ) -> None:
         self.out = Output(limit)
         self.code: int | None = None
+        self.files = files
         self.task = asyncio.get_running_loop().create_task(self._run(steps, env))
 
     async def _run(self, steps: list[Step], env: Mapping[str, str]) -> None:
         try:
-            self.code = await run(steps, self.out.write, env)
+            self.code = await run(steps, self.out.write, env, files=self.files)
         finally:
             if self.code is None:
                 self.code = 137  # killed

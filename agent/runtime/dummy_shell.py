@@ -2,8 +2,10 @@
 bounded output buffer its logs and execs are read from.
 
 Understood: ``sleep N|infinity``, ``echo [-n] ...``, ``exit N``, ``true``, ``false``, ``:``,
-``printenv NAME``, and ``sh -c 'a; b && c'`` (sequences of those joined by ``;`` or ``&&``, with
-``$NAME``/``${NAME}`` from the environment).  Anything else writes ``<cmd>: not found`` (with
+``printenv NAME``, ``cat FILE...`` (of the kernel's simulated files: its dotfiles, in its
+home, ``HOME`` or ``/root``; ``~/`` and relative paths are the home's), and ``sh -c 'a; b &&
+c'`` (sequences of those joined by ``;`` or ``&&``, with ``$NAME``/``${NAME}`` from the
+environment).  Anything else writes ``<cmd>: not found`` (with
 what a dummy kernel runs, for a newcomer whose first ``python -c`` met it) and exits 127, as a
 shell does.
 """
@@ -11,14 +13,16 @@ shell does.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import re
 import shlex
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 Step = tuple[str, list[str]]  # (the operator before it: ";" or "&&", argv)
 Write = Callable[[bytes], None]
 # What a dummy kernel runs, said to a newcomer (its "not found", `hoist up`, `hoist status`).
-UNDERSTOOD = "sleep, echo, exit, true, false, printenv and sh -c of those"
+UNDERSTOOD = "sleep, echo, exit, true, false, printenv, cat and sh -c of those"
 NOT_FOUND_HINT = (
     f" (a dummy kernel runs only {UNDERSTOOD}; real commands need an agent with --runtime docker)"
 )
@@ -30,6 +34,22 @@ SIMULATES = (
 )
 _SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash"}
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+DEFAULT_HOME = "/root"  # the home of a kernel whose environment sets no HOME (root's)
+
+
+@dataclass(frozen=True)
+class Files:
+    """A dummy kernel's simulated filesystem: what the runtime wrote (its dotfiles)."""
+
+    home: str = DEFAULT_HOME
+    files: Mapping[str, bytes] = field(default_factory=dict)  # absolute path -> content
+
+    def read(self, path: str) -> bytes | None:
+        if path == "~" or path.startswith("~/"):
+            path = self.home + path[1:]
+        return self.files.get(posixpath.normpath(posixpath.join(self.home, path)))
 
 
 class Output:
@@ -148,24 +168,29 @@ class Replay:
 
 
 async def run(
-    steps: Sequence[Step], write: Write, env: Mapping[str, str], replay: Replay | None = None
+    steps: Sequence[Step],
+    write: Write,
+    env: Mapping[str, str],
+    replay: Replay | None = None,
+    files: Files | None = None,
 ) -> int:
     """Run ``steps``; their exit code (an ``exit N`` ends the whole sequence)."""
     replay = replay or Replay(0)
+    files = files or Files()
     write = replay.write(write)
     code = 0
     try:
         for op, argv in steps:
             if op == "&&" and code != 0:
                 continue
-            code = await _step(argv, write, env, code, replay)
+            code = await _step(argv, write, env, code, replay, files)
     except Exit as e:
         return e.code
     return code
 
 
 async def _step(
-    argv: list[str], write: Write, env: Mapping[str, str], last: int, replay: Replay
+    argv: list[str], write: Write, env: Mapping[str, str], last: int, replay: Replay, files: Files
 ) -> int:
     name, args = argv[0].rsplit("/", 1)[-1], argv[1:]
     if name == "sleep":
@@ -198,5 +223,15 @@ async def _step(
             return 1
         write(f"{env[args[0]]}\n".encode())
         return 0
+    if name == "cat" and args:
+        code = 0
+        for path in args:
+            content = files.read(path)
+            if content is None:
+                write(f"cat: {path}: No such file or directory\n".encode())
+                code = 1
+            else:
+                write(content)
+        return code
     write(f"{argv[0]}: not found{NOT_FOUND_HINT}\n".encode())
     return 127

@@ -10,6 +10,7 @@ import msgspec
 
 from domain.contracts.agents import SyncAgents
 from domain.contracts.common import NoRequest
+from domain.contracts.dotfiles import ListDotfiles, RemoveDotfile, SetDotfile
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
@@ -28,6 +29,9 @@ from domain.contracts.sessions import (
 from domain.contracts.users import AddUser, DisableUser, ListUsers
 from domain.subjects import (
     AGENT_SYNC,
+    DOTFILE_LIST,
+    DOTFILE_REMOVE,
+    DOTFILE_SET,
     GROUP_LIST,
     GROUP_REMOVE,
     GROUP_SET,
@@ -108,5 +112,8 @@ COMMANDS: dict[str, type[msgspec.Struct]] = {
     USER_ADD: AddUser,
     USER_DISABLE: DisableUser,
     USER_LIST: ListUsers,
+    DOTFILE_SET: SetDotfile,
+    DOTFILE_REMOVE: RemoveDotfile,
+    DOTFILE_LIST: ListDotfiles,
     MANAGER_STATS: ShowStats,
 }

@@ -520,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.
     from services.cli import audit as audit_cli
+    from services.cli import dotfiles as dotfile_cli
     from services.cli import groups as group_cli
     from services.cli import images as image_cli
     from services.cli import quotas as quota_cli
@@ -533,6 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota_cli.register(sub)
     group_cli.register(sub)
     user_cli.register(sub)
+    dotfile_cli.register(sub)
     completion.register(sub, parser)
     _accept_data_dir_after(sub)
     return parser

@@ -78,7 +78,9 @@ class Fleet:
         self.resource_groups = view.resource_groups
         self.users = view.users
         self.policies = view.policies
-        self.admin = view.admin  # the four above, by subject kind (the unit of work's)
+        self.admin = (
+            view.admin
+        )  # the four above and the dotfiles, by subject kind (the unit of work's)
         self.liveness = view.liveness
         self.image_sizes = view.image_sizes
         self.caught_up = view.caught_up

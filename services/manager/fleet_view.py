@@ -35,6 +35,7 @@ from domain.resource_group import ResourceGroup
 from domain.session import Session, sent_back
 from domain.status import Kernel, KernelStatus
 from domain.subjects import (
+    DOTFILES,
     LEASE,
     LIVENESS,
     PREPULL_POLICY,
@@ -95,6 +96,7 @@ class FleetView:
             RESOURCE_POLICY: self.resource_policies,
             RESOURCE_GROUP: self.resource_groups,
             USER: self.users,
+            DOTFILES: {},  # owner -> their dotfiles (domain.dotfiles)
         }
         self.liveness: dict[str, AgentLiveness] = {}  # agent id -> its losses
         self.caught_up = asyncio.Event()

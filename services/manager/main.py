@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from domain import events as ev
 from domain.contracts.agents import DEFAULT_TRIGGERS, TRIGGERS, SyncAgents
 from domain.contracts.commands import ListJobs, ListPolicies, ShowPlans, ShowStats
+from domain.contracts.dotfiles import ListDotfiles, RemoveDotfile, SetDotfile
 from domain.contracts.groups import ListGroups, RemoveGroup, SetGroup
 from domain.contracts.images import JobRequest, PreloadRequest, UnloadRequest
 from domain.contracts.policies import RemovePolicy, SetPolicy
@@ -49,6 +50,7 @@ from eventstore.store import Write, event_store
 from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, On, RoomFreed, Serve
+from services.manager.dotfiles import DotfileCommands
 from services.manager.fleet import Fleet
 from services.manager.groups import Groups
 from services.manager.history import History
@@ -261,6 +263,7 @@ class Manager:
         )
         self.groups = Groups(self.fleet, self.uow)
         self.users = Users(self.fleet, self.uow)
+        self.dotfiles = DotfileCommands(self.fleet, self.uow)
         self.metrics_server: MetricsServer | None = None
         self._wire(self.bus)
         self.server = CommandServer(
@@ -447,6 +450,9 @@ class Manager:
                 Serve(AddUser, self.users.add),
                 Serve(DisableUser, self.users.disable),
                 Serve(ListUsers, self.users.list),
+                Serve(SetDotfile, self.dotfiles.set),
+                Serve(RemoveDotfile, self.dotfiles.remove),
+                Serve(ListDotfiles, self.dotfiles.list),
                 Serve(ShowStats, self.stats.show),
             ],
         )

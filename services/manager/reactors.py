@@ -56,6 +56,7 @@ from domain.status import FAILED, PRE_RUNNING, Kernel, KernelStatus
 from eventstore.repository import loaded_seq
 from services.manager.agent_rpc import AgentCallFailed, AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.bus import LookAgain
+from services.manager.dotfiles import files_of
 from services.manager.fleet import Fleet
 from services.manager.uow import UnitOfWork
 from transport.tasks import Tasks
@@ -411,6 +412,12 @@ class Reactors:
             and not _loopback(address)
         }
 
+        # The owner's dotfiles as they are now: each kernel gets them in its home at start.
+        dotfiles = [
+            rpc.KernelDotfile(path=f.path, content=f.content, mode=f.mode)
+            for f in files_of(self.fleet, session.owner)
+        ]
+
         async def create_one(k: Kernel) -> tuple[str, rpc.KernelCreated | Exception]:
             assert k.agent_id is not None
             request = rpc.CreateKernel(
@@ -425,6 +432,7 @@ class Reactors:
                 extra_hosts=session.extra_hosts(k.kernel_id, addresses),
                 cluster_size=len(session.kernels),
                 seq=loaded_seq(session),  # a lagging view's sync spares what this asks for
+                dotfiles=dotfiles,
             )
             try:
                 reply = await self.agents.call(k.agent_id, rpc.CREATE_KERNEL, request)

@@ -25,6 +25,7 @@ from agent.runtime.base import (
     LABEL_SLOTS,
     SLEEP_FOREVER,
     ContainerSpec,
+    HomeFile,
     ImageInUse,
     ImageMissing,
     ImageNotFound,
@@ -414,6 +415,35 @@ async def test_env_and_workdir_are_applied(runtime: DockerRuntime, small_image: 
     k = await wait_exit(runtime, "k")
     assert k.exit is not None and k.exit.exit_code == 0
     assert await read_logs(runtime, "k") == b"bar baz\n/work/dir\n"
+
+
+async def test_dotfiles_are_in_the_home_when_the_command_starts(
+    runtime: DockerRuntime, small_image: str
+) -> None:
+    await runtime.pull(small_image, lambda p: None)
+    files = (
+        HomeFile(".bashrc", b"alias ll='ls -l'\n"),
+        HomeFile(".config/git/config", b"[user]\n\tname = Dana\n", 0o600),
+    )
+    show = "cat $HOME/.bashrc $HOME/.config/git/config; stat -c '%a %n' $HOME/.config/git/config"
+    spec = ContainerSpec(command=["sh", "-c", show], home_files=files)
+    await runtime.create("k", "s", small_image, 0.5, 32 * MiB, spec)
+    k = await wait_exit(runtime, "k")
+    assert k.exit is not None and k.exit.exit_code == 0, await read_logs(runtime, "k")
+    assert await read_logs(runtime, "k") == (
+        b"alias ll='ls -l'\n[user]\n\tname = Dana\n600 //.config/git/config\n"
+    )
+    # (The test images have no /etc/passwd: Docker's HOME is "/".)  A HOME the image lacks is
+    # made, owned by the kernel's user.
+    spec = ContainerSpec(
+        command=["sh", "-c", "cat ~/.bashrc; stat -c '%a %u' ~"],
+        env={"HOME": "/home/dana"},
+        home_files=files[:1],
+    )
+    await runtime.create("k2", "s", small_image, 0.5, 32 * MiB, spec)
+    k = await wait_exit(runtime, "k2")
+    assert k.exit is not None and k.exit.exit_code == 0, await read_logs(runtime, "k2")
+    assert await read_logs(runtime, "k2") == b"alias ll='ls -l'\n755 0\n"
 
 
 async def test_logs_tail_follow_and_close(runtime: DockerRuntime, small_image: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from domain import events as ev
 from domain.agent import Agent
 from domain.codec import SCHEMA_HEADER, TYPE_HEADER, VERSION_HEADER
+from domain.dotfiles import Dotfiles
 from domain.liveness import AgentLiveness
 from domain.prepull import PrepullPolicy
 from domain.quota import Quota, ResourcePolicy
@@ -162,6 +163,17 @@ def full_user_history() -> list[ev.Event]:
     user.disable(by="admin")
     User.add(user, name="alice", admin=True, by="admin")
     return list(user.collect_events())
+
+
+def full_dotfiles_history() -> list[ev.Event]:
+    dotfiles = Dotfiles.set(
+        None, owner="alice", path=".bashrc", content=b"alias ll='ls -l'\n", by="alice"
+    )
+    Dotfiles.set(
+        dotfiles, owner="alice", path=".config/git/config", content=b"", mode=0o600, by="client"
+    )
+    dotfiles.remove(".bashrc", by="alice")
+    return list(dotfiles.collect_events())
 
 
 # ImagePulled as schema 1 wrote it (duration in integer milliseconds), event 3 of agent-1.

@@ -16,6 +16,7 @@ from domain.errors import EventDecodeError
 from tests.domain.histories import (
     V1_PULLED,
     full_agent_history,
+    full_dotfiles_history,
     full_liveness_history,
     full_policy_history,
     full_reservation_history,
@@ -34,6 +35,7 @@ SAMPLES = (
     + full_resource_policy_history()
     + full_resource_group_history()
     + full_user_history()
+    + full_dotfiles_history()
     + full_reservation_history()
     + lease_messages()
 )
@@ -103,6 +105,7 @@ VALID_ODDITIES = [
     ("description", ""),
     ("admin", True),  # an admin user
     ("cancelled", True),  # a pull stopped because no kernel waited for it
+    ("content", ""),  # an empty dotfile (e.g. .hushlogin)
 ]
 
 
