@@ -288,12 +288,15 @@ class GcRemoval(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class GcReport(_Reply, frozen=True, kw_only=True):
-    disk: int  # bytes for images
+    disk: int  # bytes of what GC measured against (the engine's filesystem, or --disk)
     used_before: int
     used_after: int
     removed: list[GcRemoval]
     kept: dict[str, str]  # image -> why GC may not remove it
     note: str  # e.g. why the low watermark was not reached; "" when it was (or no GC was due)
+    # What was measured: the engine's filesystem (its path, statvfs), or "--disk" (the images'
+    # sizes against the agent's --disk, where the engine's filesystem is not on this host).
+    measured: str = ""
 
 
 class UnloadResult(_Reply, frozen=True, kw_only=True):
