@@ -10,6 +10,10 @@ keeps them while the policy wants them), the missing ones preloaded (unpinned, r
 images held would go over the GC high watermark with the new ones, held images no kernel uses,
 no job pinned and no policy wants are unloaded first (largest first, ImageRemoved
 ``prepull-policy: room for <image>``), so a policy change never fills a disk.
+
+Each round first asks the registry (services.manager.registry) what every listed image is now:
+its size when no agent has held it, and its manifest digest, so a tag pushed again is preloaded
+again (``Preload.digests``) on the agents that hold the older one.
 """
 
 from __future__ import annotations
