@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 
 from agent.facts import AgentFacts
 from agent.image_gc import ImageGc
@@ -13,6 +14,8 @@ from agent.pulls import PullManager, PullTask
 from agent.runtime.base import ImageInUse, Runtime
 from domain import rpc
 from transport.tasks import Tasks
+
+log = logging.getLogger(__name__)
 
 RECORD_WAIT_S = 10.0  # a check-and-pull reply waits this long for ImagePullStarted to be stored
 
@@ -42,10 +45,14 @@ class ImageVerbs:
         return await self._present_or_pull(request.images, kernel_ids)
 
     async def _present_or_pull(
-        self, images: list[str], kernel_ids: Sequence[str] = ()
+        self,
+        images: list[str],
+        kernel_ids: Sequence[str] = (),
+        digests: Mapping[str, str] | None = None,
     ) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
         """Each image held, or its pull (the one in flight, or a new one) with ``kernel_ids``
-        waiting for it (none: an anonymous caller, whose pull is never cancelled)."""
+        waiting for it (none: an anonymous caller, whose pull is never cancelled).  An image
+        held under another digest than ``digests`` names is pulled again (its tag moved)."""
         out: dict[str, rpc.ImagePresent | rpc.PullTask] = {}
         started = []
         for i, image in enumerate(images):
@@ -54,7 +61,16 @@ class ImageVerbs:
                     held = await self.runtime.has_image(image)
                 except ValueError as e:
                     raise rpc.RequestError("invalid-request", f"images[{i}]: {e}") from None
-                if held is not None:
+                wanted = (digests or {}).get(image)
+                if held is not None and wanted not in (None, held.digest):
+                    log.info(
+                        "agent %s: %s is %s here, the registry now says %s: pulling it again",
+                        self.facts.agent_id,
+                        image,
+                        held.digest,
+                        wanted,
+                    )
+                elif held is not None:
                     out[image] = rpc.ImagePresent(digest=held.digest, size=held.size_bytes)
                     continue
             task = self.pulls.request(image, kernel_ids)  # the task in flight, if there is one
@@ -69,7 +85,8 @@ class ImageVerbs:
     async def preload(self, request: rpc.Preload) -> dict[str, rpc.ImagePresent | rpc.PullTask]:
         if request.pinned:
             self.image_gc.preloaded.update(request.images)
-        out = await self._present_or_pull(request.images)  # no lease: no kernel waits for it
+        # No lease: no kernel waits for it.
+        out = await self._present_or_pull(request.images, digests=request.digests)
         for image, answer in out.items():
             if isinstance(answer, rpc.ImagePresent):
                 await self.facts.image_preloaded(image, request.reason, request.pinned)

@@ -92,8 +92,9 @@ def parser() -> argparse.ArgumentParser:
     pulls.add_argument("--pull-retries", type=int, default=d.retries)
     p.add_argument("--heartbeat-interval", type=float, default=2.0, help="seconds")
     gc = p.add_argument_group("image GC (kubelet's rule: LRU, never in use or pinned)")
-    gc.add_argument("--image-gc-high", type=float, default=85.0, help="percent of --disk")
-    gc.add_argument("--image-gc-low", type=float, default=80.0, help="percent of --disk")
+    fs = "percent full of the engine's filesystem (Docker: its root dir; else of --disk)"
+    gc.add_argument("--image-gc-high", type=float, default=85.0, help=f"GC starts above: {fs}")
+    gc.add_argument("--image-gc-low", type=float, default=80.0, help=f"GC stops at: {fs}")
     gc.add_argument("--image-gc-interval", type=float, default=30.0, help="seconds")
     p.add_argument(
         "--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)"

@@ -8,7 +8,10 @@ each agent's disk.
 
 Priority order, for one agent: policies by ``priority`` (higher first), then by name; inside a
 policy its rules in order; inside a rule its own order (newest tags first; for "large and
-recent", the most recently used first, then the larger).  Walking that order, an image is taken
+recent", the most recently used first, then the larger).  An image's size is the largest an
+agent reported holding it, else what its registry's manifest says (the manager asks at each
+round); a held image whose name the registry now maps to another manifest digest (a tag pushed
+again) is pulled again.  Walking that order, an image is taken
 when it fits what is left of the budget, otherwise skipped with the reason (first fit: a smaller
 image further down may still fit).  The budget is ``fill`` (default 0.8, image GC's low
 watermark, so prepulled images never make the GC run) of the agent's disk, minus the images it
@@ -168,6 +171,9 @@ class KnownImage:
     size_bytes: int | None
     last_used: datetime | None
     first_seen: datetime
+    # The manifest digest the registry says the reference names now (None: not asked, or it
+    # did not answer); an agent holding another digest under the name pulls it again.
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,7 @@ class AgentDisk:
     disk: int  # bytes for images
     held: Mapping[str, int]  # image -> bytes
     kept: frozenset[str] = frozenset()  # held images no policy decides about (in use, pinned)
+    digests: Mapping[str, str] = field(default_factory=dict)  # held image -> its digest
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,9 @@ class AgentPlan:
     desired: list[Wanted] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # image, why not
     to_pull: list[str] = field(default_factory=list)  # desired images the agent lacks
+    # Of to_pull, those the agent holds under an older manifest: image -> the registry's digest
+    # now (a tag pushed again since the agent pulled it).
+    refresh: dict[str, str] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -286,7 +296,11 @@ def plan_agent(
                 size = agent.held.get(image, known.size_bytes if known else None)
                 if size is None:
                     plan.skipped.append(
-                        (image, "size unknown: no agent has held it yet; preload it on one")
+                        (
+                            image,
+                            "size unknown: no agent has held it and the registry did not say"
+                            " (the manager's log says why); preload it on one",
+                        )
                     )
                     continue
                 cost = 0 if image in agent.kept else size
@@ -297,6 +311,13 @@ def plan_agent(
                 plan.desired.append(Wanted(image, size, policy.name, why))
                 if image not in agent.held:
                     plan.to_pull.append(image)
+                elif (
+                    known
+                    and known.digest
+                    and agent.digests.get(image, known.digest) != known.digest
+                ):
+                    plan.to_pull.append(image)
+                    plan.refresh[image] = known.digest
     return plan
 
 

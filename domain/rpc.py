@@ -104,6 +104,7 @@ ERROR_CODES = (
 )
 
 Images = Annotated[list[Image], msgspec.Meta(min_length=1, max_length=256)]
+ManifestDigest = Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}$")]
 KernelIds = Annotated[list[Id], msgspec.Meta(max_length=MAX_LIST)]
 ImageList = Annotated[list[Image], msgspec.Meta(max_length=MAX_LIST)]
 BeatEpoch = Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[0-9a-f]*$")]
@@ -145,6 +146,9 @@ class Preload(_Request, frozen=True, kw_only=True):
     images: Images
     reason: Reason = "preload: requested"
     pinned: bool = True
+    # Image -> the manifest digest wanted: an image held under another digest is pulled again
+    # (a prepull policy's tag pushed again since; the registry's digest now).
+    digests: Annotated[dict[Image, ManifestDigest], msgspec.Meta(max_length=256)] = {}
 
 
 class ImagePresent(msgspec.Struct, frozen=True, kw_only=True):
@@ -303,12 +307,15 @@ class GcRemoval(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class GcReport(_Reply, frozen=True, kw_only=True):
-    disk: int  # bytes for images
+    disk: int  # bytes of what GC measured against (the engine's filesystem, or --disk)
     used_before: int
     used_after: int
     removed: list[GcRemoval]
     kept: dict[str, str]  # image -> why GC may not remove it
     note: str  # e.g. why the low watermark was not reached; "" when it was (or no GC was due)
+    # What was measured: the engine's filesystem (its path, statvfs), or "--disk" (the images'
+    # sizes against the agent's --disk, where the engine's filesystem is not on this host).
+    measured: str = ""
 
 
 class UnloadResult(_Reply, frozen=True, kw_only=True):
@@ -578,6 +585,11 @@ def _canonical_images(request: Any) -> Any:
     """``request`` with its image references canonical (domain.image_ref), so the agent keys
     pulls, pins and leases by one name per image; RequestError naming a bad one."""
     try:
+        if isinstance(request, Preload) and request.digests:
+            digests = {canonical(i, "digests"): d for i, d in request.digests.items()}
+            return msgspec.structs.replace(
+                request, images=canonical_all(request.images), digests=digests
+            )
         if isinstance(request, CheckAndPull | Preload | Unload):
             return msgspec.structs.replace(request, images=canonical_all(request.images))
         if isinstance(request, CreateKernel | PullCancel):

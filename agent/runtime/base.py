@@ -159,6 +159,15 @@ class Capacity:
     disk_bytes: int
 
 
+@dataclass(frozen=True)
+class Filesystem:
+    """The filesystem the engine keeps its images on, as ``statvfs`` measures it."""
+
+    path: str  # e.g. the Docker Engine's root dir, /var/lib/docker
+    total: int  # bytes
+    available: int  # bytes an unprivileged writer may still use (f_bavail)
+
+
 @dataclass
 class ImageProgress:
     """Per-image sums of per-layer progress (fold PullProgress into it): what the agent reports."""
@@ -269,6 +278,11 @@ class Runtime(Protocol):
     """The agent's view of a host. All methods run on the event loop and never block it."""
 
     async def capacity(self) -> Capacity: ...
+
+    async def filesystem(self) -> Filesystem | None:
+        """Where the engine's images are, measured now; None where this host cannot measure it
+        (a remote engine, a simulated one): image GC then counts the images against --disk."""
+        ...
 
     async def pull(
         self, image: str, on_progress: ProgressCallback, auth: dict[str, str] | None = None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -59,6 +60,7 @@ from agent.runtime.base import (
     ContainerSpec,
     ExitCallback,
     ExitInfo,
+    Filesystem,
     ImageInUse,
     ImageMissing,
     KernelContainer,
@@ -98,6 +100,8 @@ __all__ = [
 
 LABEL_VOLUME = "hoist.volume"  # on volumes: the name Hoist knows it by (without the prefix)
 VOLUME_PREFIX = "hoist-"  # Hoist only ever touches volumes named so
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 
@@ -150,6 +154,7 @@ class DockerRuntime:
         # a create that joins it is under way (``_agent_network_users``) or a container is on it.
         self._agent_network_lock = asyncio.Lock()
         self._agent_network_users = 0
+        self._root_dir: str | None = None  # DockerRootDir, asked once
         self._pruned = False  # the first list_kernels prunes what a crash left
         self._tasks: set[asyncio.Task[Any]] = set()  # session networks released after a die
 
@@ -162,6 +167,22 @@ class DockerRuntime:
         with contextlib.suppress(OSError):  # the daemon may be remote: its root is not ours
             disk = shutil.disk_usage(info["DockerRootDir"]).total
         return Capacity(cpu=float(info["NCPU"]), mem_bytes=int(info["MemTotal"]), disk_bytes=disk)
+
+    async def filesystem(self) -> Filesystem | None:
+        if not self.local:
+            return None  # a remote daemon's root dir is not on this host
+        if self._root_dir is None:
+            root = (await self._call(self.api.info)).get("DockerRootDir")
+            if not isinstance(root, str) or not root.startswith("/"):
+                log.warning("docker info has no usable DockerRootDir (%r): GC uses --disk", root)
+                return None
+            self._root_dir = root
+        try:
+            st = await asyncio.to_thread(os.statvfs, self._root_dir)
+        except OSError as e:
+            log.warning("image gc cannot measure %s (%s): GC uses --disk", self._root_dir, e)
+            return None
+        return Filesystem(self._root_dir, st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
 
     async def pull(
         self, image: str, on_progress: ProgressCallback, auth: dict[str, str] | None = None

@@ -35,6 +35,7 @@ from agent.runtime.base import (
     ExecRun,
     ExitCallback,
     ExitInfo,
+    Filesystem,
     ImageInUse,
     ImageMissing,
     ImageNotFound,
@@ -301,6 +302,9 @@ class DummyRuntime:
 
     async def capacity(self) -> Capacity:
         return self.config.capacity
+
+    async def filesystem(self) -> Filesystem | None:
+        return None  # simulated: image GC counts the images' sizes against --disk
 
     def _layer_sizes(self, size: int) -> list[int]:
         n = self.config.layers

@@ -47,6 +47,7 @@ def plan_view(plan: AgentPlan) -> dict[str, Any]:
             for w in plan.desired
         ],
         "to_pull": plan.to_pull,
+        "refresh": plan.refresh,
         "skipped": [{"image": i, "why": why} for i, why in plan.skipped],
     }
 

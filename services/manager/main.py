@@ -68,6 +68,7 @@ from services.manager.quotas import Quotas
 from services.manager.reactors import Reactors
 from services.manager.read_models import IN_MEMORY, ReadModels
 from services.manager.read_models_process import ReadModelsProcess
+from services.manager.registry import RegistryClient
 from services.manager.scheduler_loop import Plan, SchedulerLoop
 from services.manager.server import CommandServer
 from services.manager.sessions import SessionCommands
@@ -133,6 +134,10 @@ class ManagerConfig:
     lost_grace_s: float = 15.0  # RUNNING kernels of an agent lost this long: TERMINATED
     prepull_interval_s: float = 10.0
     prepull_parallelism: int = 16  # agents asked to converge at a time
+    # Ask the registries what the policies' images are at each round (services.manager.registry):
+    # sizes of images no agent held, tags pushed again. HTTP for these hosts (and loopback).
+    prepull_registry: bool = True
+    insecure_registries: tuple[str, ...] = ()
     lifetime_check_interval_s: float = 5.0  # how often max_lifetime_s, idle_timeout_s are checked
     read_models: Path | None = None  # the DuckDB file; None: in memory (rebuilt at each start)
     # NATS URL (with credentials) of a child process that runs the read models
@@ -244,6 +249,9 @@ class Manager:
             self.rpc,
             interval_s=config.prepull_interval_s,
             parallelism=config.prepull_parallelism,
+            registry=(
+                RegistryClient(config.insecure_registries) if config.prepull_registry else None
+            ),
         )
         self.images = ImagesAdmin(nc, self.fleet, self.rpc, policy_pins=self.prepull.pins)
         self.pulling = PullingLoop(
@@ -591,6 +599,19 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prepull-interval", type=float, default=d.prepull_interval_s, help="seconds")
     p.add_argument(
+        "--no-prepull-registry",
+        action="store_true",
+        help="never ask registries for the prepull policies' images (sizes then come only from"
+        " agents that held them, and a tag pushed again is not pulled again)",
+    )
+    p.add_argument(
+        "--insecure-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a registry the manager asks over plain HTTP (loopback ones always are); repeatable",
+    )
+    p.add_argument(
         "--read-models",
         type=Path,
         help="the read models' DuckDB file (default: DATA_DIR/readmodels.duckdb with --data-dir,"
@@ -707,6 +728,8 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         reconcile_interval_s=args.reconcile_interval,
         lost_grace_s=args.lost_grace,
         prepull_interval_s=args.prepull_interval,
+        prepull_registry=not args.no_prepull_registry,
+        insecure_registries=tuple(args.insecure_registry),
         read_models=args.read_models
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         read_models_url=None if args.read_models_in_process else _url(args),

@@ -10,6 +10,10 @@ keeps them while the policy wants them), the missing ones preloaded (unpinned, r
 images held would go over the GC high watermark with the new ones, held images no kernel uses,
 no job pinned and no policy wants are unloaded first (largest first, ImageRemoved
 ``prepull-policy: room for <image>``), so a policy change never fills a disk.
+
+Each round first asks the registry (services.manager.registry) what every listed image is now:
+its size when no agent has held it, and its manifest digest, so a tag pushed again is preloaded
+again (``Preload.digests``) on the agents that hold the older one.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from domain.status import TERMINAL
 from domain.subjects import PREPULL_POLICY
 from services.manager.agent_rpc import AgentRefused, AgentRpc, AgentUnreachable
 from services.manager.fleet import Fleet
+from services.manager.registry import RegistryClient, RegistryError, RemoteImage
 from services.manager.uow import UnitOfWork, removal
 from transport.tasks import Tasks, every
 
@@ -61,6 +66,7 @@ class PrepullLoop:
         parallelism: int = 16,
         fill: float = DEFAULT_FILL,
         high: float = 0.85,
+        registry: RegistryClient | None = None,
     ) -> None:
         self.fleet = fleet
         self.uow = uow
@@ -69,6 +75,9 @@ class PrepullLoop:
         self.parallelism = parallelism
         self.fill = fill
         self.high = high
+        self.registry = registry  # None: sizes only from what agents held, tags never resolved
+        self.remote: dict[str, RemoteImage] = {}  # what the registry said at the last round
+        self._lookup_errors: dict[str, str] = {}  # image -> the reason last logged
         self.plans: dict[str, AgentPlan] = {}  # the last converge pass's plans
         self.passes = 0
         self._pins_sent: dict[str, tuple[str, ...]] = {}
@@ -96,18 +105,51 @@ class PrepullLoop:
     def live_policies(self) -> list[Policy]:
         return [Policy.of(p) for p in self.fleet.policies.values() if not p.removed]
 
+    async def resolve(self, policies: list[Policy]) -> None:
+        """Ask the registry what each image the policies list is now (digest, layers' bytes),
+        all at once; one that does not answer is logged (once per reason) and left unknown."""
+        if self.registry is None:
+            return
+        listed = {
+            image
+            for p in policies
+            for rule in p.rules
+            if isinstance(rule, ev.ListedImages)
+            for image in rule.images
+        }
+        slots = asyncio.Semaphore(self.parallelism)
+
+        async def one(image: str) -> None:
+            assert self.registry is not None
+            async with slots:
+                try:
+                    self.remote[image] = await self.registry.resolve(image)
+                except RegistryError as e:
+                    self.remote.pop(image, None)
+                    if self._lookup_errors.get(image) != e.reason:
+                        log.warning("prepull: %s; its size and digest stay unknown", e)
+                    self._lookup_errors[image] = e.reason
+                    return
+            if self._lookup_errors.pop(image, None) is not None:
+                log.info("prepull: the registry answers for %s again", image)
+
+        await asyncio.gather(*(one(i) for i in listed))
+        for gone in self.remote.keys() - listed:
+            del self.remote[gone]
+
     def catalog(self) -> dict[str, KnownImage]:
         sizes: dict[str, int] = {}
         for state in self.fleet.agents.values():
             for image, held in state.agent.images.items():
                 sizes[image] = max(sizes.get(image, 0), held.size_bytes)
-        names = sizes.keys() | self.fleet.image_first_seen.keys()
+        names = sizes.keys() | self.fleet.image_first_seen.keys() | self.remote.keys()
         return {
             image: KnownImage(
                 image,
-                sizes.get(image),
+                sizes.get(image, remote.size_bytes if (remote := self.remote.get(image)) else None),
                 self.fleet.image_last_used.get(image),
                 self.fleet.image_first_seen.get(image, _EPOCH),
+                remote.digest if remote else None,
             )
             for image in names
         }
@@ -134,6 +176,7 @@ class PrepullLoop:
                     agent.capacity.disk,
                     held,
                     frozenset(kept & held.keys()),
+                    {image: h.digest for image, h in agent.images.items()},
                 )
             )
         return out
@@ -174,6 +217,7 @@ class PrepullLoop:
             dry_run=req.dry_run,
         )
         candidate = Policy(req.name, policy.resource_groups, policy.rules, policy.priority)
+        await self.resolve([*others, candidate])
         plans = self.plan([*others, candidate])
         return {
             "policy": policy_view(policy),
@@ -212,6 +256,7 @@ class PrepullLoop:
         self.passes += 1
         if not self.fleet.policies and not self._pins_sent:
             return 0
+        await self.resolve(self.live_policies())
         plans = self.plan()
         self.plans = plans
         names = ", ".join(sorted(p.name for p in self.live_policies())) or "none"
@@ -234,11 +279,26 @@ class PrepullLoop:
             missing = [i for i in plan.to_pull if i not in state.agent.pulls]
             if not missing:
                 return False
+            for image in missing:
+                if image in plan.refresh:
+                    log.info(
+                        "prepull: agent %s holds %s as %s, the registry now says %s: pulling"
+                        " it again",
+                        agent_id,
+                        image,
+                        state.agent.images[image].digest if image in state.agent.images else "?",
+                        plan.refresh[image],
+                    )
             await self._make_room(agent_id, plan, missing)
             await self.agents.call(
                 agent_id,
                 rpc.PRELOAD,
-                rpc.Preload(images=missing, reason=f"prepull-policy: {names}", pinned=False),
+                rpc.Preload(
+                    images=missing,
+                    reason=f"prepull-policy: {names}",
+                    pinned=False,
+                    digests={i: plan.refresh[i] for i in missing if i in plan.refresh},
+                ),
             )
         except (AgentUnreachable, AgentRefused) as e:
             log.info("agent %s: prepull not converged (%s); next pass retries", agent_id, e)

@@ -10,9 +10,10 @@ from typing import Any
 from agent.gc import GcPolicy
 from agent.pulls import PullPolicy
 from agent.server import AgentServer
+from domain import rpc
 from eventstore.store import EventStore
-from tests.agent.agent_harness import config, running
-from tests.manager.harness import GB, dummy, request
+from tests.agent.agent_harness import call, config, running, wait_for
+from tests.manager.harness import GB, MB, dummy, request
 from transport.client import Client
 
 
@@ -51,3 +52,21 @@ async def admin(nc: Client, subject: str, payload: Any, within: float = 30) -> A
     reply = await request(nc, subject, payload, within)
     assert "error" not in reply, reply
     return reply
+
+
+async def pull(nc: Client, agent: AgentServer, image: str) -> None:
+    """Check-and-pull ``image`` on ``agent`` and wait until it is held (its GC knows it)."""
+    await call(nc, agent.id, rpc.CHECK_AND_PULL, {"images": [image]}, within=60)
+    await wait_for(lambda: image in agent.image_gc.last_used, 60, f"{image} pulled")
+
+
+async def run_kernel(nc: Client, agent: AgentServer, kernel_id: str, image: str) -> None:
+    """A kernel of ``image`` (half a core, 64 MB) on ``agent``, its container created."""
+    created = await call(
+        nc,
+        agent.id,
+        rpc.CREATE_KERNEL,
+        {"kernel_id": kernel_id, "session_id": "s1", "image": image,
+         "resources": {"cpu": 0.5, "mem": 64 * MB}},
+    )  # fmt: skip
+    assert "container_id" in created, created

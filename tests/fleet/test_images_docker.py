@@ -19,7 +19,7 @@ from domain import rpc
 from domain.subjects import JOB, PRELOAD, SESSION_DESTROY, UNLOAD
 from eventstore.store import EventStore
 from tests.agent.agent_harness import agent_events, call, config, event_of, running
-from tests.fleet.fleet_harness import admin
+from tests.fleet.fleet_harness import admin, pull, run_kernel
 from tests.infra.images import remove_all_local, remove_local
 from tests.infra.proxy import RegistryProxy
 from tests.manager.harness import GB, MB, create, manager, until
@@ -38,6 +38,13 @@ async def cleanup(docker_engine: str, agent_id: str) -> AsyncIterator[None]:
     for c in client.containers.list(all=True, filters={"label": f"{LABEL_AGENT}={agent_id}"}):
         c.remove(force=True)
     client.close()
+
+
+class UnmeasuredDockerRuntime(DockerRuntime):
+    """An engine whose filesystem this host cannot measure (as a remote one)."""
+
+    async def filesystem(self) -> None:
+        return None
 
 
 def docker_agent(agent_id: str, **overrides: object) -> object:
@@ -130,30 +137,13 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
 ) -> None:
     oldest, older, used = stall_image, small_image, big_image
     remove_all_local(docker_engine)  # only these three take part
-    runtime = DockerRuntime(agent_id, base_url=docker_engine)
+    # GC counts the images against --disk here (test_gc_disk_docker fills a real filesystem).
+    runtime = UnmeasuredDockerRuntime(agent_id, base_url=docker_engine)
     async with running(nc, store, runtime, docker_agent(agent_id)) as agent:  # type: ignore[arg-type]
-
-        async def pull(image: str) -> None:
-            await call(nc, agent_id, rpc.CHECK_AND_PULL, {"images": [image]}, within=60)
-            await wait_until_held(image)
-
-        async def wait_until_held(image: str) -> None:
-            for _ in range(600):
-                if await runtime.has_image(image) is not None and image in agent.image_gc.last_used:
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"{image} never arrived")
-
         for image in (oldest, older, used):  # pulled in this order: "oldest" used least recently
-            await pull(image)
-        created = await call(
-            nc,
-            agent_id,
-            rpc.CREATE_KERNEL,
-            {"kernel_id": "gc-k1", "session_id": "s1", "image": used,
-             "resources": {"cpu": 0.5, "mem": 64 * MB}},
-        )  # fmt: skip
-        assert "container_id" in created, created
+            await pull(nc, agent, image)
+            assert await runtime.has_image(image) is not None
+        await run_kernel(nc, agent, "gc-k1", used)
         sizes = {i.image: i.size_bytes for i in await runtime.list_images()}
         total = sum(sizes.values())
         # A disk on which the images are above 85 %, and removing "oldest" alone does not get
@@ -166,7 +156,8 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
         assert [r["image"] for r in report["removed"]] == [oldest, older]
         pct = round(total / disk * 100)
         for r in report["removed"]:
-            assert r["reason"].startswith(f"gc: disk {pct}% > 85%, least recently used (last used")
+            assert r["reason"].startswith(f"gc: --disk {pct}% used (")
+            assert "> 85%, least recently used (last used" in r["reason"]
         assert report["kept"][used] == "in-use: kernel gc-k1"
         assert report["used_after"] <= 0.8 * disk and report["note"] == ""
         removed = [e for e in await agent_events(store, agent_id) if type(e) is ev.ImageRemoved]
@@ -176,8 +167,8 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
         assert await runtime.has_image(oldest) is None and await runtime.has_image(used)
 
         # Never removed: pinned by a preload job, about to be used, wanted by a policy.
-        await pull(oldest)
-        await pull(older)
+        await pull(nc, agent, oldest)
+        await pull(nc, agent, older)
         await call(nc, agent_id, rpc.PRELOAD, {"images": [older]})
         await call(nc, agent_id, rpc.PIN_IMAGES, {"expected": [oldest]})
         report = await call(nc, agent_id, rpc.IMAGE_GC, {})
@@ -187,7 +178,7 @@ async def test_image_gc_removes_least_recently_used_first_and_never_what_is_need
             older: "pinned: preloaded",
             used: "in-use: kernel gc-k1",
         }
-        assert report["note"].startswith("disk stays at")
+        assert report["note"].startswith("--disk stays at") and report["measured"] == "--disk"
         await call(nc, agent_id, rpc.PIN_IMAGES, {"expected": [], "policy": [oldest]})
         report = await call(nc, agent_id, rpc.IMAGE_GC, {})
         assert report["removed"] == []

@@ -69,6 +69,25 @@ def test_kept_images_come_off_the_budget_and_unknown_sizes_are_skipped() -> None
 
 
 EMPTY = AgentDisk("a", "g", 100 * GB, {})
+D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def test_the_registry_gives_a_size_and_a_moved_tag_is_pulled_again() -> None:
+    """An image no agent held takes the registry's size; a held tag whose digest the registry
+    now says is another is pulled again, with the digest wanted."""
+    catalog = {
+        "r/new:1": KnownImage("r/new:1", 40 * MB, None, NOW, D1),  # size from the manifest
+        "r/app:latest": KnownImage("r/app:latest", 30 * MB, None, NOW, D2),
+    }
+    policy = Policy("p", [], [ev.ListedImages(images=["r/new:1", "r/app:latest"])])
+    held = AgentDisk("a", "g", GB, {"r/app:latest": 35 * MB}, digests={"r/app:latest": D1})
+    plan = plan_agent(held, [policy], catalog, NOW)
+    assert plan.images == ["r/new:1", "r/app:latest"] and plan.skipped == []
+    assert plan.to_pull == ["r/new:1", "r/app:latest"] and plan.refresh == {"r/app:latest": D2}
+    assert plan.bytes == 40 * MB + 35 * MB  # a held image counts as the agent holds it
+    current = AgentDisk("a", "g", GB, {"r/app:latest": 35 * MB}, digests={"r/app:latest": D2})
+    plan = plan_agent(current, [policy], catalog, NOW)
+    assert plan.to_pull == ["r/new:1"] and plan.refresh == {}
 
 
 def test_large_recent_takes_recent_large_images_most_recent_first() -> None:

@@ -77,6 +77,9 @@ def manager_config(**overrides: Any) -> ManagerConfig:
         # One in-process manager leads unleased: no lease renewals in the log a test reads
         # (tests of several managers give each a lease_ttl_s and a manager_id).
         "lease_ttl_s": None,
+        # The tests' images are simulated (dummy agents) or in the test registry: a test that
+        # wants the registry asked (tests/fleet/test_prepull_registry.py) says so.
+        "prepull_registry": False,
     }
     return ManagerConfig(**{**values, **overrides})
 
