@@ -155,7 +155,7 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
             client,
             SESSION_CREATE,
             {"owner": owner, "image": web.stack.next_medium_image(), "resources": CPU_MEM,
-             "resource_group": group},
+             "resource_group": group, "name": f"{owner}-job", "labels": {"team": owner}},
         )  # fmt: skip
         ids[owner] = reply["session_id"]
     for sid in ids.values():
@@ -170,6 +170,14 @@ async def test_filters_narrow_the_sessions_and_survive_live_redraws(
     assert await owner_filter.evaluate("n => n.isConnected && n.value") == "flo"
     await p.select_option("select[data-filter='owner']", "")
     await p.wait_for_selector(f"#sessions tr[data-session='{ids['gus']}']")
+    # The label filter; each row shows the session's name and labels.
+    gus = f"#sessions tr[data-session='{ids['gus']}']"
+    assert await p.inner_text(f"{gus} td >> nth=0") == "gus-job\nteam=gus"
+    await p.select_option("select[data-filter='label']", "team=gus")
+    await p.wait_for_selector(f"#sessions tr[data-session='{ids['flo']}']", state="detached")
+    assert await p.locator(gus).count() == 1
+    await p.select_option("select[data-filter='label']", "")
+    await p.wait_for_selector(f"#sessions tr[data-session='{ids['flo']}']")
     assert page.errors == []
 
 

@@ -10,7 +10,7 @@ const STATUSES = ["PENDING", "SCHEDULED", "PREPARING", "PULLING", "PREPARED", "C
 let hist = { sid: null, rows: [], lastSeq: 0, loading: false, error: null };
 let logs = { sid: null, text: null, error: null };
 let destroyResult = { sid: null, text: "" };
-const filters = { status: "", owner: "", group: "" };
+const filters = { status: "", owner: "", group: "", label: "" };
 let dirty = false;
 
 // -- helpers -------------------------------------------------------------------------------------
@@ -229,23 +229,31 @@ function kernelsBySession() {
   return by;
 }
 
+// A session's labels as `key=value` texts (the read model's map; none on older sessions).
+function labelsOf(s) {
+  return Object.entries(s.labels || {}).map(([k, v]) => `${k}=${v}`).sort();
+}
+
 function sessions() {
   const all = rows("sessions");
   const kernels = kernelsBySession();
   const shown = all.filter((s) => (!filters.status || s.status === filters.status)
-    && (!filters.owner || s.owner === filters.owner) && (!filters.group || s.resource_group === filters.group));
+    && (!filters.owner || s.owner === filters.owner) && (!filters.group || s.resource_group === filters.group)
+    && (!filters.label || labelsOf(s).includes(filters.label)));
   shown.sort((a, b) => String(b.created_at).localeCompare(String(a.created_at)));
   // The filters are a block of their own: redrawn only when their choices change, so an open
   // drop-down stays open while the table under it moves.
   const bar = el("section", { id: "session-filters", class: "filters" }, el("h2", {}, "Sessions"),
     select("status", new Set(STATUSES)),
-    select("owner", new Set(all.map((s) => s.owner))), select("group", new Set(all.map((s) => s.resource_group))));
+    select("owner", new Set(all.map((s) => s.owner))), select("group", new Set(all.map((s) => s.resource_group))),
+    select("label", new Set(all.flatMap(labelsOf))));
   return [bar, el("section", { id: "sessions" }, el("p", { class: "dim" }, `${shown.length} of ${all.length} shown`),
     el("table", {}, el("tr", {}, ["session", "owner", "image", "group", "kernels", "status", "status_info", "pull", "created"].map((h) => el("th", {}, h))),
       shown.map((s) => {
         const ks = kernels.get(s.session_id) || [];
         return el("tr", { "data-session": s.session_id },
-          el("td", { class: "mono" }, el("a", { href: `#/session/${encodeURIComponent(s.session_id)}` }, short(s.session_id))),
+          el("td", { class: "mono" }, el("a", { href: `#/session/${encodeURIComponent(s.session_id)}` }, s.name || short(s.session_id)),
+            labelsOf(s).length ? el("div", { class: "dim", "data-labels": "" }, labelsOf(s).join(" ")) : null),
           el("td", { class: "owner" }, s.owner), el("td", { class: "mono" }, s.image), el("td", {}, s.resource_group),
           el("td", {}, ks.map((k) => el("div", {}, status(k.status), " ", el("span", { class: "dim" }, k.agent_id || "-")))),
           el("td", {}, status(s.status)), el("td", { class: "dim" }, s.status_info),
