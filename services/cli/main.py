@@ -520,6 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands that live beside what they drive: the audit commands with the projections, the
     # image-fleet commands with the image admin handlers.
     from services.cli import audit as audit_cli
+    from services.cli import certs as certs_cli
     from services.cli import dotfiles as dotfile_cli
     from services.cli import groups as group_cli
     from services.cli import images as image_cli
@@ -529,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack_cmds.register(sub)
     web_cmd.register(sub)
+    certs_cli.register(sub)
     audit_cli.register(sub)
     image_cli.register(sub)
     quota_cli.register(sub)

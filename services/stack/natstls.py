@@ -11,6 +11,13 @@ The CA signs the node certificate once and its private key is then thrown away: 
 sign another certificate the cluster would accept. The three nodes share the node certificate
 (SAN IP 127.0.0.1 and DNS localhost; every node listens on 127.0.0.1), so nothing else needs
 signing.
+
+Rotation (``rotate``, `hoist certs rotate`) therefore makes a new CA and a new node certificate
+it signed (and throws that CA's key away too), and moves the running nodes over in three
+reloads, each step's files trusted by the nodes still on the step before: trust the old and
+the new CA; present the new certificate; trust the new CA only. nats-server re-reads the
+``cluster { tls {} }`` files on a reload (SIGHUP) and uses them for every route handshake from
+then on, while the routes already up keep their TLS connections: none is dropped.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ import datetime
 import ipaddress
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 CA_FILE = "route-ca.pem"
 CERT_FILE = "route-cert.pem"
 KEY_FILE = "route-key.pem"
-VALID_DAYS = 3650  # a local stack's data dir outlives a year; nothing rotates the certificate
+VALID_DAYS = 3650  # a local stack's data dir outlives a year; `hoist certs rotate` makes new ones
 HANDSHAKE_TIMEOUT_S = 2
 
 
@@ -153,8 +161,57 @@ def generate() -> tuple[bytes, bytes, bytes]:
     )
 
 
+@dataclass(frozen=True)
+class Rotated:
+    """What a rotation replaced: the serial numbers of the node certificate before and after,
+    and when the new one starts being valid."""
+
+    old_serial: int
+    new_serial: int
+    not_before: datetime.datetime
+
+
+ROTATION_STEPS = (
+    "trust the old and the new CA",
+    "present the new certificate",
+    "trust the new CA only",
+)
+
+
+def rotate(directory: Path, reload: Callable[[int, str], None]) -> Rotated:
+    """Replace the route CA and node certificate in ``directory`` with new ones without
+    dropping a route: write each of ROTATION_STEPS' files, then ``reload(step, what)`` (step
+    1..3), which must return only once every running node re-read them. A step's files are
+    trusted by nodes still on the previous step, so the nodes may reload in any order within
+    a step; a node that is down reads whatever is there when it starts. Should a reload fail,
+    the files stay in a state every node accepts, and rotating again finishes the move (the
+    CAs trusted then, all of them, stay trusted until its last step)."""
+    from cryptography import x509
+
+    tls = RouteTLS.in_dir(directory)
+    missing = [str(f) for f in tls.files() if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"no route certificates to rotate: {', '.join(missing)} missing")
+    old = x509.load_pem_x509_certificate(tls.cert_file.read_bytes())
+    trusted = tls.ca_file.read_bytes()
+    ca, cert, key = generate()
+    _write_private(tls.ca_file, trusted.rstrip(b"\n") + b"\n" + ca)
+    reload(1, ROTATION_STEPS[0])
+    _write_private(tls.key_file, key)  # no node reloads between these two writes
+    _write_private(tls.cert_file, cert)
+    reload(2, ROTATION_STEPS[1])
+    _write_private(tls.ca_file, ca)
+    reload(3, ROTATION_STEPS[2])
+    new = x509.load_pem_x509_certificate(cert)
+    return Rotated(old.serial_number, new.serial_number, new.not_valid_before_utc)
+
+
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write ``data`` to ``path`` (0600), replacing it atomically: a node that reloads or
+    starts meanwhile reads the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    path.chmod(0o600)
+    tmp.chmod(0o600)  # O_CREAT's mode does not apply to a tmp file left by a crash
+    os.replace(tmp, path)

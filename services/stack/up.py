@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -201,27 +201,33 @@ def remove_hoist_user(data_dir: Path, info: StackInfo, name: str) -> None:
     reload_nats(data_dir, info)
 
 
-def reload_nats(data_dir: Path, info: StackInfo) -> None:
+def reload_nats(
+    data_dir: Path, info: StackInfo, said: Callable[[str], None] = lambda _: None
+) -> None:
     """Have every nats-server of the stack re-read its config (the users of the auth.conf
-    they all include) and wait until each did. A node that is down reads it when it starts."""
+    they all include, the route certificates) and wait until each did; ``said`` hears of each
+    node, reloaded or down. A node that is down reads it when it starts."""
     servers = {n: p for n, p in info.pids.items() if is_nats(n)} or {SINGLE: info.nats_pid}
     waiting = {}
     for name, pid in servers.items():
         log = nats_log(data_dir, name)
         reloads = log.read_text(errors="replace").count(_RELOADED)
         if not _running(pid):  # a zombie takes the signal and never reloads
-            continue  # a cluster's node that died: it reads auth.conf when it starts again
+            said(f"{name} is down: it reads its config when it starts")  # a cluster's node
+            continue
         try:
             os.kill(pid, signal.SIGHUP)
         except ProcessLookupError:
+            said(f"{name} is down: it reads its config when it starts")
             continue
-        waiting[log] = reloads
+        waiting[name] = (log, reloads)
     deadline = time.monotonic() + 5
-    for log, reloads in waiting.items():
+    for name, (log, reloads) in waiting.items():
         while log.read_text(errors="replace").count(_RELOADED) <= reloads:
             if time.monotonic() > deadline:
-                raise StackError(f"nats-server did not reload its users within 5 s; see {log}")
+                raise StackError(f"{name} did not reload its config within 5 s; see {log}")
             time.sleep(0.05)
+        said(f"{name} reloaded")
 
 
 _RELOADED = "Reloaded server configuration"
