@@ -71,6 +71,13 @@ class Dotfiles(BaseAggregate[str]):
         check_mode(mode)
         files = {} if existing is None else existing.files
         others = {p: f for p, f in files.items() if p != path}
+        for other in others:  # a file and a folder of one name cannot both be in the home
+            if other.startswith(f"{path}/") or path.startswith(f"{other}/"):
+                raise InvalidField(
+                    "path",
+                    f"{path} and the dotfile {other} cannot both be: one would be a folder of"
+                    " the other; remove it first (hoist dotfile rm)",
+                )
         if len(others) >= MAX_DOTFILES:
             raise InvalidField(
                 "path",
@@ -81,7 +88,7 @@ class Dotfiles(BaseAggregate[str]):
         if total > MAX_DOTFILES_BYTES:
             raise InvalidField(
                 "content",
-                f"{owner!r}'s dotfiles would hold {total} bytes, more than"
+                f"the dotfiles of {owner!r} would hold {total} bytes, more than"
                 f" {MAX_DOTFILES_BYTES} ({MAX_DOTFILES_BYTES // 1024} KiB) in all;"
                 " remove one (hoist dotfile rm PATH)",
             )
@@ -139,9 +146,9 @@ def check_path(path: object) -> str:
         raise InvalidField("path", f"must be a path relative to the home, got {quote(path)}")
     if "\x00" in path:
         raise InvalidField("path", f"must not hold a NUL character, got {quote(path)}")
-    if len(path) > MAX_DOTFILE_PATH:
+    if len(path.encode()) > MAX_DOTFILE_PATH:  # bytes: what a filesystem counts
         raise InvalidField(
-            "path", f"must be at most {MAX_DOTFILE_PATH} characters, got {len(path)}"
+            "path", f"must be at most {MAX_DOTFILE_PATH} bytes, got {len(path.encode())}"
         )
     if path.startswith("/") or path.startswith("~"):
         raise InvalidField(

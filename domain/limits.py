@@ -43,7 +43,7 @@ MAX_REPLY = 900 * 1024  # bytes of one reply: under nats.conf's max_payload (1 M
 MAX_DOTFILE = 64 * 1024
 MAX_DOTFILES = 32
 MAX_DOTFILES_BYTES = 384 * 1024
-MAX_DOTFILE_PATH = 255  # characters of a path relative to the home
+MAX_DOTFILE_PATH = 255  # bytes (UTF-8) of a path relative to the home
 MAX_DOTFILE_MODE = 0o777  # permission bits only: no setuid, setgid or sticky bit
 # What a create-kernel may carry besides MAX_REQUEST: the dotfiles in base64, with their paths.
 MAX_DOTFILES_WIRE = 4 * -(-MAX_DOTFILES_BYTES // 3) + MAX_DOTFILES * (4 * MAX_DOTFILE_PATH + 64)

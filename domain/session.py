@@ -6,6 +6,7 @@ command raises and leaves the session unchanged with no pending event.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -44,6 +45,7 @@ _WAITING_FOR_IMAGE = frozenset({S.PENDING, S.SCHEDULED, S.PREPARING, S.PULLING})
 
 
 _RESOURCES = "{cpu: cores > 0, mem: bytes > 0}"
+_WHOLE_ID = re.compile(r"^[0-9a-f]{32}\Z")
 _NAME = "1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
 _LABELS = "at most 32 key=value labels: keys 1-63 of letters, digits, '_', '.', '/' or '-'"
 _LABELS += ", values at most 63 of letters, digits, '_', '.' or '-'"
@@ -187,6 +189,8 @@ class Session(BaseAggregate[str]):
             require_text(request_id, "request_id")
         if name is not None:
             name = convert(name, SessionName, "name", _NAME)
+            if _WHOLE_ID.match(name):  # it would read as a session's id wherever one is taken
+                raise InvalidField("name", f"{name!r} looks like a session id: choose another")
         labels = convert(labels or {}, Labels, "labels", _LABELS)
         return cls._create(
             ev.SessionEnqueued,

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -77,11 +76,10 @@ KINDS: dict[str, tuple[str, Callable[[Connection], Awaitable[list[str]]]]] = {
 def answer(argv: list[str]) -> int:
     """``argv``: KIND [PREFIX]; prints the candidates starting with PREFIX."""
     kind, prefix = [*argv, "", ""][:2]
-    if kind not in KINDS:
-        print(f"hoist {WORD}: KIND is one of {', '.join(KINDS)}", file=sys.stderr)
-        return 2
+    if kind not in KINDS:  # nothing to offer: never an error on the prompt
+        return 0
     try:
-        values = asyncio.run(asyncio.wait_for(_values(kind), ANSWER_WITHIN_S * 2))
+        values = asyncio.run(asyncio.wait_for(_values(kind), ANSWER_WITHIN_S))
     except Exception:  # no stack, no permission, too slow: nothing to offer
         return 0
     for value in dict.fromkeys(values):

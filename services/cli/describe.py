@@ -31,6 +31,7 @@ from services.cli.quotas import owner_line
 from transport import progress as progress_stream
 
 LAST_EVENTS = 10
+MAX_EVENTS = 10_000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,8 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def cmd_describe(args: argparse.Namespace) -> None:
-    if args.events < 0:
-        raise CliError(f"--events {args.events}: a number of events >= 0")
+    if not 0 <= args.events <= MAX_EVENTS:
+        raise CliError(f"--events {args.events}: a number of events from 0 to {MAX_EVENTS}")
     async with connected(args) as conn:
         session_id = await ids.session_id(conn, args.session_id)
         doc = await gather(conn, session_id, args.events)

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
             f" {MAX_DOTFILE // 1024} KiB each, {MAX_DOTFILES_BYTES // 1024} KiB in all)"
         ),
     )
-    sub = dotfile.add_subparsers(dest="dotfile_command", required=True)
+    sub = dotfile.add_subparsers(dest="dotfile_command", metavar="COMMAND", required=True)
     add = sub.add_parser("add", help="keep a file (or replace one) for your kernels' home")
     add.add_argument("path", help="relative to the home, e.g. .bashrc or .config/git/config")
     add.add_argument(

@@ -19,6 +19,7 @@ _DESTS = {
     "session_type": "batch",
     "command": "words",
     "agent_id": "agent",
+    "labels": "label",
     # hoist quota set
     "max_cpu": "cpu",
     "max_mem": "mem",

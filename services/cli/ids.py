@@ -76,8 +76,8 @@ async def _named(conn: Connection, name: str) -> str | None:
     rows = reply["rows"]
     live = [r for r in rows if r["status"] not in ENDED]
     if len(live) > 1:
-        owners = ", ".join(f"{r['session_id']} ({r['owner']})" for r in live)
-        raise CliError(f"{name} names sessions of several owners: {owners}; give the id")
+        which = ", ".join(f"{r['session_id']} ({r['owner']})" for r in live)
+        raise CliError(f"{name} names several sessions that have not ended: {which}; give the id")
     if live:
         return str(live[0]["session_id"])
     return str(rows[-1]["session_id"]) if rows else None

@@ -312,7 +312,7 @@ async def cmd_destroy(args: argparse.Namespace) -> int:
             except CliError as e:
                 if len(args.session_id) == 1:
                     raise
-                print(f"hoist: {given}: {e}", file=sys.stderr)
+                print(f"hoist: {output.printable(f'{given}: {e}')}", file=sys.stderr)
                 failed += 1
                 continue
             replies.append(reply)
@@ -591,7 +591,7 @@ def run(
         print(f"hoist: {in_flag_terms(e, parser, args)}", file=sys.stderr)
         return 1
     except CliError as e:
-        print(f"hoist: {e}", file=sys.stderr)
+        print(f"hoist: {output.printable(str(e))}", file=sys.stderr)
         return 1
     except OSError as e:
         if isinstance(e, BrokenPipeError) or e.errno == errno.EPIPE:  # `main` ends it quietly

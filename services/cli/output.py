@@ -33,6 +33,12 @@ def wants_json(args: argparse.Namespace) -> bool:
     return getattr(args, "output", "table") == "json"
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as escapes (``\x1b``): an error quotes what
+    the user typed, which must not drive their terminal."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str), flush=True)
 

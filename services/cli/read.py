@@ -9,6 +9,7 @@ every column and whole ids; ``-o json`` (``--json``) the reply as it came, raw v
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,7 @@ from rich.text import Text
 from client.connection import CliError, Connection
 from domain import subjects
 from domain.image_ref import familiar
+from domain.limits import LABEL_KEY, LABEL_VALUE
 from domain.status import TERMINAL, KernelStatus
 from services.cli.output import (
     add_output_flags,
@@ -147,6 +149,19 @@ def add_commands(
     pulls.add_argument("--outcome", choices=("pulling", "pulled", "failed", "abandoned"))
 
 
+def _label_filters(items: list[str] | None) -> list[str] | None:
+    """``-l`` filters as given (``K=V`` or ``K``), each checked as a label is: one that no
+    label could match is a mistake said, not an empty table."""
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not re.match(LABEL_KEY, key) or (eq and not re.match(LABEL_VALUE, value)):
+            raise CliError(
+                f"-l {item}: give K=V or K (a label's key: 1-63 letters, digits, '_', '.', '/'"
+                " or '-'; its value: at most 63 letters, digits, '_', '.' or '-')"
+            )
+    return items
+
+
 _LABEL_HELP = "only those with this label (K=V, or K: any value; repeat: all of them)"
 
 
@@ -159,7 +174,7 @@ def request_of(args: argparse.Namespace) -> dict[str, Any]:
         "resource_group": getattr(args, "resource_group", None),
         "agent_id": getattr(args, "agent", None),
         "outcome": getattr(args, "outcome", None),
-        "labels": getattr(args, "label", None),
+        "labels": _label_filters(getattr(args, "label", None)),
         "limit": args.limit,
     }
     if args.read == "occupancy":

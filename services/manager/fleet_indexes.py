@@ -81,8 +81,9 @@ class FleetIndexes:
         self.kernel_session: dict[str, str] = {}
         self.pending: dict[str, int] = {}  # session id -> enqueue order
         self.owner_sessions: defaultdict[str, int] = defaultdict(int)
-        # (owner, name) -> the session of that name that has not ended (`hoist run --name`)
-        self.session_names: dict[tuple[str, str], str] = {}
+        # (owner, name) -> the sessions of that name that have not ended (`hoist run --name`):
+        # one, but two managers creating one name at once may both have stored it
+        self.session_names: dict[tuple[str, str], set[str]] = {}
         # owner -> what their kernels in USER_RESOURCE_OCCUPYING hold (quotas, domain.quota)
         self.owner_usage: defaultdict[str, Usage] = defaultdict(Usage)
         # interactive session id -> when it became RUNNING (max_lifetime_s, domain.quota), and
@@ -219,9 +220,12 @@ class FleetIndexes:
         if session.name is None:
             return
         key = (session.owner, session.name)
+        holders = self.session_names.setdefault(key, set())
         if not gone and session.status not in TERMINAL:
-            self.session_names[key] = session.id
-        elif self.session_names.get(key) == session.id:
+            holders.add(session.id)
+        else:
+            holders.discard(session.id)
+        if not holders:
             del self.session_names[key]
 
     def _set_footprint(self, sid: str, owner: str, new: _Footprint) -> None:

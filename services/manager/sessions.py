@@ -121,8 +121,9 @@ class SessionCommands:
     def _name_free(self, owner: str, name: str) -> None:
         """Conflict naming the session that holds ``name`` among the owner's that have not
         ended (a name is free again once its session ends)."""
-        holder = self.fleet.session_names.get((owner, name))
-        if holder is not None:
+        holders = self.fleet.session_names.get((owner, name))
+        if holders:
+            holder = ", ".join(sorted(holders))
             raise Conflict(
                 "name",
                 f"{name!r} is the name of session {holder}, which has not ended: destroy it"

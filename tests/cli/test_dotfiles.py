@@ -106,7 +106,7 @@ def test_bad_dotfiles_are_refused_naming_the_field_and_record_nothing(
         ("/etc/profile", "PATH must be relative to the home"),
         ("../.bashrc", "PATH must not step out of the home with '..'"),
         (".config//x", "PATH must have no empty or '.' step"),
-        ("x" * 256, "PATH must be at most 255 characters"),
+        ("x" * 256, "PATH must be at most 255 bytes"),
     ]:
         one_line_error(add(path), why)
     assert dotfile_events(hoist_stack, "fay") == []

@@ -354,3 +354,24 @@ def test_completion_offers_the_stacks_sessions_agents_and_images_in_bash_and_fis
     )
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert hoist_stack.hoist("destroy", session_id).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("run", "x:1", "-d", "--name", "0123456789abcdef0123456789abcdef"),
+            "looks like a session id",
+        ),
+        (("describe", "x", "--events", str(2**64)), "a number of events from 0 to 10000"),
+        (("ps", "-l", "="), "-l =: give K=V or K"),
+        (("sessions", "-l", "team=%"), "-l team=%: give K=V or K"),
+        (("describe", "\x1b[2Jx"), "\\x1b[2Jx"),
+    ],
+)
+def test_hostile_names_filters_and_numbers_get_one_clear_line(
+    hoist_stack: Stack, args: tuple[str, ...], said: str
+) -> None:
+    done = hoist_stack.hoist(*args)
+    assert done.returncode == 1 and said in done.stderr, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "\x1b" not in done.stderr

@@ -63,7 +63,7 @@ def test_set_replace_same_again_and_remove() -> None:
         ("./a", "empty or '.' step"),
         ("a\x00b", "NUL"),
         ("a\nb", "printable"),
-        ("x" * 256, "at most 255 characters"),
+        ("x" * 256, "at most 255 bytes"),
     ],
 )
 def test_bad_paths_are_refused_naming_path(path: str, why: str) -> None:
@@ -122,3 +122,14 @@ def test_the_most_dotfiles_fit_in_one_create_kernel_under_nats_max_payload() -> 
     assert rpc.decode_request(rpc.CREATE_KERNEL, data).dotfiles == dotfiles
     with pytest.raises(rpc.RequestError, match="more than"):
         rpc.decode_request(rpc.DESTROY_KERNEL, b" " * (MAX_REQUEST + 1))
+
+
+def test_a_file_and_a_folder_of_one_name_are_refused_and_paths_count_bytes() -> None:
+    kept = Dotfiles.set(None, owner="ann", path=".bashrc", content=b"x", by="ann")
+    kept = Dotfiles.set(kept, owner="ann", path=".config/git/config", content=b"y", by="ann")
+    for path in (".bashrc/x", ".config", ".config/git"):  # under a file; over a file
+        with pytest.raises(InvalidField, match="one would be a folder of the other"):
+            Dotfiles.set(kept, owner="ann", path=path, content=b"z", by="ann")
+    # A filesystem counts a name's bytes: 255 two-byte characters are 510.
+    with pytest.raises(InvalidField, match="at most 255 bytes, got 510"):
+        Dotfiles.set(None, owner="ann", path="\u00e9" * 255, content=b"x", by="ann")
