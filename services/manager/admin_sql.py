@@ -14,18 +14,26 @@ Three layers, because the statement check alone is not enough (a SELECT can call
 - **One statement, and only a SELECT** (``check_read_only``): no ATTACH, COPY, EXPORT, INSTALL,
   LOAD, PRAGMA, SET, CREATE, INSERT, UPDATE, DELETE, ...; it runs in a transaction that is
   rolled back, so even a write that slipped through would leave nothing.
-- **Bounded**: at most ``limit`` rows come back (``truncated`` says there were more), and a
-  query still running after ``time_limit`` seconds is interrupted and answered with ``timeout``.
+- **Bounded**: at most ``limit`` rows come back (``truncated`` says there were more), a query
+  still running after ``time_limit`` seconds is stopped and answered with ``timeout``, and one
+  that would take more than the manager's ``--admin-sql-memory`` is answered with ``memory``:
+  it runs in a process of its own under that cap (services.manager.admin_sql_process), given
+  the tables it names, so neither the read models nor the manager share its memory.
 """
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from domain.contracts.queries import (
     DEFAULT_LIMIT,
@@ -36,15 +44,9 @@ from domain.contracts.queries import (
 )
 from domain.limits import quote
 from projections.runner import META
+from services.manager.admin_sql_process import LOCKDOWN, write_header
 
-# Order matters: lock_configuration last, or it would refuse the others.
-LOCKDOWN = (
-    ("autoinstall_known_extensions", False),
-    ("autoload_known_extensions", False),
-    ("allow_community_extensions", False),
-    ("enable_external_access", False),
-    ("lock_configuration", True),
-)
+DEFAULT_MEMORY = 512 << 20  # admin SQL's memory cap (the manager's --admin-sql-memory)
 
 _locking = threading.Lock()  # two first queries at once must not both set the lock
 
@@ -145,58 +147,151 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         raise Refused("read-only", f"read-only: only a SELECT is allowed, got {kind.name}{hint}")
 
 
-def run(con: duckdb.DuckDBPyConnection, request: SqlRequest) -> dict[str, Any]:
-    """Answer one admin SQL request (blocking: call it in a thread).  The reply is ``{"seq",
-    "columns", "rows", "truncated"}``; ``Refused`` otherwise."""
+def run(
+    con: duckdb.DuckDBPyConnection, request: SqlRequest, memory: int = DEFAULT_MEMORY
+) -> dict[str, Any]:
+    """Answer one admin SQL request (blocking: call it in a thread) in a process of its own
+    that may use ``memory`` bytes.  The reply is ``{"seq", "columns", "rows", "truncated"}``;
+    ``Refused`` otherwise."""
     lock_down(con)
     check_read_only(con, request.sql)
     cur = con.cursor()
-    guard = threading.Lock()
-    running, timed_out = True, False
-
-    def interrupt() -> None:
-        nonlocal timed_out
-        with guard:  # never interrupt the rollback or a later statement of this cursor
-            if running:
-                timed_out = True
-                cur.interrupt()
-
-    timer = threading.Timer(request.time_limit, interrupt)
-    timer.daemon = True
     cur.begin()
-    timer.start()  # covers fetching too: a result may be streamed while it is fetched
-    try:
+    try:  # one transaction: the tables sent and the sequence they reflect agree
         seqs = [seq for (seq,) in cur.execute(f"SELECT seq FROM {META}").fetchall()]
+        (threads,) = cur.execute("SELECT current_setting('threads')").fetchone() or (1,)
         try:
-            result = cur.execute(request.sql)
-            columns = [d[0] for d in result.description or []]
-            rows = result.fetchmany(request.limit + 1)
-        except duckdb.InterruptException:
-            raise Refused(
-                "timeout",
-                f"the query ran longer than its time_limit of {request.time_limit:g}s and was"
-                f" interrupted; narrow it, or raise time_limit (at most {SQL_MAX_TIME_LIMIT_S:g})",
-            ) from None
+            named = cur.get_table_names(request.sql)
         except duckdb.PermissionException as e:
             raise Refused(
                 "read-only",
-                f"read-only: admin SQL reads the read models only, no files, network or"
+                "read-only: admin SQL reads the read models only, no files, network or"
                 f" extensions ({_first_line(e)})",
             ) from None
         except duckdb.Error as e:
             raise Refused("invalid-request", f"sql failed: {_first_line(e)}") from None
+        # Every table goes, so the catalog (duckdb_tables(), information_schema) reads as
+        # here; only the ones the query names (a view's base tables included) with rows.
+        tables = {
+            t: t in named
+            for (t,) in cur.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+                " AND database_name = current_database() ORDER BY table_name"
+            ).fetchall()
+        }
+        views = cur.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal"
+            " AND schema_name = 'main' AND database_name = current_database()"
+        ).fetchall()
+        answer, timed_out = _in_child(cur, request, memory, int(threads), tables, views)
     finally:
-        with guard:
-            running = False
-        timer.cancel()
         cur.rollback()
         cur.close()
+    if timed_out:
+        raise Refused(
+            "timeout",
+            f"the query ran longer than its time_limit of {request.time_limit:g}s and was"
+            f" stopped; narrow it, or raise time_limit (at most {SQL_MAX_TIME_LIMIT_S:g})",
+        )
+    error = answer.get("error")
+    if error == "memory":
+        raise Refused(
+            "memory",
+            f"the query needs more memory than admin SQL's cap of {_size(memory)}"
+            f" ({answer['message']}); narrow it (fewer rows or columns, smaller joins), add a"
+            " LIMIT, or raise the cap with the manager's --admin-sql-memory",
+        )
+    if error == "read-only":
+        raise Refused(
+            "read-only",
+            "read-only: admin SQL reads the read models only, no files, network or"
+            f" extensions ({answer['message']})",
+        )
+    if error is not None:
+        raise Refused("invalid-request", f"sql failed: {answer['message']}")
+    rows = answer["rows"]
     return {
         "seq": min(seqs, default=0),
-        "columns": columns,
+        "columns": answer["columns"],
         "rows": [list(r) for r in rows[: request.limit]],
         "truncated": len(rows) > request.limit,
     }
+
+
+def _in_child(
+    cur: duckdb.DuckDBPyConnection,
+    request: SqlRequest,
+    memory: int,
+    threads: int,
+    tables: dict[str, bool],
+    views: list[tuple[str, str]],
+) -> tuple[dict[str, Any], bool]:
+    """Run the query in admin SQL's process, sending it ``tables`` (read through ``cur``;
+    those mapped to False without their rows): its answer, and whether it was stopped at the
+    time limit."""
+    timed_out = False
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.manager.admin_sql_process", str(memory), str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+
+        def stop() -> None:
+            nonlocal timed_out
+            if proc.poll() is None:
+                timed_out = True
+                proc.kill()
+
+        timer = threading.Timer(request.time_limit, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            try:
+                header = {"sql": request.sql, "limit": request.limit, "tables": list(tables)}
+                write_header(proc.stdin, {**header, "views": views})
+                for table, rows in tables.items():
+                    select = f'SELECT * FROM "{table}"' + ("" if rows else " LIMIT 0")
+                    reader = cur.sql(select).to_arrow_reader()
+                    with pa.ipc.new_stream(proc.stdin, reader.schema) as writer:
+                        for batch in reader:
+                            writer.write_batch(batch)
+                proc.stdin.close()
+            except (BrokenPipeError, OSError, ValueError):
+                pass  # it ended early (at its cap, or stopped): its answer, or its end, says
+            out = proc.stdout.read()
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            if not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        if timed_out:
+            return {}, True
+        if out:
+            answer: dict[str, Any] = pickle.loads(out)
+            return answer, False
+        stderr.seek(0)
+        said = stderr.read().decode(errors="replace").strip().splitlines()
+        why = said[-1] if said else f"exit code {code}"
+        if code < 0 or "alloc" in why or "memory" in why.lower():  # killed, or aborted
+            return {"error": "memory", "message": f"its process ended: {why}"}, False
+        raise Refused("unavailable", f"admin SQL's process failed: {why}; see the manager's log")
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n} bytes"
 
 
 def _first_line(e: Exception) -> str:

@@ -15,6 +15,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +48,7 @@ from domain.scheduling import Limits, Policy
 from eventstore.bulk import bulk_reader
 from eventstore.repository import Repository
 from eventstore.store import Write, event_store
+from services.manager.admin_sql import DEFAULT_MEMORY
 from services.manager.agent_rpc import AgentRpc
 from services.manager.agent_sync import AgentSync
 from services.manager.bus import LookAgain, MessageBus, On, RoomFreed, Serve
@@ -145,6 +147,9 @@ class ManagerConfig:
     read_models_url: str | None = None
     # DuckDB's threads for the read models and admin SQL (services.manager.read_models)
     read_models_threads: int = 1
+    # Admin SQL's memory cap in bytes: each query runs in a process of its own under it
+    # (services.manager.admin_sql), so the read models and the manager keep theirs
+    admin_sql_memory: int = DEFAULT_MEMORY
     # NATS URL (with credentials) a child process reads long catch-ups through; None: in-process
     bulk_read_url: str | None = None
     # Freeze long-lived objects for the garbage collector (transport.gc_pauses): the
@@ -293,6 +298,7 @@ class Manager:
                 bulk,
                 last_heartbeat=self.liveness.last_heartbeat_at,
                 threads=config.read_models_threads,
+                sql_memory=config.admin_sql_memory,
             )
             if config.read_models_url is None
             else ReadModelsProcess(
@@ -301,6 +307,7 @@ class Manager:
                 path,
                 bulk=bulk is not None,
                 threads=config.read_models_threads,
+                sql_memory=config.admin_sql_memory,
             )
         )
 
@@ -626,6 +633,15 @@ def parser() -> argparse.ArgumentParser:
         " nats-server; more make large admin SQL queries quicker)",
     )
     p.add_argument(
+        "--admin-sql-memory",
+        type=_memory,
+        default=d.admin_sql_memory,
+        metavar="SIZE",
+        help=f"the memory one admin SQL query may use, e.g. 512MB or 2GB (default"
+        f" {d.admin_sql_memory >> 20}MB): it runs in a process of its own under this cap, so a"
+        " heavy query fails with a clear error while the read models and the manager go on",
+    )
+    p.add_argument(
         "--read-models-in-process",
         action="store_true",
         help="run the read models in the manager's own process, not in a child of it (one"
@@ -705,6 +721,22 @@ def _threads(text: str) -> int:
     return value
 
 
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
+_MIN_MEMORY = 64 << 20  # below it the query's process hardly holds its tables
+
+
+def _memory(text: str) -> int:
+    """A size: bytes, or with KB/MB/GB/TB (or KiB/MiB/GiB/TiB; both powers of 1024)."""
+    m = _MEMORY.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"must be a size like 512MB or 2GB, got {text!r}")
+    unit = (m[2] or "b")[0].lower()
+    value = int(float(m[1]) * (1 << (10 * "bkmgt".index(unit))))
+    if value < _MIN_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at least {_MIN_MEMORY >> 20}MB, got {text}")
+    return value
+
+
 def config_from(args: argparse.Namespace) -> ManagerConfig:
     return ManagerConfig(
         limits=Limits(
@@ -734,6 +766,7 @@ def config_from(args: argparse.Namespace) -> ManagerConfig:
         or (args.data_dir / "readmodels.duckdb" if args.data_dir else None),
         read_models_url=None if args.read_models_in_process else _url(args),
         read_models_threads=args.read_models_threads,
+        admin_sql_memory=args.admin_sql_memory,
         bulk_read_url=None if args.no_bulk_read else _url(args),
         short_gc_pauses=True,
         manager_id=args.manager_id,

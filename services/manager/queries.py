@@ -130,6 +130,7 @@ async def serve_queries(
     queue: str = QUEUE_GROUP,
     tasks: Tasks | None = None,
     last_heartbeat: LastHeartbeat = no_heartbeats,
+    sql_memory: int = admin_sql.DEFAULT_MEMORY,
 ) -> list[Subscription]:
     """Subscribe the query handlers; unsubscribe the returned subscriptions to stop.  Each
     request runs in its own task (in ``tasks``, for the caller to stop), so one waiting for
@@ -192,7 +193,7 @@ async def serve_queries(
             )
         )
     admin_queries = {
-        SQL_SUBJECT: lambda r: _answer_sql(runner, r),
+        SQL_SUBJECT: lambda r: _answer_sql(runner, r, sql_memory),
         VERIFY_SUBJECT: lambda r: _answer_verify(runner, r),
     }
     for subject, admin_answer in admin_queries.items():
@@ -428,11 +429,11 @@ async def _answer_query(
     return reply
 
 
-async def _answer_sql(runner: Runner, request: dict[str, Any]) -> dict[str, Any]:
+async def _answer_sql(runner: Runner, request: dict[str, Any], memory: int) -> dict[str, Any]:
     try:
         parsed = admin_sql.parse(request)
         await _wait(runner, request, ())
-        return await asyncio.to_thread(admin_sql.run, runner.con, parsed)
+        return await asyncio.to_thread(admin_sql.run, runner.con, parsed, memory)
     except admin_sql.Refused as e:
         raise InvalidRequest(str(e), code=e.code) from None
 

@@ -17,7 +17,7 @@ from eventstore.bulk import BulkReader
 from eventstore.store import EventStore
 from projections import ALL
 from projections.runner import Runner
-from services.manager.admin_sql import lock_down
+from services.manager.admin_sql import DEFAULT_MEMORY, lock_down
 from services.manager.queries import LastHeartbeat, no_heartbeats, serve_queries
 from transport.client import Client
 from transport.connection import unsubscribe_all
@@ -44,6 +44,7 @@ class ReadModels:
         last_heartbeat: LastHeartbeat = no_heartbeats,
         share_tail: bool = True,
         threads: int = 1,
+        sql_memory: int = DEFAULT_MEMORY,
     ) -> None:
         self.nc = nc
         self.share_tail = share_tail
@@ -52,6 +53,7 @@ class ReadModels:
         self.path = str(path)
         self.last_heartbeat = last_heartbeat
         self.threads = threads
+        self.sql_memory = sql_memory  # admin SQL's memory cap (services.manager.admin_sql)
         self.runner: Runner | None = None
         self._con: duckdb.DuckDBPyConnection | None = None
         self._subs: list[Subscription] = []
@@ -84,6 +86,7 @@ class ReadModels:
             self.runner,
             tasks=self._tasks,
             last_heartbeat=self.last_heartbeat,
+            sql_memory=self.sql_memory,
         )
 
     async def stop(self) -> None:

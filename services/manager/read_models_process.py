@@ -46,6 +46,7 @@ from domain.events import AwareTime
 from domain.rpc import is_beat
 from eventstore.bulk import bulk_reader
 from eventstore.store import event_store
+from services.manager.admin_sql import DEFAULT_MEMORY
 from services.manager.queries import answer_unavailable
 from services.manager.read_models import ReadModels
 from transport.client import Client
@@ -76,13 +77,21 @@ class ReadModelsProcess:
     which answers the queries while the child is down; ``url``: the child's."""
 
     def __init__(
-        self, nc: Client, url: str, path: str, *, bulk: bool = True, threads: int = 1
+        self,
+        nc: Client,
+        url: str,
+        path: str,
+        *,
+        bulk: bool = True,
+        threads: int = 1,
+        sql_memory: int = DEFAULT_MEMORY,
     ) -> None:
         self.nc = nc
         self.url = url
         self.path = path
         self.bulk = bulk
         self.threads = threads
+        self.sql_memory = sql_memory
         self.seq: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._log_copied: asyncio.Task[None] | None = None  # ends at the child's stderr's end
@@ -108,7 +117,7 @@ class ReadModelsProcess:
         first."""
         args = [sys.executable, "-m", __name__, self.path]
         args += ["--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
-        args += ["--threads", str(self.threads)]
+        args += ["--threads", str(self.threads), "--admin-sql-memory", str(self.sql_memory)]
         if not self.bulk:
             args.append("--no-bulk-read")
         try:
@@ -282,7 +291,13 @@ class _Child:
     """The service the child runs: heartbeat times, the read models, and its reports."""
 
     def __init__(
-        self, nc: Client, path: str, bulk_url: str | None, out: IO[str], threads: int = 1
+        self,
+        nc: Client,
+        path: str,
+        bulk_url: str | None,
+        out: IO[str],
+        threads: int = 1,
+        sql_memory: int = DEFAULT_MEMORY,
     ) -> None:
         self.nc = nc
         self.beats = HeartbeatTimes()
@@ -290,7 +305,14 @@ class _Child:
         store = event_store(nc)
         # Alone in this process: its reads wait out its commits' pause (projections.runner).
         self.read_models = ReadModels(
-            nc, store, path, bulk, last_heartbeat=self.beats.last, share_tail=False, threads=threads
+            nc,
+            store,
+            path,
+            bulk,
+            last_heartbeat=self.beats.last,
+            share_tail=False,
+            threads=threads,
+            sql_memory=sql_memory,
         )
         self.out = out
         self._subs: list[Subscription] = []
@@ -316,7 +338,7 @@ class _Child:
                 print(f"seq {said}", file=self.out, flush=True)
 
 
-async def _run(path: str, bulk: bool, threads: int) -> None:
+async def _run(path: str, bulk: bool, threads: int, sql_memory: int) -> None:
     url = os.environ.pop(URL_ENV, "")
     if not url:
         raise ValueError(f"{URL_ENV} is not set: the manager passes the NATS URL there")
@@ -325,7 +347,7 @@ async def _run(path: str, bulk: bool, threads: int) -> None:
     # the cores the creates use) until frozen (transport.gc_pauses).
     keep_pauses_short()
     nc = await connect_for_ever(url, "hoist-read-models", log)
-    child = _Child(nc, path, url if bulk else None, sys.stdout, threads)
+    child = _Child(nc, path, url if bulk else None, sys.stdout, threads, sql_memory)
     await serve_until_signalled(nc, child, READY)
 
 
@@ -336,10 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("path", help="the DuckDB file, or :memory:")
     p.add_argument("--no-bulk-read", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="DuckDB's threads")
+    p.add_argument("--admin-sql-memory", type=int, default=DEFAULT_MEMORY, help="bytes")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     hint = "check the manager's --nats-url and that nats-server runs"
-    serve = _run(args.path, not args.no_bulk_read, args.threads)
+    serve = _run(args.path, not args.no_bulk_read, args.threads, args.admin_sql_memory)
     return run_process(_PROG, args.log_level, serve, hint)
 
 

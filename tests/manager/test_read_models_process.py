@@ -216,3 +216,38 @@ def test_the_child_keeps_its_collector_pauses_short_from_before_it_connects() ->
         pytest.fail("the child tried to connect before it kept its pauses short")
     assert out.returncode == 2, out
     assert "pauses kept short" in out.stderr, out.stderr
+
+
+async def test_admin_sql_has_a_memory_cap_of_its_own(
+    nats_server: NatsServer, nc: Client, store: EventStore
+) -> None:
+    """A query past --admin-sql-memory fails, saying so and what to do; the read models answer
+    the next query and the manager creates the next session, their own memory uncapped."""
+    cap = 256 << 20
+    async with (
+        agents(nc, store, ["a1"]),
+        manager(nc, read_models_url=nats_server.url, admin_sql_memory=cap) as m,
+    ):
+        pid = m.read_models._proc.pid  # type: ignore[union-attr]
+        huge = [
+            "SELECT len(range(100000000))",  # a list DuckDB's memory_limit does not count
+            "SELECT len(list(range)) FROM range(200000000)",
+            "SELECT length(string_agg(a.range::VARCHAR || b.range::VARCHAR, ','))"
+            " FROM range(100000) a, range(1000) b",
+        ]
+        for sql in huge:
+            reply = await request(nc, SQL_SUBJECT, {"sql": sql, "time_limit": 30}, within=40)
+            error = reply["error"]
+            assert error["code"] == "memory", (sql, reply)
+            for said in ("256 MiB", "narrow it", "LIMIT", "--admin-sql-memory"):
+                assert said in error["message"], (said, error)
+        assert m.read_models._proc.pid == pid  # type: ignore[union-attr]  # not restarted
+        sid = (await create(nc))["session_id"]
+        await until(nc, sid, lambda s: s["status"] == "RUNNING")
+        seq = await store.head()
+        count = await request(
+            nc, SQL_SUBJECT, {"sql": "SELECT count(*) FROM sessions", "min_seq": seq}
+        )
+        assert count["rows"] == [[1]], count
+        rows = await _rows(nc, "sessions", min_seq=seq, timeout=10)
+        assert [r["session_id"] for r in rows["rows"]] == [sid], rows
