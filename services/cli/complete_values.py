@@ -38,9 +38,15 @@ async def _rows(conn: Connection, query: str, **filters: Any) -> list[dict[str, 
 
 async def _sessions(conn: Connection) -> list[str]:
     """Names and 12-character ids of the sessions that have not ended (what a command that
-    takes a session is given)."""
-    rows = [r for r in await _rows(conn, "sessions") if r["status"] not in ENDED]
-    return [r["name"] for r in rows if r.get("name")] + [r["session_id"][:12] for r in rows]
+    takes a session is given), then the names of ended ones (describe, history, logs)."""
+    rows = await _rows(conn, "sessions")
+    live = [r for r in rows if r["status"] not in ENDED]
+    ended = [r for r in rows if r["status"] in ENDED]
+    return [
+        *(r["name"] for r in live if r.get("name")),
+        *(r["session_id"][:12] for r in live),
+        *(r["name"] for r in reversed(ended) if r.get("name")),
+    ]
 
 
 async def _agents(conn: Connection) -> list[str]:

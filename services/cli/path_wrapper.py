@@ -69,6 +69,12 @@ def install(hoist: Path, bin_dir: Path) -> tuple[Path, bool]:
                 raise WrapperError(f"{path} exists and is not Hoist's wrapper: left as it is")
             if current == text:
                 return path, False
+            other = _target(current)
+            if other is not None and os.access(other, os.X_OK):  # another checkout's, alive
+                raise WrapperError(
+                    f"{path} runs another checkout's hoist ({other}): left as it is; remove it"
+                    " and run ./dev up again to make it this one's"
+                )
         bin_dir.mkdir(parents=True, exist_ok=True)
         tmp = bin_dir / ".hoist.tmp"
         tmp.write_text(text)
@@ -77,6 +83,14 @@ def install(hoist: Path, bin_dir: Path) -> tuple[Path, bool]:
     except OSError as e:
         raise WrapperError(f"cannot write {path}: {e.strerror or e}") from None
     return path, True
+
+
+def _target(wrapper: str) -> str | None:
+    """The hoist a wrapper runs (its MARK line says), None if it does not say."""
+    for line in wrapper.splitlines():
+        if line.startswith(f"{MARK}: runs "):
+            return line.removeprefix(f"{MARK}: runs ")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -463,9 +463,8 @@ def _narrow_rows(
         (state.session_id[:12], "bold"),
         "  ",
         _status_text(session.status),
-        f"  {len(session.kernels)} kernel(s)  ",
-        image,
-        f"  {session.status_info}",
+        f"  {len(session.kernels)} kernel(s)  {session.status_info}  ",
+        image,  # last: the reason matters more, a long reference is cut
         no_wrap=True,
         overflow="ellipsis",
     )
@@ -483,7 +482,7 @@ def _narrow_rows(
                 (agent.ljust(agent_width), "magenta"),
                 " ",
                 _status_text(kernel.status),
-                " " * (10 - len(kernel.status.value)),
+                " " * max(1, 12 - len(kernel.status.value)),  # TERMINATING is 11
                 (kernel_info(kernel), "dim"),
                 no_wrap=True,
                 overflow="ellipsis",

@@ -137,6 +137,9 @@ def add_commands(
     sessions = table_command("sessions", "sessions and their status")
     sessions.add_argument("--owner")
     sessions.add_argument("--status", action="append")
+    sessions.add_argument(
+        "--all", "-a", action="store_true", help="ended sessions too (as without it: ps's habit)"
+    )
     sessions.add_argument("--label", "-l", action="append", metavar="K=V", help=_LABEL_HELP)
     agents = table_command("agents", "agents: capacity, free room, liveness")
     agents.add_argument("--resource-group")

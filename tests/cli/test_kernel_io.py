@@ -219,7 +219,7 @@ def test_describe_of_a_pulling_kernel_shows_the_pull_and_how_far_it_is(
     ("args", "said"),
     [
         (("describe", "0" * 32), "unknown session"),
-        (("describe", "x", "--events", "-1"), "--events -1: a number of events >= 0"),
+        (("describe", "x", "--events", "-1"), "--events -1: a number of events from 0 to 10000"),
     ],
 )
 def test_describe_refuses_what_names_nothing(

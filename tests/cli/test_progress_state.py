@@ -207,6 +207,9 @@ def test_the_view_fits_80_columns_with_every_rate_and_eta() -> None:
         session_line = next(line for line in lines if "all agents" in line)
         assert re.search(r"% .*MiB/s ETA \d:\d\d:\d\d", session_line), "\n".join(lines)
         assert "agent-2" in "\n".join(lines) and "PULLING" in lines[0]
+        # The reason before the image, which is cut first; a status apart from its reason.
+        assert lines[0].index(" pulling ") < lines[0].index("tensorflow"), lines[0]
+        assert all(re.search(r"PULLING +\S", line) for line in lines if "  kernel " in line)
         # The bar goes first: none on the layers at 80, back in the room 100 leaves.
         assert any("━" in line for line in layer_lines) == (width == 100), "\n".join(lines)
     # As wide as the full layout: the full layout, names whole.

@@ -129,6 +129,30 @@ def test_the_wrapper_never_replaces_someone_elses_hoist(tmp_path: Path) -> None:
     assert MARK not in (bin_dir / "hoist").read_text()
 
 
+def test_the_wrapper_of_another_live_checkout_is_kept_and_of_a_gone_one_replaced(
+    tmp_path: Path,
+) -> None:
+    """Two checkouts on one machine (two people, root): the second ./dev up does not take the
+    first one's `hoist` away; once that checkout is gone, its wrapper is replaced."""
+    from services.cli.path_wrapper import script
+
+    bin_dir, other = tmp_path / "bin", tmp_path / "other-hoist"
+    bin_dir.mkdir()
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    (bin_dir / "hoist").write_text(script(other))
+    install = [sys.executable, "-m", "services.cli.path_wrapper", "--hoist", HOIST]
+    install += ["--bin-dir", str(bin_dir)]
+    kept = subprocess.run(install, capture_output=True, text=True, timeout=30)
+    assert f"runs another checkout's hoist ({other}): left as it is" in kept.stdout, kept.stdout
+    assert f"alias hoist={HOIST}" in kept.stdout
+    assert (bin_dir / "hoist").read_text() == script(other)
+    other.unlink()
+    replaced = subprocess.run(install, capture_output=True, text=True, timeout=30)
+    assert f"installed {bin_dir / 'hoist'}" in replaced.stdout, replaced.stdout
+    assert (bin_dir / "hoist").read_text() == script(Path(HOIST))
+
+
 def test_where_the_wrapper_goes() -> None:
     home = Path("/home/ann")
     path = "/usr/local/bin:/usr/bin:/bin"
