@@ -190,9 +190,8 @@ class Connection:
         self.check_violations()
         if self.user is not None:
             subject, payload = scoped(self.user, subject, payload)
-        req = asyncio.ensure_future(
-            self.nc.request(subject, msgspec.json.encode(payload), timeout=wait_s)
-        )
+        data = msgspec.json.encode(payload, enc_hook=str)  # a LoginName owner: its text
+        req = asyncio.ensure_future(self.nc.request(subject, data, timeout=wait_s))
         denied = asyncio.ensure_future(self._violations.get())
         try:
             done, _ = await asyncio.wait({req, denied}, return_when=asyncio.FIRST_COMPLETED)
@@ -240,12 +239,18 @@ def scoped_user(url: str) -> str | None:
     return name
 
 
-def login_name() -> str:
+class LoginName(str):
+    """The login name as the default ``owner`` (not typed): a Hoist user's request leaves it
+    out, as the manager takes the owner from the subject; a typed ``--owner`` is sent as it is
+    (and refused when it is another user), even when it equals the login name."""
+
+
+def login_name() -> LoginName:
     """Who runs the CLI: the default ``owner`` of what it creates."""
     try:
-        return getpass.getuser()
+        return LoginName(getpass.getuser())
     except (KeyError, OSError):
-        return "user"
+        return LoginName("user")
 
 
 def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -257,7 +262,8 @@ def scoped(user: str, subject: str, payload: dict[str, Any]) -> tuple[str, dict[
             break
     else:
         return subject, payload
-    if payload.get("owner") in (user, login_name()):
+    owner = payload.get("owner")
+    if owner == user or isinstance(owner, LoginName):
         payload = {k: v for k, v in payload.items() if k != "owner"}
     return f"{prefix}{user}.{rest}", payload
 

@@ -81,7 +81,7 @@ def read_source(source: str) -> bytes:
 
 
 def _owner(args: argparse.Namespace) -> str:
-    return str(args.owner or login_name())
+    return args.owner or login_name()  # LoginName kept: a typed --owner is sent as typed
 
 
 async def cmd_add(args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ NATS user away."""
 
 from __future__ import annotations
 
+import getpass
 import json
 
 from domain.errors import unknown_session
@@ -71,6 +72,11 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert mine.returncode == 0 and mine.stdout.startswith("ann: policy "), mine.stderr
     theirs = hoist_stack.hoist("--user", "ann", "quota", "mine", "--owner", "ben")
     assert theirs.returncode == 1 and "--owner: 'ben' is not 'ann'" in theirs.stderr, theirs.stderr
+    # A typed --owner is sent as typed, also when it is the login name (the default is not).
+    login = getpass.getuser()
+    typed = hoist_stack.hoist("--user", "ann", "run", image, "-d", "--owner", login, "--", "true")
+    assert typed.returncode == 1, typed.stdout + typed.stderr
+    assert f"--owner: '{login}' is not 'ann'" in typed.stderr, typed.stderr
     # --user holds for admin commands too: a plain user is no admin (a trial was, once).
     raised = hoist_stack.hoist("--user", "ben", "quota", "set", "ben", "--cpu", "100")
     assert raised.returncode == 1 and "permission" in raised.stderr, raised.stdout + raised.stderr
