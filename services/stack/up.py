@@ -181,6 +181,9 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
     creds = natsauth.generate_credentials(data_dir, [agent_id])
     natsauth.write_auth_conf(data_dir, creds)
+    # A new account: nats-server wires its imports only on the reload after the one that
+    # made it (nats-server 2.15; tests/test_roles.py::test_an_agent_added_later...).
+    reload_nats(data_dir, info)
     reload_nats(data_dir, info)
     return creds
 
