@@ -21,6 +21,11 @@ Roles (one NATS user each; one user per agent, named ``agent-<id>``):
   log holds only events the domain accepted. Nor may it change a stream: no Hoist credential
   can erase the log; only the server's operator, with access to its store dir, can.
 
+Accounts (``accounts``): the manager and the streams in ``HOIST``, the only account with
+JetStream; client, admin and every Hoist user in ``READERS``, each agent in ``AGENT_<id>``,
+reaching what they may through exports and imports. nats-server answers a JetStream request on
+any reply subject its requester names, and in an account without JetStream nothing stores it.
+
 A cluster's routes (``hoist up --nats-nodes 3``) have a user and password of their own, no
 role's: route-credentials.json (0600), generated once per data dir and written into each node's
 config, so a nats-server without them cannot join the cluster (it would serve its own clients
@@ -307,8 +312,15 @@ def accounts(creds: Credentials) -> dict[str, Any]:
             *(_service(s, [agent_account(a)]) for a in agent_ids for s in _agent_writes(a)),
         ],
         "imports": [
-            {"service": {"account": agent_account(a), "subject": f"{AGENT_RPC}.{a}.>"}}
-            for a in agent_ids
+            *(
+                {"service": {"account": agent_account(a), "subject": f"{AGENT_RPC}.{a}.>"}}
+                for a in agent_ids
+            ),
+            # A stream import adds no header: a heartbeat counts only with its own one.
+            *(
+                {"stream": {"account": agent_account(a), "subject": heartbeat(a)}}
+                for a in agent_ids
+            ),
         ],
     }
     result = {
@@ -339,6 +351,7 @@ def accounts(creds: Credentials) -> dict[str, Any]:
                 # Progress reaches the readers from here: what comes into HOIST through an
                 # import goes no further.
                 {"stream": f"{PROGRESS}.{agent_id}.>", "accounts": [READERS]},
+                {"stream": heartbeat(agent_id), "accounts": [HOIST_ACCOUNT]},
             ],
             "imports": [_import_service(s) for s in (*_agent_writes(agent_id), *_direct_gets())],
         }
@@ -363,15 +376,14 @@ def _direct_gets(stream: str = EVENT_STREAM) -> tuple[str, str]:
 
 
 def _agent_writes(agent_id: str) -> tuple[str, ...]:
-    # An agent's appends (with their acks), its progress (the final one acked by the progress
-    # stream) and heartbeats: published into HOIST through its account's imports.
-    return (agent_events(agent_id), f"{PROGRESS}.{agent_id}.>", heartbeat(agent_id))
+    # An agent's appends (with their acks) and its progress (the final one acked by the
+    # progress stream): published into HOIST through its account's imports.
+    return (agent_events(agent_id), f"{PROGRESS}.{agent_id}.>")
 
 
 def _service(subject: str, to: list[str]) -> dict[str, Any]:
     # A direct get answers a batch with many messages: "stream" keeps the reply open for all.
-    del to
-    return {"service": subject, "response_type": "stream"}
+    return {"service": subject, "accounts": to, "response_type": "stream"}
 
 
 def _import_service(subject: str) -> dict[str, Any]:
