@@ -416,6 +416,28 @@ def test_no_password_in_the_repo_config(stack: Stack) -> None:
     assert 'include "auth.conf"' in text
 
 
+async def test_no_password_in_any_server_config(stack: Stack) -> None:
+    # nats-server checks bcrypt hashes; only credentials.json (0600, the clients') holds the
+    # passwords. A user added later too; every role still connects with its own.
+    set_user(stack.data_dir, "hashed")
+    await _reload(stack)
+    creds = load_credentials(stack.data_dir)
+    secrets = [creds.manager, creds.client, creds.admin, *creds.agents.values()]
+    secrets += [u.password for u in creds.users.values()]
+    configs = [p for p in stack.data_dir.iterdir() if p.suffix == ".conf"]
+    assert {"auth.conf", "nats.conf"} <= {p.name for p in configs}
+    for path in configs:
+        text = path.read_text()
+        assert not [s for s in secrets if s in text], path
+    assert "$2b$" in (stack.data_dir / "auth.conf").read_text()
+    user = await _as_user(stack, "hashed")
+    await user.nc.close()
+    for role in ("client", "admin"):
+        await (await _connect(stack, role)).nc.close()
+    remove_user(stack.data_dir, "hashed")
+    await _reload(stack)
+
+
 def test_role_url_errors_name_the_field(stack: Stack, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="hoist up"):
         load_credentials(tmp_path)

@@ -34,10 +34,10 @@ the data dir (route-ca.pem, route-cert.pem, route-key.pem, 0600; services/stack/
 a node sends its route CONNECT, password included, only to a peer whose certificate that CA
 signed, so a local user listening on a stopped node's route port never receives it.
 
-Passwords are stored in plaintext in 0600 files in the data dir (credentials.json, auth.conf,
-route-credentials.json and the nodes' configs). nats-server accepts bcrypt hashes, but hashing
-needs a dependency we do not ship, and ``hoist creds`` must print the plaintext anyway, so a
-hash beside it would protect nothing.
+Passwords are stored in plaintext in 0600 files in the data dir: credentials.json, which the
+clients read (``hoist creds`` prints them), and route-credentials.json and the nodes' configs
+for the routes. auth.conf, what nats-server checks the roles and users against, holds only
+their bcrypt hashes (``hashed``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import bcrypt
 
 from domain.subjects import (
     ADMIN,
@@ -297,7 +299,11 @@ def accounts(creds: Credentials) -> dict[str, Any]:
         client,
         admin,
         *(
-            {"user": name, "password": u.password, "permissions": user_permissions(name, u.admin)}
+            {
+                "user": name,
+                "password": hashed(u.password),
+                "permissions": user_permissions(name, u.admin),
+            }
             for name, u in sorted(creds.users.items())
         ),
     ]
@@ -486,9 +492,20 @@ def _own_inbox(role: str, agent_id: str | None = None) -> str:
 def _user(role: str, password: str, agent_id: str | None = None) -> dict[str, Any]:
     return {
         "user": user_name(role, agent_id),
-        "password": password,
+        "password": hashed(password),
         "permissions": permissions(role, agent_id),
     }
+
+
+# The passwords are 192 random bits: no cost factor makes them easier or harder to guess, so the
+# least bcrypt allows (a connection's check then takes well under a millisecond).
+_BCRYPT_ROUNDS = 4
+
+
+def hashed(password: str) -> str:
+    """``password`` as the bcrypt hash nats-server checks it against (auth.conf holds no
+    password; the clients keep theirs in credentials.json)."""
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=_BCRYPT_ROUNDS)).decode()
 
 
 def _new_password() -> str:
