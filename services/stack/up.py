@@ -276,6 +276,42 @@ def start_nats(
     return servers, creds
 
 
+_GLOBAL_ACCOUNT = "$G"  # nats-server's account for users of no account: every user before
+
+
+def convert_to_accounts(data_dir: Path, nodes: int) -> str | None:
+    """Convert a data dir made before the accounts (issue 39) once, with its lock held and no
+    nats-server running: the streams nats-server kept under its global account move to the log's
+    account (natsauth.HOIST_ACCOUNT), and auth.conf is written anew (by start_nats) with the
+    same users and passwords. What it did, to say; None when there was nothing to convert."""
+    auth = Path(data_dir) / "auth.conf"
+    old_auth = auth.exists() and "accounts" not in auth.read_text(errors="replace")
+    moved = []
+    for store in store_dirs(data_dir, nodes):
+        old, new = (
+            store / "jetstream" / _GLOBAL_ACCOUNT,
+            store / "jetstream" / natsauth.HOIST_ACCOUNT,
+        )
+        if not old.is_dir() or new.exists():
+            continue
+        if nodes > 1:
+            # A cluster's meta group assigned the streams to the global account: moving the
+            # files would not move the assignments.
+            raise StackError(
+                f"{data_dir} holds a cluster's log made before NATS accounts (issue 39):"
+                " hoist up cannot convert a cluster's store; start it with the Hoist that made it"
+            )
+        old.rename(new)
+        moved.append(store)
+    if not (old_auth or moved):
+        return None
+    said = "converted this data dir to NATS accounts (once): auth.conf now puts the log and the"
+    said += " manager in account HOIST, the readers and each agent in accounts without JetStream"
+    if moved:
+        said += f"; the streams moved from nats-server's global account ({moved[0]})"
+    return said
+
+
 def store_dirs(data_dir: Path, nodes: int) -> list[Path]:
     """Where each node keeps JetStream's files: ``jetstream/`` for one node (as ever),
     ``nats-<i>/jetstream/`` for each node of a cluster."""
@@ -480,6 +516,7 @@ class Stack:
         self.sync_always = sync_always
         self.servers: list[NatsServer] = []
         self.creds: credentials.Credentials | None = None
+        self.converted: str | None = None  # what start converted of a data dir made before
         self.children: list[Child] = []
         self.lock = DataDirLock(self.data_dir)
 
@@ -511,6 +548,7 @@ class Stack:
             raise StackError(str(e)) from None
         waited = await self._lock()
         self._check_layout()
+        self.converted = convert_to_accounts(self.data_dir, self.nats_nodes)
         # A dying stack's nats-server frees the port as it frees the lock: give it a moment.
         deadline = time.monotonic() + (2.0 if waited else 0.0)
         for port in ports(self.nats_port, self.nats_nodes):
