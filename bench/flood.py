@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,6 +52,8 @@ async def create_and_wait(nc: Client, n: int, agents: set[str] | None = None) ->
         "max_wait": 60,
     }
     reply = json.loads((await nc.request(CREATE, json.dumps(payload).encode(), timeout=30)).data)
+    if "session_id" not in reply:
+        raise RuntimeError(f"create {n} refused: {reply}")
     sid = reply["session_id"]
     while True:
         got = await nc.request(GET, json.dumps({"session_id": sid}).encode(), timeout=30)
@@ -109,11 +112,31 @@ def subjects_of(fuzz: FuzzStack, first: int, last: int) -> list[str | None]:
     return [fuzz.run(one(seq)) for seq in range(first, last + 1)]
 
 
+async def flood_child(spec: dict[str, Any]) -> list[int]:
+    """The flooders' process: one connection per URL, each flooding for ``seconds``."""
+
+    async def quiet_errors(_: Exception) -> None:
+        pass  # the refused publishes (a user's direct gets): expected, each reported
+
+    conns = [await connect(url, error_cb=quiet_errors) for url in spec["urls"].values()]
+    until = time.monotonic() + spec["seconds"]
+    # Every family: agent-1's own subject is none of targets()'s.
+    sent = await asyncio.gather(*(flood(nc, targets(), spec["seq"], until) for nc in conns))
+    for nc in conns:
+        await nc.flush(timeout=60)
+        await nc.close()
+    return list(sent)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--creates", type=int, default=40)
+    p.add_argument("--flood-child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.flood_child:
+        print(json.dumps(asyncio.run(flood_child(json.loads(args.flood_child)))))
+        return 0
     with (
         tempfile.TemporaryDirectory(prefix="hoist-flood-") as tmp,
         FuzzStack(Path(tmp) / "hoist") as fuzz,
@@ -126,32 +149,34 @@ def main() -> int:
         url = fuzz.stack.role_url("client").split("@", 1)[1]
         creds = load_credentials(data_dir)
 
-        async def quiet_errors(_: Exception) -> None:
-            pass  # the user's refused direct gets: expected, each reported
-
-        user = fuzz.run(connect(user_url(f"nats://{url}", "flooder", creds), error_cb=quiet_errors))
         client = fuzz.conns["client"]
         fuzz.run(warm(client))
         quiet = fuzz.run(creates(client, args.creates))
         # Something to reflect: the last record of the log.
-        seq = int(fuzz.run(fuzz.conns["manager"].jetstream().stream_info("HOIST")).state.last_seq)
-        before = last_seq(fuzz)
-        flooders: dict[str, tuple[Client, list[str]]] = {
-            "client": (client, targets()),
-            "admin": (fuzz.conns["admin"], targets()),
-            "user flooder": (user, targets()),
-            "agent agent-1": (fuzz.conns["agent"], targets()),
+        seq = before = last_seq(fuzz)
+        # The flooders run in a process of their own, as hostile clients would: the creates
+        # timed here share no event loop with them.
+        flooders = {
+            "client": fuzz.stack.role_url("client"),
+            "admin": fuzz.stack.role_url("admin"),
+            "user flooder": user_url(f"nats://{url}", "flooder", creds),
+            "agent agent-1": fuzz.stack.role_url("agent", "agent-1"),
         }
 
         async def window() -> tuple[list[int], list[float]]:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--flood-child",
+                json.dumps({"urls": flooders, "seq": seq, "seconds": args.seconds}),
+                stdout=asyncio.subprocess.PIPE,
+            )
             until = time.monotonic() + args.seconds
-            sent = asyncio.gather(*(flood(nc, aims, seq, until) for nc, aims in flooders.values()))
-            timed = creates(client, args.creates, until)
-            counts, during = await asyncio.gather(sent, timed)
-            for nc, _ in flooders.values():
-                await nc.flush(timeout=60)
-            await asyncio.sleep(1)
-            return list(counts), during
+            out, during = await asyncio.gather(
+                child.communicate(), creates(client, args.creates, until)
+            )
+            await asyncio.sleep(1)  # answers under way land
+            return json.loads(out[0]), during
 
         started = time.monotonic()
         sent, during = fuzz.run(window())
@@ -159,7 +184,6 @@ def main() -> int:
         after = last_seq(fuzz)
         appended = subjects_of(fuzz, before + 1, after)
         sessions = fuzz.ask("client", f"{subjects.QUERY}.sessions", b"{}")["rows"]
-        fuzz.run(user.close())
     own = {subjects.session_events(r["session_id"]) for r in sessions}
     lease = f"{subjects.EVENTS}.{subjects.LEASE}."
     placement = (f"{subjects.EVENTS}.{subjects.RESERVATION}.", f"{subjects.EVENTS}.agent.")
@@ -176,7 +200,7 @@ def main() -> int:
             kinds[f"UNACCOUNTED {subject}"] += 1
             stray += 1
     print(f"flood: {sum(sent)} aimed JetStream requests in {elapsed:.1f} s")
-    for (name, _), n in zip(flooders.items(), sent, strict=True):
+    for name, n in zip(flooders, sent, strict=True):
         print(f"  {name}: {n}")
     print(f"records appended in the window: {len(appended)} (seq {before} -> {after})")
     print(f"  by cause: {dict(kinds) or 'none'}")
