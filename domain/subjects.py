@@ -44,6 +44,21 @@ def is_inbox(reply: str) -> bool:
     return _INBOX_SUBJECT.match(reply) is not None
 
 
+# A request that came through an account's service import (services/stack/natsauth.py) has its
+# reply rewritten by nats-server to one of the serving account's ``_R_.`` subjects, which leads
+# back to the requester's own reply subject in the requester's account.
+IMPORT_REPLY = "_R_"
+_IMPORT_REPLY_SUBJECT = re.compile(rf"^{IMPORT_REPLY}(\.[^.*>\s]+)+\Z")
+# The header nats-server sets (over any the requester sent) on a request through an import:
+# JSON naming the requester's account and user.
+REQUEST_INFO = "Nats-Request-Info"
+
+
+def is_import_reply(reply: str) -> bool:
+    """``reply`` is nats-server's stand-in for the reply of a request from another account."""
+    return _IMPORT_REPLY_SUBJECT.match(reply) is not None
+
+
 def inbox_prefix(user: str) -> str:
     """Where a NATS user's replies come: the only inboxes it may subscribe to."""
     return f"{INBOX}.{check_token(user, 'NATS user')}"

@@ -23,6 +23,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
 
 from domain.codec import REFLECTED_HEADER
 from eventstore.messages import MAX_CONTROL_LINE, Recorded, StoreError, StoreUnavailable
@@ -79,8 +80,14 @@ class StoreReads:
     _floors: dict[str, int]  # subject -> the least last stream sequence it is known to have
 
     async def head(self) -> int:
-        """The stream's last sequence (0 while empty)."""
-        return int((await self.js.stream_info(self.stream)).state.last_seq)
+        """The stream's last sequence (0 while empty). A reader in an account without
+        JetStream has no stream info (the log's account exports it direct gets only): its head
+        is the last record's sequence, which a lease record that expired may put below."""
+        try:
+            return int((await self.js.stream_info(self.stream)).state.last_seq)
+        except (NoRespondersError, ServiceUnavailableError):
+            last = await self.last(">", expiring=True)
+            return last.seq if last is not None else 0
 
     async def last(
         self, subject: str, *, urgent: bool = False, expiring: bool = False

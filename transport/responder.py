@@ -14,6 +14,7 @@ hands ``Responder.reply`` its own call.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from domain.errors import (
 )
 from domain.limits import quote
 from domain.rpc import ErrorReply, RequestError, decode, encode_reply
-from domain.subjects import is_inbox, is_inbox_of
+from domain.subjects import REQUEST_INFO, is_import_reply, is_inbox, is_inbox_of
 
 Req = TypeVar("Req")
 
@@ -46,6 +47,20 @@ ERRORS: tuple[ErrorRow, ...] = (
     ((NotFound,), lambda e: RequestError("not-found", str(e))),
     ((Conflict,), lambda e: RequestError("conflict", str(e))),
 )
+
+
+def requester(msg: Msg) -> str | None:
+    """The NATS user who sent ``msg`` through an account's service import, as nats-server
+    recorded it in the ``Nats-Request-Info`` header (it replaces any the sender set)."""
+    raw = (msg.headers or {}).get(REQUEST_INFO)
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return None
+    user = info.get("user") if isinstance(info, dict) else None
+    return user if isinstance(user, str) else None
 
 
 @dataclass(frozen=True)
@@ -83,11 +98,15 @@ class Responder:
 
     def answerable(self, msg: Msg, user: str | None = None) -> bool:
         """Whether ``msg`` may be answered where it asks: a reply subject is the requester's to
-        choose, so only inboxes; on a user's own subject (``user``), only that user's."""
-        if user is None and is_inbox(msg.reply):
+        choose, so only inboxes (or nats-server's stand-in for the reply of a request from
+        another account, which leads back there); on a user's own subject (``user``), only that
+        user's (through an import: only a request nats-server says ``user`` sent)."""
+        if user is None and (is_inbox(msg.reply) or is_import_reply(msg.reply)):
             return True
         if user is not None and is_inbox_of(msg.reply, user):
             return True
+        if user is not None and is_import_reply(msg.reply) and requester(msg) == user:
+            return True  # from the readers' account: nats-server names who asked
         self.log.debug("ignored a request on %s: its reply %s is no inbox", msg.subject, msg.reply)
         return False
 

@@ -64,6 +64,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     )
     try:
         await local.start()
+        if local.converted:
+            print(local.converted, flush=True)
         if fallback:
             print(fallback, flush=True)
         _print_started(local, data_dir)

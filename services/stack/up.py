@@ -181,6 +181,9 @@ def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credential
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
     creds = natsauth.generate_credentials(data_dir, [agent_id])
     natsauth.write_auth_conf(data_dir, creds)
+    # A new account: nats-server wires its imports only on the reload after the one that
+    # made it (nats-server 2.15; tests/test_roles.py::test_an_agent_added_later...).
+    reload_nats(data_dir, info)
     reload_nats(data_dir, info)
     return creds
 
@@ -277,6 +280,42 @@ def start_nats(
                 started.stop()
             raise
     return servers, creds
+
+
+_GLOBAL_ACCOUNT = "$G"  # nats-server's account for users of no account: every user before
+
+
+def convert_to_accounts(data_dir: Path, nodes: int) -> str | None:
+    """Convert a data dir made before the accounts (issue 39) once, with its lock held and no
+    nats-server running: the streams nats-server kept under its global account move to the log's
+    account (natsauth.HOIST_ACCOUNT), and auth.conf is written anew (by start_nats) with the
+    same users and passwords. What it did, to say; None when there was nothing to convert."""
+    auth = Path(data_dir) / "auth.conf"
+    old_auth = auth.exists() and "accounts" not in auth.read_text(errors="replace")
+    moved = []
+    for store in store_dirs(data_dir, nodes):
+        old, new = (
+            store / "jetstream" / _GLOBAL_ACCOUNT,
+            store / "jetstream" / natsauth.HOIST_ACCOUNT,
+        )
+        if not old.is_dir() or new.exists():
+            continue
+        if nodes > 1:
+            # A cluster's meta group assigned the streams to the global account: moving the
+            # files would not move the assignments.
+            raise StackError(
+                f"{data_dir} holds a cluster's log made before NATS accounts (issue 39):"
+                " hoist up cannot convert a cluster's store; start it with the Hoist that made it"
+            )
+        old.rename(new)
+        moved.append(store)
+    if not (old_auth or moved):
+        return None
+    said = "converted this data dir to NATS accounts (once): auth.conf now puts the log and the"
+    said += " manager in account HOIST, the readers and each agent in accounts without JetStream"
+    if moved:
+        said += f"; the streams moved from nats-server's global account ({moved[0]})"
+    return said
 
 
 def store_dirs(data_dir: Path, nodes: int) -> list[Path]:
@@ -483,6 +522,7 @@ class Stack:
         self.sync_always = sync_always
         self.servers: list[NatsServer] = []
         self.creds: credentials.Credentials | None = None
+        self.converted: str | None = None  # what start converted of a data dir made before
         self.children: list[Child] = []
         self.lock = DataDirLock(self.data_dir)
 
@@ -514,6 +554,7 @@ class Stack:
             raise StackError(str(e)) from None
         waited = await self._lock()
         self._check_layout()
+        self.converted = convert_to_accounts(self.data_dir, self.nats_nodes)
         # A dying stack's nats-server frees the port as it frees the lock: give it a moment.
         deadline = time.monotonic() + (2.0 if waited else 0.0)
         for port in ports(self.nats_port, self.nats_nodes):

@@ -60,7 +60,7 @@ def test_a_three_node_stack_is_known_to_status_users_and_down(tmp_path: Path) ->
         # change of users: it reads auth.conf when it starts again.  It is the event stream's
         # leader, so the user's append waits out the election of a new one (CI once killed
         # the leader by chance, and the admin got a timeout).
-        dead = asyncio.run(_leader_of_the_log(stack.url("client")))
+        dead = asyncio.run(_leader_of_the_log(stack.url("manager")))  # readers: no stream info
         stack.kill(dead)
         added = _hoist(stack, "user", "add", "carol")
         assert added.returncode == 0, added.stdout + added.stderr

@@ -212,7 +212,8 @@ class FuzzStack:
 
     def __enter__(self) -> FuzzStack:
         self.run(self.stack.start())
-        for role, agent_id in (("client", None), ("admin", None), ("agent", "agent-1")):
+        roles = (("client", None), ("admin", None), ("agent", "agent-1"), ("manager", None))
+        for role, agent_id in roles:
             self.conns[role] = self.run(self._connect(role, agent_id))
         return self
 
@@ -238,18 +239,22 @@ class FuzzStack:
         return nc
 
     def last_seq(self) -> int:
-        js = self.conns["admin"].jetstream()
+        js = self.conns["manager"].jetstream()  # the readers' account has no stream info
         info = self.run(js.stream_info(subjects.EVENT_STREAM))
         return int(info.state.last_seq)
 
     def events(self) -> int:
         """How many events the log holds, the managers' lease aside: the leader renews it (and
         each renewal expires) whatever requests come, so it is no command's doing."""
-        js = self.conns["admin"].jetstream()
+        return sum(self.held().values())
+
+    def held(self) -> dict[str, int]:
+        """How many events the log holds on each subject, the managers' lease aside."""
+        js = self.conns["manager"].jetstream()
         info = self.run(js.stream_info(subjects.EVENT_STREAM, subjects_filter=subjects.EVENTS_ALL))
         lease = f"{subjects.EVENTS}.{subjects.LEASE}."
         held = info.state.subjects or {}
-        return sum(n for subject, n in held.items() if not subject.startswith(lease))
+        return {subject: n for subject, n in held.items() if not subject.startswith(lease)}
 
     def ask(self, role: str, subject: str, payload: bytes, timeout: float = 30) -> dict[str, Any]:
         """One request; the reply (asserting it is one JSON reply, never ``internal``)."""

@@ -76,7 +76,9 @@ async def test_a_reflected_forgery_is_refused_by_every_reader(
     data, headers = encode(lost)
     [lost_seq] = await a_store.append([Write(agent_events("A"), [Message(data, headers)])])
 
-    client = await _connect(stack, "client")
+    # Only the log's own account can still reflect (readers and agents are in accounts without
+    # JetStream, tests/hardening/test_flood.py): the manager's user stands in for a bug there.
+    client = await _connect(stack, "manager")
     try:
         copy = await _reflect(client, manager, forged_seq, session_events(session.id))
         lost_copy = await _reflect(client, manager, lost_seq, liveness_events("B"))
@@ -148,7 +150,9 @@ async def test_a_reflected_heartbeat_keeps_no_agent_alive(
 
     watcher._on_heartbeat = counted  # type: ignore[method-assign]
     await watcher.start(known_agents=["B"])
-    client = await _connect(stack, "client")
+    # Only the log's own account can still reflect (readers and agents are in accounts without
+    # JetStream, tests/hardening/test_flood.py): the manager's user stands in for a bug there.
+    client = await _connect(stack, "manager")
     try:
         for i in range(12):  # with the server's headers, and without any (no_hdr)
             request = {"seq": stored, "no_hdr": True} if i % 2 else {"seq": stored}
@@ -185,7 +189,9 @@ async def test_progress_counts_only_on_its_own_agents_subject(
     state = SessionState(session.id)
     for event in session.collect_events():
         state.apply_event(event)  # type: ignore[arg-type]
-    client = await _connect(stack, "client")
+    # Only the log's own account can still reflect (readers and agents are in accounts without
+    # JetStream, tests/hardening/test_flood.py): the manager's user stands in for a bug there.
+    client = await _connect(stack, "manager")
     changed, new_pulls = asyncio.Event(), asyncio.Event()
     follow = asyncio.create_task(
         _follow_progress(SimpleNamespace(nc=client.nc), state, changed, new_pulls)  # type: ignore[arg-type]
