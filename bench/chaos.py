@@ -262,7 +262,12 @@ async def node_loss_round(
 
         async def killer() -> None:
             await quarter.wait()
-            out.killed = await stream_leader(nc, subjects.EVENT_STREAM)
+            # Stream info is the HOIST account's (the manager's): readers have no JetStream.
+            manager = await connect(stack.url("manager"))
+            try:
+                out.killed = await stream_leader(manager, subjects.EVENT_STREAM)
+            finally:
+                await manager.close()
             out.killed_how = stack.kill(out.killed)
             out.kill_at_s = time.monotonic() - start
 

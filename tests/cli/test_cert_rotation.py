@@ -145,7 +145,11 @@ async def test_rotating_under_creates_keeps_every_route_and_serves_the_new_certi
             for name in NODES:
                 log = _log(data, name)
                 assert log.count("Router connection closed") == closed_before[name], log[-3000:]
-            await _replicas_current(nc)
+            manager = await connect(stack.url("manager"))  # stream info: the HOIST account's
+            try:
+                await _replicas_current(manager)
+            finally:
+                await manager.close()
         finally:
             await nc.close()
 

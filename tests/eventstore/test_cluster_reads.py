@@ -156,6 +156,7 @@ async def test_a_read_from_behind_the_floor_is_asked_again_until_the_write_shows
     stale history, when no replica catches up."""
     store = event_store(shared_nc)
     await store.ensure_stream()
+    await stream_leader(shared_nc, subjects.EVENT_STREAM)  # a stream made again elects first
     [first] = await store.append([Write(A, one("created"), expected_last_seq=0)])
     store._saw(A, first + 1)  # a write it was told of, not yet visible anywhere
 
