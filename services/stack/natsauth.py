@@ -188,6 +188,12 @@ def permissions(role: str, agent_id: str | None = None) -> dict[str, Any]:
                     f"{_JS}.STREAM.INFO.{EVENT_STREAM}",
                     f"{_JS}.DIRECT.GET.{EVENT_STREAM}",
                     f"{_JS}.DIRECT.GET.{EVENT_STREAM}.>",
+                    # The manager's requests reach the agent through its account's export with
+                    # `_R_.` reply subjects. allow_responses alone grants each reply per request
+                    # and a config reload (a user added, certificates rotated) forgets the
+                    # grants of requests in flight: their replies were refused. In this account
+                    # an `_R_.` subject leads only back through the import that made it.
+                    "_R_.>",
                 ],
                 "deny": _NO_STREAM_CHANGES,
             },

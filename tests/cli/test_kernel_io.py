@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -375,3 +376,24 @@ def test_hostile_names_filters_and_numbers_get_one_clear_line(
     done = hoist_stack.hoist(*args)
     assert done.returncode == 1 and said in done.stderr, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "\x1b" not in done.stderr
+
+
+def test_a_config_reload_mid_call_loses_no_agent_reply(hoist_stack: Stack, image: str) -> None:
+    """`hoist user add` reloads nats-server; an agent answering the manager meanwhile (an exec
+    streaming its output) still gets its replies through (found by a trial: they were refused
+    as the reload reset the agent's response permissions)."""
+    session_id = interactive(hoist_stack, image)
+    argv = [HOIST, "--data-dir", str(hoist_stack.data_dir), "exec", session_id]
+    exec_ = subprocess.Popen(
+        [*argv, "--", "sh", "-c", "sleep 3; echo done"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)
+        for name in ("reload1", "reload2"):
+            assert hoist_stack.hoist("user", "add", name).returncode == 0
+        out, err = exec_.communicate(timeout=30)
+    finally:
+        exec_.kill()
+    assert (exec_.returncode, out) == (0, "done\n"), err
+    assert hoist_stack.hoist("destroy", session_id).returncode == 0
