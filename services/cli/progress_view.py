@@ -69,11 +69,18 @@ class Rate:
     """Bytes per second of a growing counter, over the last RATE_WINDOW_S of samples."""
 
     samples: deque[tuple[float, int]] = field(default_factory=deque)
+    seen: float = 0.0  # when the last sample's value was last seen
 
     def add(self, now: float, value: int) -> None:
         if self.samples and self.samples[-1][1] == value:
+            self.seen = now
             return  # a repeat says nothing new; the window keeps the time the value was reached
+        if len(self.samples) == 1 and self.samples[0][1] == 0:
+            # It waited at 0 (a layer queued behind others) until it moved: count from the
+            # last 0 seen, or the wait reads as a slow start and the ETA as hours.
+            self.samples[0] = (self.seen, 0)
         self.samples.append((now, value))
+        self.seen = now
         while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW_S:
             self.samples.popleft()
 

@@ -6,12 +6,13 @@ import copy
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from domain.rpc import LayerProgress, PullProgress
 from domain.session import Session
 from domain.status import KernelStatus
-from services.cli.progress_view import PlainPrinter, SessionState, render
+from services.cli.progress_view import PlainPrinter, Rate, SessionState, render
 
 MiB = 1024**2
 
@@ -218,3 +219,17 @@ def test_the_view_fits_80_columns_with_every_rate_and_eta() -> None:
     text = full.export_text()
     assert state.session_id in text and "agent-with-a-long-name-1" in text
     assert "l0ae38a0dc95 " in text
+
+
+def test_a_layer_that_waited_at_zero_is_rated_from_when_it_moved() -> None:
+    """A layer queued behind others sits at 0 bytes, then downloads: its rate counts from its
+    last 0, not its first (a newcomer saw 1.7 MiB/s and an 8-minute ETA for a 10 s pull)."""
+    rate = Rate()
+    for t in range(11):
+        rate.add(float(t), 0)  # queued for 10 s
+    rate.add(11.0, 10 * MiB)
+    assert rate.per_s(11.0) == pytest.approx(10 * MiB)
+    stalled = Rate()  # a counter that moved, then stalls, still shows its rate falling
+    stalled.add(0.0, 0)
+    stalled.add(1.0, MiB)
+    assert stalled.per_s(5.0) == pytest.approx(MiB / 5)
