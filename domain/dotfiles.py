@@ -34,7 +34,8 @@ from domain.limits import (
     PRINTABLE,
     quote,
 )
-from domain.subjects import DOTFILES, check_token
+from domain.subjects import DOTFILES
+from domain.user import check_name
 
 KIND = DOTFILES
 DEFAULT_MODE = 0o644
@@ -133,11 +134,11 @@ def _topic() -> str:
 
 
 def check_owner(owner: str) -> str:
-    """Whose dotfiles: a subject token (a Hoist user's name)."""
+    """Whose dotfiles: a name a Hoist user can have (domain.user), never a role's."""
     try:
-        return check_token(owner, "owner")
-    except ValueError as e:
-        raise InvalidField("owner", str(e)) from None
+        return check_name(owner)
+    except InvalidField as e:
+        raise InvalidField("owner", str(e).removeprefix("name: ")) from None
 
 
 def check_path(path: object) -> str:

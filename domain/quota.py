@@ -273,7 +273,4 @@ def fmt_mem(n: int) -> str:
 
 def check_name(name: str) -> str:
     """A policy name: an owner that is a subject token, or ``default``."""
-    try:
-        return check_token(name, "name")
-    except ValueError as e:
-        raise InvalidField("name", str(e)) from None
+    return check_token(name, "name")  # InvalidField naming it

@@ -150,10 +150,7 @@ def checked(users: Iterable[str], public: bool, description: str) -> dict[str, o
 
 def check_name(name: str) -> str:
     """A group name: a subject token, as agents' ``--resource-group``."""
-    try:
-        return check_token(name, "name")
-    except ValueError as e:
-        raise InvalidField("name", str(e)) from None
+    return check_token(name, "name")  # InvalidField naming it
 
 
 # --- the access rule -------------------------------------------------------------------------

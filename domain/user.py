@@ -107,10 +107,7 @@ def _topic() -> str:
 
 def check_name(name: str) -> str:
     """A user name: a subject token that is no role's or agent's NATS user."""
-    try:
-        check_token(name, "name")
-    except ValueError as e:
-        raise InvalidField("name", str(e)) from None
+    check_token(name, "name")  # InvalidField naming it
     if name in RESERVED or name.startswith("agent-"):
         raise InvalidField(
             "name", f"{name!r} is a role's NATS user (manager, client, admin, agent-<id>)"

@@ -51,9 +51,10 @@ class DotfileCommands:
         return {"path": path, "recorded": recorded}
 
     async def list(self, req: ListDotfiles) -> dict[str, Any]:
+        owner = check_owner(req.owner)  # a name no user can have is a mistake, said
         return {
-            "owner": req.owner,
-            "dotfiles": [dotfile_view(f) for f in files_of(self.fleet, req.owner)],
+            "owner": owner,
+            "dotfiles": [dotfile_view(f) for f in files_of(self.fleet, owner)],
         }
 
 
