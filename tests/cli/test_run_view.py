@@ -42,7 +42,10 @@ def test_run_in_a_terminal_shows_layer_bars_and_a_session_bar_to_100_then_runnin
     for screen in screens:
         for layer, current, _total in LAYER_LINE.findall(screen):
             layers.setdefault(layer, []).append(float(current))
-    assert any(len(set(v)) >= 2 and v == sorted(v) for v in layers.values()), final
+    seen = sorted({line for s in screens for line in s.splitlines() if "Downloading" in line})
+    assert any(len(set(v)) >= 2 and v == sorted(v) for v in layers.values()), (
+        f"{len(screens)} screens; layer lines seen: {seen[:40]}; last: {final}"
+    )
     assert any("━" in s and "MiB/s" in s and "ETA" in s for s in screens)
 
     # The session bar across both agents: advances, reaches 100 %.  (Not monotonic: a dummy
