@@ -39,7 +39,7 @@ _DIRECT_HEADERS = (
     "Nats-Num-Pending",
     "Nats-Last-Sequence",
 )
-_NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
+NO_STATUS = b"NATS/1.0\r\n"  # a header block without a status line: a stored message
 _SEQUENCE_LINE = b"\r\nNats-Sequence:"
 PAGE = 1000  # messages per batched direct get request: the most a replay page holds
 _FOLLOW_POLL = 1.0  # seconds a following replay waits for a signal before reading anyway
@@ -114,35 +114,44 @@ class StoreReads:
             return await self._last_once(subject, urgent)
         return await self._served(lambda: self._last_once(subject))
 
-    async def _last_once(self, subject: str, urgent: bool = False) -> Recorded | None:
-        # Raw, like the batches: the header block is read whole (see _stored).
-        reply: asyncio.Future[tuple[bytes | None, bytes]] = (
+    async def _ask(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[bytes | None, bytes]:
+        """One request's answer, raw: its header block (None if it has none) and payload.  On
+        the client's reply inbox (no Msg object, no parsed headers, no ``wait_for``: an append
+        costs the client no more than a raw ``js.publish``).  TimeoutError after the store's
+        timeout; the caller holds a slot (or is urgent)."""
+        answer: asyncio.Future[tuple[bytes | None, bytes]] = (
             asyncio.get_running_loop().create_future()
         )
 
-        def on_msg(block: bytes | None, data: bytes) -> None:
-            if not reply.done():
-                reply.set_result((block, data))
+        def on_msg(block: bytes | None, body: bytes) -> None:
+            if not answer.done():
+                answer.set_result((block, body))
 
         inbox = await self.nc.reply_inbox(on_msg)
+        try:
+            await self.nc.publish(subject, data, reply=inbox, headers=headers)
+            async with asyncio.timeout(self.timeout):  # not wait_for: see replay
+                return await answer
+        finally:
+            self.nc.end_reply(inbox)
 
+    async def _last_once(self, subject: str, urgent: bool = False) -> Recorded | None:
+        # Raw, like the batches: the header block is read whole (see _stored).
         # The subject in the request's own subject (as ADR-31 has it), unless that line would be
         # too long for the server (it would close the connection): then in the request body.
         request, body = f"{self._direct}.{subject}", b""
-        if len(request.encode()) + len(inbox) + 3 > MAX_CONTROL_LINE:
+        if len(request.encode()) + self.nc.reply_subject_max() + 3 > MAX_CONTROL_LINE:
             request, body = self._direct, json.dumps({"last_by_subj": subject}).encode()
         try:
             async with contextlib.nullcontext() if urgent else self._slots:
-                await self.nc.publish(request, body, reply=inbox)
-                async with asyncio.timeout(self.timeout):  # not wait_for: see replay
-                    block, data = await reply
+                block, data = await self._ask(request, body)
         except TimeoutError:
             raise self._no_direct_answer() from None
-        finally:
-            self.nc.end_reply(inbox)
-        if block is not None and block.startswith(_NO_STATUS):
+        if block is not None and block.startswith(NO_STATUS):
             return _stored(block, data).record
-        code, description = _status_line(block or b"")
+        code, description = status_line(block or b"")
         if code == "404":
             return None
         if code == "503":
@@ -288,12 +297,12 @@ class StoreReads:
             try:
                 if block is None:
                     raise ValueError("a reply without headers")
-                if block.startswith(_NO_STATUS):  # a stored message
+                if block.startswith(NO_STATUS):  # a stored message
                     record = _stored(block, data)
                     pending = record.pending
                     out.append(record.record)
                 else:  # end of batch (204), nothing found (404), or an error status
-                    code, description = _status_line(block)
+                    code, description = status_line(block)
                     done.set_result(
                         None if code in ("204", "404") else f"status {code} {description}".strip()
                     )
@@ -487,7 +496,7 @@ def _from_direct(msg: Msg) -> Recorded:
     return _record(dict(msg.headers or {}), msg.data)
 
 
-def _status_line(block: bytes) -> tuple[str, str]:
+def status_line(block: bytes) -> tuple[str, str]:
     """(code, description) of a header block's status line (``NATS/1.0 404 Not Found``)."""
     status, _, description = block.split(b"\r\n", 1)[0][9:].partition(b" ")
     return status.decode(errors="replace").strip(), description.decode(errors="replace").strip()
@@ -506,7 +515,7 @@ def _stored(block: bytes, data: bytes) -> _Stored:
     its requester names, unchecked, so a reader can have an answer land on a subject the stream
     captures; no writer appended it.  Only the raw block shows it: parsed, the reply's own
     header of the same name wins."""
-    headers = parse_header_lines(block[len(_NO_STATUS) :])
+    headers = parse_header_lines(block[len(NO_STATUS) :])
     pending = int(headers.get("Nats-Num-Pending", 0))
     record = _record(headers, data)
     first = block.find(_SEQUENCE_LINE)

@@ -33,8 +33,6 @@ from enum import Enum
 from typing import Any
 
 import nats.errors
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     DiscardPolicy,
     RetentionPolicy,
@@ -67,7 +65,7 @@ from eventstore.messages import (
     StoreUnavailable,
     Write,
 )
-from eventstore.reads import PAGE, StoreReads
+from eventstore.reads import NO_STATUS, PAGE, StoreReads, status_line
 from eventstore.tail import SharedTail
 from transport.client import Client, cluster_replicas
 
@@ -106,7 +104,6 @@ _BATCH_HEADER_BYTES = sum(
     for name, value in ((BATCH_ID, "0" * 32), (BATCH_SEQ, str(MAX_BATCH)), (BATCH_COMMIT, "1"))
 )
 _HEADER_FRAME = len(b"NATS/1.0\r\n") + 2  # a header block's first line and its last CRLF
-_REQUEST_TOKEN = 27  # a request's reply: <inbox>.<22 characters of nuid + 4 of hex>
 IN_FLIGHT = 64  # requests to the stream awaiting their answer (EventStore.__init__)
 # An idempotent append unanswered (no stream leader yet, a connection moving) is sent again
 # after these pauses: a cluster elects a new leader within seconds of a node's loss.
@@ -320,7 +317,7 @@ class EventStore(StoreReads):
         # its length each append cost more than the rest of the checks together.
         if self._max_subject is None or self._max_subject[0] != max_payload:
             sizes = 2 * (1 + len(str(max_payload)))
-            room = MAX_CONTROL_LINE - (1 + len(self.nc.new_inbox()) + _REQUEST_TOKEN) - sizes
+            room = MAX_CONTROL_LINE - (1 + self.nc.reply_subject_max()) - sizes
             self._max_subject = (max_payload, room)
         return self._max_subject[1]
 
@@ -390,16 +387,22 @@ class EventStore(StoreReads):
         raise AssertionError("unreachable: the last pause is None")
 
     async def _request(self, subject: str, data: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        """The stream's JSON answer to one message sent as a request (the slot is held)."""
         try:
-            msg = await self.nc.request(subject, data, timeout=self.timeout, headers=headers)
-        except NoRespondersError:
-            raise await self._no_responders(subject) from None
-        except NatsTimeoutError:
+            block, body = await self._ask(subject, data, headers)
+        except TimeoutError:
             raise StoreUnavailable(
                 f"JetStream did not acknowledge the append to {subject} in {self.timeout}s",
                 stored=True,
             ) from None
-        reply: dict[str, Any] = json.loads(msg.data)
+        if block is not None and not block.startswith(NO_STATUS):  # a status, no answer
+            code, description = status_line(block)
+            if code == "503":  # no responders: no stream takes the subject now
+                raise await self._no_responders(subject)
+            raise StoreError(
+                f"the append to {subject} was answered status {code} {description}".strip()
+            )
+        reply: dict[str, Any] = json.loads(body)
         return reply
 
     async def _no_responders(self, subject: str) -> StoreError:

@@ -130,6 +130,11 @@ class Client(NatsClient):
         self._replies[inbox.encode()] = handler
         return inbox
 
+    def reply_subject_max(self) -> int:
+        """The length of the longest subject ``reply_inbox`` gives: its prefix (an inbox), a
+        dot and a count (at most 20 digits)."""
+        return len(self._reply_prefix or self.new_inbox()) + 21
+
     def end_reply(self, inbox: str) -> None:
         """No more messages to ``inbox``'s handler (a late or a repeated answer is dropped)."""
         self._replies.pop(inbox.encode(), None)

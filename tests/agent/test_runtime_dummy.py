@@ -360,11 +360,12 @@ async def test_a_container_that_ended_while_its_agent_was_away_is_found_ended(
     rt = DummyRuntime("a", cfg, state_file=state)
     await rt.create("k1", "s1", "img:1", 1.0, 64 * MiB, ContainerSpec(command=["sleep", "0.2"]))
     await rt.close()
-    await asyncio.sleep(0.4)  # the agent is away longer than the process runs
+    await asyncio.sleep(1.0)  # the agent is away longer than the process runs
     again = DummyRuntime("a", cfg, state_file=state)
     await asyncio.sleep(0.01)
     [k] = await again.list_kernels()
-    assert k.exit is not None and k.exit.exit_code == 0 and 0.19 < k.exit.ran_s < 0.3
+    # Its own run (0.2 s, more on a loaded host), not the time its agent was away (1 s).
+    assert k.exit is not None and k.exit.exit_code == 0 and 0.19 < k.exit.ran_s < 0.8
 
 
 def test_a_state_file_that_is_no_dummy_host_is_refused_naming_the_flag(tmp_path: Path) -> None:
