@@ -83,11 +83,13 @@ class StoreReads:
         """The stream's last sequence (0 while empty). A reader in an account without
         JetStream has no stream info (the log's account exports it direct gets only): its head
         is the last record's sequence, which a lease record that expired may put below."""
-        try:
-            return int((await self.js.stream_info(self.stream)).state.last_seq)
-        except (NoRespondersError, ServiceUnavailableError):
-            last = await self.last(">", expiring=True)
-            return last.seq if last is not None else 0
+        if self.nc.in_log_account:
+            try:
+                return int((await self.js.stream_info(self.stream)).state.last_seq)
+            except (NoRespondersError, ServiceUnavailableError):
+                pass  # a server whose accounts this client does not know of
+        last = await self.last(">", expiring=True)
+        return last.seq if last is not None else 0
 
     async def last(
         self, subject: str, *, urgent: bool = False, expiring: bool = False

@@ -414,6 +414,8 @@ class EventStore(StoreReads):
             f" subjects {self.subjects})"
         )
         try:
+            if not self.nc.in_log_account:  # an agent's account: no JetStream API to ask
+                raise nats.errors.Error("this connection's account has no stream info")
             async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                 info = await self.js.stream_info(self.stream)
         except NotFoundError:

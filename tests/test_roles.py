@@ -57,9 +57,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     creds = generate_credentials(data_dir, ["A", "B"])
     config = write_server_config(data_dir, creds, data_dir / "store")
     port = free_port()
-    log = (data_dir / "nats-server.log").open("ab")
+    log_file = data_dir / "nats-server.log"  # -l, as the stack's: nats.conf rotates it
+    log = log_file.open("ab")
+    cmd = [nats_server_binary(), "-c", str(config), "-a", "127.0.0.1", "-p", str(port)]
     proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(config), "-a", "127.0.0.1", "-p", str(port)],
+        [*cmd, "-l", str(log_file)],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -184,6 +186,10 @@ async def test_client_cannot_change_streams(client: Conn) -> None:
     assert await client.refused(f"$JS.API.CONSUMER.MSG.NEXT.{EVENT_STREAM}.reactor")
     assert await client.refused(f"$JS.API.CONSUMER.DELETE.{EVENT_STREAM}.reactor")
     assert await client.refused(f"$JS.API.CONSUMER.CREATE.{EVENT_STREAM}.reactor")
+    # Nor any other JetStream API but direct gets: the readers' account has none, and
+    # nats-server answered each such request at ~5x the cost of refusing it (issue 39's flood).
+    for api in ("INFO", "STREAM.NAMES", f"STREAM.INFO.{EVENT_STREAM}", "STREAM.LIST"):
+        assert await client.refused(f"$JS.API.{api}"), api
 
 
 async def test_client_sends_commands_and_queries_but_not_admin(client: Conn, manager: Conn) -> None:
@@ -347,6 +353,8 @@ async def test_agent_publishes_only_its_own_facts(agent_a: Conn, manager: Conn) 
     assert await agent_a.refused("hoist.api.session.create")
     assert await agent_a.refused(f"$JS.API.STREAM.DELETE.{EVENT_STREAM}")
     assert await agent_a.refused(f"$JS.API.STREAM.CREATE.{EVENT_STREAM}")
+    assert await agent_a.refused("$JS.API.INFO")  # its account has no JetStream: nothing to ask
+    assert await agent_a.refused(f"$JS.API.STREAM.INFO.{EVENT_STREAM}")
 
 
 async def test_agent_reads_its_aggregate_and_serves_only_its_rpc(

@@ -32,6 +32,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
 
 from domain.subjects import inbox_prefix
+from transport.credentials import user_name
 
 _CRLF = b"\r\n"
 _NAMES_KEPT = 4096  # bound on remembered names: a peer sending endless new ones costs no memory
@@ -85,6 +86,7 @@ class Client(NatsClient):
         self._reply_prefix: str | None = None
         self._reply_lock = asyncio.Lock()
         self._reply_count = 0
+        self.login: str | None = None  # the NATS user the URL names (None: none)
 
     async def connect(  # type: ignore[override]
         self, servers: str | list[str] = "nats://localhost:4222", **options: Any
@@ -102,7 +104,16 @@ class Client(NatsClient):
         if parts.username and parts.password is not None and "user" not in options:
             options["user"] = unquote(parts.username)
             options["password"] = unquote(parts.password)
+        self.login = options.get("user")
         await super().connect(pool, **options)
+
+    @property
+    def in_log_account(self) -> bool:
+        """Whether this connection is in the log's account, the only one with JetStream (its
+        one user is the manager's; a server without users has one account): only it may ask
+        JetStream's API (stream info). Every other user reads the log by direct gets alone,
+        and is refused the rest (services/stack/natsauth.py)."""
+        return self.login in (None, user_name("manager"))
 
     async def subscribe_raw(self, subject: str, handler: RawHandler) -> Subscription:
         """Subscribe ``handler(subject, headers, payload)``, called in the connection's reading

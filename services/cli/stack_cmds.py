@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -211,10 +212,10 @@ async def _leader(store: EventStore, log: Path) -> Check:
     last = await store.last(subjects.manager_lease())
     if last is not None and (holder := lease_holder(last.subject, last.headers, last.data)):
         return Check("leader", True, f"{holder} leads (lease at event {last.seq})")
-    try:
-        info = await store.js.stream_info(store.stream)
-    except (NoRespondersError, ServiceUnavailableError):
-        info = None  # the client role's account has direct gets of the log only
+    info = None  # the client role's account has direct gets of the log only
+    if store.nc.in_log_account:
+        with contextlib.suppress(NoRespondersError, ServiceUnavailableError):
+            info = await store.js.stream_info(store.stream)
     if info is not None and not info.config.allow_msg_ttl:
         return Check("leader", True, "one manager, unleased (a stream made before leases)")
     return Check(

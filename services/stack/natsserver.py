@@ -71,16 +71,20 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        # -l: nats-server writes its log itself, so nats.conf's size limit can rotate it (what
+        # it prints before its logger starts, a config error say, goes to the same file).
+        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
+        cmd += ["-l", str(self.log_file)]
+        if self.config is None:
+            return [*cmd, "-js", "-sd", str(self.store_dir)]
+        # The config holds jetstream { store_dir }; nats-server refuses -sd beside it.
+        return [*cmd, "-c", str(self.config)]
+
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port)]
-        if self.config is None:
-            cmd += ["-js", "-sd", str(self.store_dir)]
-        else:
-            # The config holds jetstream { store_dir }; nats-server refuses -sd beside it.
-            cmd += ["-c", str(self.config)]
         log = open(self.log_file, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         try:
             wait_for_port("127.0.0.1", self.port)

@@ -15,6 +15,7 @@ store until the last of them is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -37,7 +38,6 @@ from services.stack.natsserver import (
     NatsServer,
     cluster_nodes,
     free_port,
-    nats_server_binary,
     port_free,
     urls,
     wait_for_port,
@@ -214,7 +214,7 @@ def reload_nats(
     waiting = {}
     for name, pid in servers.items():
         log = nats_log(data_dir, name)
-        reloads = log.read_text(errors="replace").count(_RELOADED)
+        mark = _log_mark(log)
         if not _running(pid):  # a zombie takes the signal and never reloads
             said(f"{name} is down: it reads its config when it starts")  # a cluster's node
             continue
@@ -223,10 +223,10 @@ def reload_nats(
         except ProcessLookupError:
             said(f"{name} is down: it reads its config when it starts")
             continue
-        waiting[name] = (log, reloads)
+        waiting[name] = (log, mark)
     deadline = time.monotonic() + 5
-    for name, (log, reloads) in waiting.items():
-        while log.read_text(errors="replace").count(_RELOADED) <= reloads:
+    for name, (log, mark) in waiting.items():
+        while _RELOADED not in _logged_since(log, mark):
             if time.monotonic() > deadline:
                 raise StackError(f"{name} did not reload its config within 5 s; see {log}")
             time.sleep(0.05)
@@ -234,6 +234,41 @@ def reload_nats(
 
 
 _RELOADED = "Reloaded server configuration"
+
+
+def _log_files(log: Path) -> dict[int, Path]:
+    """nats-server's ``log`` and its rotated files, by inode."""
+    files = {}
+    for path in log.parent.glob(f"{log.name}*"):
+        with contextlib.suppress(FileNotFoundError):  # rotated away meanwhile
+            files[path.stat().st_ino] = path
+    return files
+
+
+def _log_mark(log: Path) -> tuple[int, int, frozenset[int]]:
+    """Where nats-server's ``log`` is now: its inode, its size, and every file of it."""
+    try:
+        stat = log.stat()
+    except FileNotFoundError:
+        return (0, 0, frozenset(_log_files(log)))
+    return (stat.st_ino, stat.st_size, frozenset(_log_files(log)))
+
+
+def _logged_since(log: Path, mark: tuple[int, int, frozenset[int]]) -> str:
+    """What nats-server logged since ``mark``, also across a rotation (nats.conf rotates its
+    log at 10 MB: a flood of refused publishes does that in a second): the marked file's rest,
+    wherever it was renamed, and every file of the log begun since."""
+    inode, offset, before = mark
+    out = []
+    for ino, path in _log_files(log).items():
+        with contextlib.suppress(FileNotFoundError):
+            if ino == inode:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    out.append(f.read())
+            elif ino not in before:
+                out.append(path.read_bytes())
+    return b"".join(out).decode(errors="replace")
 
 
 def start_nats(
@@ -345,18 +380,9 @@ class _OwnSessionNatsServer(NatsServer):
     def start(self) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         assert self.config is not None
-        cmd = [
-            nats_server_binary(),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-c",
-            str(self.config),
-        ]
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
-                cmd,
+                self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,3 +137,26 @@ async def test_a_flood_of_aimed_jetstream_requests_appends_nothing(
         f"{after.last_seq - before.last_seq} records appended by {sum(sent)} aimed requests"
     )
     assert await manager.head() == seq
+
+
+async def test_refused_publishes_cannot_fill_the_disk_with_the_servers_log(
+    stack: Any, flooders: dict[str, Conn]
+) -> None:
+    """nats-server logs a line per publish a permission refuses; nats.conf rotates its log at
+    10 MB and keeps three old files, so a reader's flood of refused publishes is bounded on disk
+    (40 MB) however long it goes on."""
+    user = flooders["user flooder"]
+    subject = f"$JS.API.STREAM.INFO.{'y' * 200}"  # a long subject: ~400 bytes a logged line
+    logs = stack.data_dir / "nats-server.log"
+    seen: set[Path] = set()  # every rotated file, also those deleted since
+    until = time.monotonic() + 60
+    while len(seen) < 5 and time.monotonic() < until:  # five rotations: 50 MB written
+        for _ in range(FLUSH_EVERY):
+            await user.nc.publish(subject, b"x")
+        await user.nc.flush(timeout=30)
+        seen.update(stack.data_dir.glob("nats-server.log.*"))
+    files = [logs, *stack.data_dir.glob("nats-server.log.*")]
+    sizes = [f.stat().st_size for f in files]
+    assert len(seen) >= 5, (len(user.errors), seen)
+    assert len(files) <= 4, files
+    assert sum(sizes) <= 4 * (10 * 1024 * 1024 + 4096), sizes
