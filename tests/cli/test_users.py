@@ -5,11 +5,23 @@ NATS user away."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
+from typing import Any
+
+import nats
 
 from domain.errors import unknown_session
 from tests.cli.stack_harness import Stack
+
+
+async def _plain_query(url: str, subject: str, inbox: str) -> Any:
+    nc = await nats.connect(url, inbox_prefix=inbox)
+    try:
+        return json.loads((await nc.request(subject, b"{}", timeout=10)).data)
+    finally:
+        await nc.close()
 
 
 def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
@@ -38,6 +50,9 @@ def test_users_added_act_on_their_own_sessions_and_disabled_ones_cannot_connect(
     assert mine.returncode == 0, mine.stderr
     rows = json.loads(mine.stdout)["rows"]
     assert {r["owner"] for r in rows} == {"ann"} and sid in {r["session_id"] for r in rows}
+    # Stock nats-py with the URL `hoist creds` printed, as the README shows: ann's own rows.
+    plain = asyncio.run(_plain_query(url.stdout.strip(), "hoist.query.ann.sessions", "_INBOX.ann"))
+    assert [r["session_id"] for r in plain["rows"]] == [r["session_id"] for r in rows], plain
     theirs = hoist_stack.hoist("--user", "ben", "sessions", "--json")
     assert theirs.returncode == 0, theirs.stderr
     assert json.loads(theirs.stdout)["rows"] == []
