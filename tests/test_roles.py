@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -780,3 +781,16 @@ async def test_users_see_only_their_own_sessions_through_a_real_manager(
     finally:
         await alice.nc.close()
         await bob.nc.close()
+
+
+def test_users_added_at_once_are_all_kept(tmp_path: Path) -> None:
+    """`hoist user add` run six at once lost users (each read credentials.json and auth.conf,
+    changed them and wrote them over the others' changes): changes now take turns."""
+    generate_credentials(tmp_path, ["A"])
+    names = [f"u{i}" for i in range(16)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        list(pool.map(lambda name: set_user(tmp_path, name), names))
+    assert set(load_credentials(tmp_path).users) == set(names)
+    auth = (tmp_path / "auth.conf").read_text()
+    assert all(f'"user": "{name}"' in auth for name in names), auth
+    assert not list(tmp_path.glob("*.tmp"))

@@ -42,11 +42,13 @@ their bcrypt hashes (``hashed``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,8 +253,26 @@ def remove_user(data_dir: Path, name: str) -> Credentials:
     return _change_users(data_dir, name, None)
 
 
+@contextlib.contextmanager
+def changing_credentials(data_dir: Path) -> Iterator[None]:
+    """One writer of ``credentials.json`` and ``auth.conf`` at a time: each change reads them,
+    changes them and writes them whole, and ``hoist user add`` run six at once lost users (a
+    writer wrote over another's change; each still said "written")."""
+    fd = os.open(Path(data_dir) / "credentials.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
 def _change_users(data_dir: Path, name: str, admin: bool | None) -> Credentials:
     name = check_name(name)
+    with changing_credentials(data_dir):
+        return _changed_users(data_dir, name, admin)
+
+
+def _changed_users(data_dir: Path, name: str, admin: bool | None) -> Credentials:
     creds = generate_credentials(data_dir)
     users = dict(creds.users)
     if admin is None:
@@ -532,7 +552,7 @@ def _as_dict(creds: Credentials) -> dict[str, Any]:
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable only by the user, replacing it atomically."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # a writer's own
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)

@@ -179,8 +179,9 @@ class StackInfo:
 def add_agent_user(data_dir: Path, info: StackInfo, agent_id: str) -> credentials.Credentials:
     """Give a new agent (one on another host, say) its NATS user on the running stack: new
     credentials, a rewritten auth.conf, and nats-server told to reload its config."""
-    creds = natsauth.generate_credentials(data_dir, [agent_id])
-    natsauth.write_auth_conf(data_dir, creds)
+    with natsauth.changing_credentials(data_dir):
+        creds = natsauth.generate_credentials(data_dir, [agent_id])
+        natsauth.write_auth_conf(data_dir, creds)
     # A new account: nats-server wires its imports only on the reload after the one that
     # made it (nats-server 2.15; tests/test_roles.py::test_an_agent_added_later...).
     reload_nats(data_dir, info)
@@ -287,7 +288,8 @@ def start_nats(
     data_dir.mkdir(parents=True, exist_ok=True)
     # 0700: the read models, the stores and the logs hold every owner's sessions and commands
     data_dir.chmod(0o700)
-    creds = natsauth.generate_credentials(data_dir, agent_ids)
+    with natsauth.changing_credentials(data_dir):
+        creds = natsauth.generate_credentials(data_dir, agent_ids)
     assert lock.fd is not None
     servers: list[NatsServer] = []
     cluster: list[ClusterNode] | list[None] = cluster_nodes(nodes, port) if nodes > 1 else [None]
