@@ -11,7 +11,7 @@ from typing import Any
 from domain.contracts.users import AddUser, DisableUser, ListUsers, user_view
 from domain.errors import NotFound
 from domain.subjects import USER
-from domain.user import User
+from domain.user import User, check_name
 from services.manager.fleet import Fleet
 from services.manager.requester import requester
 from services.manager.uow import UnitOfWork
@@ -34,6 +34,8 @@ class Users:
         return {"user": user_view(user), "recorded": recorded, "before": before}
 
     async def disable(self, req: DisableUser) -> dict[str, Any]:
+        check_name(req.name)  # a role's name is said to be one, not "no user"
+
         def disable(user: User | None) -> User:
             if user is None:
                 raise NotFound("name", f"no user {req.name!r}; `hoist user list` shows them")

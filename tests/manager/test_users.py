@@ -50,6 +50,9 @@ async def test_users_are_events(nc: Client, store: EventStore) -> None:
         reserved = await request(nc, USER_ADD, {"name": "admin"})
         assert reserved["error"]["code"] == "invalid-request", reserved
         assert "name" in reserved["error"]["message"]
+        role = await request(nc, USER_DISABLE, {"name": "admin"})  # a role, not "no user"
+        assert role["error"]["code"] == "invalid-request", role
+        assert "is a role's NATS user" in role["error"]["message"], role
         bad = await request(nc, USER_ADD, {"name": "a.b"})
         assert bad["error"]["code"] == "invalid-request", bad
     async with manager(nc):  # folded again from the log
