@@ -239,7 +239,8 @@ def test_names_and_labels_name_sessions_filter_tables_and_stay_in_the_log(
     again = hoist_stack.hoist("run", image, "-d", "--name", "web", "--", "sleep", "infinity")
     assert again.returncode == 1, again.stdout
     assert f"--name: 'web' is the name of session {web}, which has not ended" in again.stderr
-    db = interactive(hoist_stack, image, "--name", "db", "-l", "team=ml")
+    # Names no session id can start with ("db" is hex: one run's other session began "db").
+    db = interactive(hoist_stack, image, "--name", "store", "-l", "team=ml")
     hoist_stack.in_read_model(db)
 
     # Every command that takes a session id takes its name.
@@ -247,7 +248,7 @@ def test_names_and_labels_name_sessions_filter_tables_and_stay_in_the_log(
     assert f"Session:     {web}" in described.stdout, described.stdout + described.stderr
     assert "Name:        web" in described.stdout
     assert "Labels:      team=ml,tier=front" in described.stdout
-    done = hoist_stack.hoist("exec", "db", "printenv", "HOIST_SESSION_ID")
+    done = hoist_stack.hoist("exec", "store", "printenv", "HOIST_SESSION_ID")
     assert done.stdout.strip() == db, done.stdout + done.stderr
 
     # Filters: every label given must match; a key alone matches any value.
