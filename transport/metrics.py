@@ -75,8 +75,15 @@ class MetricsServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
-        """Start serving; the port it listens on."""
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        """Start serving; the port it listens on.  ValueError naming the flag when it cannot
+        listen there (a process's main says so, not "cannot connect to NATS")."""
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as e:
+            raise ValueError(
+                f"--metrics-port {self.port}: cannot serve /metrics on {self.host}:{self.port}"
+                f" ({e.strerror or e}): give another port, or 0 for any free one"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

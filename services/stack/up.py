@@ -237,6 +237,15 @@ def reload_nats(
 _RELOADED = "Reloaded server configuration"
 
 
+_METRICS_AT = re.compile(rb"metrics at http://[^:/]+:(\d+)/metrics")
+
+
+def _metrics_port(log: Path) -> int:
+    """The /metrics port a process said it bound (its log's last such line; 0: none)."""
+    found = _METRICS_AT.findall(log.read_bytes())
+    return int(found[-1]) if found else 0
+
+
 def _log_files(log: Path) -> dict[int, Path]:
     """nats-server's ``log`` and its rotated files, by inode."""
     files = {}
@@ -620,9 +629,11 @@ class Stack:
             raise StackError(str(e)) from None
         finally:
             await nc.close()
-        # /metrics of each process on a free local port (recorded in stack.json).
+        # /metrics of each process on a local port it binds itself (0): a port picked here was
+        # once taken by another process before the agent bound it, and the stack failed.
+        # Read back from each log line "metrics at ...", recorded in stack.json.
         names = ["manager" if n == 1 else f"manager-{n}" for n in range(1, self.managers + 1)]
-        self.metrics_ports = {name: free_port() for name in [*names, *self.agent_ids]}
+        self.metrics_ports = dict.fromkeys([*names, *self.agent_ids], 0)
         # The manager reads its password from the data dir: none in `ps` output.  Several
         # managers: one leads through a lease, the others stand by (services.manager.leadership);
         # each has its own name in the lease and its own read models' file.
@@ -657,6 +668,14 @@ class Stack:
             self._spawn_web()
         self._write_info()
         await self._wait_ready()
+        for child in self.children:
+            if child.name in self.metrics_ports:
+                self.metrics_ports[child.name] = _metrics_port(child.log)
+                # A restart binds the same port again (stack.json keeps naming it).
+                args = child.module_args
+                at = args.index("--metrics-port") + 1
+                args[at] = str(self.metrics_ports[child.name])
+        self._write_info()
 
     def _spawn_web(self) -> None:
         """The web view (services.web) as the admin role, with a new token (0600 file)."""
@@ -740,7 +759,9 @@ class Stack:
         info.pids = pids
         info.docker_host = self.docker_host or ""
         info.web_url = self.web_url
-        info.metrics = {n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items()}
+        info.metrics = {
+            n: f"http://127.0.0.1:{p}/metrics" for n, p in self.metrics_ports.items() if p
+        }
         info.write(self.data_dir)
 
     def _spawn(
