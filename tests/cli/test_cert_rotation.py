@@ -94,11 +94,20 @@ async def test_rotating_under_creates_keeps_every_route_and_serves_the_new_certi
                 "resources": {"cpu": 0.01, "mem": 16 * 1024**2},
                 "request_id": f"rotation-{i}",
             }
-            try:
-                msg = await nc.request(SESSION_CREATE, json.dumps(payload).encode(), timeout=15)
-            except (nats.errors.Error, TimeoutError) as e:
-                failed.append(f"{i}: {e!r}")
-                return
+            # A reload rewires the accounts' imports: for a moment a request may meet no
+            # responder. No one received it, so it is sent again, as Hoist's client does.
+            for pause in (0.05, 0.1, 0.2, 0.5, 1.0, None):
+                try:
+                    msg = await nc.request(SESSION_CREATE, json.dumps(payload).encode(), timeout=15)
+                    break
+                except nats.errors.NoRespondersError as e:
+                    if pause is None:
+                        failed.append(f"{i}: {e!r}")
+                        return
+                    await asyncio.sleep(pause)
+                except (nats.errors.Error, TimeoutError) as e:
+                    failed.append(f"{i}: {e!r}")
+                    return
             reply = json.loads(msg.data)
             if reply.get("error"):
                 failed.append(f"{i}: {reply['error']}")
