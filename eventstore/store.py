@@ -413,20 +413,24 @@ class EventStore(StoreReads):
             f"no stream takes {subject}: call ensure_stream() first (stream {self.stream},"
             f" subjects {self.subjects})"
         )
+        if not self.nc.in_log_account:  # an agent's account: no JetStream API to ask
+            return self._leaderless(subject, "this connection's account cannot ask where it is")
         try:
-            if not self.nc.in_log_account:  # an agent's account: no JetStream API to ask
-                raise nats.errors.Error("this connection's account has no stream info")
             async with asyncio.timeout(self.timeout):  # not wait_for: see replay
                 info = await self.js.stream_info(self.stream)
         except NotFoundError:
             return missing
         except (nats.errors.Error, TimeoutError) as e:  # the meta layer has no leader either
-            detail = f"JetStream did not say where stream {self.stream} is: {e!r}"
-        else:
-            if not any(_subject_matches(f, subject) for f in info.config.subjects or ()):
-                return missing
-            leader = info.cluster.leader if info.cluster else None
-            detail = f"its leader is {leader}" if leader else "it has no leader"
+            return self._leaderless(
+                subject, f"JetStream did not say where stream {self.stream} is: {e!r}"
+            )
+        if not any(_subject_matches(f, subject) for f in info.config.subjects or ()):
+            return missing
+        leader = info.cluster.leader if info.cluster else None
+        detail = f"its leader is {leader}" if leader else "it has no leader"
+        return self._leaderless(subject, detail)
+
+    def _leaderless(self, subject: str, detail: str) -> StoreUnavailable:
         return StoreUnavailable(
             f"stream {self.stream} did not take the append to {subject}: it has no leader now (a"
             f" cluster electing one, or without a quorum of its nodes; {detail})",
